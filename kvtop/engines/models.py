@@ -1,0 +1,328 @@
+"""Model shapes: what the KV cache manager and the cost model need to know about a model.
+
+A `ModelShape` carries the handful of Hugging Face `config.json` values that decide KV cache size
+(layers, KV heads, head dim, dtype) and compute cost (hidden size, heads, MLP width, vocabulary, parameter
+count). `resolve_model()` turns a built-in name ("Qwen/Qwen3-8B", "qwen3-8b") or a local HF model
+directory / `config.json` path into one.
+
+The built-in values are copied from each model's `config.json` on the Hugging Face Hub; `num_params` is
+computed from them with `estimate_num_params()` and agrees with each model card (Qwen3-8B 8.19B,
+Llama-3.1-70B 70.55B, ...). A test checks the estimator against every table entry.
+
+Dense decoder-only transformers with SwiGLU MLPs only (Llama, Qwen2/3, Mistral and kin). MoE and MLA
+(DeepSeek) shapes need a different KV and FLOP formula and are refused rather than mis-sized.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "ModelShape",
+    "dtype_bytes_of",
+    "estimate_num_params",
+    "known_model_names",
+    "model_from_config",
+    "resolve_model",
+]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of a dense decoder-only transformer, as far as KV cache size and compute cost go."""
+
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    num_attention_heads: int
+    intermediate_size: int
+    vocab_size: int
+    num_params: int
+    """Total parameter count, embeddings (and an untied LM head) included."""
+    dtype_bytes: int = 2
+    """Bytes per weight and per KV element: 2 for bf16/fp16 (TensorRT-LLM's KV dtype follows the model's
+    dtype unless an FP8 KV cache is configured)."""
+    tie_word_embeddings: bool = False
+    """True when the LM head shares the embedding matrix (Qwen3-0.6B), so it is counted once in num_params."""
+
+    def __post_init__(self) -> None:
+        for field_name in ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "num_attention_heads",
+                           "intermediate_size", "vocab_size", "num_params", "dtype_bytes"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"ModelShape {self.name!r}: {field_name} must be a positive int, got {value!r}")
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes one token occupies across all layers.
+
+        2 (K and V) x layers x KV heads x head_dim x dtype bytes, the same product as TensorRT-LLM's
+        `KVCacheManager.get_cache_bytes_per_token` (kv_factor 2 x sum of KV heads over layers x head_dim,
+        in bytes of the KV dtype). Qwen3-8B bf16: 2 x 36 x 8 x 128 x 2 = 147,456 (anchors/h200-2026-11-29.json,
+        `qwen3_8b_kv_bytes_per_token_bf16`).
+        """
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def kv_bytes_per_block(self, tokens_per_block: int) -> int:
+        """Bytes of one KV cache block: Qwen3-8B, 32 tokens: 4,718,592 (4.5 MiB, the anchors' block size)."""
+        if tokens_per_block <= 0:
+            raise ValueError(f"tokens_per_block must be positive, got {tokens_per_block}")
+        return self.kv_bytes_per_token * tokens_per_block
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights in the model dtype: what loading the model takes from GPU memory."""
+        return self.num_params * self.dtype_bytes
+
+    @property
+    def embedding_params(self) -> int:
+        """Parameters of the input embedding table (vocab x hidden)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """Parameters the LM head multiplies by, tied or not (vocab x hidden)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters every token is multiplied by: all but the embedding table and the LM head.
+
+        Norm weights (a few per layer, < 0.001% of the total) stay in; they cost an elementwise op, not a
+        matmul, and dropping them would change no figure in the cost model's first three digits.
+        """
+        untied_head = 0 if self.tie_word_embeddings else self.lm_head_params
+        return self.num_params - self.embedding_params - untied_head
+
+    @property
+    def weight_read_bytes(self) -> int:
+        """Weight bytes one forward pass streams from HBM: every matrix except the embedding table, of which
+        only the rows of the batch's tokens are read (the LM head is read in full, tied or not)."""
+        return (self.matmul_params + self.lm_head_params) * self.dtype_bytes
+
+    @property
+    def attention_flops_per_context_token(self) -> int:
+        """FLOPs one query token spends per context position it attends to, over all layers.
+
+        QK^T and P.V are each heads x head_dim multiply-adds per position per layer (2 FLOPs a MAC):
+        4 x layers x heads x head_dim. Uses heads x head_dim, not hidden_size: they differ on Qwen3-0.6B
+        (16 x 128 = 2048 vs hidden 1024).
+        """
+        return 4 * self.num_layers * self.num_attention_heads * self.head_dim
+
+    def prefill_flops_per_token(self, context_len: int) -> int:
+        """FLOPs to run one prompt token through the model when it attends to `context_len` positions.
+
+        Formula: 2 x matmul_params + 4 x layers x heads x head_dim x context_len, where
+        - 2 x matmul_params: one multiply-add per weight in the QKV/O projections and the MLP;
+        - 4 x layers x heads x head_dim x context_len: QK^T and P.V against every position the token sees
+          (causal: token i of a fresh prompt sees i positions, itself included), so a prompt's attention
+          work grows with the square of its length.
+        The LM head (2 x vocab x hidden) is left out: TensorRT-LLM computes logits only for the last prompt
+        token unless context logits are requested; the cost model adds it once per request.
+        Qwen3-8B: 13.9 GFLOP per token at context 1, +0.59 MFLOP per extra context position.
+        """
+        if context_len < 0:
+            raise ValueError(f"context_len must be >= 0, got {context_len}")
+        return 2 * self.matmul_params + self.attention_flops_per_context_token * context_len
+
+
+def estimate_num_params(*, num_layers: int, hidden_size: int, num_attention_heads: int, num_kv_heads: int,
+                        head_dim: int, intermediate_size: int, vocab_size: int,
+                        tie_word_embeddings: bool = False, qk_norm: bool = False,
+                        attention_bias: bool = False) -> int:
+    """Parameter count of a dense SwiGLU decoder from its config values.
+
+    Per layer: Q and O projections (hidden x heads*head_dim each), K and V (hidden x kv_heads*head_dim
+    each), gate/up/down MLP (3 x hidden x intermediate), two RMSNorm weights (2 x hidden), plus Qwen3's
+    per-head q/k norms (2 x head_dim) and Qwen2-style QKV biases when present. Then the final norm, the
+    embedding table and, unless tied, the LM head. Exact for every built-in model (see the module docstring).
+    """
+    q_out = num_attention_heads * head_dim
+    kv_out = num_kv_heads * head_dim
+    attention = hidden_size * q_out * 2 + hidden_size * kv_out * 2
+    if attention_bias:
+        attention += q_out + 2 * kv_out
+    mlp = 3 * hidden_size * intermediate_size
+    norms = 2 * hidden_size + (2 * head_dim if qk_norm else 0)
+    embeddings = vocab_size * hidden_size * (1 if tie_word_embeddings else 2)
+    return num_layers * (attention + mlp + norms) + hidden_size + embeddings
+
+
+def _qwen3(name: str, *, layers: int, hidden: int, heads: int, inter: int, tied: bool = False) -> ModelShape:
+    # All Qwen3 dense models: 8 KV heads, head_dim 128, vocab 151,936, bf16, q/k norms (config.json).
+    params = estimate_num_params(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                 num_kv_heads=8, head_dim=128, intermediate_size=inter, vocab_size=151936,
+                                 tie_word_embeddings=tied, qk_norm=True)
+    return ModelShape(name=name, num_layers=layers, num_kv_heads=8, head_dim=128, hidden_size=hidden,
+                      num_attention_heads=heads, intermediate_size=inter, vocab_size=151936,
+                      num_params=params, dtype_bytes=2, tie_word_embeddings=tied)
+
+
+def _llama31(name: str, *, layers: int, hidden: int, heads: int, inter: int) -> ModelShape:
+    # Llama 3.1: 8 KV heads, head_dim = hidden / heads = 128, vocab 128,256, untied, bf16 (config.json).
+    params = estimate_num_params(num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                 num_kv_heads=8, head_dim=128, intermediate_size=inter, vocab_size=128256)
+    return ModelShape(name=name, num_layers=layers, num_kv_heads=8, head_dim=128, hidden_size=hidden,
+                      num_attention_heads=heads, intermediate_size=inter, vocab_size=128256,
+                      num_params=params, dtype_bytes=2)
+
+
+# HF config.json values. Parameter counts (from estimate_num_params) in the comments match the model cards.
+BUILTIN_MODELS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        _qwen3("Qwen/Qwen3-0.6B", layers=28, hidden=1024, heads=16, inter=3072, tied=True),  # 596,049,920
+        _qwen3("Qwen/Qwen3-8B", layers=36, hidden=4096, heads=32, inter=12288),  # 8,190,735,360
+        _qwen3("Qwen/Qwen3-14B", layers=40, hidden=5120, heads=40, inter=17408),  # 14,768,307,200
+        _qwen3("Qwen/Qwen3-32B", layers=64, hidden=5120, heads=64, inter=25600),  # 32,762,123,264
+        _llama31("meta-llama/Llama-3.1-8B-Instruct", layers=32, hidden=4096, heads=32, inter=14336),  # 8.03B
+        _llama31("meta-llama/Llama-3.1-70B-Instruct", layers=80, hidden=8192, heads=64, inter=28672),  # 70.55B
+    )
+}
+
+# The base models have the same shapes as their -Instruct versions (same config.json apart from ids).
+_ALIASES: dict[str, str] = {
+    "meta-llama/Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct",
+    "meta-llama/Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
+    "meta-llama/Meta-Llama-3.1-8B-Instruct": "meta-llama/Llama-3.1-8B-Instruct",
+    "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct",
+    "meta-llama/Meta-Llama-3.1-70B-Instruct": "meta-llama/Llama-3.1-70B-Instruct",
+    "meta-llama/Meta-Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
+}
+
+
+def _key(name: str) -> str:
+    # "Qwen/Qwen3-8B", "qwen3-8b", "QWEN3_8B" all become "qwen38b"; dots go too, so "llama3.1-8b" and
+    # "llama-3.1-8b" meet. No two built-in names collide under this folding (a test checks).
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _build_index() -> dict[str, str]:
+    index: dict[str, str] = {}
+    for full in list(BUILTIN_MODELS) + list(_ALIASES):
+        target = _ALIASES.get(full, full)
+        index[_key(full)] = target
+        index[_key(full.split("/", 1)[-1])] = target  # the short form, without the org
+    return index
+
+
+_INDEX = _build_index()
+
+
+def known_model_names() -> list[str]:
+    """Every built-in name `resolve_model` accepts (full Hugging Face ids; short forms work too)."""
+    return sorted(set(BUILTIN_MODELS) | set(_ALIASES))
+
+
+_DTYPE_BYTES = {
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+    "float32": 4, "fp32": 4, "float": 4,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1,
+}
+
+
+def dtype_bytes_of(dtype: str | None) -> int:
+    """Bytes per element of a config.json dtype string ("bfloat16", "torch.float16"); None means bf16."""
+    if dtype is None:
+        return 2
+    key = str(dtype).lower().removeprefix("torch.")
+    if key not in _DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(_DTYPE_BYTES))}")
+    return _DTYPE_BYTES[key]
+
+
+def _int_field(cfg: dict[str, Any], key: str, source: str) -> int:
+    value = cfg.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{source}: {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def model_from_config(cfg: dict[str, Any], name: str, source: str = "config.json") -> ModelShape:
+    """Build a ModelShape from a parsed HF config.json dict. `source` names the file in error messages."""
+    if "num_hidden_layers" not in cfg and isinstance(cfg.get("text_config"), dict):
+        # Multimodal wrappers (Qwen2-VL, Llava...) keep the language model's values under text_config;
+        # the KV cache belongs to that language model.
+        outer_dtype = cfg.get("torch_dtype", cfg.get("dtype"))
+        cfg = dict(cfg["text_config"])
+        cfg.setdefault("torch_dtype", outer_dtype)
+    if "kv_lora_rank" in cfg:
+        raise ValueError(f"{source}: MLA models (kv_lora_rank, e.g. DeepSeek) are not supported: their KV "
+                         "cache is one latent per token, not K and V per head")
+    if cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts"):
+        raise ValueError(f"{source}: mixture-of-experts models are not supported by this cost model")
+    layers = _int_field(cfg, "num_hidden_layers", source)
+    hidden = _int_field(cfg, "hidden_size", source)
+    heads = _int_field(cfg, "num_attention_heads", source)
+    kv_heads = cfg.get("num_key_value_heads") or heads  # absent in pre-GQA configs: one KV head per head
+    if not isinstance(kv_heads, int) or kv_heads <= 0:
+        raise ValueError(f"{source}: 'num_key_value_heads' must be a positive integer, got {kv_heads!r}")
+    head_dim = cfg.get("head_dim")
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        # Same fallback as TensorRT-LLM's KvCacheCreator: hidden_size // num_attention_heads.
+        head_dim = hidden // heads
+    inter = _int_field(cfg, "intermediate_size", source)
+    vocab = _int_field(cfg, "vocab_size", source)
+    # transformers >= 4.56 writes "dtype"; older files say "torch_dtype".
+    dtype_bytes = dtype_bytes_of(cfg.get("torch_dtype", cfg.get("dtype")))
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    model_type = str(cfg.get("model_type", "")).lower()
+    num_params = cfg.get("num_params") or cfg.get("num_parameters")
+    if not isinstance(num_params, int) or num_params <= 0:
+        num_params = estimate_num_params(
+            num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads,
+            head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, tie_word_embeddings=tied,
+            qk_norm=model_type.startswith("qwen3"),
+            attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
+        )
+    return ModelShape(name=name, num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
+                      hidden_size=hidden, num_attention_heads=heads, intermediate_size=inter,
+                      vocab_size=vocab, num_params=num_params, dtype_bytes=dtype_bytes,
+                      tie_word_embeddings=tied)
+
+
+def _load_config_file(path: Path) -> ModelShape:
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    name = cfg.get("_name_or_path") or path.parent.name or str(path)
+    return model_from_config(cfg, str(name), source=str(path))
+
+
+def resolve_model(name_or_path: str | Path) -> ModelShape:
+    """A ModelShape from a built-in name, a local HF model directory, or a path to its config.json.
+
+    Built-in names are case-insensitive and may drop the org or the punctuation: "Qwen/Qwen3-8B",
+    "qwen3-8b", "llama-3.1-70b". A name that is neither built in nor an existing path raises ValueError
+    listing the known names.
+    """
+    text = str(name_or_path).strip()
+    path = Path(text).expanduser()
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise ValueError(f"{path} is a directory without a config.json")
+        return _load_config_file(config)
+    if path.is_file():
+        return _load_config_file(path)
+    target = _INDEX.get(_key(text))
+    if target is not None:
+        return BUILTIN_MODELS[target]
+    hint = ""
+    if text.endswith(".json") or text.startswith((".", "/", "~")):
+        hint = f" (no such file or directory: {path})"
+    raise ValueError(f"unknown model {text!r}{hint}; known models: {', '.join(known_model_names())}, "
+                     "or a local Hugging Face model directory / config.json")

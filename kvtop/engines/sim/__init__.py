@@ -1,0 +1,13 @@
+"""The built-in engine: TensorRT-LLM's KV cache manager and LLM API, simulated (see design.md)."""
+
+from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, block_key_hash
+from kvtop.engines.sim.retention import KvCacheRetentionConfig, KvCacheTransferMode, TokenRangeRetentionConfig
+
+__all__ = [
+    "BlockManager",
+    "NoFreeBlockError",
+    "block_key_hash",
+    "KvCacheRetentionConfig",
+    "KvCacheTransferMode",
+    "TokenRangeRetentionConfig",
+]

@@ -1,0 +1,277 @@
+"""Records: the one thing that crosses a process or machine boundary.
+
+A record is a small envelope around a payload:
+
+    {"v": 1, "kind": "stats", "source": {"host": "gpu-07", "rank": 0, "run": "ab-host10g"},
+     "time": 1764430000.125, "data": {...}}
+
+- ``kind`` is one of ``KINDS``. For ``stats`` and ``kv_event`` the ``data`` is the engine's own dict, verbatim
+  (TensorRT-LLM's iteration-stats dict, or one serialized KV cache event), so extra fields of any engine
+  version survive and a recording is a complete bug report.
+- ``source`` names who produced it (host, rank, run); ``time`` is seconds since the epoch (float).
+- ``v`` is the schema version; a reader rejects versions newer than it understands.
+
+Decoding validates the envelope and the parts of ``data`` that the fold relies on, and raises
+:class:`RecordError` naming the field and the problem. Callers (replay, MQTT, the HTTP attach) catch it, count
+the bad input and go on: one bad line never ends a run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import time as _time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+KINDS = ("meta", "stats", "kv_event", "gpu", "host", "request")
+
+# Required keys of each kind's data, with the type each must have. Only what the fold depends on is
+# required; everything else is carried verbatim.
+_NUMBER = (int, float)
+_REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
+    "meta": {"engine": (str,)},
+    "stats": {},  # an iteration-stats dict; checked leniently below (kvCacheStats must be a dict if present)
+    "kv_event": {"event_id": (int,), "data": (dict,)},
+    "gpu": {"index": (int,)},
+    "host": {},
+    "request": {"request_id": (int, str), "ok": (bool,)},
+}
+_EVENT_TYPES = ("created", "stored", "removed", "updated")
+
+
+class RecordError(ValueError):
+    """A record (or a line or payload meant to be one) is malformed.
+
+    ``field`` is a dotted path to what was wrong (``"data.kvCacheStats.freeNumBlocks"``), ``problem`` says
+    what was wrong with it, ``line`` is the 1-based line number when read from a file.
+    """
+
+    def __init__(self, field: str, problem: str, line: int | None = None):
+        self.field = field
+        self.problem = problem
+        self.line = line
+        where = f"line {line}: " if line is not None else ""
+        super().__init__(f"{where}{field}: {problem}")
+
+    def at_line(self, line: int) -> RecordError:
+        return RecordError(self.field, self.problem, line)
+
+
+@dataclass(frozen=True)
+class SourceId:
+    """Who produced a record: a host, a rank on it, and a run name."""
+
+    host: str = ""
+    rank: int = 0
+    run: str = ""
+
+    def key(self) -> str:
+        """A short stable name, used in MQTT topics and dashboard rows (``host/rank/run``)."""
+        return f"{self.host or '-'}/{self.rank}/{self.run or '-'}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "rank": self.rank, "run": self.run}
+
+    @classmethod
+    def local(cls, run: str = "", rank: int = 0) -> SourceId:
+        return cls(host=socket.gethostname(), rank=rank, run=run or f"run-{os.getpid()}")
+
+
+@dataclass(frozen=True)
+class Record:
+    kind: str
+    data: dict[str, Any]
+    source: SourceId = field(default_factory=SourceId)
+    time: float = 0.0
+    v: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {"v": self.v, "kind": self.kind, "source": self.source.to_json(), "time": self.time,
+                "data": self.data}
+
+
+def make(kind: str, data: dict[str, Any], source: SourceId | None = None, time: float | None = None) -> Record:
+    """Build a record now (or at ``time``), validating it as a reader would."""
+    rec = Record(kind=kind, data=data, source=source or SourceId(), time=_time.time() if time is None else time)
+    _check_kind_data(kind, data)
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------- encoding
+
+def _default(obj: Any) -> Any:
+    # Sets (rare in engine dicts) and other iterables become lists; anything else is named in the error.
+    if isinstance(obj, (set, frozenset, tuple)):
+        return list(obj)
+    raise TypeError(f"not JSON-serializable: {type(obj).__name__}")
+
+
+def encode(record: Record) -> str:
+    """One record as one JSON line (no trailing newline). Hashes >= 2^63 stay exact: JSON ints are unbounded."""
+    return json.dumps(record.to_json(), separators=(",", ":"), default=_default, allow_nan=False)
+
+
+def encode_batch(records: Iterable[Record]) -> str:
+    """Several records as one JSON array (an MQTT payload may carry a batch)."""
+    return "[" + ",".join(encode(r) for r in records) + "]"
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+
+def _type_name(t: tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", dict: "an object", bool: "true/false",
+             list: "a list"}
+    return " or ".join(names.get(x, x.__name__) for x in t)
+
+
+def _describe(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_type(path: str, value: Any, types: tuple[type, ...]) -> None:
+    # bool is an int in Python; a JSON true where a count belongs is still wrong.
+    if isinstance(value, bool) and bool not in types:
+        raise RecordError(path, f"must be {_type_name(types)}, got {_describe(value)}")
+    if not isinstance(value, types):
+        raise RecordError(path, f"must be {_type_name(types)}, got {_describe(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise RecordError(path, f"must be a finite number, got {value}")
+
+
+def _check_event(path: str, ev: dict[str, Any]) -> None:
+    data = ev["data"]
+    etype = data.get("type")
+    if etype not in _EVENT_TYPES:
+        raise RecordError(f"{path}.data.type", f"must be one of {', '.join(_EVENT_TYPES)}, got {_describe(etype)}")
+    if etype == "stored":
+        blocks = data.get("blocks")
+        if not isinstance(blocks, list):
+            raise RecordError(f"{path}.data.blocks", f"must be a list, got {_describe(blocks)}")
+        for i, b in enumerate(blocks):
+            if not isinstance(b, dict):
+                raise RecordError(f"{path}.data.blocks[{i}]", "must be an object")
+            _check_type(f"{path}.data.blocks[{i}].block_hash", b.get("block_hash"), (int,))
+    elif etype == "removed":
+        hashes = data.get("block_hashes")
+        if not isinstance(hashes, list):
+            raise RecordError(f"{path}.data.block_hashes", f"must be a list, got {_describe(hashes)}")
+        for i, h in enumerate(hashes):
+            _check_type(f"{path}.data.block_hashes[{i}]", h, (int,))
+    elif etype == "updated":
+        _check_type(f"{path}.data.block_hash", data.get("block_hash"), (int,))
+    elif etype == "created":
+        levels = data.get("num_blocks_per_cache_level")
+        if not isinstance(levels, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in levels):
+            raise RecordError(f"{path}.data.num_blocks_per_cache_level",
+                              f"must be a list of integers, got {_describe(levels)}")
+
+
+def _check_kind_data(kind: str, data: Any) -> None:
+    if kind not in KINDS:
+        raise RecordError("kind", f"must be one of {', '.join(KINDS)}, got {_describe(kind)}")
+    if not isinstance(data, dict):
+        raise RecordError("data", f"must be an object, got {_describe(data)}")
+    for key, types in _REQUIRED[kind].items():
+        if key not in data:
+            raise RecordError(f"data.{key}", "is missing")
+        _check_type(f"data.{key}", data[key], types)
+    if kind == "kv_event":
+        _check_event("data", data)
+    elif kind == "stats":
+        kv = data.get("kvCacheStats")
+        if kv is not None and not isinstance(kv, dict):
+            raise RecordError("data.kvCacheStats", f"must be an object, got {_describe(kv)}")
+
+
+def from_obj(obj: Any) -> Record:
+    """Validate a decoded JSON object as a record."""
+    if not isinstance(obj, dict):
+        raise RecordError("record", f"must be a JSON object, got {_describe(obj)}")
+    v = obj.get("v")
+    if v is None:
+        raise RecordError("v", "is missing (not a kvtop record?)")
+    _check_type("v", v, (int,))
+    if v > SCHEMA_VERSION or v < 1:
+        raise RecordError("v", f"schema version {v} is not supported (this kvtop reads 1..{SCHEMA_VERSION})")
+    kind = obj.get("kind")
+    if kind is None:
+        raise RecordError("kind", "is missing")
+    t = obj.get("time")
+    if t is None:
+        raise RecordError("time", "is missing")
+    _check_type("time", t, _NUMBER)
+    src = obj.get("source", {})
+    if not isinstance(src, dict):
+        raise RecordError("source", f"must be an object, got {_describe(src)}")
+    host, rank, run = src.get("host", ""), src.get("rank", 0), src.get("run", "")
+    _check_type("source.host", host, (str,))
+    _check_type("source.rank", rank, (int,))
+    _check_type("source.run", run, (str,))
+    data = obj.get("data")
+    if data is None:
+        raise RecordError("data", "is missing")
+    _check_kind_data(kind, data)
+    return Record(kind=kind, data=data, source=SourceId(host, rank, run), time=float(t), v=v)
+
+
+def decode(text: str | bytes) -> Record:
+    """One JSON line to a record; :class:`RecordError` on anything malformed."""
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecordError("json", f"not valid JSON ({exc})") from None
+    return from_obj(obj)
+
+
+def decode_payload(payload: str | bytes) -> list[Record]:
+    """An MQTT (or HTTP) payload: one record, or a JSON array of records.
+
+    A bad element of a batch raises for the whole payload: the error names its index.
+    """
+    try:
+        obj = json.loads(payload)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecordError("json", f"not valid JSON ({exc})") from None
+    if isinstance(obj, list):
+        out = []
+        for i, item in enumerate(obj):
+            try:
+                out.append(from_obj(item))
+            except RecordError as exc:
+                raise RecordError(f"[{i}].{exc.field}", exc.problem) from None
+        return out
+    return [from_obj(obj)]
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Record | RecordError]:
+    """Every line of a recording: a Record, or the RecordError for that line (with its number).
+
+    Blank lines are skipped. A truncated last line (a crash mid-write) comes back as an error, never raises.
+    """
+    with Path(path).open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            try:
+                yield decode(raw)
+            except RecordError as exc:
+                yield exc.at_line(lineno)
+
+
+def parse_engine_dict(value: Any, what: str = "stats") -> dict[str, Any]:
+    """Engine payloads may be dicts or JSON strings (TensorRT-LLM 1.x documents strings for get_stats)."""
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RecordError(what, f"not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise RecordError(what, f"must be an object, got {_describe(value)}")
+    return value

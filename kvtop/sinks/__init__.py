@@ -1,0 +1,1 @@
+"""kvtop.sinks."""
