@@ -57,7 +57,8 @@ class ModelShape:
                            "intermediate_size", "vocab_size", "num_params", "dtype_bytes"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"ModelShape {self.name!r}: {field_name} must be a positive int, got {value!r}")
+                raise ValueError(f"ModelShape {self.name!r}: {field_name} must be a positive int, "
+                                 f"got {value!r}")
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -65,8 +66,8 @@ class ModelShape:
 
         2 (K and V) x layers x KV heads x head_dim x dtype bytes, the same product as TensorRT-LLM's
         `KVCacheManager.get_cache_bytes_per_token` (kv_factor 2 x sum of KV heads over layers x head_dim,
-        in bytes of the KV dtype). Qwen3-8B bf16: 2 x 36 x 8 x 128 x 2 = 147,456 (anchors/h200-2026-11-29.json,
-        `qwen3_8b_kv_bytes_per_token_bf16`).
+        in bytes of the KV dtype). Qwen3-8B bf16: 2 x 36 x 8 x 128 x 2 = 147,456
+        (anchors/h200-2026-11-29.json, `qwen3_8b_kv_bytes_per_token_bf16`).
         """
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
@@ -183,8 +184,9 @@ BUILTIN_MODELS: dict[str, ModelShape] = {
         _qwen3("Qwen/Qwen3-8B", layers=36, hidden=4096, heads=32, inter=12288),  # 8,190,735,360
         _qwen3("Qwen/Qwen3-14B", layers=40, hidden=5120, heads=40, inter=17408),  # 14,768,307,200
         _qwen3("Qwen/Qwen3-32B", layers=64, hidden=5120, heads=64, inter=25600),  # 32,762,123,264
-        _llama31("meta-llama/Llama-3.1-8B-Instruct", layers=32, hidden=4096, heads=32, inter=14336),  # 8.03B
-        _llama31("meta-llama/Llama-3.1-70B-Instruct", layers=80, hidden=8192, heads=64, inter=28672),  # 70.55B
+        # 8,030,261,248 and 70,553,706,496:
+        _llama31("meta-llama/Llama-3.1-8B-Instruct", layers=32, hidden=4096, heads=32, inter=14336),
+        _llama31("meta-llama/Llama-3.1-70B-Instruct", layers=80, hidden=8192, heads=64, inter=28672),
     )
 }
 
