@@ -1,13 +1,27 @@
 """The built-in engine: TensorRT-LLM's KV cache manager and LLM API, simulated (see design.md)."""
 
 from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, block_key_hash
+from kvtop.engines.sim.llm import (
+    CompletionOutput,
+    KvCacheConfig,
+    RequestError,
+    RequestOutput,
+    SamplingParams,
+    SimLLM,
+)
 from kvtop.engines.sim.retention import KvCacheRetentionConfig, KvCacheTransferMode, TokenRangeRetentionConfig
 
 __all__ = [
     "BlockManager",
-    "NoFreeBlockError",
-    "block_key_hash",
+    "CompletionOutput",
+    "KvCacheConfig",
     "KvCacheRetentionConfig",
     "KvCacheTransferMode",
+    "NoFreeBlockError",
+    "RequestError",
+    "RequestOutput",
+    "SamplingParams",
+    "SimLLM",
     "TokenRangeRetentionConfig",
+    "block_key_hash",
 ]

@@ -195,7 +195,7 @@ class BlockManager:
                  enable_partial_reuse: bool = True, copy_on_partial_reuse: bool = True, onboard_blocks: bool = True,
                  secondary_offload_min_priority: int | None = DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY,
                  event_buffer_max_size: int = 0, clock_ms: Callable[[], float] | None = None,
-                 window_size: int | None = None):
+                 window_size: int | None = None, enable_block_reuse: bool = True):
         if primary_blocks <= 0:
             raise ValueError(f"primary_blocks: must be > 0, got {primary_blocks}")
         if secondary_blocks < 0:
@@ -210,6 +210,9 @@ class BlockManager:
         self.enable_partial_reuse = enable_partial_reuse
         self.copy_on_partial_reuse = copy_on_partial_reuse
         self.onboard_blocks = onboard_blocks
+        # Without reuse TensorRT-LLM allocates plainly and stores nothing: blocks never get keys, so nothing is
+        # ever offloaded either (getFreeBlock offloads only blocks holding tokens).
+        self.enable_block_reuse = enable_block_reuse
         self.secondary_offload_min_priority = (DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY
                                                if secondary_offload_min_priority is None
                                                else secondary_offload_min_priority)
@@ -421,7 +424,12 @@ class BlockManager:
                      else [(None, None)] * num_blocks)
 
         matched_tokens = 0
-        search: _Block | None = self._root
+        search: _Block | None = self._root if self.enable_block_reuse else None
+        if not self.enable_block_reuse:
+            for _ in range(num_blocks):  # allocateBlock: decode retention applies to every block here
+                self._add_to_seq(seq, self._get_free_block(seq.decode_priority, seq.decode_duration_ms))
+            self.total_input_tokens += length
+            return 0
         for bi in range(num_blocks):
             key = keys[bi]
             prio, dur = per_block[bi]
@@ -468,12 +476,20 @@ class BlockManager:
     def store_context_blocks(self, request_id: Any) -> None:
         """``storeContextBlocks``: put the full prompt blocks into the reuse tree (after prefill)."""
         seq = self._seq(request_id)
-        self._store_blocks(self._chop(seq.tokens, len(seq.tokens) - 1, False), seq.blocks)
+        if self.enable_block_reuse:
+            self._store_blocks(self._chop(seq.tokens, len(seq.tokens) - 1, False), seq.blocks)
 
-    def remove_sequence(self, request_id: Any) -> None:
-        """``removeSequence``: store every block for reuse (a partial last one too), then release, last first."""
+    def remove_sequence(self, request_id: Any, final_tokens: Sequence[int] = ()) -> None:
+        """``removeSequence``: store every block for reuse (a partial last one too), then release, last first.
+
+        ``final_tokens``: tokens the request produced after its last ``add_token`` (TensorRT-LLM's engine
+        calls ``addToken`` before each decode step, so the last generated token has no KV and no block; it
+        is in the request's token list all the same, and ``storeBlocks`` stores ``len - 1`` of them).
+        """
         seq = self._seq(request_id)
-        self._store_blocks(self._chop(seq.tokens, len(seq.tokens) - 1, True), seq.blocks)
+        seq.tokens.extend(final_tokens)
+        if self.enable_block_reuse:
+            self._store_blocks(self._chop(seq.tokens, len(seq.tokens) - 1, True), seq.blocks)
         del self._seqs[request_id]
         for block in reversed(seq.blocks):
             block.refs -= 1

@@ -1,0 +1,327 @@
+"""The simulated engine loop: in-flight batching over the block manager, timed by the cost model.
+
+Synchronous and deterministic: ``step()`` runs one iteration the way TensorRT-LLM's PyTorch executor does
+(refresh timed priorities, schedule, allocate, one forward pass, store context blocks, release finished
+requests, record iteration stats, flush KV events), and advances the simulated clock by what that iteration
+costs. ``SimLLM`` wraps it in TensorRT-LLM's ``LLM`` surface and paces it to the wall clock; trace replays drive
+it directly, as fast as possible.
+
+Scheduling follows TensorRT-LLM's default capacity policy, GUARANTEED_NO_EVICT: a waiting request starts only
+when the GPU pool's free blocks (idle cached blocks count as free), less the blocks that running requests still
+need to finish, cover every block it will need to finish (``getRemainingBlocksToCompletion``: ceil((prompt +
+max_tokens) / tokens_per_block)). Requests start in arrival order, at most ``max_batch_size`` run at once, and
+one iteration computes at most ``max_num_tokens`` tokens; prompts longer than what is left of that budget are
+prefilled in chunks (as with ``enable_chunked_prefill``), their KV blocks all allocated at the first chunk.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtop.engines.gpus import GpuProfile
+from kvtop.engines.models import ModelShape
+from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError
+from kvtop.engines.sim.cost import CostModel
+from kvtop.engines.sim.retention import KvCacheRetentionConfig
+
+GENERATED_TOKEN_BASE = 1 << 30  # generated ids live in [2^30, 2^31): never a tokenizer id nor a trace token
+
+
+def generated_token(prompt_digest: int, position: int) -> int:
+    """Deterministic output: the same prompt always generates the same tokens (greedy decoding)."""
+    return GENERATED_TOKEN_BASE | (hash((prompt_digest, position)) & (GENERATED_TOKEN_BASE - 1))
+
+
+@dataclass
+class SimRequest:
+    request_id: int
+    prompt_ids: list[int]
+    max_tokens: int
+    arrival_s: float
+    retention: KvCacheRetentionConfig | None = None
+    on_token: Callable[[SimRequest], None] | None = None      # called on the engine's side after each token
+    on_finish: Callable[[SimRequest], None] | None = None
+    # filled in by the engine
+    digest: int = 0
+    stage: str = "QUEUED"
+    scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    first_iter: int | None = None
+    last_iter: int | None = None
+    context_done: int = 0            # prompt tokens whose KV exists (reused + prefilled so far)
+    reused_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)
+    alloc_total_blocks: int = 0
+    alloc_new_blocks: int = 0
+    reused_blocks: int = 0
+    missed_blocks: int = 0
+    onboarded_blocks: int = 0        # reused blocks that came from the host tier (host hits)
+    error: str | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.stage in ("GENERATION_COMPLETE", "FAILED")
+
+
+class SimEngineCore:
+    def __init__(self, model: ModelShape, gpu: GpuProfile, block_manager: BlockManager, *,
+                 max_batch_size: int = 2048, max_num_tokens: int = 8192, max_seq_len: int = 40960,
+                 enable_iter_perf_stats: bool = True, enable_iter_req_stats: bool = False,
+                 max_stats_len: int = 1000, gpu_mem_usage_bytes: int = 0, epoch_s: float = 0.0):
+        if max_batch_size <= 0:
+            raise ValueError(f"max_batch_size: must be > 0, got {max_batch_size}")
+        if max_num_tokens <= 0:
+            raise ValueError(f"max_num_tokens: must be > 0, got {max_num_tokens}")
+        self.model = model
+        self.gpu = gpu
+        self.bm = block_manager
+        self.cost = CostModel(model, gpu)
+        self.tpb = block_manager.tokens_per_block
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens
+        self.max_seq_len = max_seq_len
+        self.enable_iter_perf_stats = enable_iter_perf_stats
+        self.enable_iter_req_stats = enable_iter_req_stats
+        self.stats: deque[dict[str, Any]] = deque(maxlen=max_stats_len)  # drain-once, oldest dropped
+        self.gpu_mem_usage_bytes = gpu_mem_usage_bytes
+        self.epoch_s = epoch_s  # wall-clock time of simulated time 0, for the stats' timestamp strings
+        self.now_s = 0.0
+        self.iteration = 0
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.completed = 0
+        self.failed = 0
+        self.busy_s = 0.0
+
+    # ------------------------------------------------------------------------------------------ intake
+
+    def blocks_to_completion(self, req: SimRequest) -> int:
+        return -(-(req.prompt_len + req.max_tokens) // self.tpb)
+
+    def submit(self, req: SimRequest) -> None:
+        """Queue a request; one that can never run fails at once with a reason (as TensorRT-LLM rejects it)."""
+        req.digest = hash(tuple(req.prompt_ids))
+        problem = None
+        if req.prompt_len == 0:
+            problem = "the prompt is empty"
+        elif req.max_tokens <= 0:
+            problem = f"max_tokens must be > 0, got {req.max_tokens}"
+        elif req.prompt_len + req.max_tokens > self.max_seq_len:
+            problem = (f"prompt length ({req.prompt_len}) + max_tokens ({req.max_tokens}) exceeds max_seq_len "
+                       f"({self.max_seq_len})")
+        elif self.blocks_to_completion(req) > self.bm.primary_blocks:
+            problem = (f"the request needs {self.blocks_to_completion(req)} KV cache blocks but the GPU pool has "
+                       f"{self.bm.primary_blocks}")
+        if problem:
+            self._fail(req, problem)
+            return
+        self.waiting.append(req)
+
+    def _fail(self, req: SimRequest, reason: str) -> None:
+        req.error = reason
+        req.stage = "FAILED"
+        self.failed += 1
+        if req.on_finish:
+            req.on_finish(req)
+
+    # ------------------------------------------------------------------------------------------ loop
+
+    def has_runnable(self) -> bool:
+        return bool(self.running) or bool(self.waiting and self.waiting[0].arrival_s <= self.now_s)
+
+    def next_arrival_s(self) -> float | None:
+        return self.waiting[0].arrival_s if self.waiting else None
+
+    def idle(self) -> bool:
+        return not self.running and not self.waiting
+
+    def _schedule(self) -> list[SimRequest]:
+        """GUARANTEED_NO_EVICT admission, in arrival order."""
+        bm = self.bm
+        reserved = 0
+        for r in self.running:
+            reserved += self.blocks_to_completion(r) - len(bm.block_ids(r.request_id))
+        available = bm.num_free_blocks(0) - reserved
+        started = []
+        while self.waiting and len(self.running) < self.max_batch_size:
+            req = self.waiting[0]
+            if req.arrival_s > self.now_s:
+                break
+            need = self.blocks_to_completion(req)
+            if need > available:
+                break
+            self.waiting.popleft()
+            before = (bm.alloc_total_blocks, bm.alloc_new_blocks, bm.reused_blocks, bm.missed_blocks,
+                      bm.onboarded_blocks)
+            req.reused_tokens = bm.add_sequence(req.request_id, req.prompt_ids, req.retention)
+            req.alloc_total_blocks = bm.alloc_total_blocks - before[0]
+            req.alloc_new_blocks = bm.alloc_new_blocks - before[1]
+            req.reused_blocks = bm.reused_blocks - before[2]
+            req.missed_blocks = bm.missed_blocks - before[3]
+            req.onboarded_blocks = bm.onboarded_blocks - before[4]
+            req.context_done = req.reused_tokens
+            req.stage = "CONTEXT_IN_PROGRESS"
+            req.scheduled_s = self.now_s
+            req.first_iter = self.iteration
+            available -= need
+            self.running.append(req)
+            started.append(req)
+        return started
+
+    def step(self) -> list[SimRequest]:
+        """One iteration. Returns the requests that finished in it. Does nothing when nothing can run."""
+        if not self.has_runnable():
+            return []
+        bm = self.bm
+        bm.refresh()
+        moves_before = (bm.onboarded_blocks, bm.offloaded_blocks)
+        started = self._schedule()
+        # Token budget: every generation request takes one token; context chunks share the rest.
+        gen = [r for r in self.running if r.stage == "GENERATION_IN_PROGRESS"]
+        budget = max(self.max_num_tokens - len(gen), 0)
+        chunks: list[tuple[SimRequest, int]] = []
+        for r in self.running:
+            if r.stage != "CONTEXT_IN_PROGRESS" or budget <= 0:
+                continue
+            n = min(r.prompt_len - r.context_done, budget)
+            chunks.append((r, n))
+            budget -= n
+        # addToken runs before the forward pass: room for the KV of the token being fed.
+        for r in list(gen):
+            try:
+                bm.add_token(r.request_id, r.output_ids[-1])
+            except NoFreeBlockError as exc:
+                # Only reachable when TensorRT-LLM's freeChildren leaked blocks after admission (see
+                # block_manager.py); TensorRT-LLM would throw here too. The request fails, the run goes on.
+                gen.remove(r)
+                self.running.remove(r)
+                bm.remove_sequence(r.request_id)
+                self._fail(r, f"out of KV cache blocks during decode: {exc}")
+        prefill_items = [(n, r.context_done) for r, n in chunks]
+        decode_contexts = [r.prompt_len + len(r.output_ids) - 1 for r in gen]
+        onboards = bm.onboarded_blocks - moves_before[0]
+        offloads = bm.offloaded_blocks - moves_before[1]
+        dt = (self.cost.iteration_s(prefill_items, decode_contexts)
+              + self.cost.onboard_s(onboards, self.tpb) + self.cost.offload_s(offloads, self.tpb))
+        self.now_s += dt
+        self.busy_s += dt
+        now = self.now_s
+
+        finished: list[SimRequest] = []
+        num_ctx_tokens = sum(n for _, n in chunks)
+        for r, n in chunks:
+            r.context_done += n
+            if r.context_done >= r.prompt_len:
+                bm.store_context_blocks(r.request_id)
+                r.stage = "GENERATION_IN_PROGRESS"
+                self._emit_token(r, now)
+                if len(r.output_ids) >= r.max_tokens:
+                    finished.append(r)
+        for r in gen:
+            self._emit_token(r, now)
+            if len(r.output_ids) >= r.max_tokens:
+                finished.append(r)
+        for r in finished:
+            bm.remove_sequence(r.request_id, final_tokens=r.output_ids[-1:])
+            r.stage = "GENERATION_COMPLETE"
+            r.last_iter = self.iteration
+            self.running.remove(r)
+            self.completed += 1
+        if self.enable_iter_perf_stats:
+            self.stats.append(self._iteration_stats(dt, started, chunks, gen, finished, num_ctx_tokens))
+        bm.flush_events()
+        self.iteration += 1
+        for r in finished:
+            if r.on_finish:
+                r.on_finish(r)
+        return finished
+
+    def _emit_token(self, r: SimRequest, now: float) -> None:
+        r.output_ids.append(generated_token(r.digest, len(r.output_ids)))
+        if r.first_token_s is None:
+            r.first_token_s = now
+        r.last_token_s = now
+        if r.on_token:
+            r.on_token(r)
+
+    # ------------------------------------------------------------------------------------------ stats
+
+    def timestamp(self) -> str:
+        # TensorRT-LLM's format: "04-07-2025 20:33:17.747028" (MM-DD-YYYY, local time of the engine)
+        t = _dt.datetime.fromtimestamp(self.epoch_s + self.now_s)
+        return t.strftime("%m-%d-%Y %H:%M:%S.%f")
+
+    def _iteration_stats(self, dt: float, started: Sequence[SimRequest], chunks: Sequence[tuple[SimRequest, int]],
+                         gen: Sequence[SimRequest], finished: Sequence[SimRequest],
+                         num_ctx_tokens: int) -> dict[str, Any]:
+        """One iteration-stats dict with TensorRT-LLM 1.2's keys (jsonSerialization.cpp, PyTorch backend)."""
+        queue_latency_ms = (sum((r.scheduled_s or 0.0) - r.arrival_s for r in started) / len(started) * 1000.0
+                            if started else 0.0)
+        stats: dict[str, Any] = {
+            "timestamp": self.timestamp(),
+            "iter": self.iteration,
+            "iterLatencyMS": dt * 1000.0,
+            "newActiveRequestsQueueLatencyMS": queue_latency_ms,
+            "numNewActiveRequests": len(started),
+            "numActiveRequests": len(self.running) + len(finished),
+            "numQueuedRequests": len(self.waiting),
+            "numCompletedRequests": len(finished),
+            "maxNumActiveRequests": self.max_batch_size,
+            "maxBatchSizeStatic": self.max_batch_size,
+            "maxBatchSizeTunerRecommended": 0,
+            "maxBatchSizeRuntime": self.max_batch_size,
+            "maxNumTokensStatic": self.max_num_tokens,
+            "maxNumTokensTunerRecommended": 0,
+            "maxNumTokensRuntime": self.max_num_tokens,
+            "gpuMemUsage": self.gpu_mem_usage_bytes,
+            # PyTorch's _update_iter_stats sets both to 0, even with a host cache (trtllm-kv.md 1.2)
+            "cpuMemUsage": 0,
+            "pinnedMemUsage": 0,
+            "kvCacheStats": self.bm.kv_cache_stats(),
+            "staticBatchingStats": None,
+            "inflightBatchingStats": {
+                "numScheduledRequests": len(chunks) + len(gen),
+                "numContextRequests": len(chunks),
+                "numGenRequests": len(gen),
+                "numPausedRequests": 0,
+                "numCtxTokens": num_ctx_tokens,
+                "microBatchId": 0,
+                "avgNumDecodedTokensPerIter": 1.0 if gen else 0.0,
+            },
+            "specDecodingStats": None,
+        }
+        if self.enable_iter_req_stats:
+            stats["requestStats"] = [self._request_stats(r) for r in [*self.running, *finished]]
+        return stats
+
+    def _request_stats(self, r: SimRequest) -> dict[str, Any]:
+        reused, missed = r.reused_blocks, r.missed_blocks
+        return {
+            "id": r.request_id,
+            "stage": r.stage if r.stage != "FAILED" else "GENERATION_COMPLETE",
+            "contextPrefillPosition": r.context_done,
+            "numGeneratedTokens": len(r.output_ids),
+            "avgNumDecodedTokensPerIter": 1.0,
+            "scheduled": True,
+            "paused": False,
+            "disServingStats": None,
+            "allocTotalBlocksPerRequest": r.alloc_total_blocks,
+            "allocNewBlocksPerRequest": r.alloc_new_blocks,
+            "reusedBlocksPerRequest": reused,
+            "missedBlocksPerRequest": missed,
+            "kvCacheHitRatePerRequest": reused / (reused + missed) if reused > 0 else 0.0,
+        }
+
+    def take_stats(self) -> list[dict[str, Any]]:
+        out = list(self.stats)
+        self.stats.clear()
+        return out

@@ -1,0 +1,484 @@
+"""SimLLM: TensorRT-LLM's ``LLM`` API over the simulated engine.
+
+Same names as ``tensorrt_llm.LLM`` where they apply (``generate_async``, ``generate``, ``get_stats[_async]``,
+``get_kv_cache_events[_async]``, ``shutdown``, ``with``), same config classes (``KvCacheConfig``,
+``SamplingParams``, ``KvCacheRetentionConfig``), same 1.2-shaped dicts out, so kvtop's driver and pollers never
+know which engine they have. The engine runs in a background thread; ``speed=1.0`` paces simulated time to the
+wall clock (live demos), ``speed=0`` runs as fast as it can (sweeps, tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from kvtop.engines.gpus import GpuProfile, resolve_gpu
+from kvtop.engines.models import ModelShape, resolve_model
+from kvtop.engines.sim.block_manager import BlockManager
+from kvtop.engines.sim.core import SimEngineCore, SimRequest
+from kvtop.engines.sim.retention import KvCacheRetentionConfig
+from kvtop.engines.sim.tokenizer import Tokenizer, load_tokenizer
+from kvtop.engines.sizing import primary_blocks, runtime_reserve_bytes, secondary_blocks
+
+ENGINE_NAME = "sim"
+ENGINE_VERSION = "TensorRT-LLM 1.2 (simulated by kvtop)"
+
+
+@dataclass
+class KvCacheConfig:
+    """``tensorrt_llm.llmapi.KvCacheConfig`` (1.2 fields and defaults; unknown names are rejected)."""
+
+    enable_block_reuse: bool = True
+    max_tokens: int | None = None
+    max_attention_window: list[int] | None = None
+    sink_token_length: int | None = None
+    free_gpu_memory_fraction: float | None = 0.9
+    host_cache_size: int | None = None
+    onboard_blocks: bool = True
+    cross_kv_cache_fraction: float | None = None
+    secondary_offload_min_priority: int | None = None
+    event_buffer_max_size: int = 0
+    attention_dp_events_gather_period_ms: int = 5
+    enable_partial_reuse: bool = True
+    copy_on_partial_reuse: bool = True
+    use_uvm: bool = False
+    max_gpu_total_bytes: int = 0
+    dtype: str = "auto"
+    tokens_per_block: int = 32
+
+    def __post_init__(self) -> None:
+        frac = self.free_gpu_memory_fraction
+        if frac is not None and not 0.0 < frac < 1.0:
+            raise ValueError(f"free_gpu_memory_fraction: must be in (0, 1), got {frac}")
+        if self.max_tokens is not None and self.max_tokens <= 0:
+            raise ValueError(f"max_tokens: must be > 0, got {self.max_tokens}")
+        if self.host_cache_size is not None and self.host_cache_size < 0:
+            raise ValueError(f"host_cache_size: must be >= 0 bytes, got {self.host_cache_size}")
+        if self.tokens_per_block <= 0:
+            raise ValueError(f"tokens_per_block: must be > 0, got {self.tokens_per_block}")
+
+
+@dataclass
+class SamplingParams:
+    """The parts of ``tensorrt_llm.SamplingParams`` the simulator uses (outputs are greedy and always
+    ``max_tokens`` long; the rest are accepted so that real scripts run unchanged)."""
+
+    max_tokens: int = 32
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    end_id: int | None = None
+    pad_id: int | None = None
+    ignore_eos: bool = False
+    return_perf_metrics: bool = False
+    n: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RequestError(RuntimeError):
+    """A request failed (TensorRT-LLM raises ``RequestError`` from ``result()`` too)."""
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    request_perf_metrics: dict[str, Any] | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+class RequestOutput:
+    """What ``generate_async`` returns: awaitable (``await r`` / ``await r.aresult()``), ``result()``, and an
+    async iterator of partial outputs when streaming."""
+
+    def __init__(self, llm: SimLLM, req: SimRequest, prompt: str | None, streaming: bool):
+        self._llm = llm
+        self._req = req
+        self.request_id = req.request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(req.prompt_ids)
+        self.streaming = streaming
+        self.outputs = [CompletionOutput(0, "", [])]
+        self.finished = False
+        self.error: str | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[RequestOutput]]] = []
+        self._stream: tuple[asyncio.AbstractEventLoop, asyncio.Queue[bool]] | None = None
+        self._sent_tokens = 0
+
+    # -- engine side (engine thread, under the engine lock) --
+    def _on_token(self, req: SimRequest) -> None:
+        if self._stream is not None:
+            loop, queue = self._stream
+            loop.call_soon_threadsafe(queue.put_nowait, False)
+
+    def _on_finish(self, req: SimRequest) -> None:
+        out = self.outputs[0]
+        out.token_ids = list(req.output_ids)
+        out.text = self._llm.tokenizer.decode(req.output_ids)
+        out.finish_reason = "length" if req.error is None else "error"
+        out.request_perf_metrics = self._llm._perf_metrics(req)
+        with self._lock:
+            self.error = req.error
+            self.finished = True
+            self._done.set()
+            waiters, self._waiters = self._waiters, []
+            stream = self._stream
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_resolve, fut, self)
+        if stream is not None:
+            stream[0].call_soon_threadsafe(stream[1].put_nowait, True)
+
+    # -- caller side --
+    def _raise_if_failed(self) -> RequestOutput:
+        if self.error is not None:
+            raise RequestError(f"request {self.request_id} failed: {self.error}")
+        return self
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.request_id} did not finish within {timeout} s")
+        return self._raise_if_failed()
+
+    async def aresult(self) -> RequestOutput:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._done.is_set():
+                return self._raise_if_failed()
+            fut: asyncio.Future[RequestOutput] = loop.create_future()
+            self._waiters.append((loop, fut))
+        await fut
+        return self._raise_if_failed()
+
+    def __await__(self) -> Any:
+        return self.aresult().__await__()
+
+    @property
+    def metrics_dict(self) -> dict[str, float]:
+        m = self.outputs[0].request_perf_metrics or {}
+        t = m.get("timing_metrics", {})
+        if not t or t.get("first_token_time") is None:
+            return {}
+        out = {"ttft": t["first_token_time"] - t["arrival_time"], "e2e": t["last_token_time"] - t["arrival_time"]}
+        n = len(self.outputs[0].token_ids)
+        if n > 1:
+            out["tpot"] = (t["last_token_time"] - t["first_token_time"]) / (n - 1)
+        return out
+
+    @property
+    def cached_tokens(self) -> int:
+        return self._req.reused_tokens
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        return self._aiter()
+
+    async def _aiter(self) -> AsyncIterator[RequestOutput]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[bool] = asyncio.Queue()
+        with self._lock:
+            done = self._done.is_set()
+            if not done:
+                self._stream = (loop, queue)
+        if done:
+            yield self._raise_if_failed()
+            return
+        while True:
+            final = await queue.get()
+            if final:
+                yield self._raise_if_failed()
+                return
+            with self._llm._lock:
+                ids = list(self._req.output_ids)
+            if len(ids) > self._sent_tokens:
+                self._sent_tokens = len(ids)
+                self.outputs[0].token_ids = ids
+                self.outputs[0].text = self._llm.tokenizer.decode(ids)
+                yield self
+
+
+def _resolve(fut: asyncio.Future[RequestOutput], value: RequestOutput) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+class _DrainOnce:
+    """An async iterable over a drain-once queue, like TensorRT-LLM's ``IterationResult``: yields what is
+    queued; when nothing is, waits up to ``timeout`` for more, then ends."""
+
+    def __init__(self, take: Any, timeout: float | None):
+        self._take = take
+        self._timeout = 2.0 if timeout is None else timeout
+
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        return self._gen()
+
+    async def _gen(self) -> AsyncIterator[dict[str, Any]]:
+        items = self._take()
+        deadline = time.monotonic() + self._timeout
+        while not items and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.01, self._timeout))
+            items = self._take()
+        for item in items:
+            yield item
+
+
+class SimLLM:
+    """A TensorRT-LLM ``LLM`` whose KV cache manager is simulated exactly and whose GPU is a cost model."""
+
+    def __init__(self, model: str | ModelShape = "Qwen/Qwen3-8B", *, kv_cache_config: KvCacheConfig | None = None,
+                 max_batch_size: int = 2048, max_num_tokens: int = 8192, max_seq_len: int | None = None,
+                 enable_iter_perf_stats: bool = False, enable_iter_req_stats: bool = False,
+                 return_perf_metrics: bool = False, gpu: str | GpuProfile = "H200", speed: float = 1.0,
+                 tokenizer: Tokenizer | str | None = None, max_stats_len: int = 1000, **unsupported: Any):
+        if unsupported:
+            # TensorRT-LLM's args are strict pydantic models: an unknown name is an error, not a silent no-op.
+            raise TypeError(f"SimLLM: unsupported argument(s): {', '.join(sorted(unsupported))}")
+        if speed < 0:
+            raise ValueError(f"speed: must be >= 0 (0 = as fast as possible), got {speed}")
+        self.model: ModelShape = model if isinstance(model, ModelShape) else resolve_model(model)
+        self.gpu: GpuProfile = gpu if isinstance(gpu, GpuProfile) else resolve_gpu(gpu)
+        self.kv_cache_config = kv_cache_config or KvCacheConfig()
+        kvc = self.kv_cache_config
+        tpb = kvc.tokens_per_block
+        self.tokens_per_block = tpb
+        self.speed = speed
+        self.return_perf_metrics = return_perf_metrics
+        self.max_seq_len = max_seq_len or getattr(self.model, "max_position_embeddings", None) or 40960
+        self.primary_blocks = primary_blocks(self.model, self.gpu, tpb, max_tokens=kvc.max_tokens,
+                                             free_gpu_memory_fraction=kvc.free_gpu_memory_fraction or 0.9)
+        self.secondary_blocks = secondary_blocks(self.model, tpb, kvc.host_cache_size or 0)
+        self.bytes_per_block = self.model.kv_bytes_per_block(tpb)
+        window = min(kvc.max_attention_window) if kvc.max_attention_window else self.max_seq_len
+        self._clock_s = 0.0
+        self.block_manager = BlockManager(
+            self.primary_blocks, self.secondary_blocks, tpb,
+            enable_partial_reuse=kvc.enable_partial_reuse, copy_on_partial_reuse=kvc.copy_on_partial_reuse,
+            onboard_blocks=kvc.onboard_blocks, secondary_offload_min_priority=kvc.secondary_offload_min_priority,
+            event_buffer_max_size=kvc.event_buffer_max_size if kvc.enable_block_reuse else 0,
+            clock_ms=lambda: self._core.now_s * 1000.0, window_size=window,
+            enable_block_reuse=kvc.enable_block_reuse)
+        gpu_mem = (self.model.weight_bytes + runtime_reserve_bytes(self.model, max_num_tokens)
+                   + self.primary_blocks * self.bytes_per_block)
+        self._core = SimEngineCore(self.model, self.gpu, self.block_manager, max_batch_size=max_batch_size,
+                                   max_num_tokens=max_num_tokens, max_seq_len=self.max_seq_len,
+                                   enable_iter_perf_stats=enable_iter_perf_stats,
+                                   enable_iter_req_stats=enable_iter_req_stats, max_stats_len=max_stats_len,
+                                   gpu_mem_usage_bytes=gpu_mem, epoch_s=time.time())
+        if isinstance(tokenizer, str) or tokenizer is None:
+            self.tokenizer: Tokenizer = load_tokenizer(self.model.name, self.model.vocab_size,
+                                                        prefer_hf=tokenizer == "auto")
+        else:
+            self.tokenizer = tokenizer
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
+        self._pending: list[tuple[SimRequest, RequestOutput]] = []
+        self._outputs: dict[int, RequestOutput] = {}
+        self._shutdown = False
+        self._wall0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="kvtop-simllm", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------------------ info
+
+    def describe(self) -> dict[str, Any]:
+        """What kvtop's ``meta`` record says about this engine."""
+        return {
+            "engine": ENGINE_NAME,
+            "engine_version": ENGINE_VERSION,
+            "model": self.model.name,
+            "gpu": self.gpu.name,
+            "tokens_per_block": self.tokens_per_block,
+            "primary_blocks": self.primary_blocks,
+            "secondary_blocks": self.secondary_blocks,
+            "bytes_per_block": self.bytes_per_block,
+            "host_cache_bytes": self.kv_cache_config.host_cache_size or 0,
+            "speed": self.speed,
+            "simulated": True,
+        }
+
+    @property
+    def sim_time_s(self) -> float:
+        return self._core.now_s
+
+    # ------------------------------------------------------------------------------------------ requests
+
+    def _encode(self, inputs: Any) -> tuple[list[int], str | None]:
+        if isinstance(inputs, str):
+            return self.tokenizer.encode(inputs), inputs
+        if isinstance(inputs, dict):
+            if "prompt_token_ids" in inputs:
+                return [int(t) for t in inputs["prompt_token_ids"]], None
+            if "prompt" in inputs:
+                return self.tokenizer.encode(str(inputs["prompt"])), str(inputs["prompt"])
+        if isinstance(inputs, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in inputs):
+            return list(inputs), None
+        raise TypeError(f"inputs: expected text, a list of token ids, or a dict with 'prompt'/'prompt_token_ids', "
+                        f"got {type(inputs).__name__}")
+
+    def generate_async(self, inputs: Any, sampling_params: SamplingParams | None = None,
+                       lora_request: Any = None, prompt_adapter_request: Any = None, streaming: bool = False,
+                       kv_cache_retention_config: KvCacheRetentionConfig | None = None,
+                       **kwargs: Any) -> RequestOutput:
+        if self._shutdown:
+            raise RuntimeError("SimLLM has been shut down")
+        sp = sampling_params or SamplingParams()
+        prompt_ids, prompt = self._encode(inputs)
+        with self._lock:
+            req = SimRequest(next(self._ids), prompt_ids, sp.max_tokens, arrival_s=self._now_for_arrival(),
+                             retention=kv_cache_retention_config)
+            out = RequestOutput(self, req, prompt, streaming)
+            req.on_token = out._on_token
+            req.on_finish = out._on_finish
+            self._pending.append((req, out))
+            self._wake.notify()
+        return out
+
+    def generate(self, inputs: Any, sampling_params: SamplingParams | None = None,
+                 kv_cache_retention_config: KvCacheRetentionConfig | list[KvCacheRetentionConfig] | None = None,
+                 **kwargs: Any) -> Any:
+        single = isinstance(inputs, str) or (isinstance(inputs, Sequence) and inputs
+                                             and isinstance(inputs[0], int))
+        batch = [inputs] if single else list(inputs)
+        cfgs = (kv_cache_retention_config if isinstance(kv_cache_retention_config, list)
+                else [kv_cache_retention_config] * len(batch))
+        outs = [self.generate_async(p, sampling_params, kv_cache_retention_config=c) for p, c in zip(batch, cfgs)]
+        results = [o.result() for o in outs]
+        return results[0] if single else results
+
+    def _now_for_arrival(self) -> float:
+        if self.speed > 0:
+            return max(self._core.now_s, (time.monotonic() - self._wall0) * self.speed)
+        return self._core.now_s
+
+    def _perf_metrics(self, req: SimRequest) -> dict[str, Any]:
+        """``RequestPerfMetrics`` as TensorRT-LLM reports it (times in seconds of simulated time)."""
+        reused, missed = req.reused_blocks, req.missed_blocks
+        return {
+            "first_iter": req.first_iter, "last_iter": req.last_iter,
+            "timing_metrics": {"arrival_time": req.arrival_s, "first_scheduled_time": req.scheduled_s,
+                               "first_token_time": req.first_token_s, "last_token_time": req.last_token_s},
+            "kv_cache_metrics": {"num_total_allocated_blocks": req.alloc_total_blocks,
+                                 "num_new_allocated_blocks": req.alloc_new_blocks,
+                                 "num_reused_blocks": reused, "num_missed_blocks": missed,
+                                 "kv_cache_hit_rate": reused / (reused + missed) if reused > 0 else 0.0,
+                                 # simulator-only: which reused blocks came back from host memory
+                                 "num_onboarded_blocks": req.onboarded_blocks},
+            "prompt_tokens": req.prompt_len, "reused_tokens": req.reused_tokens, "error": req.error,
+        }
+
+    # ------------------------------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        core = self._core
+        while True:
+            with self._lock:
+                for req, out in self._pending:
+                    self._outputs[req.request_id] = out
+                    core.submit(req)
+                self._pending.clear()
+                if self._shutdown:
+                    break
+                if core.has_runnable():
+                    core.step()
+                    for rid in [rid for rid, o in self._outputs.items() if o.finished]:
+                        del self._outputs[rid]
+                else:
+                    timeout = 0.05 if core.waiting else 0.5
+                    self._wake.wait(timeout)
+                    if self.speed > 0:  # idle time passes on the simulated clock too
+                        core.now_s = max(core.now_s, (time.monotonic() - self._wall0) * self.speed)
+                    continue
+                sim_now = core.now_s
+            if self.speed > 0:
+                lag = sim_now / self.speed - (time.monotonic() - self._wall0)
+                if lag > 0:
+                    time.sleep(min(lag, 0.5))
+        with self._lock:
+            for req in list(core.waiting) + list(core.running):
+                core._fail(req, "the engine was shut down")
+            core.waiting.clear()
+            core.running.clear()
+
+    # ------------------------------------------------------------------------------------------ telemetry
+
+    def _take_stats(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return self._core.take_stats()
+
+    def _take_events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return self.block_manager.take_events()
+
+    def _wait_for(self, take: Any, timeout: float | None) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + (2.0 if timeout is None else timeout)
+        items = take()
+        while not items and time.monotonic() < deadline:
+            time.sleep(0.01)
+            items = take()
+        return items
+
+    def get_stats(self, timeout: float | None = 2) -> list[dict[str, Any]]:
+        """Iteration stats since the last call (drained once). Empty unless ``enable_iter_perf_stats``."""
+        return self._wait_for(self._take_stats, timeout)
+
+    def get_stats_async(self, timeout: float | None = 2) -> _DrainOnce:
+        return _DrainOnce(self._take_stats, timeout)
+
+    def get_kv_cache_events(self, timeout: float | None = 2) -> list[dict[str, Any]]:
+        """KV cache events since the last call (drained once). Empty unless ``event_buffer_max_size > 0``."""
+        return self._wait_for(self._take_events, timeout)
+
+    def get_kv_cache_events_async(self, timeout: float | None = 2) -> _DrainOnce:
+        return _DrainOnce(self._take_events, timeout)
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Test helper: block until every submitted request has finished."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._pending and self._core.idle():
+                    return True
+            time.sleep(0.005)
+        return False
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._shutdown = True
+            self._wake.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> SimLLM:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self._shutdown = True
+        except Exception:
+            pass
+
+
+def kv_cache_config_fields() -> list[str]:
+    return [f.name for f in fields(KvCacheConfig)]
+
+
+__all__ = ["KvCacheConfig", "SamplingParams", "SimLLM", "RequestOutput", "CompletionOutput", "RequestError",
+           "ENGINE_NAME", "ENGINE_VERSION"]
