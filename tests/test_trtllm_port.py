@@ -57,8 +57,8 @@ Skipped C++ tests (not expressible with this interface, or out of the simulator'
 Where the newest main disagrees with 1.2 because main changed the algorithm after 1.2, the 1.2 number is kept and
 the test says so (KVCacheManagerSecondaryBlockPrimaryChildTest: 4 in 1.2, 9 with main's addSequenceBatch).
 
-Tests marked ``xfail(strict=True)`` fail because of a confirmed difference between the simulator and TensorRT-LLM's
-C++ (the reason names the C++ code); they start passing, and then fail as XPASS, once the simulator is fixed.
+Two differences this port found in the simulator were fixed there (freeChildren claiming idle descendants, as a
+pre-1.1 TensorRT-LLM did; one token per block indexing past the prompt's keys).
 """
 
 from __future__ import annotations
@@ -765,14 +765,8 @@ def test_event_removed_ordered_before_store():
 # it has reuse keys (len-1 usable tokens, and len % 1 is never 1, so no empty key is appended); C++ 1.2
 # loadOrAllocateBlocks guards every use of the key iterator with ``blockItr != blockKeys.end()`` and allocates that
 # last block without a key.
-TPB1_XFAIL = pytest.mark.xfail(
-    strict=True,
-    raises=IndexError,
-    reason="implementation bug: add_sequence indexes keys[bi] past the end when tokens_per_block == 1 "
-    "(C++ loadOrAllocateBlocks checks blockItr != blockKeys.end())",
-)
 FILL_PARAMS = [
-    pytest.param(1, 4096, 128, 128, marks=TPB1_XFAIL),
+    (1, 4096, 128, 128),
     (64, 4096, 256, 128),
     (64, 4096, 500, 100),
 ]
@@ -818,15 +812,6 @@ def test_fill_kv_cache_and_complete_in_parallel(tpb, primary, prompt, max_output
             bm.add_token(rid, 0)
 
 
-LEAK_XFAIL = pytest.mark.xfail(
-    strict=True,
-    reason="implementation bug: _free_children claims every idle descendant of an evicted block (takes it out of "
-    "the free queues for good); TensorRT-LLM 1.1/1.2 WindowBlockManager::freeChildren only detaches descendants "
-    "(freeLeafBlock) and getFreeBlock claims the victim alone",
-)
-
-
-@LEAK_XFAIL
 def test_priority_eviction_interior_block_evicted_first():
     """Port of KVCacheManagerTest.TruePriorityEvictionInteriorBlockEvictedFirst (newest main).
 
@@ -868,7 +853,6 @@ def test_priority_eviction_high_priority_interior_block_preserved():
     bm.remove_sequence(2)
 
 
-@LEAK_XFAIL
 def test_priority_eviction_chain():
     """Port of KVCacheManagerTest.TruePriorityEvictionQueueIntegrityAfterChainEviction (newest main), without
     verifyQueueIntegrity (not in the interface)."""
@@ -893,7 +877,6 @@ def test_priority_eviction_chain():
     assert bm.num_free_blocks() == 6
 
 
-@LEAK_XFAIL
 def test_priority_eviction_no_crash_after_interior_eviction():
     """Port of KVCacheManagerTest.TruePriorityEvictionNoCrashAfterInteriorEviction (newest main)."""
     bm = BlockManager(8, 0, 4)

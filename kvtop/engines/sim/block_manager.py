@@ -12,10 +12,10 @@ that a reader may not expect (each one is reproduced on purpose):
 - A victim that still has a stale key but is not in the reuse tree (a duplicate of an already-stored block, or the
   last block of a finished request) is offloaded too, with no event: PCIe traffic no event stream can show.
   ``silent_offloads`` counts them.
-- ``freeChildren`` detaches the victim's whole subtree (``removed`` events, children first) and *claims* every
-  descendant, which takes an idle descendant out of the free queues for good. With equal priorities that never
-  happens (a parent is always released after its children), but a parent with a lower priority than its child
-  leaks the child. ``leaked_blocks`` counts them; ``freeNumBlocks`` shows the loss exactly as TensorRT-LLM does.
+- ``freeChildren`` detaches the victim's whole subtree from the reuse tree (``removed`` events, children first)
+  and claims only the victim itself; idle descendants stay in the free queues, no longer reusable. (An older
+  TensorRT-LLM claimed every descendant, which took idle ones out of the free pool for good; 1.1/1.2 only
+  detach them, and a maintainer confirms it in PR #11173.)
 - A prompt that partially matches an idle leaf takes it out of the tree with no ``removed`` event
   (``claimLeafBlock``). ``silent_detaches`` counts them.
 - Children of a radix-tree node are searched in insertion order for partial matches. TensorRT-LLM iterates a
@@ -237,7 +237,6 @@ class BlockManager:
         self.onboarded_blocks = 0        # every host->GPU onboard on reuse
         self.evicted_blocks = [0, 0]     # blocks detached from the tree with a removed event, by tier
         self.silent_detaches = 0         # partial-reuse detaches with no event
-        self.leaked_blocks = 0           # idle descendants claimed by freeChildren (never free again)
         self.reused_tokens = 0
         self.total_input_tokens = 0
 
@@ -317,19 +316,25 @@ class BlockManager:
         if self._events_enabled:
             block.hash = block_key_hash(block.key, parent_hash)
 
-    def _free_children(self, block: _Block, priority: int | None, duration_ms: int | None) -> None:
+    def _free_children(self, block: _Block) -> None:
+        """``freeChildren``: detach the block and its descendants from the tree, children first."""
         for child in list(block.children.values()):
-            self._free_children(child, priority, duration_ms)
+            self._free_children(child)
         if block.in_tree():
             self._enqueue_removed(block)
             self.evicted_blocks[block.level] += 1
-        self._claim_leaf(block, priority, duration_ms)
+        self._detach(block)
+
+    @staticmethod
+    def _detach(block: _Block) -> None:
+        """``freeLeafBlock``: unlink from the parent (by key, as removeNextBlock does)."""
+        if block.prev is not None:
+            block.prev.children.pop(block.key, None)
+            block.prev = None
 
     def _claim_leaf(self, block: _Block, priority: int | None, duration_ms: int | None) -> None:
         self._policy.claim(block, priority, duration_ms)
-        if block.prev is not None:
-            block.prev.children.pop(block.key, None)  # removeNextBlock erases by key
-            block.prev = None
+        self._detach(block)
 
     def _get_free_block(self, priority: int, duration_ms: int | None) -> _Block:
         policy = self._policy
@@ -348,12 +353,8 @@ class BlockManager:
                 self.silent_offloads += 1
             policy.release(block)  # now in the host queue, same priority
             block = target
-        # Idle descendants of the chosen block leave the free queues here and are never released again.
-        leaked_before = policy.num_free[PRIMARY] + policy.num_free[SECONDARY]
-        self._free_children(block, priority, duration_ms)
-        leaked = leaked_before - (policy.num_free[PRIMARY] + policy.num_free[SECONDARY]) - 1
-        if leaked > 0:
-            self.leaked_blocks += leaked
+        self._free_children(block)
+        policy.claim(block, priority, duration_ms)
         return block
 
     def _onboard(self, block: _Block) -> None:
@@ -387,9 +388,10 @@ class BlockManager:
 
     def _chop(self, tokens: Sequence[int], usable: int, allow_partial: bool) -> list[tuple[int, ...]]:
         tpb = self.tokens_per_block
-        keys = [tuple(tokens[i:min(i + tpb, usable)]) for i in range(0, usable, tpb)]
-        if keys and not allow_partial and len(keys[-1]) < tpb:
-            keys.pop()
+        full_end = usable - usable % tpb
+        keys = [tuple(tokens[i:i + tpb]) for i in range(0, full_end, tpb)]
+        if allow_partial and full_end < usable:
+            keys.append(tuple(tokens[full_end:usable]))
         return keys
 
     def _add_to_seq(self, seq: _Sequence, block: _Block) -> None:
@@ -431,7 +433,8 @@ class BlockManager:
             self.total_input_tokens += length
             return 0
         for bi in range(num_blocks):
-            key = keys[bi]
+            # With one token per block there is one block more than keys (C++ guards blockItr != end)
+            key = keys[bi] if bi < len(keys) else ()
             prio, dur = per_block[bi]
             partial, num_matched, match = (self._find_matching(search, key) if search is not None
                                            else (False, 0, None))
@@ -441,7 +444,12 @@ class BlockManager:
                     self._enqueue_updated(match, None, (match.priority, prio))
                 if partial:
                     if match.refs > 0 or match.children:
-                        match = self._get_free_block(match.priority, match.duration_ms)  # copy the matched tokens
+                        # Somebody uses it, or it has children: copy the matched tokens into a new block, which
+                        # takes the whole key of this prompt block (1.2 sets key and hash right after the copy).
+                        match = self._get_free_block(match.priority, match.duration_ms)
+                        match.key = key
+                        match.is_full = len(key) == tpb
+                        self._set_hash(match, seq.blocks[-1].hash if seq.blocks else 0)
                     else:
                         if match.in_tree():
                             self.silent_detaches += 1
@@ -502,6 +510,9 @@ class BlockManager:
 
     def block_ids(self, request_id: Any) -> list[int]:
         return [b.id for b in self._seq(request_id).blocks]
+
+    def num_blocks(self, request_id: Any) -> int:
+        return len(self._seq(request_id).blocks)
 
     def num_free_blocks(self, cache_level: int = PRIMARY) -> int:
         return self._policy.num_free[cache_level]

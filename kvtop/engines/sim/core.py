@@ -149,7 +149,7 @@ class SimEngineCore:
         bm = self.bm
         reserved = 0
         for r in self.running:
-            reserved += self.blocks_to_completion(r) - len(bm.block_ids(r.request_id))
+            reserved += self.blocks_to_completion(r) - bm.num_blocks(r.request_id)
         available = bm.num_free_blocks(0) - reserved
         started = []
         while self.waiting and len(self.running) < self.max_batch_size:
@@ -185,6 +185,13 @@ class SimEngineCore:
         bm.refresh()
         moves_before = (bm.onboarded_blocks, bm.offloaded_blocks)
         started = self._schedule()
+        if not self.running and self.waiting and self.waiting[0].arrival_s <= self.now_s:
+            # Nothing runs and the head still does not fit (submit() rejects what can never fit, so this is a
+            # safety net): waiting would spin forever, so it fails with the numbers that say why.
+            head = self.waiting.popleft()
+            self._fail(head, f"needs {self.blocks_to_completion(head)} free KV cache blocks, the GPU pool has "
+                             f"{bm.num_free_blocks(0)} free of {bm.primary_blocks}")
+            return []
         # Token budget: every generation request takes one token; context chunks share the rest.
         gen = [r for r in self.running if r.stage == "GENERATION_IN_PROGRESS"]
         budget = max(self.max_num_tokens - len(gen), 0)
@@ -200,8 +207,8 @@ class SimEngineCore:
             try:
                 bm.add_token(r.request_id, r.output_ids[-1])
             except NoFreeBlockError as exc:
-                # Only reachable when TensorRT-LLM's freeChildren leaked blocks after admission (see
-                # block_manager.py); TensorRT-LLM would throw here too. The request fails, the run goes on.
+                # Admission reserves every block a request needs to finish, so this is a safety net;
+                # TensorRT-LLM would throw here too. The request fails, the run goes on.
                 gen.remove(r)
                 self.running.remove(r)
                 bm.remove_sequence(r.request_id)
