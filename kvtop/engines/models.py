@@ -176,6 +176,16 @@ def _llama31(name: str, *, layers: int, hidden: int, heads: int, inter: int) -> 
                       num_params=params, dtype_bytes=2)
 
 
+def _tinyllama() -> ModelShape:
+    # TinyLlama-1.1B-Chat-v1.0 config.json: 22 layers, hidden 2048, 32 heads, 4 KV heads (head_dim 64),
+    # intermediate 5632, vocab 32,000, untied, bf16. 2 x 22 x 4 x 64 x 2 = 22,528 KV bytes per token.
+    params = estimate_num_params(num_layers=22, hidden_size=2048, num_attention_heads=32, num_kv_heads=4,
+                                 head_dim=64, intermediate_size=5632, vocab_size=32000)
+    return ModelShape(name="TinyLlama/TinyLlama-1.1B-Chat-v1.0", num_layers=22, num_kv_heads=4, head_dim=64,
+                      hidden_size=2048, num_attention_heads=32, intermediate_size=5632, vocab_size=32000,
+                      num_params=params, dtype_bytes=2)
+
+
 # HF config.json values. Parameter counts (from estimate_num_params) in the comments match the model cards.
 BUILTIN_MODELS: dict[str, ModelShape] = {
     m.name: m
@@ -187,6 +197,7 @@ BUILTIN_MODELS: dict[str, ModelShape] = {
         # 8,030,261,248 and 70,553,706,496:
         _llama31("meta-llama/Llama-3.1-8B-Instruct", layers=32, hidden=4096, heads=32, inter=14336),
         _llama31("meta-llama/Llama-3.1-70B-Instruct", layers=80, hidden=8192, heads=64, inter=28672),
+        _tinyllama(),  # 1,100,048,384: the model of TensorRT-LLM's own KV cache offloading example
     )
 }
 

@@ -1,0 +1,230 @@
+"""kvtop's command line: parses options into settings and hands them to the right runner.
+
+    kvtop [options]                   drive a workload through an engine and watch its KV cache tiers
+    kvtop sim --trace FILE ...        replay a Mooncake trace on the simulator as fast as possible (sweeps)
+    kvtop attach URL                  watch a run elsewhere: mqtt://, mqtts://, http://host:port, FILE.jsonl
+    kvtop replay FILE [--speed X]     replay a recording
+    kvtop estimate ...                reload vs recompute arithmetic for a model on a GPU
+    kvtop calibrate ...               measure this machine's GPU into a profile
+    kvtop report RUN.jsonl ... -o DIR charts and a summary page from recordings
+
+A bad option prints one line naming it and exits 2; nothing prints a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from kvtop import __version__
+from kvtop.settings import Settings, SettingsError, load_settings
+
+SUBCOMMANDS = ("sim", "attach", "replay", "estimate", "calibrate", "report", "run")
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one clear line, not argparse's usage dump + exit
+        raise UsageError(message)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """Every Settings field becomes --field-name (defaults stay None so that file and environment layers show)."""
+    for f in Settings.option_fields():
+        opt = "--" + f.name.replace("_", "-")
+        kind = f.metadata.get("kind")
+        help_text = f.metadata.get("doc", "")
+        if f.default is not None and kind != "bool":
+            help_text += f" (default: {f.default})"
+        if kind == "bool":
+            p.add_argument(opt, dest=f.name, action="store_const", const=True, default=None, help=help_text)
+        else:
+            p.add_argument(opt, dest=f.name, default=None, metavar=f.name.upper().replace("_", "-"),
+                           help=help_text)
+    p.add_argument("--gpu-cache", dest="gpu_cache", default=None, metavar="TOKENS|FRACTION",
+                   help="GPU KV cache: a token count (131072) or a fraction of free GPU memory (0.9)")
+    p.add_argument("--config", default=None, help="TOML settings file (default ~/.config/kvtop/kvtop.toml)")
+    p.add_argument("--show-settings", action="store_true", help="print every setting and where it came from")
+
+
+def _cli_values(ns: argparse.Namespace) -> dict[str, Any]:
+    values = {f.name: getattr(ns, f.name) for f in Settings.option_fields() if getattr(ns, f.name, None) is not None}
+    gpu_cache = getattr(ns, "gpu_cache", None)
+    if gpu_cache is not None:
+        text = str(gpu_cache).strip()
+        try:
+            number = float(text)
+        except ValueError:
+            raise SettingsError("--gpu-cache", f"expected a token count or a fraction, got {text!r}") from None
+        if 0 < number < 1:
+            values["gpu_cache_fraction"] = number
+            values["gpu_cache_tokens"] = "none"
+        elif number >= 1 and number == int(number):
+            values["gpu_cache_tokens"] = int(number)
+        else:
+            raise SettingsError("--gpu-cache", f"expected a token count >= 1 or a fraction in (0, 1), got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kvtop", description="top for the KV cache tiers of LLM inference engines (TensorRT-LLM)")
+    p.add_argument("--version", action="version", version=f"kvtop {__version__}")
+    _add_run_options(p)
+    return p
+
+
+def _sim_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kvtop sim", description="replay a Mooncake trace on the simulator, as fast as possible")
+    p.add_argument("--trace", required=True, help="Mooncake-format JSONL trace (512-token hash blocks)")
+    p.add_argument("--model", default="Qwen/Qwen3-8B")
+    p.add_argument("--gpu", default="H200")
+    p.add_argument("--tokens-per-block", type=int, default=32)
+    p.add_argument("--gpu-blocks", type=int, default=None, help="GPU pool in blocks (default: sized from the GPU)")
+    p.add_argument("--gpu-cache-fraction", type=float, default=0.9)
+    p.add_argument("--host-cache", default="0", help="host cache size, or a comma list for a sweep: 0,2GB,8GB")
+    p.add_argument("--host-blocks", default=None, help="host pool in blocks (or a comma list)")
+    p.add_argument("--max-batch-size", type=int, default=256)
+    p.add_argument("--max-num-tokens", type=int, default=8192)
+    p.add_argument("--time-scale", type=float, default=1.0, help="divide trace timestamps by this")
+    p.add_argument("--limit", type=int, default=None, help="only the first N requests")
+    p.add_argument("--json", action="store_true", help="print {\"runs\": [...]} as JSON")
+    p.add_argument("--plot", default=None, help="draw hit rate against host cache size into this PNG")
+    return p
+
+
+def cmd_sim(argv: Sequence[str]) -> int:
+    from kvtop.engines.gpus import resolve_gpu
+    from kvtop.engines.models import resolve_model
+    from kvtop.engines.sim.offline import TraceRunConfig, run_trace
+    from kvtop.engines.sizing import format_bytes, parse_size, primary_blocks, secondary_blocks
+    from kvtop.workload.trace import TraceError, read_trace
+
+    a = _sim_parser().parse_args(list(argv))
+    try:
+        model = resolve_model(a.model)
+    except ValueError as exc:
+        raise SettingsError("--model", str(exc)) from None
+    try:
+        gpu = resolve_gpu(a.gpu)
+    except (ValueError, OSError) as exc:
+        raise SettingsError("--gpu", str(exc)) from None
+    tpb = a.tokens_per_block
+    if tpb <= 0 or 512 % tpb:
+        raise SettingsError("--tokens-per-block", f"must divide 512 (the trace's block), got {tpb}")
+    if a.gpu_blocks is not None and a.gpu_blocks <= 0:
+        raise SettingsError("--gpu-blocks", f"must be > 0, got {a.gpu_blocks}")
+    primary = a.gpu_blocks or primary_blocks(model, gpu, tpb, free_gpu_memory_fraction=a.gpu_cache_fraction)
+    sweep: list[tuple[int, int]] = []
+    if a.host_blocks is not None:
+        for part in str(a.host_blocks).split(","):
+            try:
+                n = int(part)
+            except ValueError:
+                raise SettingsError("--host-blocks", f"expected block counts, got {part!r}") from None
+            sweep.append((n * model.kv_bytes_per_block(tpb), n))
+    else:
+        for part in str(a.host_cache).split(","):
+            try:
+                size = parse_size(part.strip())
+            except ValueError as exc:
+                raise SettingsError("--host-cache", str(exc)) from None
+            sweep.append((size, secondary_blocks(model, tpb, size)))
+    try:
+        requests = list(read_trace(a.trace, limit=a.limit))
+    except TraceError as exc:
+        raise SettingsError("--trace", f"line {exc.line}: {exc.problem}") from None
+    except OSError as exc:
+        raise SettingsError("--trace", f"cannot read {a.trace}: {exc.strerror}") from None
+    runs = []
+    for host_bytes, host_blocks in sweep:
+        cfg = TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
+                             max_num_tokens=a.max_num_tokens, time_scale=a.time_scale)
+        result = run_trace(requests, cfg)
+        result.pop("failures", None)
+        runs.append(result)
+        if not a.json:
+            print(f"host {format_bytes(host_bytes):>10} ({host_blocks:>6} blocks): hit rate "
+                  f"{100 * result['cache_hit_rate']:5.1f}%  reused {result['reused_blocks']:>8}  missed "
+                  f"{result['missed_blocks']:>8}  offloaded {result['offloaded_blocks']:>8}  onboarded "
+                  f"{result['onboarded_blocks']:>8}  simulated {result['simulated_seconds']:8.1f} s  "
+                  f"wall {result['wall_seconds']:6.1f} s", flush=True)
+    if a.plot:
+        from kvtop.report.report import plot_sweep
+
+        plot_sweep(runs, a.plot)
+    if a.json:
+        print(json.dumps({"model": model.name, "gpu": gpu.name, "tokens_per_block": tpb, "runs": runs}))
+    return 0
+
+
+def cmd_run(argv: Sequence[str]) -> int:
+    from kvtop import runner
+
+    ns = build_parser().parse_args(list(argv))
+    settings = load_settings(_cli_values(ns), config_path=ns.config)
+    if ns.show_settings:
+        for name, value, origin in settings.describe():
+            print(f"{name:32} {value!s:24} {origin}")
+        return 0
+    try:
+        session = runner.build_session(settings)
+    except runner.RunError as exc:
+        print(f"kvtop: {exc}", file=sys.stderr)
+        return 2
+    if settings.headless:
+        return run_headless(session, settings.duration if settings.duration is not None else 30.0, settings.json)
+    from kvtop.ui.app import build_app
+
+    app = build_app(session, settings)
+    app.run()
+    return 0
+
+
+def run_headless(session: Any, duration_s: float, as_json: bool) -> int:
+    from kvtop import runner
+
+    try:
+        asyncio.run(session.run(duration_s=duration_s))
+    except KeyboardInterrupt:
+        session.stop()
+    summary = runner.summary(session)
+    print(json.dumps(summary) if as_json else runner.format_summary(summary))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args and args[0] in SUBCOMMANDS else "run"
+    rest = args[1:] if args and args[0] in SUBCOMMANDS else args
+    try:
+        if command == "sim":
+            return cmd_sim(rest)
+        if command in ("attach", "replay"):
+            from kvtop import attach
+
+            return attach.main(command, rest)
+        if command == "estimate":
+            from kvtop.report import estimate
+
+            return estimate.main(rest)
+        if command == "calibrate":
+            from kvtop.report import calibrate
+
+            return calibrate.main(rest)
+        if command == "report":
+            from kvtop.report import report
+
+            return report.main(rest)
+        return cmd_run(rest)
+    except (UsageError, SettingsError) as exc:
+        print(f"kvtop: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

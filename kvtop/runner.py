@@ -1,0 +1,231 @@
+"""Builds the session of a driven run (``kvtop [options]``): engine, workload driver, pollers, samplers, sinks.
+
+The same session feeds the dashboard or the headless summary; nothing here imports Textual.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from kvtop.engines import trtllm as trtllm_engine
+from kvtop.engines.models import resolve_model
+from kvtop.records import SourceId, make
+from kvtop.session import Session
+from kvtop.settings import Settings
+from kvtop.sources.host import HostSource
+from kvtop.sources.nvml import NvmlSource
+from kvtop.sources.poller import EnginePoller
+from kvtop.workload.driver import WorkloadDriver
+from kvtop.workload.scenarios import RetentionSpec, make_scenario
+from kvtop.workload.trace import read_trace
+
+
+class RunError(RuntimeError):
+    """A run cannot start; the message says what to change (printed as one line by the CLI)."""
+
+
+@dataclass
+class EngineChoice:
+    kind: str            # "trtllm" or "sim"
+    reason: str          # why (shown on the SIM badge)
+    module: Any = None   # the tensorrt_llm module, when kind == "trtllm"
+
+
+def choose_engine(settings: Settings) -> EngineChoice:
+    if settings.engine == "sim":
+        return EngineChoice("sim", "--engine sim")
+    if settings.engine == "trtllm":
+        try:
+            return EngineChoice("trtllm", "--engine trtllm", trtllm_engine.import_trtllm())
+        except trtllm_engine.EngineUnavailable as exc:
+            raise RunError(str(exc)) from None
+    ok, why = trtllm_engine.trtllm_available()
+    if ok:
+        try:
+            return EngineChoice("trtllm", why, trtllm_engine.import_trtllm())
+        except trtllm_engine.EngineUnavailable as exc:
+            return EngineChoice("sim", f"TensorRT-LLM failed to import ({exc})")
+    return EngineChoice("sim", why)
+
+
+def retention_spec(settings: Settings) -> RetentionSpec:
+    ranges: list[tuple[int, int | None, int, int | None]] = []
+    if settings.prompt_priority is not None:
+        ranges.append((0, settings.prompt_priority_tokens, settings.prompt_priority,
+                       settings.prompt_priority_duration_ms))
+    return RetentionSpec(ranges, settings.decode_priority, None)
+
+
+def build_sim_engine(settings: Settings) -> Any:
+    from kvtop.engines.sim import KvCacheConfig, SimLLM
+
+    kvc = KvCacheConfig(host_cache_size=settings.host_cache, tokens_per_block=settings.tokens_per_block,
+                        max_tokens=settings.gpu_cache_tokens,
+                        free_gpu_memory_fraction=settings.gpu_cache_fraction,
+                        secondary_offload_min_priority=settings.secondary_offload_min_priority,
+                        event_buffer_max_size=trtllm_engine.EVENT_BUFFER_SIZE)
+    return SimLLM(settings.model, kv_cache_config=kvc, max_batch_size=settings.max_batch_size,
+                  max_num_tokens=settings.max_num_tokens, enable_iter_perf_stats=True, return_perf_metrics=True,
+                  gpu=settings.gpu, speed=settings.speed)
+
+
+def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoice | None = None,
+                  sample_gpu: bool = True) -> Session:
+    """Everything a driven run needs, wired into one Session. ``engine`` may be injected (tests)."""
+    try:
+        shape = resolve_model(settings.model)
+    except ValueError as exc:
+        raise RunError(f"--model: {exc}") from None
+    choice = choice or (EngineChoice("sim", "injected engine") if engine is not None else choose_engine(settings))
+    source = SourceId.local(run=settings.run_name or f"{settings.scenario}-{os.getpid()}")
+    if engine is None:
+        try:
+            engine = (build_sim_engine(settings) if choice.kind == "sim"
+                      else trtllm_engine.build_llm(settings, choice.module))
+        except ValueError as exc:
+            raise RunError(str(exc)) from None
+    if hasattr(engine, "describe"):
+        meta = dict(engine.describe())
+    else:
+        tpb = settings.tokens_per_block
+        meta = {"engine": "trtllm", "engine_version": getattr(choice.module, "__version__", "unknown"),
+                "model": settings.model, "gpu": None, "tokens_per_block": tpb,
+                "bytes_per_block": shape.kv_bytes_per_block(tpb), "host_cache_bytes": settings.host_cache,
+                "secondary_blocks": int(settings.host_cache / shape.kv_bytes_per_token / tpb), "simulated": False}
+    meta["simulated"] = choice.kind == "sim"
+    meta["sim_reason"] = choice.reason if choice.kind == "sim" else None
+    meta["scenario"] = settings.scenario
+    session = Session(source=source, warmup_requests=settings.warmup_requests, meta=meta)
+
+    # The engine itself
+    poller = EnginePoller(engine, source, interval_s=settings.refresh, sink=session.emit,
+                          on_error=session.on_source_error)
+    session.add_producer("engine", poller.run, poller.stop)
+    session.add_closer(engine.shutdown)
+
+    # The workload
+    capacity_tokens = int(meta.get("primary_blocks") or 0) * settings.tokens_per_block or (
+        settings.gpu_cache_tokens or 131072)
+    kwargs: dict[str, Any] = {"capacity_tokens": capacity_tokens, "max_tokens": settings.max_tokens,
+                              "seed": settings.seed, "base_retention": retention_spec(settings)}
+    if settings.scenario == "trace":
+        if not settings.trace:
+            raise RunError("--scenario trace needs --trace FILE (a Mooncake-format JSONL trace)")
+        errors: list[Any] = []
+        try:
+            kwargs["requests"] = list(read_trace(settings.trace, errors=errors))
+        except OSError as exc:
+            raise RunError(f"--trace: cannot read {settings.trace}: {exc.strerror}") from None
+        for err in errors[:20]:
+            session.note("warn", f"trace: {err}")
+        kwargs["time_scale"] = settings.trace_time_scale
+    scenario = make_scenario(settings.scenario, **kwargs)
+    if choice.kind == "trtllm":
+        retention = trtllm_engine.retention_factory(choice.module.llmapi)
+        sampling = trtllm_engine.sampling_factory(choice.module)
+    else:
+        from kvtop.engines.sim import KvCacheRetentionConfig, SamplingParams
+
+        def retention(spec: RetentionSpec) -> Any:
+            cls = KvCacheRetentionConfig
+            return cls([cls.TokenRangeRetentionConfig(s, e, p, d) for s, e, p, d in spec.ranges],
+                       spec.decode_priority, spec.decode_duration_ms)
+
+        def sampling(n: int) -> Any:
+            return SamplingParams(max_tokens=n)
+
+    driver = WorkloadDriver(engine, scenario, emit=session.emit, source=source,
+                            concurrency=settings.concurrency, rate=settings.rate, duration_s=None,
+                            retention_factory=retention, sampling_factory=sampling, seed=settings.seed)
+    session.driver = driver
+    session.add_producer("workload", driver.run, driver.stop)
+
+    # Machine samplers: NVML (no driver here is the normal case) and host memory.
+    if sample_gpu:
+        nvml = NvmlSource(source=source)
+        session.add_sampler("nvml", nvml.sample, max(settings.refresh, 1.0))
+        session.add_closer(nvml.close)
+    host = HostSource(source=source)
+    if meta.get("secondary_blocks") and meta.get("bytes_per_block"):
+        host.set_pinned_pool_from_blocks(int(meta["secondary_blocks"]), int(meta["bytes_per_block"]))
+    session.add_sampler("host", host.sample, max(settings.refresh, 1.0))
+    add_sinks(session, settings)
+    return session
+
+
+def add_sinks(session: Session, settings: Settings) -> None:
+    """--record, --publish and --prometheus-port, wherever the records come from."""
+    if settings.record:
+        from kvtop.sinks.recorder import Recorder
+
+        try:
+            recorder = Recorder(settings.record)
+        except OSError as exc:
+            raise RunError(f"--record: cannot write {settings.record}: {exc.strerror}") from None
+        session.add_sink(recorder.write, recorder.close)
+    if settings.publish:
+        from kvtop.sinks import mqtt as mqtt_sink
+
+        publisher = mqtt_sink.publisher_from_url(settings.publish, source=session.source,
+                                                 on_status=session.on_source_error)
+        session.add_sink(publisher.publish, None)
+        session.add_producer("mqtt-publish", publisher.run, publisher.stop)
+    if settings.prometheus_port is not None:
+        from kvtop.sinks.prometheus import PrometheusExporter
+
+        exporter = PrometheusExporter(lambda: session.model, port=settings.prometheus_port,
+                                      addr=settings.prometheus_addr)
+        exporter.start()
+        session.add_sink(exporter.observe, exporter.stop)
+
+
+def summary(session: Session) -> dict[str, Any]:
+    """The ``--headless --json`` object (issue 4's keys, plus what the fold adds)."""
+    out: dict[str, Any] = {"engine": session.meta.get("engine"),
+                           "engine_version": session.meta.get("engine_version"),
+                           "model": session.meta.get("model"),
+                           "simulated": session.meta.get("simulated"),
+                           "sim_reason": session.meta.get("sim_reason"),
+                           "scenario": session.meta.get("scenario")}
+    out.update(session.model.summary())
+    return out
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    def pct(x: Any) -> str:
+        return "unknown" if x is None else f"{100 * x:.1f}%"
+
+    lines = [f"kvtop: {s.get('engine')} ({s.get('engine_version')}), model {s.get('model')}"
+             + (f" [SIM: {s.get('sim_reason')}]" if s.get("simulated") else "")]
+    req = s.get("requests", {})
+    ttft = req.get("ttft_ms", {})
+    lines.append(f"requests: {req.get('completed', 0)} completed, {req.get('failed', 0)} failed; TTFT p50 "
+                 f"{_ms(ttft.get('p50'))}, p99 {_ms(ttft.get('p99'))}")
+    for tier in ("gpu", "host"):
+        t = s.get("tiers", {}).get(tier, {})
+        lines.append(f"{tier:>4}: capacity {_n(t.get('capacity_blocks'))} blocks, in use {_n(t.get('in_use_blocks'))},"
+                     f" cached {_n(t.get('cached_blocks'))}, free {_n(t.get('free_blocks'))}")
+    hr = s.get("hit_rate", {})
+    lines.append(f"hit rate: {pct(hr.get('cumulative'))} (GPU {pct(hr.get('gpu'))}, host {pct(hr.get('host'))})")
+    mv = s.get("moves", {})
+    lines.append(f"moves: offloaded {mv.get('offloaded_blocks', 0)}, onboarded {mv.get('onboarded_blocks', 0)}, "
+                 f"evicted GPU {mv.get('evicted_gpu_blocks', 0)}, evicted host {mv.get('evicted_host_blocks', 0)}")
+    return "\n".join(lines)
+
+
+def _n(x: Any) -> str:
+    return "unknown" if x is None else f"{x:,}"
+
+
+def _ms(x: Any) -> str:
+    return "n/a" if x is None else f"{x:.1f} ms"
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=None, sort_keys=False, default=str)
+
+
+__all__ = ["RunError", "build_session", "summary", "format_summary", "choose_engine", "make"]

@@ -1,0 +1,189 @@
+"""Settings: typed fields with docs, layered defaults < TOML file < KVTOP_* environment < command line.
+
+Every value remembers where it came from (``Settings.origin``), so ``kvtop --show-settings`` and bug reports can
+say why a value is what it is. A bad value raises :class:`SettingsError` naming the option and what is wrong;
+the CLI prints that one line and exits 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from kvtop.engines.sizing import parse_size
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    tomllib = None
+
+
+class SettingsError(ValueError):
+    def __init__(self, option: str, problem: str):
+        self.option = option
+        self.problem = problem
+        super().__init__(f"{option}: {problem}")
+
+
+def _opt(default: Any, doc: str, **meta: Any) -> Any:
+    return field(default=default, metadata={"doc": doc, **meta})
+
+
+@dataclass
+class Settings:
+    engine: str = _opt("auto", "auto (TensorRT-LLM when it imports and a GPU is visible, else the simulator), trtllm, "
+                               "or sim", choices=("auto", "trtllm", "sim"))
+    model: str = _opt("Qwen/Qwen3-8B", "model name (built-in shapes) or a local directory with config.json")
+    gpu: str = _opt("H200", "GPU profile for the simulator and estimates: H200, H100, GH200, or a profile .json")
+    host_cache: int = _opt(32 * 10**9, "host (pinned DRAM) KV cache size, e.g. 10GB, 512MiB, 0 to disable",
+                           kind="size")
+    gpu_cache_tokens: int | None = _opt(131072, "GPU KV cache size in tokens (max_tokens); the demo default keeps "
+                                               "the pool small enough to fill in seconds", kind="int_or_none")
+    gpu_cache_fraction: float = _opt(0.9, "free_gpu_memory_fraction when --gpu-cache-tokens is not given",
+                                     kind="fraction")
+    tokens_per_block: int = _opt(32, "tokens per KV cache block", kind="pos_int")
+    max_batch_size: int = _opt(64, "max requests in flight in the engine", kind="pos_int")
+    max_num_tokens: int = _opt(8192, "max tokens per engine iteration", kind="pos_int")
+    secondary_offload_min_priority: int = _opt(30, "blocks with a retention priority below this are dropped, "
+                                                   "not offloaded (TensorRT-LLM default 30)", kind="priority")
+    scenario: str = _opt("multi-turn", "workload: ab, system-prompt, multi-turn, zipf, or trace",
+                         choices=("ab", "system-prompt", "multi-turn", "zipf", "trace"))
+    trace: str | None = _opt(None, "Mooncake-format trace file for --scenario trace")
+    trace_time_scale: float = _opt(1.0, "divide trace timestamps by this (2 = twice as fast)", kind="pos_float")
+    concurrency: int | None = _opt(8, "closed loop: requests kept in flight", kind="int_or_none")
+    rate: float | None = _opt(None, "open loop: Poisson arrivals per second (overrides --concurrency)",
+                              kind="float_or_none")
+    duration: float | None = _opt(None, "stop after this many seconds (headless default: 30)", kind="float_or_none")
+    max_tokens: int = _opt(64, "tokens generated per request", kind="pos_int")
+    prompt_priority: int | None = _opt(None, "retention priority for prompt blocks (0-100)", kind="priority_or_none")
+    prompt_priority_tokens: int | None = _opt(None, "apply --prompt-priority to the first N prompt tokens only",
+                                              kind="int_or_none")
+    prompt_priority_duration_ms: int | None = _opt(None, "the prompt priority lapses to 35 after this long",
+                                                   kind="int_or_none")
+    decode_priority: int = _opt(35, "retention priority for generated blocks (0-100)", kind="priority")
+    seed: int = _opt(0, "workload random seed", kind="int")
+    speed: float = _opt(1.0, "simulator pacing: 1 = real time, 0 = as fast as possible", kind="nonneg_float")
+    refresh: float = _opt(0.25, "screen and poll refresh interval in seconds", kind="pos_float")
+    theme: str = _opt("dark", "dashboard theme: dark, light, high-contrast, or a theme file")
+    headless: bool = _opt(False, "run without the screen and print a summary", kind="bool")
+    json: bool = _opt(False, "with --headless, print the summary as one JSON object", kind="bool")
+    warmup_requests: int = _opt(0, "exclude the first N requests from hit rates", kind="int")
+    record: str | None = _opt(None, "write every record to this JSONL file")
+    publish: str | None = _opt(None, "publish records to an MQTT broker: mqtt://[user@]host[:port]/prefix")
+    prometheus_port: int | None = _opt(None, "serve Prometheus metrics on this port", kind="int_or_none")
+    prometheus_addr: str = _opt("127.0.0.1", "address for the Prometheus server")
+    run_name: str | None = _opt(None, "run name used in records and MQTT topics")
+    origin: dict[str, str] = field(default_factory=dict, repr=False, metadata={"internal": True})
+
+    @classmethod
+    def option_fields(cls) -> list[Any]:
+        return [f for f in fields(cls) if not f.metadata.get("internal")]
+
+    def set(self, name: str, raw: Any, origin: str) -> None:
+        f = next((f for f in self.option_fields() if f.name == name), None)
+        if f is None:
+            raise SettingsError(name, f"unknown setting (from {origin})")
+        setattr(self, name, _convert(f, raw))
+        self.origin[name] = origin
+
+    def describe(self) -> list[tuple[str, Any, str]]:
+        return [(f.name, getattr(self, f.name), self.origin.get(f.name, "default")) for f in self.option_fields()]
+
+
+def _option_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _convert(f: Any, raw: Any) -> Any:
+    opt = _option_name(f.name)
+    kind = f.metadata.get("kind", "str")
+    choices = f.metadata.get("choices")
+    try:
+        if raw is None:
+            if kind.endswith("_or_none") or f.default is None:
+                return None
+            raise SettingsError(opt, "a value is required")
+        if kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise SettingsError(opt, f"expected true or false, got {raw!r}")
+        if kind == "size":
+            return parse_size(raw if isinstance(raw, int) else str(raw))
+        if kind in ("int", "pos_int", "int_or_none", "priority", "priority_or_none"):
+            if isinstance(raw, str) and raw.strip().lower() in ("none", ""):
+                if kind.endswith("_or_none"):
+                    return None
+            value = int(str(raw).replace("_", "")) if not isinstance(raw, int) else raw
+            if kind == "pos_int" and value <= 0:
+                raise SettingsError(opt, f"must be a positive integer, got {value}")
+            if kind.startswith("priority") and not 0 <= value <= 100:
+                raise SettingsError(opt, f"must be a retention priority between 0 and 100, got {value}")
+            if kind == "int_or_none" and value < 0:
+                raise SettingsError(opt, f"must be >= 0, got {value}")
+            return value
+        if kind in ("pos_float", "nonneg_float", "fraction", "float_or_none"):
+            if isinstance(raw, str) and raw.strip().lower() in ("none", "") and kind == "float_or_none":
+                return None
+            value = float(raw)
+            if value != value or value in (float("inf"), float("-inf")):
+                raise SettingsError(opt, f"must be a finite number, got {raw!r}")
+            if kind == "pos_float" and value <= 0:
+                raise SettingsError(opt, f"must be > 0, got {raw!r}")
+            if kind in ("nonneg_float", "float_or_none") and value < 0:
+                raise SettingsError(opt, f"must be >= 0, got {raw!r}")
+            if kind == "fraction" and not 0 < value < 1:
+                raise SettingsError(opt, f"must be a fraction between 0 and 1 (exclusive), got {raw!r}")
+            return value
+        value = str(raw)
+        if choices and value not in choices:
+            raise SettingsError(opt, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
+    except SettingsError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(opt, f"{exc}" if "must" in str(exc) or "size" in str(exc)
+                            else f"not a valid value: {raw!r}") from None
+
+
+def default_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "kvtop" / "kvtop.toml"
+
+
+def load_settings(cli: dict[str, Any] | None = None, config_path: str | Path | None = None,
+                  environ: dict[str, str] | None = None) -> Settings:
+    """Defaults, then the TOML file, then KVTOP_* variables, then the command line (which wins)."""
+    s = Settings()
+    env = os.environ if environ is None else environ
+    path = Path(config_path) if config_path else Path(env["KVTOP_CONFIG"]) if env.get("KVTOP_CONFIG") else None
+    if path is None and default_config_path().exists():
+        path = default_config_path()
+    if path is not None:
+        if tomllib is None:
+            raise SettingsError("--config", "reading TOML needs Python 3.11+")
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise SettingsError("--config", f"no such file: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError("--config", f"{path} is not valid TOML: {exc}") from None
+        section = data.get("kvtop", data)
+        for key, value in section.items():
+            s.set(key.replace("-", "_"), value, f"file {path}")
+    names = {f.name for f in Settings.option_fields()}
+    for key, value in env.items():
+        if key.startswith("KVTOP_") and key not in ("KVTOP_CONFIG", "KVTOP_MQTT_PASSWORD"):
+            name = key[len("KVTOP_"):].lower()
+            if name in names:
+                s.set(name, value, f"environment {key}")
+    for key, value in (cli or {}).items():
+        s.set(key, value, "command line")
+    return s

@@ -1,0 +1,212 @@
+"""Workload scenarios: what prompts the driver sends, sized to the engine's GPU pool so that tiers get busy.
+
+Every scenario is deterministic in its seed. Prompts are token id lists (ids in [1, 150000), below every
+supported vocabulary); a scenario learns each answer through ``on_result`` (multi-turn chats grow with them).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvtop.workload.trace import TraceRequest
+
+VOCAB_LIMIT = 150_000
+
+
+@dataclass
+class RetentionSpec:
+    """Engine-independent retention: the driver turns it into the engine's KvCacheRetentionConfig."""
+
+    ranges: list[tuple[int, int | None, int, int | None]] = field(default_factory=list)  # start, end, prio, ms
+    decode_priority: int = 35
+    decode_duration_ms: int | None = None
+
+    @property
+    def priority(self) -> int:
+        """The priority a person would name this request by: its first range's, else the default."""
+        return self.ranges[0][2] if self.ranges else 35
+
+    def is_default(self) -> bool:
+        return not self.ranges and self.decode_priority == 35 and self.decode_duration_ms is None
+
+
+@dataclass
+class WorkItem:
+    prompt_ids: list[int]
+    max_tokens: int
+    retention: RetentionSpec
+    label: str
+    arrival_s: float | None = None   # open-loop arrival offset (traces); None = as the driver paces
+    key: Any = None                  # scenario state (e.g. the chat session)
+
+
+class Scenario:
+    name = "scenario"
+
+    def __init__(self, capacity_tokens: int, max_tokens: int, seed: int = 0,
+                 base_retention: RetentionSpec | None = None, max_prompt_tokens: int = 32768):
+        self.capacity_tokens = max(capacity_tokens, 1024)
+        self.max_tokens = max_tokens
+        self.rng = random.Random(seed)
+        self.base_retention = base_retention or RetentionSpec()
+        self.max_prompt_tokens = max_prompt_tokens
+
+    def tokens(self, n: int) -> list[int]:
+        r = self.rng.randrange
+        return [r(1, VOCAB_LIMIT) for _ in range(n)]
+
+    def next(self) -> WorkItem | None:
+        raise NotImplementedError
+
+    def on_result(self, item: WorkItem, output_ids: list[int] | None) -> None:
+        """The engine's answer (None when the request failed)."""
+
+
+class AbScenario(Scenario):
+    """TensorRT-LLM's offloading example: prompts A, B, A, B... each about 60% of the GPU pool, so B evicts A
+    (offloaded to host when there is one) and A's return onboards it."""
+
+    name = "ab"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        n = min(int(self.capacity_tokens * 0.6), self.max_prompt_tokens - self.max_tokens)
+        self.docs = [self.tokens(n), self.tokens(n)]
+        self.i = 0
+
+    def next(self) -> WorkItem:
+        which = self.i % 2
+        self.i += 1
+        return WorkItem(list(self.docs[which]), self.max_tokens, self.base_retention, "AB"[which])
+
+
+class SystemPromptScenario(Scenario):
+    """A long shared system prompt at high priority (90, never lapsing), unique user turns at the default."""
+
+    name = "system-prompt"
+
+    def __init__(self, *args: Any, system_tokens: int | None = None, system_priority: int = 90, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        n = system_tokens or min(max(self.capacity_tokens // 8, 1024), 8192)
+        self.system = self.tokens(n)
+        base = self.base_retention
+        ranges = base.ranges or [(0, n, system_priority, None)]
+        self.retention = RetentionSpec(ranges, base.decode_priority, base.decode_duration_ms)
+
+    def next(self) -> WorkItem:
+        user = self.tokens(self.rng.randint(128, 1024))
+        return WorkItem(self.system + user, self.max_tokens, self.retention, "system+user")
+
+
+class MultiTurnScenario(Scenario):
+    """Chat sessions whose context grows by each answer and a new user turn. Enough sessions that their
+    contexts together are about 3x the GPU pool: the GPU cannot keep them all, the host tier catches some."""
+
+    name = "multi-turn"
+
+    def __init__(self, *args: Any, sessions: int | None = None, max_turns: int = 12, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.turn_tokens = 384
+        self.max_turns = max_turns
+        mean_context = (self.turn_tokens + self.max_tokens) * max_turns / 2 + 2048
+        self.num_sessions = sessions or max(4, min(256, int(3 * self.capacity_tokens / mean_context)))
+        self.histories: list[list[int] | None] = [None] * self.num_sessions
+        self.turns = [0] * self.num_sessions
+        self.busy: set[int] = set()
+
+    def next(self) -> WorkItem | None:
+        free = [s for s in range(self.num_sessions) if s not in self.busy]
+        if not free:
+            return None
+        s = self.rng.choice(free)
+        history = self.histories[s]
+        if history is None or self.turns[s] >= self.max_turns:
+            history = self.tokens(self.rng.randint(1024, 3072))  # a new chat: its own system/context prompt
+            self.turns[s] = 0
+        prompt = history + self.tokens(self.rng.randint(self.turn_tokens // 2, self.turn_tokens))
+        if len(prompt) + self.max_tokens > self.max_prompt_tokens:
+            prompt = self.tokens(2048)
+            self.turns[s] = 0
+        self.busy.add(s)
+        return WorkItem(prompt, self.max_tokens, self.base_retention, f"chat {s}", key=s)
+
+    def on_result(self, item: WorkItem, output_ids: list[int] | None) -> None:
+        s = item.key
+        self.busy.discard(s)
+        if output_ids is None:
+            self.histories[s] = None
+            return
+        self.histories[s] = item.prompt_ids + list(output_ids)
+        self.turns[s] += 1
+
+
+class ZipfScenario(Scenario):
+    """Popular documents: a pool of long prefixes picked by a Zipf law (s = 1.1), each followed by a short
+    unique question. The pool is about 4x the GPU pool, so the popular head stays on GPU and the tail moves."""
+
+    name = "zipf"
+
+    def __init__(self, *args: Any, s: float = 1.1, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        doc_len = (2048, 6144)
+        mean = sum(doc_len) / 2
+        n_docs = max(8, min(512, int(4 * self.capacity_tokens / mean)))
+        self.docs = [self.tokens(self.rng.randint(*doc_len)) for _ in range(n_docs)]
+        weights = [1.0 / (i + 1) ** s for i in range(n_docs)]
+        total = sum(weights)
+        self.cdf: list[float] = []
+        acc = 0.0
+        for w in weights:
+            acc += w / total
+            self.cdf.append(acc)
+
+    def next(self) -> WorkItem:
+        u = self.rng.random()
+        lo, hi = 0, len(self.cdf) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.cdf[mid] < u:
+                lo = mid + 1
+            else:
+                hi = mid
+        return WorkItem(self.docs[lo] + self.tokens(64), self.max_tokens, self.base_retention, f"doc {lo}")
+
+
+class TraceScenario(Scenario):
+    """A Mooncake trace, replayed at its own arrival times (divided by ``time_scale``)."""
+
+    name = "trace"
+
+    def __init__(self, *args: Any, requests: list[TraceRequest], time_scale: float = 1.0, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.requests = requests
+        self.time_scale = time_scale
+        self.i = 0
+
+    def next(self) -> WorkItem | None:
+        if self.i >= len(self.requests):
+            return None
+        r = self.requests[self.i]
+        self.i += 1
+        return WorkItem(r.prompt_ids(), r.output_length, self.base_retention, f"trace line {r.line}",
+                        arrival_s=r.timestamp_ms / 1000.0 / self.time_scale)
+
+
+SCENARIOS: dict[str, Callable[..., Scenario]] = {
+    "ab": AbScenario,
+    "system-prompt": SystemPromptScenario,
+    "multi-turn": MultiTurnScenario,
+    "zipf": ZipfScenario,
+    "trace": TraceScenario,
+}
+
+
+def make_scenario(name: str, **kwargs: Any) -> Scenario:
+    try:
+        factory = SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; choose one of {', '.join(SCENARIOS)}") from None
+    return factory(**kwargs)
