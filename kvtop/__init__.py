@@ -6,6 +6,21 @@ simulator and `kvtop.watch(llm)` start fast and work on machines without a GPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "watch", "WatchHandle"]
+
+
+def __getattr__(name: str) -> Any:
+    # ``kvtop.watch`` on first use only: ``import kvtop`` must not pull in asyncio sinks, prometheus_client or
+    # the TierModel (PEP 562 module __getattr__).
+    if name in ("watch", "WatchHandle"):
+        import importlib
+
+        # import_module, not ``from kvtop import watch``: that form asks this very __getattr__ for "watch".
+        value = getattr(importlib.import_module("kvtop.watch"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kvtop' has no attribute {name!r}")

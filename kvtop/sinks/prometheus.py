@@ -1,0 +1,271 @@
+"""Prometheus exporter: the TierModel's state as metrics, served over HTTP (127.0.0.1 unless told otherwise).
+
+Metric names and meanings: ``docs/prometheus.md``. Two kinds of data:
+
+- *State* (blocks per tier, hit rates, move totals) is read from the TierModel at scrape time by a custom
+  collector, so records cost nothing extra here and a scrape always sees the current fold.
+- *Observations* (request latencies) need every sample: :meth:`PrometheusExporter.observe` (the sink) feeds
+  request records into histograms and counts records by kind. GPU and host memory come from the model too
+  (it keeps the latest ``gpu``/``host`` sample per device).
+
+A dedicated ``CollectorRegistry`` (never the global one): two exporters in one process (tests, ``kvtop.watch``
+beside a kvtop run) do not collide, and the user's own process metrics are not mixed into kvtop's.
+Labels ``host``, ``rank``, ``run`` name the source, so one Prometheus can scrape a fleet without relabelling.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kvtop.records import Record, SourceId
+
+NAMESPACE = "kvtop"
+LABELS = ("host", "rank", "run")
+TIERS = ("gpu", "host")
+BLOCK_STATES = ("capacity", "in_use", "cached", "free")
+HIT_SCOPES = ("cumulative", "window", "gpu", "host")
+# TTFT from ~5 ms (a cached prompt on an H200) to a minute (a long prompt queued behind a full batch); e2e up
+# to 5 minutes (long generations). 13 and 12 buckets: ~25 series per source, cheap for any Prometheus.
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+ModelProvider = Callable[[], Any]  # () -> a TierModel, or a mapping of source key ("host/rank/run") -> TierModel
+
+
+def _get(obj: Any, name: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _labels(source: SourceId) -> list[str]:
+    return [source.host, str(source.rank), source.run]
+
+
+def _source_from_key(key: str) -> SourceId:
+    host, _, rest = key.partition("/")
+    rank, _, run = rest.partition("/")
+    return SourceId(host=host, rank=int(rank) if rank.isdigit() else 0, run=run)
+
+
+class _StateCollector(Collector):
+    def __init__(self, exporter: PrometheusExporter):
+        self.exporter = exporter
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked collector: its series come and go with sources
+
+    def collect(self) -> Iterator[Metric]:
+        # The model is folded on another thread (the event loop's) while a scrape reads it on the HTTP server's:
+        # a read may meet a dict mid-resize ("changed size during iteration"). Reads take microseconds and a
+        # fold step too, so a retry succeeds; three tries, then the scrape fails (HTTP 500) rather than lie.
+        # With a ``lock`` (kvtop.watch passes the one its sink holds), reads never race at all.
+        for attempt in range(3):
+            try:
+                if self.exporter.lock is not None:
+                    with self.exporter.lock:
+                        families = self._families()
+                else:
+                    families = self._families()
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+                continue
+            yield from families
+            return
+
+    def _families(self) -> list[Metric]:
+        models = self.exporter.models()
+        g = {state: GaugeMetricFamily(f"{NAMESPACE}_kv_{state}_blocks", doc, labels=[*LABELS, "tier"])
+             for state, doc in (
+                 ("capacity", "KV cache blocks the tier's pool holds (its size)"),
+                 ("in_use", "KV cache blocks held by running requests"),
+                 ("cached", "KV cache blocks holding reusable KV (in the reuse tree)"),
+                 ("free", "KV cache blocks held by no request, empty or cached-and-evictable (TensorRT-LLM's free)"))}
+        hit = GaugeMetricFamily(f"{NAMESPACE}_kv_hit_ratio",
+                                "Reused / (reused + missed) context blocks, warm-up excluded; scope: cumulative, "
+                                "window (recent), gpu (hits served from GPU), host (hits onboarded from host)",
+                                labels=[*LABELS, "scope"])
+        moved = {name: CounterMetricFamily(f"{NAMESPACE}_kv_{name}_blocks", doc, labels=list(LABELS))
+                 for name, doc in (("offloaded", "Blocks moved GPU -> host (offload on evict)"),
+                                   ("onboarded", "Blocks moved host -> GPU (onboard on reuse)"))}
+        evicted = CounterMetricFamily(f"{NAMESPACE}_kv_evicted_blocks",
+                                      "Cached blocks dropped from a tier (tier=gpu: dropped, not offloaded)",
+                                      labels=[*LABELS, "tier"])
+        approx = GaugeMetricFamily(f"{NAMESPACE}_kv_counts_approximate",
+                                   "1 while block counts folded from events may be off (dropped events, attach "
+                                   "mid-stream, unknown hashes)", labels=list(LABELS))
+        dropped = CounterMetricFamily(f"{NAMESPACE}_kv_events_dropped",
+                                      "KV cache events the engine dropped (event id gaps: event_buffer_max_size too "
+                                      "small)", labels=list(LABELS))
+        bad = CounterMetricFamily(f"{NAMESPACE}_bad_records", "Malformed records the fold skipped",
+                                  labels=list(LABELS))
+        block = GaugeMetricFamily(f"{NAMESPACE}_kv_block_bytes", "Bytes of one KV cache block (all layers)",
+                                  labels=list(LABELS))
+        gpu_mem = {k: GaugeMetricFamily(f"{NAMESPACE}_gpu_memory_{k}_bytes", doc,
+                                        labels=[*LABELS, "gpu", "name"])
+                   for k, doc in (("used", "GPU memory in use (NVML; v2 leaves out driver-reserved memory)"),
+                                  ("total", "GPU memory in total (NVML)"),
+                                  ("process", "GPU memory of the engine process and its children (NVML)"))}
+        host_mem = {k: GaugeMetricFamily(f"{NAMESPACE}_host_{k}_bytes", doc, labels=list(LABELS))
+                    for k, doc in (("process_rss", "Engine process resident memory (includes the pinned KV pool)"),
+                                   ("available", "System memory available (psutil)"),
+                                   ("pinned_pool", "Pinned host KV pool size, as the engine reports it or from "
+                                                   "blocks x bytes per block"))}
+        for source, model in models:
+            lv = _labels(source)
+            for tier in TIERS:
+                t = _get(model, tier)
+                for state in BLOCK_STATES:
+                    v = _number(_get(t, f"{state}_blocks"))
+                    if v is not None:  # unknown stays absent, never 0 (a host pool with no events)
+                        g[state].add_metric([*lv, tier], v)
+            hr = _get(model, "hit_rate")
+            for scope in HIT_SCOPES:
+                v = _number(_get(hr, scope))
+                if v is not None:
+                    hit.add_metric([*lv, scope], v)
+            mv = _get(model, "moves")
+            for name in ("offloaded", "onboarded"):
+                v = _number(_get(mv, f"{name}_blocks"))
+                if v is not None:
+                    moved[name].add_metric(lv, v)
+            for tier in TIERS:
+                v = _number(_get(mv, f"evicted_{tier}_blocks"))
+                if v is not None:
+                    evicted.add_metric([*lv, tier], v)
+            flag = _get(model, "counts_approximate")
+            if isinstance(flag, bool):
+                approx.add_metric(lv, 1.0 if flag else 0.0)
+            v = _number(_get(_get(model, "quality"), "events_dropped"))
+            if v is not None:
+                dropped.add_metric(lv, v)
+            v = _number(_get(model, "bad_records"))
+            if v is not None:
+                bad.add_metric(lv, v)
+            v = _number(_get(model, "bytes_per_block"))
+            if v is not None:
+                block.add_metric(lv, v)
+            for index, dev in sorted((_get(model, "gpus") or {}).items()):
+                glv = [*lv, str(index), str(_get(dev, "name") or "")]
+                for k, value in (("used", _get(dev, "memory_used_bytes")), ("total", _get(dev, "memory_total_bytes")),
+                                 ("process", _get(_get(dev, "data"), "process_used_bytes"))):
+                    v = _number(value)
+                    if v is not None:
+                        gpu_mem[k].add_metric(glv, v)
+            hm = _get(model, "host_memory")
+            raw = _get(hm, "data")  # the host record verbatim: kvtop.sources.host's key names
+            for k, value in (("process_rss", _first(_get(hm, "rss_bytes"), _get(raw, "process_rss_bytes"))),
+                             ("available", _first(_get(hm, "available_bytes"), _get(raw, "system_available_bytes"))),
+                             ("pinned_pool", _get(hm, "pinned_pool_bytes"))):
+                v = _number(value)
+                if v is not None:
+                    host_mem[k].add_metric(lv, v)
+        return [*g.values(), hit, *moved.values(), evicted, approx, dropped, bad, block, *gpu_mem.values(),
+                *host_mem.values()]
+
+
+class PrometheusExporter:
+    """Serves the model(s) from ``model`` (a callable) and the records given to :meth:`observe`.
+
+    ``model()`` returns the live TierModel, or a mapping ``{source key: TierModel}`` for several sources. With
+    one model, its labels are ``source`` (or the first record's source). ``port=0`` binds a free port
+    (:attr:`port` tells which once started). ``lock``: a lock the folding side holds while it applies records,
+    taken while a scrape reads the model.
+    """
+
+    def __init__(self, model: ModelProvider, *, port: int = 9400, addr: str = "127.0.0.1",
+                 source: SourceId | None = None, registry: CollectorRegistry | None = None,
+                 lock: Any = None):
+        self._model = model
+        self.lock = lock  # held while reading the model, if the folding side holds it too
+        self.requested_port = port
+        self.addr = addr
+        self.source = source
+        self.registry = registry or CollectorRegistry(auto_describe=False)
+        self.port: int | None = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.ttft = Histogram(f"{NAMESPACE}_request_ttft_seconds", "Time to first token of finished requests",
+                              LABELS, buckets=TTFT_BUCKETS, registry=self.registry)
+        self.e2e = Histogram(f"{NAMESPACE}_request_e2e_seconds", "Arrival to last token of finished requests",
+                             LABELS, buckets=E2E_BUCKETS, registry=self.registry)
+        self.requests = Counter(f"{NAMESPACE}_requests", "Finished requests by outcome (ok, failed)",
+                                [*LABELS, "outcome"], registry=self.registry)
+        self.records = Counter(f"{NAMESPACE}_records", "Records received by kind", [*LABELS, "kind"],
+                               registry=self.registry)
+        self.registry.register(_StateCollector(self))
+
+    # ------------------------------------------------------------------------------------------ the sink
+
+    def observe(self, record: Record) -> None:
+        """Take the observations a record carries (request latencies). O(1); never raises for data."""
+        src = record.source
+        if self.source is None:
+            self.source = src
+        lv = _labels(src)
+        self.records.labels(*lv, record.kind).inc()
+        data = record.data
+        if record.kind == "request":
+            self.requests.labels(*lv, "ok" if data.get("ok") else "failed").inc()
+            if data.get("ok"):
+                for hist, key in ((self.ttft, "ttft_s"), (self.e2e, "e2e_s")):
+                    v = _number(data.get(key))
+                    if v is not None and v >= 0:
+                        hist.labels(*lv).observe(v)
+
+    __call__ = observe
+
+    def models(self) -> list[tuple[SourceId, Any]]:
+        got = self._model()
+        if got is None:
+            return []
+        if isinstance(got, Mapping):
+            return [(_source_from_key(k), m) for k, m in got.items()]
+        return [(self.source or SourceId(), got)]
+
+    # ------------------------------------------------------------------------------------------ serving
+
+    def start(self) -> int:
+        """Serve ``/metrics`` on ``addr:port`` in a daemon thread; returns the bound port."""
+        from prometheus_client import start_http_server
+
+        if self._server is not None:
+            return int(self.port or 0)
+        server, thread = start_http_server(self.requested_port, addr=self.addr, registry=self.registry)
+        self._server, self._thread = server, thread
+        self.port = int(server.server_port)
+        return self.port
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+    def render(self) -> bytes:
+        """The exposition text, as a scrape would get it (tests, ``--headless`` dumps)."""
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
+
+__all__ = ["PrometheusExporter", "TTFT_BUCKETS", "E2E_BUCKETS"]

@@ -1,0 +1,155 @@
+"""JSONL recorder: every record as one line, flushed at least once a second, valid line by line after any death.
+
+Why the file survives SIGKILL, SIGTERM or a crash with whole lines only: lines are buffered in memory and handed
+to the kernel with ``os.write`` of whole lines, never a partial one from Python's side (a short write is
+finished by the next call before anything else is written). A process killed between two writes leaves only
+whole lines; the kernel keeps what it was given even if the process dies a microsecond later (no fsync: a
+*machine* crash may lose the page cache, a process crash never does). So a death loses at most what was
+buffered: under one second, since a background thread flushes every second (and ``write`` flushes once the
+buffer passes 1 MiB, so a burst never grows it without bound).
+
+SIGINT raises KeyboardInterrupt, so ``with Recorder(...)`` / :meth:`close` flush everything. An un-closed
+recorder is flushed at interpreter exit. SIGTERM's default action ends the process without either: that is the
+"loses at most the last second" case.
+
+Cost: ``encode`` of a 1 KB iteration-stats dict is ~10 us; the write itself is amortised over a second of lines.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from kvtop.records import Record, encode
+
+FLUSH_INTERVAL_S = 1.0
+FLUSH_BYTES = 1 << 20  # 1 MiB: ~1,000 stats dicts; a burst of events is written out well before a second
+
+_open: weakref.WeakSet[Recorder] = weakref.WeakSet()
+
+
+def _flush_all_at_exit() -> None:
+    for rec in list(_open):
+        try:
+            rec.close()
+        except Exception:
+            pass
+
+
+atexit.register(_flush_all_at_exit)
+
+
+class Recorder:
+    """Appends records to ``path`` as JSONL (``append=False`` truncates first). Thread-safe.
+
+    ``write`` is the sink (also callable as ``recorder(record)``); ``close`` flushes and closes. Counters:
+    ``records`` written (accepted), ``bytes`` handed to the kernel, ``flushes``; ``error`` is the last write
+    failure (disk full), never raised from ``write``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, append: bool = True,
+                 flush_interval_s: float = FLUSH_INTERVAL_S, flush_bytes: int = FLUSH_BYTES):
+        self.path = Path(path)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+        self._fd: int | None = os.open(self.path, flags, 0o644)
+        self.flush_interval_s = flush_interval_s
+        self.flush_bytes = flush_bytes
+        self.records = 0
+        self.bytes = 0
+        self.flushes = 0
+        self.dropped_lines = 0  # only when writes fail (disk full) for more than 4 MiB of lines
+        self.error: str | None = None  # the last write error (disk full...), reported, never raised by write()
+        self._buf: list[bytes] = []
+        self._buf_bytes = 0
+        self._pending = b""  # the unwritten tail of a short write: written first, so lines never interleave
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._flusher, name="kvtop-recorder", daemon=True)
+        self._thread.start()
+        _open.add(self)
+
+    # ------------------------------------------------------------------------------------------ sink
+
+    def write(self, record: Record) -> None:
+        """Buffer one record as one line. Raises only for a record that cannot be encoded (a caller's bug)."""
+        line = encode(record).encode("utf-8") + b"\n"
+        with self._lock:
+            if self._fd is None:
+                raise ValueError(f"recorder for {self.path} is closed")
+            self._buf.append(line)
+            self._buf_bytes += len(line)
+            self.records += 1
+            if self._buf_bytes >= self.flush_bytes:
+                self._flush_locked()
+
+    __call__ = write
+
+    def write_many(self, records: Iterable[Record]) -> None:
+        for rec in records:
+            self.write(rec)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def close(self) -> None:
+        """Flush and close; idempotent."""
+        self._closed.set()
+        with self._lock:
+            if self._fd is None:
+                return
+            self._flush_locked()
+            os.close(self._fd)
+            self._fd = None
+        _open.discard(self)
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------ internals
+
+    def _flusher(self) -> None:
+        # A daemon: a forgotten recorder never keeps the interpreter alive (atexit flushes it instead).
+        while not self._closed.wait(self.flush_interval_s):
+            with self._lock:
+                if self._fd is None:
+                    return
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self._fd is None or (not self._buf and not self._pending):
+            return
+        data = self._pending + b"".join(self._buf)
+        self._buf.clear()
+        self._buf_bytes = 0
+        self._pending = b""
+        view = memoryview(data)
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+                self.bytes += n
+        except OSError as exc:
+            # Disk full or the file gone: keep the unwritten tail for the next flush, so a line already begun
+            # is finished before any other (the file stays valid line by line if the disk frees up). Past
+            # 4 MiB only that line's rest is kept and whole lines are dropped (counted): a dead disk must not
+            # grow memory without bound.
+            self.error = f"cannot write {self.path}: {exc.strerror}"
+            tail = bytes(view)
+            if len(tail) > 4 * self.flush_bytes:
+                end = tail.find(b"\n") + 1
+                self.dropped_lines += tail.count(b"\n", end)
+                tail = tail[:end]
+            self._pending = tail
+        self.flushes += 1
+
+
+__all__ = ["Recorder", "FLUSH_INTERVAL_S"]

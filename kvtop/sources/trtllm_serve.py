@@ -1,0 +1,395 @@
+"""Attach to a running ``trtllm-serve``: its monitoring endpoints, polled into records.
+
+Endpoints (trtllm-kv.md section 5; ``tensorrt_llm/serve/openai_server.py``):
+
+- ``GET /metrics``: a JSON list of iteration-stats dicts (not Prometheus), each a ``stats`` record verbatim.
+  Empty unless the server's ``--extra_llm_api_options`` YAML says ``enable_iter_perf_stats: true`` (PyTorch
+  backend; the TRT backend always has them).
+- ``POST /kv_cache_events``: a JSON list of KV cache event dicts, each a ``kv_event`` record. Empty unless
+  ``kv_cache_config: {event_buffer_max_size: N > 0, enable_block_reuse: true}``.
+- ``GET /perf_metrics``: finished requests' timings and KV cache counters, each a ``request`` record (with
+  ``ttft_s``/``e2e_s`` like the workload driver's). Needs ``return_perf_metrics: true`` and
+  ``perf_metrics_max_requests > 0``; returns ``[]`` otherwise.
+- ``GET /version`` and ``GET /v1/models`` once, for the ``meta`` record.
+
+All are drain-once queues on the server: whoever polls first gets the items, so only one kvtop (or other
+collector) should attach to a server. The server answers an empty ``/metrics`` or ``/kv_cache_events`` only
+after waiting 2 s for items (``get_stats_async(2)``), so an idle server's poll takes ~2 s; the endpoints are
+polled concurrently, each in a thread (stdlib ``urllib``; no new dependency), and the next poll is armed only
+after the last finished.
+
+An endpoint that is off is not an error to stop on: 404/405/501 means the server has no such route; an endpoint
+that stays empty while the other one shows the engine busy is off in the config. Either way ``on_status`` says
+which server option turns it on (``HINTS``), ``endpoints[name].hint`` keeps it for the screen, and the source
+keeps emitting what the other endpoints give.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from kvtop.records import Record, RecordError, SourceId, make, parse_engine_dict
+
+Sink = Callable[[Record], None]
+Callback = Callable[[str, str], None]  # (name, message)
+
+STATS, EVENTS, PERF = "stats", "kv_events", "perf_metrics"
+HINTS = {
+    STATS: "iteration stats are off: add `enable_iter_perf_stats: true` to the YAML given to trtllm-serve "
+           "--extra_llm_api_options (PyTorch backend; the TRT backend has them on by default)",
+    EVENTS: "KV cache events are off: add `kv_cache_config: {event_buffer_max_size: 1024, enable_block_reuse: "
+            "true}` to the YAML given to trtllm-serve --extra_llm_api_options",
+    PERF: "request metrics are off: add `return_perf_metrics: true` and `perf_metrics_max_requests: 1000` to the "
+          "YAML given to trtllm-serve --extra_llm_api_options",
+}
+# trtllm-serve waits 2 s for items before answering an empty /metrics or /kv_cache_events; 10 s leaves room for
+# a busy server's event loop without calling a slow answer a dead server.
+HTTP_TIMEOUT_S = 10.0
+MAX_BACKOFF_S = 5.0
+OFF_RETRY_S = 30.0  # an endpoint found missing (404) is asked again every 30 s: a restarted server may have it
+EMPTY_POLLS_OFF = 3  # empty while another endpoint shows activity, 3 polls in a row (~1.5-6 s): off, not a race
+IDLE_HINT_S = 30.0  # nothing at all from stats and events for 30 s: say what to check, once
+
+
+@dataclass
+class Endpoint:
+    """What kvtop knows about one endpoint: ``state`` is unknown | ok | empty | off | error."""
+
+    name: str
+    method: str
+    path: str
+    state: str = "unknown"
+    hint: str | None = None  # the server option that turns it on, while it looks off
+    items: int = 0  # items received in total
+    bad: int = 0  # malformed items skipped
+    empty_polls: int = 0  # consecutive
+    failures: int = 0  # consecutive errors
+    due: float = 0.0  # monotonic time before which it is not polled (backoff / off)
+    last_error: str | None = None
+    enabled: bool = True
+
+
+@dataclass
+class ServePoll:
+    """One poll: items received per endpoint, and whether the server answered at all."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    reachable: bool = False
+
+
+class HttpStatusError(Exception):
+    def __init__(self, status: int, reason: str):
+        super().__init__(f"HTTP {status} {reason}")
+        self.status = status
+
+
+def _request(method: str, url: str, timeout: float) -> bytes:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None,
+                                 headers={"Accept": "application/json", "User-Agent": "kvtop"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (http/https only, checked)
+            return resp.read()
+    except urllib.error.HTTPError as exc:
+        raise HttpStatusError(exc.code, str(exc.reason)) from None
+
+
+class TrtllmServeSource:
+    """Polls a ``trtllm-serve`` at ``url`` (``http://host:port``) every ``interval_s`` into ``sink``.
+
+    Same shape as :class:`kvtop.sources.poller.EnginePoller`: ``await run()`` until :meth:`stop`, or
+    ``await poll_once()``. ``on_status(name, message)`` gets reachability and endpoint on/off changes
+    (``name`` is ``"trtllm-serve"`` or ``"trtllm-serve.<endpoint>"``); ``on_error`` gets malformed items.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        source: SourceId | None = None,
+        interval_s: float = 0.5,
+        sink: Sink | None = None,
+        *,
+        on_status: Callback | None = None,
+        on_error: Callback | None = None,
+        perf_metrics: bool = True,
+        timeout_s: float = HTTP_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
+    ):
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url}: expected http://host:port of a running trtllm-serve")
+        self.base = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+        self.source = source or SourceId(host=parts.netloc, rank=0, run="trtllm-serve")
+        if sink is None:
+            raise TypeError("TrtllmServeSource needs a sink (a callable taking one Record)")
+        self.sink = sink
+        self.interval_s = interval_s
+        self.on_status = on_status
+        self.on_error = on_error
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.endpoints = {
+            STATS: Endpoint(STATS, "GET", "/metrics"),
+            EVENTS: Endpoint(EVENTS, "POST", "/kv_cache_events"),
+            PERF: Endpoint(PERF, "GET", "/perf_metrics", enabled=perf_metrics),
+        }
+        self.reachable: bool | None = None  # None until the first poll
+        self.meta: dict[str, Any] | None = None
+        self.polls = 0
+        self._failures = 0
+        self._started = time.monotonic()
+        self._busy_events = 0  # this poll's events other than "created"
+        self._stopped = False
+        self._stop_event: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._stop_event is not None:
+            self._stop_event.set()
+
+    async def run(self) -> None:
+        self._stop_event = asyncio.Event()
+        if self._stopped:
+            return
+        while not self._stopped:
+            poll = asyncio.ensure_future(self.poll_once())
+            stop_wait = asyncio.ensure_future(self._stop_event.wait())
+            try:
+                await asyncio.wait({poll, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop_wait.cancel()
+            if not poll.done():
+                poll.cancel()  # the HTTP threads finish on their own within timeout_s; nothing waits for them
+                break
+            poll.result()
+            delay = self.interval_s if self.reachable else min(self.interval_s * 2.0 ** self._failures,
+                                                                MAX_BACKOFF_S)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stop_event.wait(), timeout=delay)
+
+    # ------------------------------------------------------------------------------------------ one poll
+
+    async def poll_once(self) -> ServePoll:
+        """Poll every endpoint that is due, concurrently. Never raises for the server's failures."""
+        self.polls += 1
+        self._busy_events = 0
+        result = ServePoll()
+        if self.meta is None:
+            await self._fetch_meta()
+        now = time.monotonic()
+        due = [ep for ep in self.endpoints.values() if ep.enabled and ep.due <= now]
+        answers = await asyncio.gather(*(self._fetch(ep) for ep in due))
+        unreachable: str | None = None
+        for ep, (items, error) in zip(due, answers):
+            if error is None:
+                result.reachable = True
+                result.counts[ep.name] = self._emit(ep, items or [])
+            elif isinstance(error, HttpStatusError):
+                result.reachable = True
+                self._http_error(ep, error)
+            else:
+                unreachable = error if isinstance(error, str) else str(error)
+        if due and not result.reachable and unreachable is not None:
+            self._failures += 1
+            self._set_reachable(False, unreachable)
+        elif result.reachable:
+            self._failures = 0
+            self._set_reachable(True, f"attached to trtllm-serve at {self.base}")
+            self._judge_empty(result.counts)
+        return result
+
+    async def _fetch(self, ep: Endpoint) -> tuple[list[Any] | None, Exception | str | None]:
+        url = self.base + ep.path
+        try:
+            body = await asyncio.to_thread(_request, ep.method, url, self.timeout_s)
+        except HttpStatusError as exc:
+            return None, exc
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            return None, f"cannot reach {url}: {reason}"
+        try:
+            items = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return None, HttpStatusError(200, f"not JSON ({exc}); is this a trtllm-serve?")
+        if not isinstance(items, list):
+            return None, HttpStatusError(200, f"expected a JSON list, got {type(items).__name__}; "
+                                              "is this a trtllm-serve?")
+        return items, None
+
+    async def _fetch_meta(self) -> None:
+        async def get(path: str) -> Any:
+            try:
+                return json.loads(await asyncio.to_thread(_request, "GET", self.base + path, self.timeout_s))
+            except Exception:  # optional: a server without /version still has stats worth showing
+                return None
+
+        version, models = await asyncio.gather(get("/version"), get("/v1/models"))
+        if version is None and models is None:
+            return  # unreachable (reported by the poll) or not a trtllm-serve: try again next poll
+        model = None
+        if isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"]:
+            first = models["data"][0]
+            model = first.get("id") if isinstance(first, dict) else None
+        self.meta = {"engine": "trtllm", "engine_version": version.get("version") if isinstance(version, dict)
+                     else None, "model": model, "attached": f"trtllm-serve {self.base}", "simulated": False}
+        self.sink(make("meta", dict(self.meta), self.source, self.clock()))
+
+    # ------------------------------------------------------------------------------------------ items
+
+    def _emit(self, ep: Endpoint, items: list[Any]) -> int:
+        if ep.failures:
+            ep.failures, ep.last_error = 0, None
+        ep.due = 0.0
+        n = 0
+        now = self.clock()
+        for item in items:
+            try:
+                rec = self._record(ep, item, now)
+            except RecordError as exc:
+                ep.bad += 1
+                self._error(f"trtllm-serve.{ep.name}", f"malformed item skipped ({ep.bad} so far): {exc}")
+                continue
+            self.sink(rec)
+            n += 1
+        ep.items += n
+        if n:
+            ep.empty_polls = 0
+            if ep.state in ("off", "unknown", "empty", "error"):
+                was_off = ep.state == "off"
+                ep.state, ep.hint = "ok", None
+                if was_off:
+                    self._status(f"trtllm-serve.{ep.name}", f"{ep.path} is delivering again")
+        else:
+            ep.empty_polls += 1
+            if ep.state in ("unknown", "error"):
+                ep.state = "empty"
+        return n
+
+    def _record(self, ep: Endpoint, item: Any, now: float) -> Record:
+        if ep.name == STATS:
+            return make("stats", parse_engine_dict(item, "stats"), self.source, now)
+        if ep.name == EVENTS:
+            rec = make("kv_event", parse_engine_dict(item, "kv_event"), self.source, now)
+            if rec.data["data"].get("type") != "created":
+                self._busy_events += 1
+            return rec
+        return make("request", request_from_perf(parse_engine_dict(item, "perf_metrics")), self.source, now)
+
+    # ------------------------------------------------------------------------------------------ on / off
+
+    def _http_error(self, ep: Endpoint, exc: HttpStatusError) -> None:
+        ep.failures += 1
+        if exc.status in (404, 405, 501):
+            ep.due = time.monotonic() + OFF_RETRY_S
+            self._set_off(ep, f"{ep.method} {ep.path} answered {exc}: this server has no such endpoint "
+                              f"(TensorRT-LLM older than 1.0?); {HINTS[ep.name]}")
+            return
+        ep.due = time.monotonic() + min(self.interval_s * 2.0 ** ep.failures, MAX_BACKOFF_S)
+        message = f"{ep.method} {ep.path}: {exc}"
+        if ep.last_error != message:
+            ep.last_error = message
+            ep.state = "error"
+            self._status(f"trtllm-serve.{ep.name}", message)
+
+    def _set_off(self, ep: Endpoint, message: str) -> None:
+        if ep.state != "off":
+            ep.state, ep.hint = "off", HINTS[ep.name]
+            self._status(f"trtllm-serve.{ep.name}", message)
+
+    def _judge_empty(self, counts: dict[str, int]) -> None:
+        stats, events, perf = (self.endpoints[k] for k in (STATS, EVENTS, PERF))
+        stats_busy = counts.get(STATS, 0) > 0
+        # Events other than the one "created" at start, or finished requests, mean the engine ran iterations.
+        events_busy = self._busy_events > 0 or counts.get(PERF, 0) > 0
+        idle_long = time.monotonic() - self._started >= IDLE_HINT_S
+        for ep, other_busy in ((stats, events_busy), (events, stats_busy)):
+            if ep.items or ep.state == "off":
+                continue  # it delivered once (so it is on), or it was already judged off
+            if ep.empty_polls >= EMPTY_POLLS_OFF and other_busy:
+                self._set_off(ep, f"{ep.path} stays empty while the engine is busy: {HINTS[ep.name]}")
+            elif idle_long and ep.hint is None:
+                ep.hint = HINTS[ep.name]
+                self._status(f"trtllm-serve.{ep.name}", f"nothing from {ep.path} for {IDLE_HINT_S:g} s: the server "
+                                                        f"is idle, or {HINTS[ep.name]}")
+        # /perf_metrics answers [] both when off and while no request has finished: a hint, never "off".
+        if perf.enabled and not perf.items and perf.hint is None and perf.empty_polls >= EMPTY_POLLS_OFF \
+                and stats_busy and idle_long:
+            perf.hint = HINTS[PERF]
+            self._status(f"trtllm-serve.{PERF}", f"no finished requests from {perf.path} yet: {HINTS[PERF]}")
+
+    # ------------------------------------------------------------------------------------------ reporting
+
+    def _set_reachable(self, ok: bool, message: str) -> None:
+        if self.reachable is ok:
+            return
+        self.reachable = ok
+        if not ok:
+            message += f"; retrying (every {MAX_BACKOFF_S:g} s at most), showing what was received so far"
+        self._status("trtllm-serve", message)
+
+    def _status(self, name: str, message: str) -> None:
+        if self.on_status is not None:
+            with contextlib.suppress(Exception):
+                self.on_status(name, message)
+
+    def _error(self, name: str, message: str) -> None:
+        if self.on_error is not None:
+            with contextlib.suppress(Exception):
+                self.on_error(name, message)
+
+
+def request_from_perf(item: dict[str, Any]) -> dict[str, Any]:
+    """A ``request`` record's data from one ``/perf_metrics`` item (the driver's keys, plus it verbatim).
+
+    ``{"request_id", "perf_metrics": {"first_iter", "last_iter", "timing_metrics": {"arrival_time",
+    "first_token_time", "last_token_time", ...}, "kv_cache_metrics": {"num_reused_blocks", ...}}}``; times are
+    seconds on the server's steady clock, so only their differences mean anything here.
+    """
+    rid = item.get("request_id")
+    if isinstance(rid, bool) or not isinstance(rid, (int, str)):
+        raise RecordError("perf_metrics.request_id", f"must be an integer or a string, got {rid!r}")
+    pm = item.get("perf_metrics")
+    if not isinstance(pm, dict):
+        raise RecordError("perf_metrics.perf_metrics", "must be an object")
+    timing = pm.get("timing_metrics") if isinstance(pm.get("timing_metrics"), dict) else {}
+    kv = pm.get("kv_cache_metrics") if isinstance(pm.get("kv_cache_metrics"), dict) else {}
+
+    def num(d: dict[str, Any], key: str) -> float | None:
+        v = d.get(key)
+        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+    arrival, first, last = (num(timing, k) for k in ("arrival_time", "first_token_time", "last_token_time"))
+    data: dict[str, Any] = {
+        "request_id": rid,
+        "ok": True,
+        "ttft_s": first - arrival if first is not None and arrival is not None and first > 0 else None,
+        "e2e_s": last - arrival if last is not None and arrival is not None and last > 0 else None,
+        "reused_blocks": kv.get("num_reused_blocks"),
+        "missed_blocks": kv.get("num_missed_blocks"),
+        "perf_metrics": pm,
+    }
+    if "ctx_request_id" in item:
+        data["ctx_request_id"] = item["ctx_request_id"]
+    return data
+
+
+def serve_source_from_url(url: str, sink: Sink, *, interval_s: float = 0.5, run: str | None = None,
+                          on_status: Callback | None = None, on_error: Callback | None = None) -> TrtllmServeSource:
+    """What ``kvtop attach http://host:port`` calls. Raises ``ValueError`` for a URL it cannot use."""
+    src = None
+    if run:
+        src = SourceId(host=urlsplit(url if "://" in url else f"http://{url}").netloc, rank=0, run=run)
+    return TrtllmServeSource(url, src, interval_s, sink, on_status=on_status, on_error=on_error)
+
+
+__all__ = ["HINTS", "TrtllmServeSource", "request_from_perf", "serve_source_from_url"]

@@ -1,0 +1,311 @@
+"""``kvtop.watch(llm)``: watch the KV cache tiers of an ``LLM`` your own script already drives.
+
+    handle = kvtop.watch(llm, publish="mqtt://broker/lab", record="run.jsonl", prometheus_port=9400)
+    ...                       # your generate_async calls, unchanged
+    print(handle.summary())   # the TierModel's summary, any time
+    handle.stop()
+
+It runs in a background thread with its own asyncio loop, so it works from a plain script, a notebook, or
+beside your own loop, and never shares (or blocks) the loop your requests run on. There it polls the engine's
+``get_stats_async`` / ``get_kv_cache_events_async`` (:class:`kvtop.sources.poller.EnginePoller` when present),
+samples GPU and host memory once a second (in worker threads: NVML calls block), folds every record into a live
+:class:`~kvtop.tiers.TierModel` and hands it to the sinks you asked for.
+
+What the engine needs to report anything (TensorRT-LLM 1.x): ``enable_iter_perf_stats=True`` (PyTorch backend)
+for stats, ``KvCacheConfig(event_buffer_max_size=N > 0, enable_block_reuse=True)`` for events. Polling drains
+the engine's queues: do not poll them yourself while watching.
+
+Errors in the settings (a bad broker URL, an unwritable file, a busy port) raise here, in your thread, before
+anything starts. Errors later (broker down, engine stream failing) never raise into your script: they are kept
+in ``handle.errors`` and passed to ``on_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import threading
+import time
+import types
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from kvtop.records import Record, SourceId, make
+
+ErrorCallback = Callable[[str, str], None]
+SAMPLE_S = 1.0  # GPU/host memory once a second: NVML's PCIe counters alone cost ~20 ms per GPU per sample
+FINAL_POLL_S = 3.0  # at stop, one last drain of what the engine queued since the last poll, bounded
+MAX_ERRORS = 200  # handle.errors keeps the newest 200
+
+
+class WatchHandle:
+    """A running watch. ``model`` is the live TierModel (updated on the watch thread: read it for a glance, or
+    call :meth:`summary` for a consistent snapshot). ``stop()`` flushes everything and ends the thread."""
+
+    def __init__(self, source: SourceId):
+        self.source = source
+        from kvtop.tiers import TierModel
+
+        self.model = TierModel()
+        self.records = 0
+        self.errors: deque[tuple[float, str, str]] = deque(maxlen=MAX_ERRORS)
+        self.publisher: Any = None
+        self.recorder: Any = None
+        self.exporter: Any = None
+        self.prometheus_port: int | None = None
+        self.lock = threading.Lock()  # held while a record is folded and fanned out
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_event: asyncio.Event | None = None
+        self._stopped = False
+        self._started = threading.Event()
+        self._sinks: list[Callable[[Record], None]] = []
+        self._on_error: ErrorCallback | None = None
+        self.crashed: BaseException | None = None
+
+    # ------------------------------------------------------------------------------------------ reading
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def summary(self) -> dict[str, Any]:
+        with self.lock:
+            return self.model.summary()
+
+    # ------------------------------------------------------------------------------------------ records
+
+    def emit(self, record: Record) -> None:
+        with self.lock:
+            self.records += 1
+            self.model.apply(record)
+            for sink in self._sinks:
+                try:
+                    sink(record)
+                except Exception as exc:  # a failing sink (disk full) must not stop the fold or the others
+                    self.error(getattr(sink, "__qualname__", "sink"), f"{type(exc).__name__}: {exc}")
+
+    def error(self, name: str, message: str) -> None:
+        self.errors.append((time.time(), name, message))
+        if self._on_error is not None:
+            with contextlib.suppress(Exception):
+                self._on_error(name, message)
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop polling, drain once more, flush the recorder, say "offline" on MQTT, stop Prometheus. Idempotent."""
+        self._stopped = True
+        loop, event = self._loop, self._stop_event
+        if loop is not None and event is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(event.set)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if self.recorder is not None:
+            self.recorder.close()
+        if self.exporter is not None:
+            self.exporter.stop()
+
+    def __enter__(self) -> WatchHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def watch(llm: Any, publish: str | None = None, record: str | os.PathLike[str] | None = None,
+          prometheus_port: int | None = None, interval_s: float = 0.25, run: str | None = None, *,
+          prometheus_addr: str = "127.0.0.1", mqtt_password_file: str | os.PathLike[str] | None = None,
+          sample_memory: bool = True, on_error: ErrorCallback | None = None) -> WatchHandle:
+    """Start watching ``llm`` (a TensorRT-LLM ``LLM`` or anything with its surface, e.g. ``SimLLM``).
+
+    ``publish``: an MQTT URL (``mqtt://[user@]host[:port]/prefix``; the password from ``KVTOP_MQTT_PASSWORD`` or
+    ``mqtt_password_file``). ``record``: a JSONL file (appended). ``prometheus_port``: serve metrics on
+    ``prometheus_addr`` (127.0.0.1) at this port (0: any free port, see ``handle.prometheus_port``).
+    ``run`` names the run in records and topics (default ``run-<pid>``).
+    """
+    if interval_s <= 0:
+        raise ValueError(f"interval_s must be > 0, got {interval_s}")
+    source = SourceId.local(run=run or "")
+    handle = WatchHandle(source)
+    handle._on_error = on_error
+    # Everything that can fail on a setting is built here, in the caller's thread, so it raises to the caller.
+    publisher = None
+    if publish:
+        from kvtop.sinks.mqtt import publisher_from_url
+
+        publisher = publisher_from_url(publish, source, password_file=mqtt_password_file, on_status=handle.error)
+        handle.publisher = publisher
+        handle._sinks.append(publisher.publish)
+    try:
+        if record is not None:
+            from kvtop.sinks.recorder import Recorder
+
+            handle.recorder = Recorder(record)
+            handle._sinks.append(handle.recorder.write)
+        if prometheus_port is not None:
+            from kvtop.sinks.prometheus import PrometheusExporter
+
+            handle.exporter = PrometheusExporter(lambda: handle.model, port=prometheus_port, addr=prometheus_addr,
+                                                 source=source, lock=handle.lock)
+            handle.prometheus_port = handle.exporter.start()
+            handle._sinks.append(handle.exporter.observe)
+    except BaseException:
+        if handle.recorder is not None:
+            handle.recorder.close()
+        raise
+
+    thread = threading.Thread(target=_thread_main, args=(handle, llm, publisher, interval_s, sample_memory),
+                              name="kvtop-watch", daemon=True)
+    handle._thread = thread
+    thread.start()
+    handle._started.wait(5.0)
+    return handle
+
+
+def engine_meta(llm: Any) -> dict[str, Any]:
+    """The ``meta`` record for an engine: its own ``describe()`` (SimLLM), else what a TensorRT-LLM ``LLM``'s
+    ``args`` tell (read defensively: field names move between releases)."""
+    describe = getattr(llm, "describe", None)
+    if callable(describe):
+        with contextlib.suppress(Exception):
+            return dict(describe())
+    args = getattr(llm, "args", None)
+    kvc = getattr(args, "kv_cache_config", None)
+    trt = sys.modules.get("tensorrt_llm")  # only if the user imported it: never import it here (seconds, GPU)
+    meta: dict[str, Any] = {"engine": "trtllm", "engine_version": getattr(trt, "__version__", None),
+                            "model": str(getattr(args, "model", None) or "") or None, "simulated": False}
+    host_cache = getattr(kvc, "host_cache_size", None)
+    if isinstance(host_cache, int):
+        meta["host_cache_bytes"] = host_cache
+    tpb = getattr(kvc, "tokens_per_block", None) or getattr(args, "tokens_per_block", None)
+    if isinstance(tpb, int) and tpb > 0:
+        meta["tokens_per_block"] = tpb
+    return meta
+
+
+# ---------------------------------------------------------------------------------------------- the thread
+
+def _thread_main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: float, sample_memory: bool) -> None:
+    try:
+        asyncio.run(_main(handle, llm, publisher, interval_s, sample_memory))
+    except BaseException as exc:  # pragma: no cover - a bug of ours: keep it for the user, never kill their app
+        handle.crashed = exc
+        handle.error("watch", f"stopped: {type(exc).__name__}: {exc}")
+    finally:
+        handle._started.set()
+
+
+async def _main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: float, sample_memory: bool) -> None:
+    handle._loop = asyncio.get_running_loop()
+    handle._stop_event = stop = asyncio.Event()
+    if handle._stopped:
+        stop.set()
+    handle._started.set()
+    source = handle.source
+    meta = engine_meta(llm)
+    handle.emit(make("meta", meta, source))
+
+    poller = _make_poller(llm, source, interval_s, handle)
+    tasks = [asyncio.ensure_future(poller.run())]
+    if publisher is not None:
+        tasks.append(asyncio.ensure_future(publisher.run()))
+    if sample_memory:
+        tasks.append(asyncio.ensure_future(_sample_memory(handle, stop, meta)))
+    try:
+        await stop.wait()
+    finally:
+        poller.stop()
+        await asyncio.gather(tasks[0], return_exceptions=True)
+        with contextlib.suppress(Exception):  # the last items the engine queued since the last poll
+            await asyncio.wait_for(poller.poll_once(), timeout=FINAL_POLL_S)
+        if publisher is not None:
+            publisher.stop()  # flushes (<= 1 s) and publishes "offline"
+        await asyncio.gather(*tasks[1:], return_exceptions=True)
+
+
+def _make_poller(llm: Any, source: SourceId, interval_s: float, handle: WatchHandle) -> Any:
+    try:
+        from kvtop.sources.poller import EnginePoller
+    except ImportError:
+        return _MinimalPoller(llm, source, interval_s, handle.emit, handle.error)
+    return EnginePoller(llm, source, interval_s, handle.emit, on_error=handle.error)
+
+
+class _MinimalPoller:
+    """The engine poller's contract in a few lines, for when ``kvtop.sources.poller`` is unavailable."""
+
+    def __init__(self, llm: Any, source: SourceId, interval_s: float, sink: Callable[[Record], None],
+                 on_error: ErrorCallback):
+        self.llm, self.source, self.interval_s, self.sink, self.on_error = llm, source, interval_s, sink, on_error
+        self._stopped = False
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    async def run(self) -> None:
+        while not self._stopped:
+            await self.poll_once()
+            await asyncio.sleep(self.interval_s)
+
+    async def poll_once(self) -> None:
+        from kvtop.records import RecordError, parse_engine_dict
+
+        for kind, method in (("stats", "get_stats_async"), ("kv_event", "get_kv_cache_events_async")):
+            try:
+                async for item in getattr(self.llm, method)(timeout=0.05):  # TRT-LLM's default 2 s per drain
+                    try:
+                        self.sink(make(kind, parse_engine_dict(item, kind), self.source))
+                    except RecordError as exc:
+                        self.on_error(f"engine.{kind}", f"malformed item skipped: {exc}")
+            except Exception as exc:
+                self.on_error(f"engine.{kind}", f"{type(exc).__name__}: {exc}")
+
+
+async def _sample_memory(handle: WatchHandle, stop: asyncio.Event, meta: dict[str, Any]) -> None:
+    samplers: list[Any] = []
+    with contextlib.suppress(Exception):
+        from kvtop.sources.host import HostSource
+
+        host = HostSource(source=handle.source)
+        if meta.get("host_cache_bytes"):  # the pinned pool is not measurable from /proc (see host.py)
+            host.set_pinned_pool(int(meta["host_cache_bytes"]))
+        samplers.append(host)
+    with contextlib.suppress(Exception):
+        from kvtop.sources.nvml import NvmlSource
+
+        samplers.append(NvmlSource(source=handle.source))
+    try:
+        while not stop.is_set():
+            for sampler in samplers:
+                try:
+                    for rec in await asyncio.to_thread(sampler.sample):
+                        handle.emit(rec)
+                except Exception as exc:  # samplers never raise by contract; a bug must not end the watch
+                    handle.error(type(sampler).__name__, f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=SAMPLE_S)
+    finally:
+        for sampler in samplers:
+            close = getattr(sampler, "close", None)
+            if callable(close):
+                with contextlib.suppress(Exception):
+                    close()
+
+
+class _CallableModule(types.ModuleType):
+    """``kvtop.watch`` is both this module and the function: importing the submodule (``from kvtop.watch import
+    WatchHandle``) makes Python bind the *module* as the package's ``watch`` attribute, after which
+    ``kvtop.watch(llm)`` would call a module. Calling the module calls the function instead."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> WatchHandle:
+        return watch(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["WatchHandle", "watch", "engine_meta"]
