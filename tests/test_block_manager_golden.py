@@ -1,0 +1,374 @@
+"""Golden differential tests: the block manager and the engine loop must behave exactly as they did before the
+speed work (commit b4aeb68, the faithful port that ``test_trtllm_port.py`` checks against TensorRT-LLM).
+
+Each case drives a seeded random workload through ``BlockManager`` (or ``SimEngineCore``) and logs everything an
+observer can see: every return value or exception, the request's ``block_ids``, ``kv_cache_stats()``, free counts
+per level, the simulator's own counters, every event, and periodic snapshots of every block (tier, priority, hash,
+tree membership). The log is reduced to a sha256 over its canonical JSON; the digests below were computed with the
+unoptimized implementation. An optimization that changes one block id, one counter or one event anywhere in a
+workload changes its digest.
+
+To see which step diverges, run this file as a script with ``--dump CASE`` on both versions and diff the output.
+Recompute the table (only for an intended behaviour change, with the reason in the commit) with
+``python tests/test_block_manager_golden.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError
+from kvtop.engines.sim.retention import KvCacheRetentionConfig
+
+TR = KvCacheRetentionConfig.TokenRangeRetentionConfig
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# (name, BlockManager keyword arguments, workload knobs). Pools are small so that eviction, offload, onboard,
+# subtree detaches and allocation failures all happen often; vocabularies are small so that partial matches do.
+CASES: dict[str, dict[str, Any]] = {
+    "tiny_gpu_only": dict(bm=dict(primary_blocks=8, secondary_blocks=0, tokens_per_block=4,
+                                  event_buffer_max_size=7), vocab=3, retention=0.3),
+    "small_host": dict(bm=dict(primary_blocks=16, secondary_blocks=6, tokens_per_block=4,
+                               event_buffer_max_size=7), vocab=4, retention=0.4),
+    "host_larger_than_gpu": dict(bm=dict(primary_blocks=12, secondary_blocks=30, tokens_per_block=4,
+                                         event_buffer_max_size=11), vocab=3, retention=0.4),
+    "no_partial_reuse": dict(bm=dict(primary_blocks=20, secondary_blocks=10, tokens_per_block=4,
+                                     enable_partial_reuse=False, event_buffer_max_size=5), vocab=3, retention=0.4),
+    "no_copy_on_partial": dict(bm=dict(primary_blocks=20, secondary_blocks=10, tokens_per_block=4,
+                                       copy_on_partial_reuse=False, event_buffer_max_size=9), vocab=3,
+                               retention=0.4),
+    "no_onboard": dict(bm=dict(primary_blocks=16, secondary_blocks=10, tokens_per_block=4, onboard_blocks=False,
+                               event_buffer_max_size=9), vocab=3, retention=0.4),
+    "offload_everything": dict(bm=dict(primary_blocks=16, secondary_blocks=12, tokens_per_block=4,
+                                       secondary_offload_min_priority=0, event_buffer_max_size=9), vocab=3,
+                               retention=0.5),
+    "offload_high_only": dict(bm=dict(primary_blocks=16, secondary_blocks=12, tokens_per_block=4,
+                                      secondary_offload_min_priority=60, event_buffer_max_size=9), vocab=3,
+                              retention=0.6),
+    "tpb8_events_off": dict(bm=dict(primary_blocks=40, secondary_blocks=20, tokens_per_block=8), vocab=4,
+                            retention=0.3),
+    "tpb8_events_on": dict(bm=dict(primary_blocks=40, secondary_blocks=20, tokens_per_block=8,
+                                   event_buffer_max_size=13), vocab=4, retention=0.3),
+    "one_token_blocks": dict(bm=dict(primary_blocks=24, secondary_blocks=8, tokens_per_block=1,
+                                     event_buffer_max_size=7), vocab=3, retention=0.3),
+    "tpb2_big_pool": dict(bm=dict(primary_blocks=64, secondary_blocks=32, tokens_per_block=2,
+                                  event_buffer_max_size=17), vocab=3, retention=0.3),
+    "no_block_reuse": dict(bm=dict(primary_blocks=16, secondary_blocks=8, tokens_per_block=4,
+                                   enable_block_reuse=False, event_buffer_max_size=7), vocab=3, retention=0.4),
+    "no_retention_tpb16": dict(bm=dict(primary_blocks=48, secondary_blocks=24, tokens_per_block=16,
+                                       event_buffer_max_size=21), vocab=3, retention=0.0),
+    "large_tpb32": dict(bm=dict(primary_blocks=60, secondary_blocks=40, tokens_per_block=32,
+                                event_buffer_max_size=9), vocab=2, retention=0.3),
+}
+SEEDS = (1, 2, 3)
+OPS_PER_RUN = 400
+MAX_LIVE = 4  # requests alive at once; more would leave most adds failing for want of a free block
+
+
+def _retention(rng: random.Random, prompt_len: int, tpb: int) -> KvCacheRetentionConfig:
+    """1-3 non-overlapping token ranges (last one maybe open-ended), random priorities and durations."""
+    ranges = []
+    start = rng.choice([0, 0, rng.randrange(0, max(1, prompt_len))])
+    for i in range(rng.randint(1, 3)):
+        if start >= prompt_len + tpb:
+            break
+        open_end = i == 2 or rng.random() < 0.2
+        end = None if open_end else start + rng.randint(1, 3 * tpb)
+        duration = rng.choice([None, None, 5, 20, 60])
+        ranges.append(TR(start, end, rng.choice([0, 10, 29, 30, 35, 50, 80, 100]), duration))
+        if end is None:
+            break
+        start = end + rng.choice([0, 0, tpb, 1])
+    return KvCacheRetentionConfig(ranges, decode_retention_priority=rng.choice([35, 35, 5, 60, 90]),
+                                  decode_duration_ms=rng.choice([None, None, 10, 40]))
+
+
+def _stats(bm: BlockManager) -> list[Any]:
+    return [bm.kv_cache_stats(), bm.num_free_blocks(0), bm.num_free_blocks(1), bm.offloaded_blocks,
+            bm.silent_offloads, bm.onboarded_blocks, list(bm.evicted_blocks), bm.silent_detaches, bm.reused_tokens,
+            bm.total_input_tokens, bm.dropped_events, bm.alloc_total_blocks, bm.alloc_new_blocks, bm.reused_blocks,
+            bm.missed_blocks]
+
+
+def _snapshot(bm: BlockManager) -> list[Any]:
+    n = bm.primary_blocks + bm.secondary_blocks
+    blocks = [[bm.block_cache_level(i), bm.block_priority(i), bm.block_hash(i), bm.block_in_tree(i)]
+              for i in range(n)]
+    per_level = [[bm.num_cached_blocks(lv), sorted(bm.cached_blocks_by_priority(lv).items()),
+                  bm.num_in_use_blocks(lv)] for lv in (0, 1)]
+    return [blocks, per_level]
+
+
+def run_block_manager_workload(case: str, seed: int) -> list[Any]:
+    """The seeded workload of one case; returns its log."""
+    spec = CASES[case]
+    rng = random.Random(f"{case}/{seed}")
+    clock = FakeClock()
+    bm = BlockManager(**spec["bm"], clock_ms=clock)
+    tpb = bm.tokens_per_block
+    vocab = spec["vocab"]
+    # A few shared prefixes so prompts share whole blocks, plus random tails that share partial blocks.
+    prefixes = [[rng.randrange(vocab) for _ in range(rng.randint(0, 5 * tpb))] for _ in range(4)]
+    log: list[Any] = [["created", _stats(bm), bm.take_events()]]
+    live: dict[int, int] = {}  # request id -> generated tokens so far
+    next_id = 0
+    for step in range(OPS_PER_RUN):
+        clock.now += rng.choice([0, 1, 3, 10])
+        r = rng.random()
+        if len(live) >= MAX_LIVE and r < 0.30:
+            r = 0.65  # keep the pools mostly allocatable: a remove instead of another add
+        entry: list[Any]
+        try:
+            if r < 0.30 or not live:
+                prompt = list(rng.choice(prefixes))[:rng.randint(0, 6 * tpb)]
+                prompt += [rng.randrange(vocab) for _ in range(rng.randint(0 if prompt else 1, 3 * tpb))]
+                retention = (_retention(rng, len(prompt), tpb) if rng.random() < spec["retention"] else None)
+                rid = next_id
+                next_id += 1
+                entry = ["add", rid, len(prompt)]
+                try:
+                    entry.append(bm.add_sequence(rid, prompt, retention))
+                except NoFreeBlockError as exc:
+                    entry.append(["NoFreeBlockError", str(exc)])
+                live[rid] = 0  # a failed add leaves the sequence registered, as TensorRT-LLM's does
+                if rng.random() < 0.6:
+                    bm.store_context_blocks(rid)
+                    entry.append("stored")
+                entry.append(bm.block_ids(rid))
+            elif r < 0.65:
+                rid = rng.choice(sorted(live))
+                entry = ["token", rid]
+                for _ in range(rng.randint(1, 2 * tpb)):
+                    tok = (1000 + rid * 7 + live[rid]) % (vocab + 2) if rng.random() < 0.5 else rng.randrange(vocab)
+                    live[rid] += 1
+                    try:
+                        bm.add_token(rid, tok)
+                    except NoFreeBlockError as exc:
+                        entry.append(["NoFreeBlockError", str(exc)])
+                        break
+                entry.append(bm.block_ids(rid))
+            elif r < 0.90:
+                rid = rng.choice(sorted(live))
+                final = [rng.randrange(vocab)] if rng.random() < 0.5 else []
+                entry = ["remove", rid, final, bm.num_tokens(rid), bm.block_ids(rid)]
+                bm.remove_sequence(rid, final_tokens=final)
+                del live[rid]
+            elif r < 0.95:
+                entry = ["refresh", bm.refresh()]
+            else:
+                entry = ["invalid"]
+                for bad in (lambda: bm.add_sequence(next(iter(live)), [1]), lambda: bm.block_ids(-1),
+                            lambda: bm.add_sequence(-2, [])):
+                    try:
+                        bad()
+                        entry.append("no error")
+                    except ValueError as exc:
+                        entry.append(str(exc))
+        except NoFreeBlockError as exc:  # pragma: no cover - every allocating call catches its own
+            entry = ["unexpected", str(exc)]
+        entry.append(_stats(bm))
+        if rng.random() < 0.5:
+            bm.flush_events()
+        if rng.random() < 0.2:
+            entry.append(bm.take_events())
+        if step % 50 == 49:
+            entry.append(_snapshot(bm))
+        log.append(entry)
+    log.append(["end", bm.take_events(), _snapshot(bm), {rid: bm.block_ids(rid) for rid in sorted(live)}])
+    return log
+
+
+def run_engine_workload(seed: int) -> list[Any]:
+    """``SimEngineCore`` with iteration stats and events on: stats (timestamps left out), events, request
+    outcomes, simulated time. Guards the engine loop's scheduling, token budget and cost arithmetic."""
+    from kvtop.engines.gpus import resolve_gpu
+    from kvtop.engines.models import resolve_model
+    from kvtop.engines.sim.core import SimEngineCore, SimRequest
+
+    rng = random.Random(f"engine/{seed}")
+    core_ref: list[SimEngineCore] = []
+    bm = BlockManager(rng.choice([48, 64, 96]), rng.choice([0, 32]), 16, event_buffer_max_size=50,
+                      clock_ms=lambda: core_ref[0].now_s * 1000.0)
+    core = SimEngineCore(resolve_model("Qwen/Qwen3-8B"), resolve_gpu("H200"), bm, max_batch_size=rng.choice([4, 8]),
+                         max_num_tokens=rng.choice([96, 256]), max_seq_len=2048, enable_iter_perf_stats=True,
+                         enable_iter_req_stats=True, max_stats_len=10_000)
+    core_ref.append(core)
+    finished: list[Any] = []
+    prefixes = [[rng.randrange(50) for _ in range(rng.randint(0, 200))] for _ in range(3)]
+    log: list[Any] = []
+    t = 0.0
+    for rid in range(60):
+        t += rng.choice([0.0, 0.001, 0.01, 0.05])
+        prompt = list(rng.choice(prefixes)) + [rng.randrange(50) for _ in range(rng.randint(1, 120))]
+        retention = (KvCacheRetentionConfig([TR(0, rng.choice([16, 64, None]), rng.choice([10, 50, 90]),
+                                                rng.choice([None, 20]))], decode_retention_priority=60)
+                     if rng.random() < 0.3 else None)
+        max_tokens = rng.choice([1, 2, 5, 20, 60, 5000])  # 5000: rejected by max_seq_len
+        core.submit(SimRequest(rid, prompt, max_tokens, arrival_s=t, retention=retention,
+                               on_finish=lambda r: finished.append(
+                                   [r.request_id, r.stage, r.error, r.output_ids, r.first_token_s, r.last_token_s,
+                                    r.reused_tokens, r.reused_blocks, r.missed_blocks, r.onboarded_blocks,
+                                    r.alloc_total_blocks, r.alloc_new_blocks])))
+    for _ in range(5000):
+        if core.idle():
+            break
+        if core.has_runnable():
+            core.step()
+        else:
+            core.now_s = max(core.now_s, core.next_arrival_s() or core.now_s)
+        for s in core.take_stats():
+            s.pop("timestamp")
+            log.append(["stats", s])
+        log.append(["events", bm.take_events(), core.now_s])
+    log.append(["end", finished, core.now_s, core.busy_s, core.iteration, core.completed, core.failed])
+    return log
+
+
+def digest(log: list[Any]) -> str:
+    text = json.dumps(log, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# Computed with the unoptimized implementation (commit b4aeb68); see the module docstring.
+GOLDEN: dict[str, str] = {
+    "host_larger_than_gpu/1": "a0730d3b6e03a40502a51b951aac85a9",
+    "host_larger_than_gpu/2": "1e371645c965c3873aa4e7b1b26dc8a1",
+    "host_larger_than_gpu/3": "e7e4f6f33c3eb2df5c2138e61df23a17",
+    "large_tpb32/1": "76e8338a6dfce4f26113145fd465b3c3",
+    "large_tpb32/2": "22db7ba30fb8190e8d1d0a2d47986c8a",
+    "large_tpb32/3": "43cc24cfa2789a49dd8f2d93caa997fa",
+    "no_block_reuse/1": "2b11919b8519e67cbc8265240ba7b660",
+    "no_block_reuse/2": "439af7baa754bcf2d734d5a7a43da39b",
+    "no_block_reuse/3": "f04e14240d8bea42b0b87985051aabda",
+    "no_copy_on_partial/1": "8a16cefc8803f5b75ee8467ad2aad120",
+    "no_copy_on_partial/2": "e3cee3fdfa6467bcd233b063fac0337c",
+    "no_copy_on_partial/3": "ed99218d84da8cf38e3fb1bf502223f9",
+    "no_onboard/1": "c7b1a6e1bd5e222053ff7525fe4460f6",
+    "no_onboard/2": "d8b7836a0326ddc408b27b66ce7f61e0",
+    "no_onboard/3": "b77f2cc0797c148bd63527d18939bc60",
+    "no_partial_reuse/1": "c8fa3ab554ea0d52a23dec1a32f0d949",
+    "no_partial_reuse/2": "ff51c1a9616a2964ca790e834c74cbb5",
+    "no_partial_reuse/3": "9e654ca905addbb78b94203d1b6e03f3",
+    "no_retention_tpb16/1": "51cd4c01015ad8b88d015243f05ebe80",
+    "no_retention_tpb16/2": "12f2fa994ccf7c2bb1b2aeaa977c0be2",
+    "no_retention_tpb16/3": "6b3cfc36030c14e2a11609354eaafd9f",
+    "offload_everything/1": "fa37e2e68d75451b2a28b250f4392c46",
+    "offload_everything/2": "f28d708d11e65180a5c9917f907474ae",
+    "offload_everything/3": "e5b3d3237229b0fc6ac1913db72238a2",
+    "offload_high_only/1": "c4f15280d9151bad8275a321afdfe373",
+    "offload_high_only/2": "a84de71edf78e53784aadda6b502d5a5",
+    "offload_high_only/3": "0eb9552e5a0dd0e326179a2d741ba826",
+    "one_token_blocks/1": "9d1f28bd9eccc3aa304eb9d8c9ec3374",
+    "one_token_blocks/2": "d4e5affe3133d96e71d2e97aca036467",
+    "one_token_blocks/3": "f456e718a5b3ffdbd63d5c8ede6e2b63",
+    "small_host/1": "c2b4fa53dcbe11db7aa742eff036a9e1",
+    "small_host/2": "fa99746a4a8e7f29365ee6463f302bd9",
+    "small_host/3": "e0c9e6e109377dc13e34f3753eec7c8d",
+    "tiny_gpu_only/1": "8f104965b0059a9bc2831ad6fd117f06",
+    "tiny_gpu_only/2": "849dc9d5bb5cc1eda102579363a5e523",
+    "tiny_gpu_only/3": "b5a57b60b46498b71b72090ff1e26474",
+    "tpb2_big_pool/1": "23b6101cfb4e2b6fdb2e6dc875325aa3",
+    "tpb2_big_pool/2": "673b969587449c435331f5cb7fee930e",
+    "tpb2_big_pool/3": "e78cd1348061f8e5325c30a263ed1f8f",
+    "tpb8_events_off/1": "87c8b8bb0768c1ada9a01379b6d303cd",
+    "tpb8_events_off/2": "6dd647bd45f30429b70bada875daaa1e",
+    "tpb8_events_off/3": "bed64ee2ef8e4fcb7528c4f816d12ce2",
+    "tpb8_events_on/1": "708da29545a432f2b78a90419d7e55ed",
+    "tpb8_events_on/2": "ef9bab059e6400f28fed353310febc3a",
+    "tpb8_events_on/3": "af918fd9842cbecf172efb70d3e61e2b",
+}
+ENGINE_GOLDEN: dict[int, str] = {
+    1: "60d366970cfacb25bbe45cc9b195dda6",
+    2: "1aede42fc2f113884fca95ce411c4909",
+    3: "62865ef368aa327357538a1d238d62ff",
+}
+
+# The first 300 requests of the synthetic Mooncake trace at 32 tokens per block, Qwen3-8B on H200 sizing
+# (25,054 GPU blocks) and a 64 GB host cache (13,563 blocks), as the unoptimized replay counted them.
+TRACE = Path("/work/shared/traces/mooncake_synthetic_trace.jsonl")
+TRACE_300: dict[str, Any] = {
+    "host_cache_bytes": 64000000000,
+    "primary_blocks": 25054,
+    "secondary_blocks": 13563,
+    "requests": 300,
+    "failed": 0,
+    "reused_blocks": 3437,
+    "missed_blocks": 117110,
+    "cache_hit_rate": 0.02851170083038151,
+    "offloaded_blocks": 96127,
+    "onboarded_blocks": 2288,
+    "reused_tokens": 109984,
+    "input_tokens": 3853165,
+    "ttft_p50_s": 24.588012617442686,
+    "ttft_p99_s": 55.284459579268855,
+    "simulated_seconds": 148.60226431211515,
+    "busy_seconds": 148.60226431211515,
+    "iterations": 1301,
+    "failures": [],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("seed", SEEDS)
+def test_block_manager_matches_golden(case: str, seed: int) -> None:
+    assert digest(run_block_manager_workload(case, seed)) == GOLDEN[f"{case}/{seed}"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_engine_matches_golden(seed: int) -> None:
+    assert digest(run_engine_workload(seed)) == ENGINE_GOLDEN[seed]
+
+
+def trace_300_counters() -> dict[str, Any]:
+    from kvtop.engines.gpus import resolve_gpu
+    from kvtop.engines.models import resolve_model
+    from kvtop.engines.sim.offline import TraceRunConfig, run_trace
+    from kvtop.engines.sizing import primary_blocks, secondary_blocks
+    from kvtop.workload.trace import read_trace
+
+    model, gpu = resolve_model("Qwen/Qwen3-8B"), resolve_gpu("H200")
+    host = 64_000_000_000
+    cfg = TraceRunConfig(model, gpu, 32, primary_blocks(model, gpu, 32), secondary_blocks(model, 32, host), host)
+    result = run_trace(read_trace(TRACE, limit=300), cfg)
+    for volatile in ("wall_seconds",):
+        result.pop(volatile)
+    return result
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shared synthetic trace is not on this machine")
+def test_trace_replay_counters_unchanged() -> None:
+    assert trace_300_counters() == TRACE_300
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--dump":
+        name, _, seed = sys.argv[2].rpartition("/")
+        log = run_engine_workload(int(seed)) if name == "engine" else run_block_manager_workload(name, int(seed))
+        for item in log:
+            print(json.dumps(item, sort_keys=True))
+        sys.exit(0)
+    print("GOLDEN = {")
+    for case in sorted(CASES):
+        for seed in SEEDS:
+            print(f'    "{case}/{seed}": "{digest(run_block_manager_workload(case, seed))}",')
+    print("}\nENGINE_GOLDEN = {")
+    for seed in SEEDS:
+        print(f'    {seed}: "{digest(run_engine_workload(seed))}",')
+    print("}")
+    if TRACE.exists():
+        print("TRACE_300 =", repr(trace_300_counters()))
