@@ -1,0 +1,615 @@
+"""`kvtop report RUN.jsonl [RUN2.jsonl ...] -o DIR`: charts and one self-contained page from recordings.
+
+Each recording is read with `kvtop.records.read_jsonl` (bad lines are reported with their numbers and the rest
+is charted), folded with `TierModel` (the same fold the dashboard shows) and with the live what-if, sampled at
+every iteration-stats record. Written into DIR:
+
+- `occupancy.png`: blocks cached / in use per tier over time, against capacity;
+- `hit_rate.png`: block hit rate per time bin, split by the tier that served the hit (stacked);
+- `moves.png`: offloads, onboards and evictions per second;
+- `ttft.png`: time-to-first-token distribution (histogram for one run, CDFs for several);
+- `compare.png` (two runs or more): throughput, TTFT p50/p99 and hit rates side by side;
+- `summary.json` and `index.html` (images embedded as base64, so the page is one file).
+
+Colours are fixed per tier everywhere: GPU green, host blue; runs in a comparison get their own palette.
+Lines are labelled where they end, so a chart reads without its legend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtop.records import Record, RecordError, read_jsonl
+from kvtop.report.whatif import WhatIf
+from kvtop.tiers import TierModel
+
+__all__ = ["GPU_COLOR", "HOST_COLOR", "RunData", "build_report", "load_run", "main", "plot_sweep"]
+
+GPU_COLOR = "#4c9a00"     # GPU tier, everywhere (a darker NVIDIA green: readable on white)
+HOST_COLOR = "#1f6fb4"    # host tier, everywhere
+MISS_COLOR = "#b0b0b0"
+RUN_COLORS = ("#d62728", "#6a3d9a", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
+MAX_BAD_LINES_SHOWN = 50
+_BINS = 60  # time bins per chart: one per second of a one-minute run, coarser for longer ones
+
+
+@dataclass
+class Sample:
+    """The fold's state at one instant (seconds since the run's first record)."""
+
+    t: float
+    gpu_capacity: int | None
+    gpu_in_use: int | None
+    gpu_cached: int | None
+    host_capacity: int | None
+    host_cached: int | None
+    hits: int
+    lookups: int
+    host_hits: int
+    offloaded: int
+    onboarded: int
+    evicted_gpu: int
+    evicted_host: int
+
+
+@dataclass
+class RunData:
+    """One recording, folded."""
+
+    path: Path
+    name: str
+    records: int = 0
+    bad_lines: list[tuple[int | None, str]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    samples: list[Sample] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    what_if: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+    bytes_per_block: int | None = None
+
+    @property
+    def charted(self) -> bool:
+        return bool(self.samples) or bool(self.ttfts)
+
+
+def _percentile(values: Sequence[float], p: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    # nearest-rank: p99 of 100 values is the 99th, not an interpolation past the data
+    k = max(0, min(len(s) - 1, math.ceil(p * len(s)) - 1))
+    return s[k]
+
+
+def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
+    """Read and fold one recording; bad lines are collected in `bad_lines`, never raised."""
+    p = Path(path)
+    run = RunData(path=p, name=p.stem)
+    model = TierModel(warmup_requests=warmup_requests)
+    whatif = WhatIf(None)
+    t0: float | None = None
+    output_tokens = 0
+    completed = 0
+    failed = 0
+    last_t = 0.0
+    for item in read_jsonl(p):
+        if isinstance(item, RecordError):
+            run.bad_lines.append((item.line, f"{item.field}: {item.problem}"))
+            continue
+        rec: Record = item
+        run.records += 1
+        if t0 is None:
+            t0 = rec.time
+        last_t = max(last_t, rec.time)
+        model.apply(rec)
+        if rec.kind == "kv_event":
+            whatif.apply_kv_event(rec.data)
+        elif rec.kind == "stats":
+            whatif.apply_stats(rec.data)
+            hr, mv, gpu, host = model.hit_rate, model.moves, model.gpu, model.host
+            run.samples.append(Sample(
+                rec.time - t0, gpu.capacity_blocks, gpu.in_use_blocks, gpu.cached_blocks, host.capacity_blocks,
+                host.cached_blocks, hr.hits, hr.lookups, hr.host_hits, mv.offloaded_blocks, mv.onboarded_blocks,
+                mv.evicted_gpu_blocks, mv.evicted_host_blocks))
+        elif rec.kind == "meta":
+            run.meta = dict(rec.data)
+            if rec.source.run:
+                run.name = rec.source.run
+        elif rec.kind == "request":
+            d = rec.data
+            if d.get("ok") is True:
+                completed += 1
+                ttft = d.get("ttft_s")
+                if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) and ttft >= 0:
+                    run.ttfts.append(float(ttft))
+                out = d.get("output_tokens")
+                if isinstance(out, int) and not isinstance(out, bool):
+                    output_tokens += out
+            else:
+                failed += 1
+    run.duration_s = (last_t - t0) if t0 is not None else 0.0
+    run.bytes_per_block = model.bytes_per_block
+    if whatif.host_capacity_blocks is None and isinstance(run.meta.get("secondary_blocks"), int):
+        whatif._set_capacity(run.meta["secondary_blocks"])
+    run.what_if = whatif.estimate()
+    s = model.summary()
+    hr = s["hit_rate"]
+    run.summary = {
+        "name": run.name,
+        "path": str(p),
+        "records": run.records,
+        "bad_lines": len(run.bad_lines),
+        "model": s.get("model"),
+        "gpu": s.get("gpu"),
+        "host_cache_bytes": run.meta.get("host_cache_bytes"),
+        "gpu_blocks": s["tiers"]["gpu"]["capacity_blocks"],
+        "host_blocks": s["tiers"]["host"]["capacity_blocks"],
+        "duration_s": run.duration_s,
+        "requests_completed": completed,
+        "requests_failed": failed,
+        "requests_per_s": completed / run.duration_s if run.duration_s > 0 else None,
+        "output_tokens_per_s": output_tokens / run.duration_s if run.duration_s > 0 else None,
+        "ttft_p50_s": _percentile(run.ttfts, 0.50),
+        "ttft_p99_s": _percentile(run.ttfts, 0.99),
+        "hit_rate": hr["cumulative"],
+        "gpu_hit_rate": hr["gpu"],
+        "host_hit_rate": hr["host"],
+        "offloaded_blocks": s["moves"]["offloaded_blocks"],
+        "onboarded_blocks": s["moves"]["onboarded_blocks"],
+        "what_if": {k: run.what_if.get(k) for k in ("host_x2_hit_rate", "host_x4_hit_rate")},
+        "counts_approximate": s["quality"]["counts_approximate"],
+        "fold_bad_records": s["bad_records"],
+    }
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- charts
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:  # the `report` extra
+        raise RuntimeError("kvtop report needs matplotlib: pip install 'kvtop[report]'") from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"figure.dpi": 100, "axes.spines.top": False, "axes.spines.right": False,
+                         "axes.grid": True, "grid.alpha": 0.3, "font.size": 10})
+    return plt
+
+
+def _end_label(ax: Any, xs: Sequence[float], ys: Sequence[float | None], text: str, color: str) -> None:
+    """Queue `text` for the last point of a line; `_place_labels` writes them without overlaps, so the
+    chart reads without a legend."""
+    for x, y in zip(reversed(xs), reversed(ys)):
+        if y is not None and not (isinstance(y, float) and math.isnan(y)):
+            labels = ax.__dict__.setdefault("_kvtop_labels", [])
+            labels.append((x, float(y), text, color))
+            return
+
+
+def _place_labels(ax: Any) -> None:
+    """Write queued end labels to the right of the data, nudged apart vertically (>= 7% of the axis)."""
+    labels = sorted(ax.__dict__.pop("_kvtop_labels", []), key=lambda item: item[1])
+    if not labels:
+        return
+    x0, x1 = ax.get_xlim()
+    ax.set_xlim(x0, x1 + (x1 - x0) * 0.22)  # room for the labels inside the axes
+    y0, y1 = ax.get_ylim()
+    gap = (y1 - y0) * 0.07
+    placed: list[float] = []
+    for _, y, _, _ in labels:
+        placed.append(max(y, placed[-1] + gap) if placed else y)
+    overflow = placed[-1] - (y1 - gap / 2)
+    if overflow > 0:  # shift the stack down, but not below the axis
+        placed = [max(p - overflow, y0 + gap * i) for i, p in enumerate(placed)]
+    for (x, y, text, color), py in zip(labels, placed):
+        ax.annotate(text, (x, y), xytext=(x1 + (x1 - x0) * 0.01, py), textcoords="data", color=color, fontsize=9,
+                    va="center", ha="left", arrowprops={"arrowstyle": "-", "color": color, "lw": 0.5,
+                                                         "alpha": 0.6})
+
+
+def _bins(run: RunData) -> list[tuple[float, float, Sample, Sample]]:
+    """(start, end, sample at start, sample at end) over about _BINS equal time bins."""
+    if len(run.samples) < 2:
+        return []
+    total = run.samples[-1].t
+    width = max(total / _BINS, 1e-6)
+    out: list[tuple[float, float, Sample, Sample]] = []
+    prev = run.samples[0]
+    edge = width
+    for s in run.samples[1:]:
+        if s.t >= edge or s is run.samples[-1]:
+            if s.t > prev.t:
+                out.append((prev.t, s.t, prev, s))
+            prev = s
+            while edge <= s.t:
+                edge += width
+    return out
+
+
+def _series(run: RunData, attr: str) -> tuple[list[float], list[float | None]]:
+    return [s.t for s in run.samples], [getattr(s, attr) for s in run.samples]
+
+
+def _plot_occupancy(plt: Any, runs: Sequence[RunData], path: Path) -> None:
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False, sharex=False)
+    for ax, run in zip(axes[:, 0], runs):
+        for attr, label, color, style in (
+                ("gpu_capacity", "GPU capacity", GPU_COLOR, ":"),
+                ("gpu_cached", "GPU cached", GPU_COLOR, "-"),
+                ("gpu_in_use", "GPU in use", GPU_COLOR, "--"),
+                ("host_capacity", "host capacity", HOST_COLOR, ":"),
+                ("host_cached", "host cached", HOST_COLOR, "-")):
+            xs, ys = _series(run, attr)
+            if not any(y is not None for y in ys):
+                continue
+            if attr.startswith("host") and not any(s.host_capacity for s in run.samples):
+                continue  # no host pool: nothing to draw for it
+            thin = attr == "gpu_in_use"  # jumps every iteration: thin, so it does not hide the cached line
+            ax.plot(xs, [math.nan if y is None else y for y in ys], style, color=color, lw=0.8 if thin else 1.8,
+                    alpha=0.6 if thin else 1.0)
+            _end_label(ax, xs, ys, label, color)
+        ax.set_title(f"{run.name}: KV cache blocks per tier")
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel("blocks")
+        if run.bytes_per_block:
+            bpb = run.bytes_per_block
+            sec = ax.secondary_yaxis("right", functions=(lambda b, k=bpb: b * k / 2**30,
+                                                          lambda g, k=bpb: g * 2**30 / k))
+            sec.set_ylabel("GiB")
+        ax.set_ylim(bottom=0, top=max(1.0, ax.get_ylim()[1] * 1.08))
+        _place_labels(ax)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_hit_rate(plt: Any, runs: Sequence[RunData], path: Path) -> None:
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.0 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        mids, widths, gpu, host = [], [], [], []
+        for a, b, s0, s1 in _bins(run):
+            lookups = s1.lookups - s0.lookups
+            if lookups <= 0:
+                continue
+            hh = s1.host_hits - s0.host_hits
+            mids.append((a + b) / 2)
+            widths.append((b - a) * 0.9)
+            host.append(100.0 * hh / lookups)
+            gpu.append(100.0 * (s1.hits - s0.hits - hh) / lookups)
+        if mids:
+            # bars, not a line: each value is a count over its bin
+            ax.bar(mids, gpu, widths, color=GPU_COLOR)
+            ax.bar(mids, host, widths, bottom=gpu, color=HOST_COLOR)
+            total = [g + h for g, h in zip(gpu, host)]
+            mean_gpu = sum(gpu) / len(gpu)
+            _end_label(ax, mids, [mean_gpu] * len(mids), "served from GPU", GPU_COLOR)
+            if any(host):
+                _end_label(ax, mids, [mean_gpu + sum(host) / len(host)] * len(mids), "served from host", HOST_COLOR)
+            cum = run.summary.get("hit_rate")
+            if cum is not None:
+                ax.axhline(100 * cum, color="black", lw=0.8, ls="--")
+                _end_label(ax, mids, [100 * cum] * len(mids), f"all hits, whole run: {100 * cum:.1f}%", "black")
+            ax.set_ylim(0, max(100.0, max(total) + 5))
+        else:
+            ax.text(0.5, 0.5, "no block lookups recorded", transform=ax.transAxes, ha="center")
+        _place_labels(ax)
+        ax.set_title(f"{run.name}: block hit rate per time bin, by serving tier")
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel("hit rate (% of block lookups)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_moves(plt: Any, runs: Sequence[RunData], path: Path) -> None:
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.0 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        bins = _bins(run)
+        mids = [(a + b) / 2 for a, b, _, _ in bins]
+        drawn = False
+        for attr, label, color, style in (
+                ("offloaded", "offload GPU->host", HOST_COLOR, "-"),
+                ("onboarded", "onboard host->GPU", GPU_COLOR, "-"),
+                ("evicted_gpu", "evicted from GPU", GPU_COLOR, ":"),
+                ("evicted_host", "evicted from host", HOST_COLOR, ":")):
+            ys = [(getattr(s1, attr) - getattr(s0, attr)) / (b - a) for a, b, s0, s1 in bins]
+            if not ys or not any(ys):
+                continue
+            ax.plot(mids, ys, style, color=color, lw=1.6)
+            _end_label(ax, mids, ys, label, color)
+            drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "no block moves recorded", transform=ax.transAxes, ha="center")
+        ax.set_title(f"{run.name}: block moves")
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel("blocks per second")
+        ax.set_ylim(bottom=0)
+        _place_labels(ax)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_ttft(plt: Any, runs: Sequence[RunData], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(10, 4))
+    with_data = [r for r in runs if r.ttfts]
+    if len(with_data) == 1:
+        run = with_data[0]
+        ms = [1000 * t for t in run.ttfts]
+        ax.hist(ms, bins=40, color=RUN_COLORS[0], alpha=0.8)
+        for p, style in ((0.5, "--"), (0.99, ":")):
+            v = _percentile(ms, p)
+            if v is not None:
+                ax.axvline(v, color="black", ls=style, lw=1)
+                ax.annotate(f"p{int(p * 100)} {v:.1f} ms", (v, 1), xycoords=("data", "axes fraction"),
+                            xytext=(3, -12), textcoords="offset points", fontsize=9)
+        ax.set_ylabel("requests")
+        ax.set_title(f"{run.name}: time to first token ({len(ms)} requests)")
+    elif with_data:
+        for i, run in enumerate(with_data):
+            ms = sorted(1000 * t for t in run.ttfts)
+            ys = [100.0 * (k + 1) / len(ms) for k in range(len(ms))]
+            color = RUN_COLORS[i % len(RUN_COLORS)]
+            ax.step(ms, ys, where="post", color=color, lw=1.6)
+            mid = len(ms) // 2
+            ax.annotate(run.name, (ms[mid], ys[mid]), xytext=(6, -4), textcoords="offset points", color=color,
+                        fontsize=9)
+        ax.set_ylabel("requests with TTFT <= x (%)")
+        ax.set_title("time to first token, cumulative distribution per run")
+    else:
+        ax.text(0.5, 0.5, "no request records with a TTFT", transform=ax.transAxes, ha="center")
+    ax.set_xlabel("time to first token (ms)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_compare(plt: Any, runs: Sequence[RunData], path: Path) -> None:
+    names = [r.name for r in runs]
+    colors = [RUN_COLORS[i % len(RUN_COLORS)] for i in range(len(runs))]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    xs = list(range(len(runs)))
+
+    def bars(ax: Any, values: list[float | None], fmt: str, colors_: Sequence[str], bottom: Any = None) -> None:
+        vals = [0.0 if v is None else v for v in values]
+        rects = ax.bar(xs, vals, color=colors_, bottom=bottom)
+        for rect, v in zip(rects, values):
+            ax.annotate("n/a" if v is None else fmt.format(v), (rect.get_x() + rect.get_width() / 2,
+                        rect.get_y() + rect.get_height()), xytext=(0, 2), textcoords="offset points",
+                        ha="center", fontsize=8)
+
+    ax = axes[0]
+    bars(ax, [r.summary.get("output_tokens_per_s") for r in runs], "{:,.0f}", colors)
+    ax.set_title("throughput")
+    ax.set_ylabel("output tokens per second")
+    ax = axes[1]
+    width = 0.38
+    p50 = [r.summary.get("ttft_p50_s") for r in runs]
+    p99 = [r.summary.get("ttft_p99_s") for r in runs]
+    for off, vals, hatch, label in ((-width / 2, p50, "", "p50"), (width / 2, p99, "//", "p99")):
+        ms = [None if v is None else 1000 * v for v in vals]
+        rects = ax.bar([x + off for x in xs], [0 if v is None else v for v in ms], width, color=colors,
+                       hatch=hatch, edgecolor="white")
+        for rect, v in zip(rects, ms):
+            ax.annotate(f"{label}\n{'n/a' if v is None else f'{v:.3g}'}",
+                        (rect.get_x() + rect.get_width() / 2, rect.get_height()), xytext=(0, 2),
+                        textcoords="offset points", ha="center", fontsize=7)
+    ax.set_title("time to first token")
+    ax.set_ylabel("milliseconds")
+    ax = axes[2]
+    gpu = [100 * (r.summary.get("gpu_hit_rate") or 0) for r in runs]
+    host = [100 * (r.summary.get("host_hit_rate") or 0) for r in runs]
+    ax.bar(xs, gpu, color=GPU_COLOR)
+    ax.bar(xs, host, bottom=gpu, color=HOST_COLOR)
+    for x, g, h in zip(xs, gpu, host):
+        if g > 4:
+            ax.text(x, g / 2, f"GPU\n{g:.1f}%", ha="center", va="center", color="white", fontsize=8)
+        if h > 4:
+            ax.text(x, g + h / 2, f"host\n{h:.1f}%", ha="center", va="center", color="white", fontsize=8)
+        ax.text(x, g + h + 1, f"{g + h:.1f}%", ha="center", fontsize=8)
+    ax.set_title("block hit rate, by serving tier")
+    ax.set_ylabel("% of block lookups")
+    ax.set_ylim(0, 105)
+    for ax in axes:
+        ax.set_xticks(xs)
+        ax.set_xticklabels(names, rotation=15, ha="right")
+        for tick, c in zip(ax.get_xticklabels(), colors):
+            tick.set_color(c)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
+    """Hit rate against host cache size (`kvtop sim --host-cache 0,2GB,8GB --plot FILE.png`).
+
+    `runs`: dicts with `host_cache_bytes` and `cache_hit_rate` (0..1); `onboarded_blocks` and
+    `reused_blocks`, when present, split each point's hit rate into the share served from host.
+    """
+    plt = _plt()
+    pts = sorted((float(r["host_cache_bytes"]), float(r["cache_hit_rate"]), r) for r in runs)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    xs = [p[0] / 1e9 for p in pts]
+    ys = [100 * p[1] for p in pts]
+    ax.plot(xs, ys, "o-", color=HOST_COLOR, lw=1.8)
+    for x, y in zip(xs, ys):
+        ax.annotate(f"{y:.1f}%", (x, y), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=9)
+    gpu_only = []
+    for (_, rate, r), x in zip(pts, xs):
+        lookups = (r.get("reused_blocks") or 0) + (r.get("missed_blocks") or 0)
+        onboarded = r.get("onboarded_blocks")
+        if lookups and isinstance(onboarded, int):
+            gpu_only.append((x, 100 * (rate - onboarded / lookups)))
+    if len(gpu_only) == len(xs) and xs:
+        ax.plot(xs, [g for _, g in gpu_only], "s--", color=GPU_COLOR, lw=1.2)
+        _end_label(ax, xs, [g for _, g in gpu_only], "served from GPU", GPU_COLOR)
+        _end_label(ax, xs, ys, "all hits (GPU + host)", HOST_COLOR)
+    ax.set_xlabel("host cache size (GB, 1e9 bytes)")
+    ax.set_ylabel("block hit rate (% of lookups)")
+    ax.set_title("hit rate against host cache size")
+    ax.set_ylim(0, max(100.0, max(ys, default=0) + 8))
+    _place_labels(ax)
+    fig.tight_layout()
+    fig.savefig(str(path))
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- page
+
+def _fmt(v: Any, kind: str) -> str:
+    if v is None:
+        return "n/a"
+    if kind == "pct":
+        return f"{100 * v:.1f}%"
+    if kind == "ms":
+        return f"{1000 * v:.1f} ms"
+    if kind == "num":
+        return f"{v:,.1f}"
+    if kind == "int":
+        return f"{v:,}"
+    if kind == "gb":
+        return f"{v / 1e9:.2f} GB"
+    return html.escape(str(v))
+
+
+_TABLE = (
+    ("run", "name", "str"), ("host cache", "host_cache_bytes", "gb"), ("GPU blocks", "gpu_blocks", "int"),
+    ("host blocks", "host_blocks", "int"), ("requests", "requests_completed", "int"),
+    ("failed", "requests_failed", "int"), ("duration", "duration_s", "num"),
+    ("requests/s", "requests_per_s", "num"), ("output tok/s", "output_tokens_per_s", "num"),
+    ("TTFT p50", "ttft_p50_s", "ms"), ("TTFT p99", "ttft_p99_s", "ms"), ("hit rate", "hit_rate", "pct"),
+    ("from GPU", "gpu_hit_rate", "pct"), ("from host", "host_hit_rate", "pct"),
+    ("offloaded", "offloaded_blocks", "int"), ("onboarded", "onboarded_blocks", "int"),
+    ("what-if host x2", "wi2", "pct"), ("what-if host x4", "wi4", "pct"), ("bad lines", "bad_lines", "int"),
+)
+
+
+def _page(runs: Sequence[RunData], images: dict[str, Path]) -> str:
+    css = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}"
+           "table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:4px 8px;"
+           "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
+           "img{max-width:100%;border:1px solid #eee;margin:0.5em 0}.bad{color:#a00}"
+           f".gpu{{color:{GPU_COLOR};font-weight:bold}}.host{{color:{HOST_COLOR};font-weight:bold}}")
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvtop report</title>",
+             f"<style>{css}</style></head><body>", "<h1>kvtop report</h1>",
+             "<p>Tiers: <span class='gpu'>GPU (HBM)</span> and <span class='host'>host (pinned DRAM)</span>, "
+             "in these colours in every chart. Hit rates are block-based (TensorRT-LLM's reusedBlocks / "
+             "(reused + missed)); the what-if columns estimate the hit rate with a 2x / 4x larger host cache "
+             "from the run's own evictions.</p>", "<h2>Summary</h2><table><tr>"]
+    parts += [f"<th>{html.escape(h)}</th>" for h, _, _ in _TABLE]
+    parts.append("</tr>")
+    for run in runs:
+        s = dict(run.summary)
+        s["wi2"] = s["what_if"].get("host_x2_hit_rate")
+        s["wi4"] = s["what_if"].get("host_x4_hit_rate")
+        parts.append("<tr>" + "".join(f"<td>{_fmt(s.get(k), kind)}</td>" for _, k, kind in _TABLE) + "</tr>")
+    parts.append("</table>")
+    for run in runs:
+        meta = ", ".join(f"{k}={v}" for k, v in run.meta.items() if k in (
+            "engine_version", "model", "gpu", "tokens_per_block", "primary_blocks", "secondary_blocks"))
+        parts.append(f"<p><b>{html.escape(run.name)}</b> ({html.escape(str(run.path))}, {run.records:,} records"
+                     f"{'; ' + html.escape(meta) if meta else ''})</p>")
+        if run.bad_lines:
+            parts.append(f"<p class='bad'>{len(run.bad_lines)} bad line(s) skipped:</p><ul class='bad'>")
+            for line, why in run.bad_lines[:MAX_BAD_LINES_SHOWN]:
+                parts.append(f"<li>line {line}: {html.escape(why)}</li>")
+            if len(run.bad_lines) > MAX_BAD_LINES_SHOWN:
+                parts.append(f"<li>... and {len(run.bad_lines) - MAX_BAD_LINES_SHOWN} more</li>")
+            parts.append("</ul>")
+    captions = {
+        "compare": "Runs side by side: throughput, time to first token (p50 solid, p99 hatched), hit rate by tier.",
+        "occupancy": "Blocks per tier over time: cached (reusable) and in use (held by running requests), "
+                     "against the pool's capacity.",
+        "hit_rate": "Share of block lookups served from the GPU tier and from the host tier, per time bin; the "
+                    "rest were misses (recomputed).",
+        "moves": "Block moves per second: offloads to host, onboards back to GPU, evictions from each tier.",
+        "ttft": "Time to first token as each request saw it.",
+    }
+    for key in ("compare", "occupancy", "hit_rate", "moves", "ttft"):
+        if key in images:
+            data = base64.b64encode(images[key].read_bytes()).decode("ascii")
+            parts.append(f"<h2>{key.replace('_', ' ')}</h2><p>{html.escape(captions[key])}</p>"
+                         f"<img alt='{key}' src='data:image/png;base64,{data}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def build_report(paths: Sequence[str | Path], out_dir: str | Path, warmup_requests: int = 0) -> dict[str, Any]:
+    """Fold every recording, write the charts, `summary.json` and `index.html` into `out_dir`.
+
+    Returns `{"runs": [summary per run], "files": [paths written], "bad_lines": {path: [(line, why)]}}`.
+    Raises FileNotFoundError for a missing recording, RuntimeError without matplotlib.
+    """
+    plt = _plt()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [load_run(p, warmup_requests) for p in paths]
+    seen: dict[str, int] = {}
+    for r in runs:  # two recordings of one run name (a copy, a replay): tell them apart by file
+        seen[r.name] = seen.get(r.name, 0) + 1
+    for r in runs:
+        if seen[r.name] > 1:
+            r.name = f"{r.name} ({r.path.name})"
+            r.summary["name"] = r.name
+    charted = [r for r in runs if r.charted]
+    images: dict[str, Path] = {}
+    if charted:
+        plotters = [("occupancy", _plot_occupancy), ("hit_rate", _plot_hit_rate), ("moves", _plot_moves),
+                    ("ttft", _plot_ttft)]
+        if len(charted) > 1:
+            plotters.insert(0, ("compare", _plot_compare))
+        for key, fn in plotters:
+            path = out / f"{key}.png"
+            fn(plt, charted, path)
+            images[key] = path
+    summary = {"runs": [r.summary for r in runs],
+               "bad_lines": {str(r.path): r.bad_lines for r in runs if r.bad_lines}}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    (out / "index.html").write_text(_page(runs, images), encoding="utf-8")
+    files = [str(p) for p in images.values()] + [str(out / "summary.json"), str(out / "index.html")]
+    return {**summary, "files": files}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`kvtop report RUN.jsonl [RUN2.jsonl ...] -o DIR [--warmup-requests N]`.
+
+    Exit 0 when the report was written (bad lines are listed on stderr and in the page), 1 when no recording
+    had anything to chart, 2 on a missing file or matplotlib.
+    """
+    ap = argparse.ArgumentParser(prog="kvtop report", description="charts and a summary page from recordings")
+    ap.add_argument("recordings", nargs="+", help="JSONL recordings (kvtop --record / replay files)")
+    ap.add_argument("-o", "--out", default="kvtop-report", help="output directory (default: kvtop-report)")
+    ap.add_argument("--warmup-requests", type=int, default=0, help="leave the first N requests out of hit rates")
+    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    missing = [p for p in a.recordings if not Path(p).is_file()]
+    if missing:
+        print(f"kvtop report: no such recording: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        result = build_report(a.recordings, a.out, a.warmup_requests)
+    except RuntimeError as exc:
+        print(f"kvtop report: {exc}", file=sys.stderr)
+        return 2
+    for path, bad in result["bad_lines"].items():
+        print(f"kvtop report: {path}: {len(bad)} bad line(s) skipped", file=sys.stderr)
+        for line, why in bad[:MAX_BAD_LINES_SHOWN]:
+            print(f"  line {line}: {why}", file=sys.stderr)
+    for run in result["runs"]:
+        print(f"{run['name']}: {run['requests_completed']} requests, hit rate "
+              f"{_fmt(run['hit_rate'], 'pct')} (GPU {_fmt(run['gpu_hit_rate'], 'pct')}, host "
+              f"{_fmt(run['host_hit_rate'], 'pct')}), TTFT p50 {_fmt(run['ttft_p50_s'], 'ms')}, "
+              f"p99 {_fmt(run['ttft_p99_s'], 'ms')}")
+    print(f"wrote {Path(a.out) / 'index.html'}")
+    return 0 if any(run["records"] for run in result["runs"]) else 1

@@ -1,0 +1,338 @@
+"""Live what-if: the hit rate a run would have had with a 2x or 4x larger host cache, from its own events.
+
+TensorRT-LLM's two tiers behave, for reuse, like one LRU stack: GPU blocks are evicted least recently
+released first, an evicted block is offloaded to the host pool (priority >= 30, the default 35 included), and
+the host pool evicts the block offloaded longest ago (trtllm-kv.md 6.3). A host block that is evicted shows up
+as a ``removed`` event; if a later prompt needs it again it is a *miss*, recomputed and stored again under the
+*same* hash (block hashes are deterministic in the token prefix), so the engine emits a new ``stored`` event.
+
+So: keep a ghost list of the hashes the cache dropped, most recent first. A host ``(1 + k)`` times as large
+keeps, beyond what this one keeps, the ``k x H`` most recently dropped blocks that were not asked for again
+since (an LRU stack-distance argument, as in ARC's ghost lists). A ``stored`` event for a hash that sits in the
+ghost list with fewer than ``k x H`` more recent ghosts ahead of it is a miss that the larger host would have
+served as a host hit. Then
+
+    host_xN_hit_rate = (reusedBlocks + min(ghost hits within (N-1) x H, missedBlocks)) / (reused + missed)
+
+with ``reusedBlocks`` / ``missedBlocks`` the kvCacheStats counters since this object started watching.
+
+Details that keep the estimate honest (each is checked against simulated runs in ``bench/bench_whatif.py``):
+- Only *prefill* stores can be misses of a later prompt. ``storeContextBlocks`` stores full prompt blocks; the
+  store at release adds the partly filled last block and the generated blocks, which were never looked up.
+  A stored event whose last block is partly filled is a release store: its hashes leave the ghost list but
+  count no hit (in the simulator, generation is deterministic, so repeating a prompt re-creates the same
+  generated-block hashes; counting them would overstate the hit rate).
+- Blocks that a larger host would not have kept are not ghosted: GPU blocks dropped on eviction because their
+  priority is below ``secondary_offload_min_priority`` (30) never reach the host, whatever its size.
+  GPU blocks removed together with an evicted host parent (``freeChildren``) are ghosted: the larger host
+  keeps the parent, so the children stay reachable.
+- The ghost rank is the number of ghosts more recent than the hash *still in the list*: a block asked for
+  again leaves the list (it moved to the top of the stack), which is what makes it a stack distance.
+- Limits: a hit in the larger run changes later evictions only through order, which the stack model ignores;
+  partial-block reuse (no events for silent detaches) is invisible; priorities other than 35 reorder the real
+  queues. On the workloads in BENCHMARKS.md the 2x estimate is within 3 points of a real 2x run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["DEFAULT_FACTORS", "WhatIf"]
+
+DEFAULT_FACTORS = (2, 4)
+_OFFLOAD_MIN_PRIORITY = 30  # evictionPolicy.cpp kDefaultSecondaryOffloadMinPriority
+_DEFAULT_PRIORITY = 35
+
+
+class _RankedGhosts:
+    """Ghost hashes in drop order, with "how many ghosts are more recent than this one" in O(log n).
+
+    A Fenwick tree over drop sequence numbers marks which are still ghosts. Sequence numbers grow without
+    bound over a long run, so the tree is rebuilt over the live ghosts (at most `capacity`) whenever the
+    numbers outgrow it: amortised O(1) per drop on top of the O(log n) update.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = max(0, capacity)
+        self._seq: dict[int, int] = {}  # hash -> absolute sequence number (insertion order = drop order)
+        self._base = 0                  # sequence number of tree slot 0
+        self._next = 0
+        self._size = max(1024, 4 * self.capacity)
+        self._tree = [0] * (self._size + 1)
+
+    def __len__(self) -> int:
+        return len(self._seq)
+
+    def __contains__(self, h: int) -> bool:
+        return h in self._seq
+
+    def _add(self, slot: int, delta: int) -> None:
+        i = slot + 1
+        while i <= self._size:
+            self._tree[i] += delta
+            i += i & -i
+
+    def _prefix(self, slot: int) -> int:
+        """Live ghosts in slots [0, slot]."""
+        i, total = slot + 1, 0
+        while i > 0:
+            total += self._tree[i]
+            i -= i & -i
+        return total
+
+    def _rebuild(self) -> None:
+        live = sorted(self._seq.items(), key=lambda kv: kv[1])
+        self._size = max(1024, 4 * max(self.capacity, len(live)))
+        self._tree = [0] * (self._size + 1)
+        self._base = 0
+        self._seq = {}
+        for n, (h, _) in enumerate(live):
+            self._seq[h] = n
+            self._add(n, 1)
+        self._next = len(live)
+
+    def push(self, h: int) -> None:
+        if self.capacity == 0:
+            return
+        self.discard(h)
+        if self._next - self._base >= self._size:
+            self._rebuild()
+        self._seq[h] = self._next
+        self._add(self._next - self._base, 1)
+        self._next += 1
+        while len(self._seq) > self.capacity:  # forget the oldest ghost
+            oldest = next(iter(self._seq))
+            self.discard(oldest)
+
+    def discard(self, h: int) -> int | None:
+        """Remove `h`; returns how many ghosts were more recent than it, or None if it was no ghost."""
+        seq = self._seq.pop(h, None)
+        if seq is None:
+            return None
+        slot = seq - self._base
+        newer = len(self._seq) + 1 - self._prefix(slot)  # live ghosts after slot (h itself still counted)
+        self._add(slot, -1)
+        return newer
+
+
+class WhatIf:
+    """Estimate hit rates with a larger host cache from a run's KV events and iteration stats.
+
+    `host_capacity_blocks`: the host (secondary) pool size H in blocks; None learns it from the ``created``
+    event (``num_blocks_per_cache_level[1]``). `factors`: host sizes to estimate, as multiples of H.
+    """
+
+    def __init__(self, host_capacity_blocks: int | None = None, factors: Iterable[int] = DEFAULT_FACTORS,
+                 tokens_per_block: int | None = None, offload_min_priority: int = _OFFLOAD_MIN_PRIORITY):
+        self.factors = tuple(sorted(set(int(f) for f in factors)))
+        if not self.factors or self.factors[0] < 1:
+            raise ValueError(f"factors must be integers >= 1, got {factors!r}")
+        self.host_capacity_blocks = host_capacity_blocks
+        self.tokens_per_block = tokens_per_block
+        self.offload_min_priority = offload_min_priority
+        self._ghosts = _RankedGhosts(0)
+        self._rank_hits: list[int] = []
+        if host_capacity_blocks is not None:
+            self._set_capacity(host_capacity_blocks)
+        self._level: dict[int, int] = {}     # block hash -> cache level (0 GPU, 1 host), from events
+        self._prio: dict[int, int] = {}      # block hash -> retention priority
+        self._partial: dict[int, tuple[Any, tuple[Any, ...]]] = {}  # partly filled cached block -> (parent, tokens)
+        self._ghost_partials: dict[Any, dict[int, tuple[Any, ...]]] = {}  # parent -> dropped partial blocks
+        self.ghost_hits = {f: 0 for f in self.factors}  # filled in by estimate()
+        self.offloads = 0                    # updated events, cache level 0 -> 1
+        self.onboards = 0                    # updated events, cache level 1 -> 0 (host hits)
+        self.ghosted = 0                     # blocks that entered the ghost list
+        self.dropped_low_priority = 0        # GPU blocks dropped that no host size would have kept
+        self.release_store_ghosts = 0        # ghosts re-stored at release: not counted as hits
+        self.events = 0
+        self._seen_created = False
+        self._base: tuple[int, int] | None = None   # kvCacheStats (reused, missed) when watching began
+        self._last: tuple[int, int] | None = None
+        self._reused = 0
+        self._missed = 0
+
+    def _set_capacity(self, blocks: int) -> None:
+        if blocks < 0:
+            raise ValueError(f"host_capacity_blocks must be >= 0, got {blocks}")
+        self.host_capacity_blocks = blocks
+        old = self._ghosts
+        self._ghosts = _RankedGhosts((self.factors[-1] - 1) * blocks)
+        # _rank_hits[r]: re-stored ghosts that had r more recent ghosts ahead of them (a stack-distance
+        # histogram past the host's reach); bounded by the ghost capacity.
+        self._rank_hits = [0] * self._ghosts.capacity
+        for h in old._seq:  # keep what was ghosted so far, in order
+            self._ghosts.push(h)
+
+    # ------------------------------------------------------------------------------------------ input
+
+    def apply_kv_event(self, ev: dict[str, Any]) -> None:
+        """One KV cache event dict (TensorRT-LLM 1.2 shape, ``{"event_id", "data": {...}}``, or the data)."""
+        data = ev.get("data", ev) if isinstance(ev, dict) else None
+        if not isinstance(data, dict):
+            return
+        self.events += 1
+        etype = data.get("type")
+        if etype == "stored":
+            self._stored(data.get("blocks") or [], data.get("parent_hash"))
+        elif etype == "removed":
+            for h in data.get("block_hashes") or []:
+                self._removed(h)
+        elif etype == "updated":
+            h = data.get("block_hash")
+            level = data.get("cache_level")
+            if isinstance(level, dict) and isinstance(level.get("new_value"), int):
+                self._level[h] = level["new_value"]
+                if level["new_value"] == 1 and level.get("old_value") == 0:
+                    self.offloads += 1
+                elif level["new_value"] == 0 and level.get("old_value") == 1:
+                    self.onboards += 1
+            prio = data.get("priority")
+            if isinstance(prio, dict) and isinstance(prio.get("new_value"), int):
+                self._prio[h] = prio["new_value"]
+        elif etype == "created":
+            self._seen_created = True
+            levels = data.get("num_blocks_per_cache_level") or []
+            if self.host_capacity_blocks is None and len(levels) > 1 and isinstance(levels[1], int):
+                self._set_capacity(levels[1])
+
+    def _stored(self, blocks: list[dict[str, Any]], parent: Any) -> None:
+        tpb = self.tokens_per_block
+        lengths = [len(b["tokens"]) for b in blocks if isinstance(b.get("tokens"), list)]
+        if tpb is None and lengths:
+            tpb = max(lengths)  # a guess until stats say tokensPerBlock; prefill stores are full blocks
+        release_store = bool(lengths) and tpb is not None and lengths[-1] < tpb
+        for b in blocks:
+            h = b.get("block_hash")
+            if not isinstance(h, int):
+                continue
+            level = b.get("cache_level", 0)
+            self._level[h] = level if isinstance(level, int) else 0
+            prio = b.get("priority", _DEFAULT_PRIORITY)
+            self._prio[h] = prio if isinstance(prio, int) else _DEFAULT_PRIORITY
+            tokens = b.get("tokens")
+            token_ids = (tuple(t.get("token_id") if isinstance(t, dict) else t for t in tokens)
+                         if isinstance(tokens, list) else ())
+            if release_store and b is blocks[-1] and token_ids:
+                self._partial[h] = (parent, token_ids)  # may be partly matched by a later prompt
+            newer = self._ghosts.discard(h)
+            if newer is None and not release_store and token_ids:
+                newer = self._partial_ghost_match(parent, token_ids)
+            parent = h
+            if newer is None:
+                continue
+            if release_store:
+                self.release_store_ghosts += 1
+                continue
+            if newer < len(self._rank_hits):
+                self._rank_hits[newer] += 1
+
+    def _partial_ghost_match(self, parent: Any, token_ids: tuple[Any, ...]) -> int | None:
+        """A full prompt block that a dropped *partly filled* block under the same parent would have partly
+        served (TensorRT-LLM's partial reuse: longest common token prefix > 0). Chats need this: each turn's
+        last stored block (prompt tail + answer) is partly matched by the next turn's longer prompt."""
+        candidates = self._ghost_partials.get(parent)
+        if not candidates:
+            return None
+        for h, toks in list(candidates.items()):
+            if h not in self._ghosts:
+                del candidates[h]  # aged out of the ghost list
+                continue
+            if toks and token_ids[0] == toks[0]:
+                del candidates[h]
+                return self._ghosts.discard(h)
+        return None
+
+    def _removed(self, h: Any) -> None:
+        if not isinstance(h, int):
+            return
+        level = self._level.pop(h, None)
+        prio = self._prio.pop(h, _DEFAULT_PRIORITY)
+        partial = self._partial.pop(h, None)
+        if level == 0 and prio < self.offload_min_priority:
+            self.dropped_low_priority += 1  # never offloaded: a larger host would not have it either
+            return
+        self._ghosts.push(h)
+        self.ghosted += 1
+        if partial is not None:
+            self._ghost_partials.setdefault(partial[0], {})[h] = partial[1]
+
+    def apply_stats(self, stats: dict[str, Any]) -> None:
+        """One iteration-stats dict: takes ``kvCacheStats.reusedBlocks/missedBlocks`` (cumulative counters)."""
+        kv = stats.get("kvCacheStats") if isinstance(stats, dict) else None
+        if not isinstance(kv, dict):
+            return
+        if self.tokens_per_block is None and isinstance(kv.get("tokensPerBlock"), int):
+            self.tokens_per_block = kv["tokensPerBlock"]
+        reused, missed = kv.get("reusedBlocks"), kv.get("missedBlocks")
+        if not isinstance(reused, int) or not isinstance(missed, int):
+            return
+        if self._last is None:
+            # Watching from the engine's start (a `created` event seen): count everything; attached to a
+            # running engine: count from here, since the ghost list knows nothing of earlier evictions.
+            self._last = (0, 0) if self._seen_created else (reused, missed)
+        d_reused, d_missed = reused - self._last[0], missed - self._last[1]
+        if d_reused < 0 or d_missed < 0:  # counters went back: a new engine; its counts start from zero
+            d_reused, d_missed = reused, missed
+        self._reused += d_reused
+        self._missed += d_missed
+        self._last = (reused, missed)
+
+    # ------------------------------------------------------------------------------------------ output
+
+    def _extra_hits(self, factor: int) -> int:
+        """Ghost hits a host `factor` x as large would have served, with its real usable capacity.
+
+        A host pool is never full of reusable blocks: each onboard leaves an empty slot at the tail of the
+        host's FIFO (the GPU victim's old slot, swapped in), and an offload takes the *front* slot, so empty
+        slots ride the whole queue before they are filled. In steady state the empty share is
+        onboards / offloads (w). Measured on the simulator (zipf prefixes, G=64, H=100/200/400 blocks): w =
+        0.107 / 0.173 / 0.246 against a time-averaged 10.1% / 15.5% / 22.6% of host slots empty. So the
+        larger host holds kH(1 - w_k) reusable blocks, not kH, and w_k grows with the extra host hits x it
+        serves (offloads stay the same: every GPU allocation that is not a GPU hit evicts one GPU block):
+            w_k = (onboards + x) / offloads,  window_k = kH(1 - w_k) - H(1 - w_1),
+            x = ghost hits with rank < window_k.
+        x is the fixed point, found by bisection (the right side falls as x grows).
+        """
+        H = self.host_capacity_blocks or 0
+        if factor <= 1 or H == 0 or not self._rank_hits:
+            return 0
+        limit = min((factor - 1) * H, len(self._rank_hits))
+        cumulative = [0]
+        for n in self._rank_hits[:limit]:
+            cumulative.append(cumulative[-1] + n)
+        offloads = max(self.offloads, 1)
+        w1 = min(self.onboards / offloads, 1.0)
+
+        def served(x: int) -> int:
+            wk = min((self.onboards + x) / offloads, 1.0) if self.offloads else 0.0
+            window = factor * H * (1.0 - wk) - H * (1.0 - w1 if self.offloads else 1.0)
+            return cumulative[max(0, min(limit, int(window)))]
+
+        lo, hi = 0, cumulative[-1]
+        while lo < hi:  # largest x with served(x) >= x
+            mid = (lo + hi + 1) // 2
+            if served(mid) >= mid:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def estimate(self) -> dict[str, Any]:
+        """``host_x2_hit_rate``, ``host_x4_hit_rate`` (one key per factor; None before any lookup), plus the
+        counts behind them."""
+        total = self._reused + self._missed
+        out: dict[str, Any] = {}
+        for f in self.factors:
+            self.ghost_hits[f] = self._extra_hits(f)
+            extra = min(self.ghost_hits[f], self._missed)
+            out[f"host_x{f}_hit_rate"] = (self._reused + extra) / total if total else None
+        out.update({
+            "hit_rate": self._reused / total if total else None,
+            "reused_blocks": self._reused,
+            "missed_blocks": self._missed,
+            "host_capacity_blocks": self.host_capacity_blocks,
+            "ghost_blocks": len(self._ghosts),
+            "ghost_hits": {f"host_x{f}": n for f, n in self.ghost_hits.items()},
+        })
+        return out

@@ -1,0 +1,107 @@
+"""kvtop report: charts and one self-contained page from simulated recordings, bad lines reported."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from kvtop.records import read_jsonl  # noqa: E402
+from kvtop.report.fixtures import record_sim_run  # noqa: E402
+from kvtop.report.report import build_report, load_run, main, plot_sweep  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+BLOCK = 4718592  # one Qwen3-8B block of 32 tokens
+
+
+@pytest.fixture(scope="module")
+def recordings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("runs")
+    out = {}
+    for name, host_blocks in (("host0", 0), ("host64", 64)):
+        path = d / f"{name}.jsonl"
+        record_sim_run(path, n_requests=80, host_cache_size=host_blocks * BLOCK, max_tokens=2048)
+        out[name] = path
+    return out
+
+
+def test_recording_has_every_kind(recordings: dict[str, Path]) -> None:
+    records = list(read_jsonl(recordings["host64"]))
+    assert all(not isinstance(r, Exception) for r in records)
+    kinds = {r.kind for r in records}
+    assert kinds == {"meta", "stats", "kv_event", "request"}
+    assert records[0].kind == "meta" and records[0].data["secondary_blocks"] == 64
+    req = next(r for r in records if r.kind == "request")
+    assert {"request_id", "ok", "ttft_s", "e2e_s", "prompt_tokens", "output_tokens", "reused_blocks"} <= set(req.data)
+    times = [r.time for r in records]
+    assert times == sorted(times)
+
+
+def test_fold_numbers(recordings: dict[str, Path]) -> None:
+    h0, h64 = load_run(recordings["host0"]), load_run(recordings["host64"])
+    assert h0.summary["requests_completed"] == 80 == h64.summary["requests_completed"]
+    assert h0.summary["host_hit_rate"] == 0 and h0.summary["onboarded_blocks"] == 0
+    # 12 prefixes of 8 blocks compete for 64 GPU blocks: a 64-block host serves a real share of the hits
+    assert h64.summary["host_hit_rate"] > 0.05
+    assert h64.summary["hit_rate"] > h0.summary["hit_rate"]
+    assert h64.summary["hit_rate"] == pytest.approx(h64.summary["gpu_hit_rate"] + h64.summary["host_hit_rate"])
+    assert 0 < h64.summary["ttft_p50_s"] <= h64.summary["ttft_p99_s"]
+    wi = h64.summary["what_if"]
+    assert h64.summary["hit_rate"] <= wi["host_x2_hit_rate"] <= wi["host_x4_hit_rate"] <= 1
+
+
+def test_report_writes_charts_and_a_self_contained_page(recordings: dict[str, Path], tmp_path: Path) -> None:
+    result = build_report([recordings["host0"], recordings["host64"]], tmp_path / "rep")
+    for name in ("compare", "occupancy", "hit_rate", "moves", "ttft"):
+        png = tmp_path / "rep" / f"{name}.png"
+        assert png.read_bytes()[:8] == PNG, name
+    page = (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
+    assert page.count("data:image/png;base64,") == 5
+    assert not re.search(r"src=['\"](?!data:)", page)  # nothing fetched from elsewhere
+    for needle in ("host0", "host64", "TTFT p50", "TTFT p99", "output tok/s", "what-if host x2"):
+        assert needle in page
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    assert [r["name"] for r in summary["runs"]] == ["host0", "host64"]
+    assert result["bad_lines"] == {}
+
+
+def test_bad_and_truncated_lines_are_reported_and_the_rest_charted(recordings: dict[str, Path], tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    lines = recordings["host64"].read_text().splitlines()
+    good = len(lines)
+    lines[4] = '{"v": 1, "kind": "stats", "time": "yesterday", "data": {}}'   # line 5: wrong type
+    lines[9] = "not json at all"                                           # line 10
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text("\n".join(lines) + "\n" + lines[-1][:40])            # truncated last line (a crash)
+    assert main([str(broken), "-o", str(tmp_path / "rep")]) == 0
+    err = capsys.readouterr().err
+    assert "3 bad line(s)" in err
+    assert "line 5: time" in err and "line 10: json" in err and f"line {good + 1}: json" in err
+    page = (tmp_path / "rep" / "index.html").read_text()
+    assert "line 5: time" in page and f"line {good + 1}" in page
+    assert (tmp_path / "rep" / "occupancy.png").read_bytes()[:8] == PNG
+    run = load_run(broken)
+    assert run.records == good - 2 and run.summary["requests_completed"] == 80
+
+
+def test_nothing_to_chart_and_missing_file(tmp_path: Path) -> None:
+    empty = tmp_path / "garbage.jsonl"
+    empty.write_text("nope\n{}\n")
+    assert main([str(empty), "-o", str(tmp_path / "rep")]) == 1
+    assert (tmp_path / "rep" / "index.html").is_file()
+    assert main([str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "rep")]) == 2
+
+
+def test_plot_sweep(tmp_path: Path) -> None:
+    runs = [{"host_cache_bytes": b, "cache_hit_rate": r, "reused_blocks": int(r * 1000),
+             "missed_blocks": 1000 - int(r * 1000), "onboarded_blocks": o}
+            for b, r, o in ((0, 0.18, 0), (2e9, 0.24, 60), (8e9, 0.37, 190), (32e9, 0.52, 340))]
+    path = tmp_path / "sweep.png"
+    plot_sweep(runs, path)
+    assert path.read_bytes()[:8] == PNG
+    plot_sweep([{"host_cache_bytes": 0, "cache_hit_rate": 0.1}], tmp_path / "one.png")  # minimal keys
+    assert (tmp_path / "one.png").is_file()
