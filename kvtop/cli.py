@@ -188,10 +188,16 @@ def cmd_run(argv: Sequence[str]) -> int:
 
 
 def run_headless(session: Any, duration_s: float, as_json: bool) -> int:
+    return run_headless_until(session, duration_s, as_json)
+
+
+def run_headless_until(session: Any, duration_s: float | None, as_json: bool,
+                       until_done: tuple[str, ...] = ()) -> int:
+    """Run without a screen until the duration ends (or the named producers finish), then print a summary."""
     from kvtop import runner
 
     try:
-        asyncio.run(session.run(duration_s=duration_s))
+        asyncio.run(session.run(duration_s=duration_s, until_producers_done=until_done))
     except KeyboardInterrupt:
         session.stop()
     summary = runner.summary(session)

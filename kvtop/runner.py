@@ -168,17 +168,25 @@ def add_sinks(session: Session, settings: Settings) -> None:
         session.add_sink(recorder.write, recorder.close)
     if settings.publish:
         from kvtop.sinks import mqtt as mqtt_sink
+        from kvtop.sources.mqtt import MqttUrlError
 
-        publisher = mqtt_sink.publisher_from_url(settings.publish, source=session.source,
-                                                 on_status=session.on_source_error)
+        try:
+            publisher = mqtt_sink.publisher_from_url(settings.publish, source=session.source,
+                                                     on_status=session.on_source_error)
+        except MqttUrlError as exc:
+            raise RunError(f"--publish: {exc}") from None
         session.add_sink(publisher.publish, None)
         session.add_producer("mqtt-publish", publisher.run, publisher.stop)
     if settings.prometheus_port is not None:
         from kvtop.sinks.prometheus import PrometheusExporter
 
-        exporter = PrometheusExporter(lambda: session.model, port=settings.prometheus_port,
-                                      addr=settings.prometheus_addr)
-        exporter.start()
+        exporter = PrometheusExporter(lambda: dict(session.models) or session.model,
+                                      port=settings.prometheus_port, addr=settings.prometheus_addr)
+        try:
+            exporter.start()
+        except OSError as exc:
+            raise RunError(f"--prometheus-port: cannot listen on {settings.prometheus_addr}:"
+                           f"{settings.prometheus_port}: {exc.strerror}") from None
         session.add_sink(exporter.observe, exporter.stop)
 
 

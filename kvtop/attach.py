@@ -1,0 +1,143 @@
+"""``kvtop attach URL`` and ``kvtop replay FILE``: the same dashboard (or headless summary) on records that come
+from elsewhere: an MQTT broker (``mqtt://``, ``mqtts://``), a running ``trtllm-serve`` (``http://host:port``), or
+a recording (``FILE.jsonl``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvtop.records import RecordError, SourceId
+from kvtop.session import Session
+from kvtop.settings import SettingsError, load_settings
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        raise SettingsError(self.prog, message)
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    p = _Parser(prog=f"kvtop {command}")
+    if command == "attach":
+        p.add_argument("url", help="mqtt://[user@]host[:port]/prefix, mqtts://..., http://host:port, or FILE.jsonl")
+        p.add_argument("--run", default=None, help="MQTT: only this run")
+        p.add_argument("--mqtt-password-file", default=None,
+                       help="MQTT password file (or KVTOP_MQTT_PASSWORD); never on the command line")
+        p.add_argument("--interval", default=None, help="trtllm-serve poll interval in seconds (default 0.5)")
+    else:
+        p.add_argument("file", help="a kvtop recording (JSONL)")
+    p.add_argument("--speed", default="1", help="replay speed: 1 = as recorded, 0 = as fast as possible")
+    p.add_argument("--headless", action="store_const", const=True, default=None)
+    p.add_argument("--json", action="store_const", const=True, default=None)
+    p.add_argument("--duration", default=None, help="stop after this many seconds")
+    p.add_argument("--theme", default=None)
+    p.add_argument("--refresh", default=None)
+    p.add_argument("--record", default=None, help="also record what arrives into this JSONL file")
+    p.add_argument("--prometheus-port", default=None)
+    p.add_argument("--prometheus-addr", default=None)
+    p.add_argument("--warmup-requests", default=None)
+    p.add_argument("--config", default=None)
+    return p
+
+
+def _float(option: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(option, f"expected a number, got {text!r}") from None
+    if value < 0 or value != value:
+        raise SettingsError(option, f"must be >= 0, got {text!r}")
+    return value
+
+
+def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: str | None = None,
+                         password_file: str | None = None, interval_s: float = 0.5,
+                         warmup_requests: int = 0) -> Session:
+    """A session whose only producer is the remote source; sinks are added by the caller."""
+    session = Session(source=SourceId(host=target, rank=0, run=run or ""), warmup_requests=warmup_requests,
+                      meta={"engine": None, "attached_to": target})
+    lowered = target.lower()
+    if command == "replay" or (not lowered.startswith(("mqtt://", "mqtts://", "http://", "https://"))):
+        path = Path(target)
+        if not path.exists():
+            raise SettingsError("FILE", f"no such recording: {target}")
+        from kvtop.sources.replay import replay_into
+
+        bad: list[RecordError] = []
+
+        def on_bad(err: RecordError) -> None:
+            bad.append(err)  # the fold never sees a bad line; the log names it, with its line number
+            session.note("warn", f"{path.name}: {err}")
+
+        async def run_replay() -> None:
+            await replay_into(path, session.emit, speed, on_error=on_bad)
+            session.note("info", f"replay of {path.name} finished"
+                         + (f" ({len(bad)} bad lines skipped)" if bad else ""))
+
+        session.meta["attached_to"] = str(path)
+        session.add_producer("replay", run_replay)
+        return session
+    if lowered.startswith(("mqtt://", "mqtts://")):
+        from kvtop.sources.mqtt import MqttUrlError, subscriber_from_url
+
+        try:
+            sub = subscriber_from_url(target, session.emit, password_file=password_file, run=run,
+                                      on_status=_status(session), on_error=session.on_source_error)
+        except MqttUrlError as exc:
+            raise SettingsError("URL", str(exc)) from None
+        session.meta["attached_to"] = sub.url.display() if hasattr(sub.url, "display") else "mqtt"
+        session.add_producer("mqtt", sub.run, sub.stop)
+        return session
+    from kvtop.sources.trtllm_serve import serve_source_from_url
+
+    try:
+        src = serve_source_from_url(target, session.emit, interval_s=interval_s, run=run,
+                                    on_status=_status(session), on_error=session.on_source_error)
+    except ValueError as exc:
+        raise SettingsError("URL", str(exc)) from None
+    session.add_producer("trtllm-serve", src.run, src.stop)
+    return session
+
+
+def _status(session: Session) -> Any:
+    def on_status(name: str, message: str) -> None:
+        session.status[name] = message
+        session.note("info", f"{name}: {message}")
+
+    return on_status
+
+
+def main(command: str, argv: Sequence[str]) -> int:
+    from kvtop import runner
+
+    a = _parser(command).parse_args(list(argv))
+    cli: dict[str, Any] = {k: v for k, v in {
+        "headless": a.headless, "json": a.json, "duration": a.duration, "theme": a.theme, "refresh": a.refresh,
+        "record": a.record, "prometheus_port": a.prometheus_port, "prometheus_addr": a.prometheus_addr,
+        "warmup_requests": a.warmup_requests}.items() if v is not None}
+    settings = load_settings(cli, config_path=a.config)
+    speed = _float("--speed", a.speed)
+    target = a.url if command == "attach" else a.file
+    interval = _float("--interval", a.interval) if command == "attach" and a.interval else 0.5
+    session = build_attach_session(target, command=command, speed=speed,
+                                   run=getattr(a, "run", None), password_file=getattr(a, "mqtt_password_file", None),
+                                   interval_s=interval or 0.5, warmup_requests=settings.warmup_requests)
+    try:
+        runner.add_sinks(session, settings)
+    except runner.RunError as exc:
+        raise SettingsError("--record" if "record" in str(exc) else "sink", str(exc)) from None
+    if settings.headless:
+        from kvtop.cli import run_headless_until
+
+        until = ("replay",) if "replay" in [n for n, _ in session._producers] else ()
+        return run_headless_until(session, settings.duration, settings.json, until)
+    from kvtop.ui.app import build_app
+
+    build_app(session, settings).run()
+    return 0
+
+
+__all__ = ["build_attach_session", "main"]
