@@ -1,0 +1,131 @@
+"""Number formatting for the screen: pure functions, no Textual, so they are unit-tested on their own.
+
+Every function takes ``None`` for "unknown" and says so ("?" in tight places, "unknown" where there is room):
+an unknown count is never shown as 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+UNKNOWN = "?"
+GIB = 1 << 30
+MIB = 1 << 20
+KIB = 1 << 10
+
+# Eight heights per cell: a sparkline row resolves 1/8 of its range.
+SPARK_CHARS = "▁▂▃▄▅▆▇█"
+
+
+def count(n: int | float | None, unknown: str = UNKNOWN) -> str:
+    """A count, short: 987, 9,876, 98.8k, 987k, 9.88M. Fixed width at most 6 characters."""
+    if n is None:
+        return unknown
+    a = abs(n)
+    if a < 10_000:
+        return f"{n:,.0f}"
+    if a < 1_000_000:
+        return f"{n / 1000:.1f}k" if a < 100_000 else f"{n / 1000:.0f}k"
+    if a < 1_000_000_000:
+        return f"{n / 1e6:.2f}M" if a < 10_000_000 else f"{n / 1e6:.1f}M" if a < 100_000_000 else f"{n / 1e6:.0f}M"
+    return f"{n / 1e9:.2f}G"
+
+
+def nbytes(n: int | float | None, unknown: str = UNKNOWN) -> str:
+    """Bytes in binary units, 3 significant figures: 512 B, 4.50 MiB, 1.07 GiB, 141 GiB, 1.83 TiB."""
+    if n is None:
+        return unknown
+    a = abs(n)
+    for unit, scale in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
+        if a >= scale:
+            v = n / scale
+            return f"{v:.2f} {unit}" if abs(v) < 10 else f"{v:.1f} {unit}" if abs(v) < 100 else f"{v:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def gib(n: int | float | None, unknown: str = UNKNOWN) -> str:
+    """Bytes as GiB with two decimals (tier rows use one unit so columns line up)."""
+    if n is None:
+        return unknown
+    v = n / GIB
+    return f"{v:.2f}" if v < 100 else f"{v:.0f}"
+
+
+def pct(fraction: float | None, unknown: str = UNKNOWN, digits: int = 1) -> str:
+    """A fraction as a percentage: 0.4831 -> '48.3%'."""
+    if fraction is None or not math.isfinite(fraction):
+        return unknown
+    return f"{fraction * 100:.{digits}f}%"
+
+
+def rate(per_s: float | None, unknown: str = UNKNOWN) -> str:
+    """A per-second rate, 3 significant figures, at most 6 characters: 0, 4.12, 41.2, 412, 4.12k, 41.2k."""
+    if per_s is None or not math.isfinite(per_s):
+        return unknown
+    a = abs(per_s)
+    if a < 0.005:
+        return "0"
+    if a < 10:
+        return f"{per_s:.2f}"
+    if a < 100:
+        return f"{per_s:.1f}"
+    if a < 1_000:
+        return f"{per_s:.0f}"
+    if a < 10_000:
+        return f"{per_s / 1000:.2f}k"
+    return count(per_s)
+
+
+def seconds_ms(s: float | None, unknown: str = UNKNOWN) -> str:
+    """A latency: 8.7 ms, 412 ms, 1.23 s."""
+    if s is None or not math.isfinite(s):
+        return unknown
+    if s < 0.01:
+        return f"{s * 1000:.1f} ms"
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    return f"{s:.2f} s" if s < 10 else f"{s:.1f} s"
+
+
+def duration(s: float | None, unknown: str = UNKNOWN) -> str:
+    """An uptime: 0:04:07, 27:04:07 (hours keep counting; a run of days is still readable)."""
+    if s is None or not math.isfinite(s):
+        return unknown
+    s = max(0, int(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def sparkline(values: Sequence[float | None], width: int, top: float | None = None) -> str:
+    """The newest ``width`` values as a one-row sparkline; a gap (None) is a space, a missing start pads left.
+
+    ``top`` fixes the scale (1.0 for hit rates, so 40% always looks like 40%); otherwise the largest value shown
+    is the top. Zero is the lowest bar, so "nothing moved" reads as a flat floor, not as missing data.
+    """
+    if width <= 0:
+        return ""
+    tail = list(values)[-width:]
+    known = [v for v in tail if v is not None]
+    hi = top if top is not None else (max(known) if known else 0.0)
+    chars = []
+    for v in tail:
+        if v is None:
+            chars.append(" ")
+        elif hi <= 0:
+            chars.append(SPARK_CHARS[0])
+        else:
+            i = int(min(max(v / hi, 0.0), 1.0) * (len(SPARK_CHARS) - 1) + 0.5)
+            chars.append(SPARK_CHARS[i])
+    return " " * (width - len(chars)) + "".join(chars)
+
+
+def cells(part: int | None, whole: int | None, width: int) -> int:
+    """How many of ``width`` cells ``part / whole`` fills, rounded to nearest, at least 1 when part > 0."""
+    if part is None or not whole or width <= 0:
+        return 0
+    n = int(round(min(max(part / whole, 0.0), 1.0) * width))
+    return max(n, 1) if part > 0 else n
+
+
+__all__ = ["GIB", "SPARK_CHARS", "UNKNOWN", "cells", "count", "duration", "gib", "nbytes", "pct", "rate",
+           "seconds_ms", "sparkline"]

@@ -1,0 +1,135 @@
+"""Themes are files: ``themes/*.toml`` at the repository root, shipped in the wheel as ``kvtop/_themes``.
+
+A theme file names a ``textual.theme.Theme``'s fields at the top level and kvtop's own colours under
+``[variables]`` (``kv-in-use``, ``kv-cached``, ``kv-free``, ``kv-spark``, ``kv-figure``, ``kv-dim``,
+``kv-sim-badge``); :data:`VARIABLE_DEFAULTS` fills in any a file leaves out, so a user's theme file needs only
+the colours it wants to change. A bad file is reported (:class:`ThemeError`, naming the file and the problem)
+and the others still load.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from textual.theme import Theme
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10: the subset of TOML that theme files use (see _parse_simple_toml)
+    tomllib = None
+
+# Order of the `t` key's cycle; any other theme found is appended after these, by name.
+PREFERRED_ORDER = ("dark", "light", "high-contrast")
+DEFAULT_THEME = "dark"
+
+VARIABLE_DEFAULTS: dict[str, str] = {
+    "kv-in-use": "$primary",
+    "kv-cached": "$accent",
+    "kv-free": "$panel",
+    "kv-spark": "$primary",
+    "kv-figure": "$foreground",
+    "kv-dim": "$foreground-muted",
+    "kv-sim-badge": "$secondary",
+}
+
+_THEME_FIELDS = {f.name for f in fields(Theme)} - {"variables"}
+
+
+class ThemeError(ValueError):
+    def __init__(self, path: Path | str, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"theme {path}: {problem}")
+
+
+def theme_dirs() -> list[Path]:
+    """Where the shipped themes are: the wheel's ``kvtop/_themes``, then a source checkout's ``themes/``."""
+    pkg = Path(__file__).resolve().parents[1]
+    return [d for d in (pkg / "_themes", pkg.parent / "themes") if d.is_dir()]
+
+
+def _strip_comment(line: str) -> str:
+    in_string = False
+    for i, ch in enumerate(line):
+        if ch == '"':
+            in_string = not in_string
+        elif ch == "#" and not in_string:
+            return line[:i]
+    return line
+
+
+def _parse_simple_toml(text: str) -> dict[str, Any]:
+    """``key = "string" | number | true/false`` lines and ``[table]`` headers; enough for theme files."""
+    out: dict[str, Any] = {}
+    table = out
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = _strip_comment(raw).strip()
+        if not line:
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            table = out.setdefault(line[1:-1].strip(), {})
+            continue
+        m = re.match(r'^"?([A-Za-z0-9_-]+)"?\s*=\s*(.+)$', line)
+        if not m:
+            raise ValueError(f"line {lineno}: cannot read {raw!r}")
+        key, value = m.group(1), m.group(2).strip()
+        if len(value) >= 2 and value.startswith('"') and value.endswith('"'):
+            table[key] = value[1:-1]
+        elif value in ("true", "false"):
+            table[key] = value == "true"
+        else:
+            table[key] = float(value) if "." in value else int(value)
+    return out
+
+
+def load_theme(path: Path | str) -> Theme:
+    """One theme file as a Theme; its name is the file's ``name`` or, failing that, its stem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ThemeError(p, f"cannot read it ({exc.strerror or exc})") from None
+    try:
+        data = tomllib.loads(text) if tomllib is not None else _parse_simple_toml(text)
+    except Exception as exc:
+        raise ThemeError(p, f"not valid TOML ({exc})") from None
+    variables = data.pop("variables", {})
+    if not isinstance(variables, dict):
+        raise ThemeError(p, "[variables] must be a table")
+    unknown = sorted(set(data) - _THEME_FIELDS)
+    if unknown:
+        raise ThemeError(p, f"unknown key(s) {', '.join(unknown)} (a theme knows {', '.join(sorted(_THEME_FIELDS))})")
+    data.setdefault("name", p.stem)
+    if "primary" not in data:
+        raise ThemeError(p, "primary is missing")
+    try:
+        return Theme(**data, variables={str(k): str(v) for k, v in variables.items()})
+    except Exception as exc:  # a bad colour string and the like
+        raise ThemeError(p, str(exc)) from None
+
+
+def load_themes(extra: list[Path | str] | None = None) -> tuple[list[Theme], list[str]]:
+    """Every shipped theme (first directory wins for a name), then ``extra`` files. Returns (themes, errors)."""
+    found: dict[str, Theme] = {}
+    errors: list[str] = []
+    paths: list[Path] = [f for d in theme_dirs() for f in sorted(d.glob("*.toml"))]
+    paths += [Path(x) for x in extra or []]
+    for path in paths:
+        try:
+            theme = load_theme(path)
+        except ThemeError as exc:
+            errors.append(str(exc))
+            continue
+        if theme.name not in found or path in [Path(x) for x in extra or []]:
+            found[theme.name] = theme
+    order = {name: i for i, name in enumerate(PREFERRED_ORDER)}
+    themes = sorted(found.values(), key=lambda t: (order.get(t.name, len(order)), t.name))
+    return themes, errors
+
+
+__all__ = ["DEFAULT_THEME", "PREFERRED_ORDER", "ThemeError", "VARIABLE_DEFAULTS", "load_theme", "load_themes",
+           "theme_dirs"]

@@ -1,0 +1,790 @@
+"""The dashboard's widgets: one per panel, each a noun, each rendering only from the data it was last shown.
+
+How a panel updates (the cost model behind the 3%-of-a-core budget): the app calls ``panel.show(data)`` every
+refresh with a small frozen value (the TierModel's own dataclasses, tuples of numbers). The panel compares it
+with the last one and calls ``refresh()`` only when it changed, so an idle engine costs no repaints at all and a
+busy one repaints only the panels whose figures moved. ``render()`` builds the panel's ``Content`` from that data
+and the panel's current size, so a resize re-lays text without a new data read, and theme colours are theme
+variables (``$kv-in-use``...) resolved at paint time, so a theme change needs no rebuild either.
+
+Where a panel is too small for its full form it drops detail in a fixed order (sparklines, then tokens and
+GiB columns, then its border, through the screen's ``-medium`` / ``-compact`` classes) and never wraps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.content import Content
+from textual.reactive import reactive
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import Digits, Static
+
+from kvtop.ui import format as fmt
+
+# Styles, as theme variables: themes/*.toml set them (kvtop/ui/themes.py fills in any a theme leaves out).
+S_IN_USE = "$kv-in-use"
+S_CACHED = "$kv-cached"
+S_FREE = "$kv-free"
+S_FIG = "bold $kv-figure"
+S_DIM = "$kv-dim"
+S_SPARK = "$kv-spark"
+S_WARN = "bold $warning"
+S_ERR = "bold $error"
+S_OK = "$success"
+
+ASSEMBLE = Content.assemble
+
+
+def _pad(text: str, width: int, right: bool = True) -> str:
+    if len(text) >= width:
+        return text
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def _fit(content: Content, width: int) -> Content:
+    """Cut a line to the panel's width: a panel never wraps."""
+    return content if content.cell_length <= width else content.truncate(width, ellipsis=True)
+
+
+def _lines(lines: Sequence[Content], width: int, height: int) -> Content:
+    return Content("\n").join([_fit(line, width) for line in lines[: max(height, 0)]])
+
+
+class Panel(Widget):
+    """A panel that re-renders only when the data it is shown changes.
+
+    ``state`` is the panel's health at a glance; its watcher toggles the ``-ok`` / ``-warn`` / ``-unknown`` CSS
+    classes that the stylesheet colours (the border, through the theme's ``$success`` / ``$warning``).
+    """
+
+    DEFAULT_CSS = """
+    Panel { height: auto; }
+    """
+    state: reactive[str] = reactive("ok")
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None):
+        super().__init__(id=id, classes=classes)
+        self.data: Any = None
+
+    def watch_state(self, old: str, new: str) -> None:
+        self.remove_class(f"-{old}")
+        self.add_class(f"-{new}")
+
+    def on_mount(self) -> None:
+        self.add_class(f"-{self.state}")
+
+    def show(self, data: Any) -> bool:
+        """Show new data; returns True when it differed (and a repaint was asked for)."""
+        if data == self.data:
+            return False
+        self.data = data
+        self.refresh()
+        return True
+
+    @property
+    def inner(self) -> tuple[int, int]:
+        return self.content_region.width, self.content_region.height
+
+
+# ------------------------------------------------------------------------------------------------ header
+
+@dataclass(frozen=True)
+class HeaderData:
+    engine: str | None
+    engine_version: str | None
+    model: str | None
+    gpu: str | None
+    simulated: bool
+    sim_reason: str | None
+    tokens_per_block: int | None
+    bytes_per_block: int | None
+    uptime_s: float | None
+    data_time: float | None
+    paused: bool
+    stale_s: float | None          # seconds since the last record, once it is past STALE_AFTER_S
+    flags: tuple[str, ...]         # data-quality notes, short ("≈ counts", "events dropped 12")
+    sources: tuple[tuple[str, str], ...]  # (name, status) for the ones that are not "ok"/"done"
+    source_label: str | None       # "2/3 host/0/run" when several sources are attached
+
+
+class HeaderBar(Panel):
+    """Engine, version, model, SIM badge, block size, uptime; data freshness and quality badges."""
+
+    def render(self) -> Content:
+        d: HeaderData | None = self.data
+        width, height = self.inner
+        if d is None:
+            return Content.from_markup("[b]kvtop[/b]  waiting for the engine...")
+        engine = d.engine_version or d.engine or "engine ?"
+        model = d.model or "model ?"
+        badge: list[Any] = []
+        if d.simulated:
+            badge = [(" SIM ", "bold reverse $kv-sim-badge"), " "]
+        paused = [(" PAUSED ", "bold reverse $warning"), " "] if d.paused else []
+        up = fmt.duration(d.uptime_s)
+        clock = time.strftime("%H:%M:%S", time.localtime(d.data_time)) if d.data_time is not None else "--:--:--"
+        block = []
+        if d.tokens_per_block is not None:
+            block.append(f"{d.tokens_per_block} tok/blk")
+        if d.bytes_per_block is not None:
+            block.append(f"{fmt.nbytes(d.bytes_per_block)}/blk")
+        status: list[Any] = []
+        if d.stale_s is not None:
+            status += [(f" no data {d.stale_s:.0f}s ", "bold reverse $warning"), " "]
+        for name, st in d.sources:
+            status += [(f" {name} {st} ", "bold reverse $error" if st in ("failed", "error", "disconnected")
+                        else "reverse $warning"), " "]
+        for flag in d.flags:
+            status += [(f" {flag} ", "reverse $warning"), " "]
+        if height <= 1 or width < 60:
+            # One line: pieces in order of importance, each added only while it fits whole.
+            short_model = model.split("/")[-1]
+            pieces: list[Content] = [ASSEMBLE(("kvtop ", "bold $primary"), *paused, *badge, (short_model, S_FIG)),
+                                     ASSEMBLE(("  up ", S_DIM), (up, S_FIG))]
+            if status:
+                pieces.append(ASSEMBLE("  ", *status))
+            pieces += [ASSEMBLE(("  data ", S_DIM), (clock, "bold")),
+                       ASSEMBLE(("  on ", S_DIM), (d.gpu or "?", "bold"))]
+            if block:
+                pieces.append(ASSEMBLE(("  ", ""), (" · ".join(block), S_DIM)))
+            line = pieces[0]
+            for piece in pieces[1:]:
+                if line.cell_length + piece.cell_length <= width:
+                    line = ASSEMBLE(line, piece)
+            return _fit(line, width)
+        line1 = ASSEMBLE(("kvtop ", "bold $primary"), *paused, *badge, (model, S_FIG), ("  on ", S_DIM),
+                         (d.gpu or "GPU ?", "bold"), ("  ·  ", S_DIM), engine,
+                         *([("  ·  ", S_DIM), (d.source_label, "bold")] if d.source_label else []))
+        right = ASSEMBLE(("data ", S_DIM), (clock, "bold"), ("   up ", S_DIM), (up, S_FIG))
+        line2_left: list[Any] = []
+        if d.simulated:
+            line2_left += [("simulated: ", S_DIM), (d.sim_reason or "built-in simulator", "$kv-sim-badge"),
+                           ("  ·  ", S_DIM)]
+        line2_left += [(" · ".join(block) or "block size ?", "bold"), "  ", *status]
+        line2 = ASSEMBLE(*line2_left)
+        gap = width - line2.cell_length - right.cell_length
+        if gap >= 1:
+            line2 = ASSEMBLE(line2, " " * gap, right)
+        else:
+            line1_gap = width - line1.cell_length - right.cell_length
+            if line1_gap >= 1:
+                line1 = ASSEMBLE(line1, " " * line1_gap, right)
+        return _lines([line1, line2], width, height)
+
+
+# ------------------------------------------------------------------------------------------------ tiers
+
+@dataclass(frozen=True)
+class TierData:
+    label: str                 # "GPU" / "host"
+    medium: str                # "HBM" / "pinned DRAM"
+    state: Any                 # kvtop.tiers.TierState
+    note: str | None = None    # why a tier is unknown or absent, in words
+
+
+class TierPanel(Panel):
+    """One tier's blocks: two bands (held by requests; holding reusable KV) and the exact counts under them.
+
+    Why two bands and not one three-part bar: on the GPU a running request holds blocks that are also cached
+    (its reused and stored prompt blocks), so "in use" and "cached" overlap and "free" (TensorRT-LLM's: held by
+    no request) contains cached blocks too. Splitting one bar into in use / cached / empty would need the size of
+    that overlap, which neither the stats nor the events give; the two bands show exactly what is known.
+    """
+
+    ROWS = (("in use", "in_use_blocks", S_IN_USE), ("cached", "cached_blocks", S_CACHED),
+            ("free", "free_blocks", S_FREE))
+    GPU_HINT = "free = held by no request: empty, or cached and evictable"
+    HOST_HINT = "blocks offloaded on GPU eviction, kept for reuse"
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._title()
+
+    def show(self, data: Any) -> bool:
+        changed = super().show(data)
+        if changed:
+            self._title()
+            self.state = self._health()
+        return changed
+
+    def _health(self) -> str:
+        d: TierData | None = self.data
+        if d is None or d.state.capacity_blocks is None or d.state.free_blocks is None:
+            return "unknown"
+        st = d.state
+        if not st.capacity_blocks:
+            return "ok"
+        if d.label == "GPU":
+            # < 10% of the pool left for new requests: admission will soon wait (GUARANTEED_NO_EVICT).
+            low = st.free_blocks < 0.10 * st.capacity_blocks
+        else:
+            # Host blocks are never held for long, so "free" is always ~all of them; what matters is whether
+            # the pool is full of cached blocks, where every new offload drops the oldest one.
+            empty = st.capacity_blocks - (st.in_use_blocks or 0) - (st.cached_blocks or 0)
+            low = empty < 0.10 * st.capacity_blocks
+        return "warn" if low else "ok"
+
+    def _title(self) -> None:
+        d: TierData | None = self.data
+        if d is None:
+            return
+        st = d.state
+        self.border_title = f"{d.label} tier · {d.medium}"
+        if st.capacity_blocks is None:
+            self.border_subtitle = "capacity unknown"
+        elif st.capacity_blocks == 0:
+            self.border_subtitle = "none"
+        else:
+            parts = [f"{fmt.count(st.capacity_blocks)} blocks"]
+            tok = st.capacity_tokens
+            if tok is not None:
+                parts.append(f"{fmt.count(tok)} tok")
+            parts.append(fmt.nbytes(st.capacity_bytes, "? B"))
+            self.border_subtitle = " · ".join(parts)
+
+    def _band(self, part: int | None, whole: int | None, width: int, style: str) -> Content:
+        if part is None or whole is None:
+            text = " unknown "
+            side = max(width - len(text), 0)
+            return ASSEMBLE(("╌" * (side // 2), S_DIM), (text, S_DIM), ("╌" * (side - side // 2), S_DIM))
+        n = fmt.cells(part, whole, width)
+        return ASSEMBLE(("█" * n, style), ("█" * (width - n), S_FREE))
+
+    def _halfblock_bar(self, width: int) -> Content:
+        """Both bands in one row: the top half of each cell is held / free, the bottom half cached / not."""
+        st = self.data.state
+        cap = st.capacity_blocks
+        if cap is None or st.in_use_blocks is None or st.cached_blocks is None:
+            return self._band(None, None, width, S_IN_USE)
+        used = fmt.cells(st.in_use_blocks, cap, width)
+        cached = fmt.cells(st.cached_blocks, cap, width)
+        parts: list[tuple[str, str]] = []
+        run_style, run_len = "", 0
+        for i in range(width):
+            style = f"{S_IN_USE if i < used else S_FREE} on {S_CACHED if i < cached else S_FREE}"
+            if style == run_style:
+                run_len += 1
+            else:
+                if run_len:
+                    parts.append(("▀" * run_len, run_style))
+                run_style, run_len = style, 1
+        if run_len:
+            parts.append(("▀" * run_len, run_style))
+        return ASSEMBLE(*parts)
+
+    def render(self) -> Content:
+        d: TierData | None = self.data
+        width, height = self.inner
+        if d is None or width <= 0 or height <= 0:
+            return Content("")
+        st = d.state
+        if st.capacity_blocks == 0:
+            return _lines([ASSEMBLE((f"{d.label}: ", "bold"), (d.note or "no host tier (host_cache_size = 0)",
+                                                                  S_DIM))], width, height)
+        cap = st.capacity_blocks
+        approx = "≈" if st.cached_approximate else " "
+        if height <= 2:
+            # Compact: "GPU ▀▀▀▀▀▀▀▀▀ 25%" / "use 64 · cch 225 · free 192".
+            label = f"{d.label:<4} "
+            pct = fmt.pct(st.in_use_blocks / cap if cap and st.in_use_blocks is not None else None, digits=0)
+            bar_w = max(width - len(label) - 5, 1)
+            line1 = ASSEMBLE((label, "bold"), self._halfblock_bar(bar_w), " ", (_pad(pct, 4), S_FIG))
+            line2 = ASSEMBLE(("█", S_IN_USE), " use ", (fmt.count(st.in_use_blocks), S_FIG),
+                             ("  █", S_CACHED), " cached ", (fmt.count(st.cached_blocks) + approx.strip(), S_FIG),
+                             ("  █", S_FREE), " free ", (fmt.count(st.free_blocks), S_FIG))
+            return _lines([line1, line2], width, height)
+
+        # The table: label, blocks, tokens, GiB, % of capacity; columns drop right to left when narrow.
+        show_tokens = width >= 44
+        show_gib = width >= 34
+        lines: list[Content] = []
+        full = height >= 7
+        if full:
+            bar_w = max(width - 14, 4)
+            for (name, attr, style) in self.ROWS[:2]:
+                part = getattr(st, attr)
+                frac = part / cap if part is not None and cap else None
+                lines.append(ASSEMBLE((f"{name:<7}", style if style != S_FREE else S_DIM),
+                                      self._band(part, cap, bar_w, style), " ", (_pad(fmt.pct(frac, digits=0), 5),
+                                                                                   S_FIG)))
+            if height >= 8:
+                lines.append(Content(""))
+            header = f"{'':9}{'blocks':>8}" + (f"{'tokens':>9}" if show_tokens else "") + \
+                     (f"{'GiB':>8}" if show_gib else "") + f"{'':>7}"
+            lines.append(Content.styled(header, S_DIM))
+        else:
+            lines.append(ASSEMBLE(self._halfblock_bar(max(width - 6, 1)), " ",
+                                  (_pad(fmt.pct(st.in_use_blocks / cap if cap and st.in_use_blocks is not None
+                                                else None, digits=0), 5), S_FIG)))
+        for name, attr, style in self.ROWS:
+            blocks = getattr(st, attr)
+            unknown = blocks is None
+            parts: list[Any] = [("█ ", style), (f"{name:<7}", "bold")]
+            parts.append((_pad("unknown" if unknown else fmt.count(blocks), 8), S_DIM if unknown else S_FIG))
+            if show_tokens:
+                parts.append(_pad(fmt.count(st.tokens(blocks), "?"), 9))
+            if show_gib:
+                parts.append(_pad(fmt.gib(st.bytes(blocks), "?"), 8))
+            if cap and blocks is not None:
+                parts.append((_pad(fmt.pct(blocks / cap, digits=0), 6), S_DIM))
+            if attr == "cached_blocks" and st.cached_approximate and blocks is not None:
+                parts.append((" ≈", S_WARN))
+            lines.append(ASSEMBLE(*parts))
+        if len(lines) < height:
+            hint = d.note or (self.GPU_HINT if d.label == "GPU" else self.HOST_HINT)
+            lines.append(Content.styled(hint, S_WARN if d.note else S_DIM))
+        return _lines(lines, width, height)
+
+
+# ------------------------------------------------------------------------------------------------ hit rate
+
+@dataclass(frozen=True)
+class HitData:
+    hit: Any                            # kvtop.tiers.HitRate
+    history: tuple[float | None, ...]   # hit rate per history step, oldest first
+    window_s: float | None
+
+
+class HitRateBody(Panel):
+    def render(self) -> Content:
+        d: HitData | None = self.data
+        width, height = self.inner
+        if d is None:
+            return Content("")
+        h = d.hit
+        win = f"{d.window_s:.0f} s" if d.window_s else "window"
+
+        gap = "  " if width >= 40 else " "
+
+        def row(label: str, total: float | None, gpu: float | None, host: float | None) -> Content:
+            return ASSEMBLE((f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG), (f"{gap}GPU ", S_IN_USE),
+                            _pad(fmt.pct(gpu), 6), (f"{gap}host ", S_CACHED), _pad(fmt.pct(host), 6))
+
+        lines = [row(win, h.window, h.window_gpu, h.window_host), row("total", h.cumulative, h.gpu, h.host)]
+        if height >= 3:
+            spark_w = max(width - 8, 1)
+            lines.append(ASSEMBLE((fmt.sparkline(d.history, spark_w, top=1.0), S_SPARK),
+                                  (f" {min(len(d.history), spark_w):>3}s", S_DIM)))
+        if height == 1:
+            lines = [ASSEMBLE(("hit ", "bold"), (fmt.pct(h.window), S_FIG), (" GPU ", S_IN_USE),
+                              fmt.pct(h.window_gpu, digits=0), (" host ", S_CACHED), fmt.pct(h.window_host, digits=0),
+                              (" total ", S_DIM), fmt.pct(h.cumulative, digits=0))]
+        return _lines(lines, width, height)
+
+
+class HitRatePanel(Vertical):
+    """Hit rate over the window (big), cumulative, split by the tier that served the hit; history as a sparkline."""
+
+    DEFAULT_CSS = """
+    HitRatePanel { height: auto; }
+    HitRatePanel Digits { width: auto; height: 3; }
+    HitRatePanel HitRateBody { height: 3; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Digits("--.-%", id="hit-digits")
+        yield HitRateBody(id="hit-body")
+
+    def on_mount(self) -> None:
+        self.border_title = "Hit rate · blocks reused"
+        self._digits_text = ""
+
+    def show(self, data: HitData) -> bool:
+        text = fmt.pct(data.hit.window, unknown="--.-%")
+        if text != self._digits_text:
+            self._digits_text = text
+            self.query_one(Digits).update(text)
+        return self.query_one(HitRateBody).show(data)
+
+
+# ------------------------------------------------------------------------------------------------ moves
+
+@dataclass(frozen=True)
+class MovesData:
+    rates: Any                      # kvtop.tiers.Rates
+    moves: Any                      # kvtop.tiers.Moves
+    history: tuple[tuple[float, float, float, float], ...]  # (offload, onboard, evict GPU, evict host) per step
+
+
+class MovesPanel(Panel):
+    """Blocks moved per second over the window, totals since start, history per row."""
+
+    ROWS = (("offload", "GPU→host", "offloaded_per_s", "offloaded_blocks", S_CACHED),
+            ("onboard", "host→GPU", "onboarded_per_s", "onboarded_blocks", S_IN_USE),
+            ("evict", "GPU", "evicted_gpu_per_s", "evicted_gpu_blocks", S_WARN),
+            ("evict", "host", "evicted_host_per_s", "evicted_host_blocks", S_ERR))
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.border_title = "Block moves /s"
+
+    def render(self) -> Content:
+        d: MovesData | None = self.data
+        width, height = self.inner
+        if d is None:
+            return Content("")
+        if height == 1:
+            r = d.rates
+            line = ASSEMBLE(("moves/s ", "bold"), ("off ", S_CACHED), (fmt.rate(r.offloaded_per_s), S_FIG),
+                            (" on ", S_IN_USE), (fmt.rate(r.onboarded_per_s), S_FIG), (" ev ", S_DIM),
+                            (fmt.rate(r.evicted_gpu_per_s), S_FIG), "/", (fmt.rate(r.evicted_host_per_s), S_FIG))
+            return _fit(line, width)
+        show_total = width >= 40
+        base = 8 + 9 + 7 + (9 if show_total else 0)
+        spark_w = width - base - 1
+        lines: list[Content] = []
+        for i, (verb, where, rate_attr, total_attr, style) in enumerate(self.ROWS):
+            parts: list[Any] = [(f"{verb:<8}", "bold"), (f"{where:<9}", S_DIM),
+                                (_pad(fmt.rate(getattr(d.rates, rate_attr)), 7), S_FIG)]
+            if spark_w >= 6:
+                series = [h[i] for h in d.history]
+                parts += [" ", (fmt.sparkline(series, spark_w), style)]
+            if show_total:
+                parts.append((_pad(fmt.count(getattr(d.moves, total_attr)), 9), S_DIM))
+            lines.append(ASSEMBLE(*parts))
+        if height >= 5:
+            r = d.rates
+            lines.append(ASSEMBLE(("link    ", "bold"), ("→host ", S_DIM),
+                                  (fmt.nbytes(r.offloaded_bytes_per_s) + "/s", S_FIG), ("  →GPU ", S_DIM),
+                                  (fmt.nbytes(r.onboarded_bytes_per_s) + "/s", S_FIG)))
+        return _lines(lines, width, height)
+
+
+# ------------------------------------------------------------------------------------------------ priorities
+
+@dataclass(frozen=True)
+class PriorityData:
+    rows: tuple[tuple[int | None, int, int, float | None], ...]  # (priority, GPU blocks, host blocks, req hit rate)
+    gpu_capacity: int | None
+    host_capacity: int | None
+
+
+class PriorityPanel(Panel):
+    """Cached blocks by retention priority in each tier, and the hit rate of requests sent at that priority."""
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.border_title = "Cached by priority"
+
+    def render(self) -> Content:
+        d: PriorityData | None = self.data
+        width, height = self.inner
+        if d is None:
+            return Content("")
+        if not d.rows:
+            return _lines([Content.styled("no cached blocks yet", S_DIM)], width, height)
+        if height == 1:
+            parts: list[Any] = [("prio ", "bold")]
+            for prio, g, h, _ in d.rows:
+                parts += [(f"{'?' if prio is None else prio}:", S_DIM), (f"{fmt.count(g + h)} ", S_FIG)]
+            return _fit(ASSEMBLE(*parts), width)
+        bar_w = max((width - 34) // 2, 0)
+        header = f"{'prio':>5}  {'GPU':>6} {'':{bar_w}}  {'host':>6} {'':{bar_w}} {'req hit':>8}"
+        lines = [Content.styled(header, S_DIM)]
+        for prio, g, h, hit in d.rows[: max(height - 1, 0)]:
+            parts = [(f"{'?' if prio is None else prio:>5}", "bold"), "  ", (_pad(fmt.count(g), 6), S_FIG), " "]
+            if bar_w:
+                n = fmt.cells(g, d.gpu_capacity, bar_w)
+                parts += [("▮" * n, S_IN_USE), " " * (bar_w - n)]
+            parts += ["  ", (_pad(fmt.count(h), 6), S_FIG), " "]
+            if bar_w:
+                n = fmt.cells(h, d.host_capacity, bar_w)
+                parts += [("▮" * n, S_CACHED), " " * (bar_w - n)]
+            parts.append((_pad(fmt.pct(hit, unknown="", digits=0), 9), S_DIM))
+            lines.append(ASSEMBLE(*parts))
+        return _lines(lines, width, height)
+
+
+# ------------------------------------------------------------------------------------------------ requests
+
+@dataclass(frozen=True)
+class RequestData:
+    in_flight: int | None
+    completed: int
+    failed: int
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    prompt_tokens_per_s: float | None
+    ttft_p50: float | None
+    ttft_p99: float | None
+    e2e_p50: float | None
+    e2e_p99: float | None
+    latency_window: bool      # True: percentiles over the window; False: since start (window empty)
+    last_error: str | None
+
+
+class RequestPanel(Panel):
+    """In flight, done, failed, request and token rates, TTFT and end-to-end percentiles."""
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.border_title = "Requests"
+
+    def show(self, data: Any) -> bool:
+        changed = super().show(data)
+        if changed:
+            self.state = "warn" if data.failed else "ok"
+        return changed
+
+    def render(self) -> Content:
+        d: RequestData | None = self.data
+        width, height = self.inner
+        if d is None:
+            return Content("")
+        fail_style = S_ERR if d.failed else S_FIG
+        if height == 1:
+            return _fit(ASSEMBLE(("req ", "bold"), (fmt.count(d.in_flight), S_FIG), (" in flight ", S_DIM),
+                                 (fmt.rate(d.requests_per_s), S_FIG), ("/s ", S_DIM), ("TTFT ", S_DIM),
+                                 (fmt.seconds_ms(d.ttft_p50), S_FIG)), width)
+        span = "win" if d.latency_window else "all"
+        w1, w2 = (5, 6) if width >= 44 else (0, 0)
+        lines = [
+            ASSEMBLE(("in flight ", S_DIM), (_pad(fmt.count(d.in_flight), w1), S_FIG), ("  done ", S_DIM),
+                     (_pad(fmt.count(d.completed), w2), S_FIG), ("  failed ", S_DIM),
+                     (fmt.count(d.failed), fail_style)),
+            ASSEMBLE(("req/s ", S_DIM), (_pad(fmt.rate(d.requests_per_s), w1), S_FIG), ("  tok/s out ", S_DIM),
+                     (fmt.rate(d.output_tokens_per_s), S_FIG), (" in ", S_DIM),
+                     (fmt.rate(d.prompt_tokens_per_s), S_FIG)),
+            ASSEMBLE((f"TTFT {span} ", S_DIM), ("p50 ", S_DIM), (_pad(fmt.seconds_ms(d.ttft_p50), 7), S_FIG),
+                     (" p99 ", S_DIM), (_pad(fmt.seconds_ms(d.ttft_p99), 7), S_FIG)),
+            ASSEMBLE((f"e2e  {span} ", S_DIM), ("p50 ", S_DIM), (_pad(fmt.seconds_ms(d.e2e_p50), 7), S_FIG),
+                     (" p99 ", S_DIM), (_pad(fmt.seconds_ms(d.e2e_p99), 7), S_FIG)),
+        ]
+        if d.last_error and height >= 5:
+            lines.append(ASSEMBLE(("last error ", S_DIM), (d.last_error, S_ERR)))
+        return _lines(lines, width, height)
+
+
+# ------------------------------------------------------------------------------------------------ memory
+
+@dataclass(frozen=True)
+class GpuMemoryRow:
+    index: int
+    name: str | None
+    used: int | None
+    total: int | None
+    util_pct: int | None
+
+
+@dataclass(frozen=True)
+class MemoryData:
+    gpus: tuple[GpuMemoryRow, ...]
+    gpu_error: str | None
+    rss: int | None
+    pinned_pool: int | None
+    available: int | None
+    total: int | None
+
+
+class MemoryPanel(Panel):
+    """GPU memory per device (NVML) and host memory (the engine's RSS, its pinned KV pool, what is left)."""
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.border_title = "Memory"
+
+    def show(self, data: Any) -> bool:
+        changed = super().show(data)
+        if changed:
+            warn = any(g.used is not None and g.total and g.used > 0.95 * g.total for g in data.gpus)
+            warn |= bool(data.available is not None and data.total and data.available < 0.05 * data.total)
+            self.state = "warn" if warn else "ok"
+        return changed
+
+    def render(self) -> Content:
+        d: MemoryData | None = self.data
+        width, height = self.inner
+        if d is None:
+            return Content("")
+        lines: list[Content] = []
+        gpu_rows = list(d.gpus)
+        host_lines = [ASSEMBLE(("host ", "bold"), ("rss ", S_DIM), (fmt.nbytes(d.rss), S_FIG),
+                               ("  KV pool ", S_DIM), (fmt.nbytes(d.pinned_pool), S_FIG)),
+                      ASSEMBLE(("     ", ""), ("available ", S_DIM), (fmt.nbytes(d.available), S_FIG),
+                               (f" of {fmt.nbytes(d.total)}", S_DIM))]
+        if height < len(gpu_rows or [None]) + 2 or width >= 70:
+            # One host line: both halves side by side (wide panel), or no room for two.
+            avail = ASSEMBLE(("  avail ", S_DIM), (fmt.nbytes(d.available), S_FIG))
+            fits = host_lines[0].cell_length + avail.cell_length <= width
+            host_lines = [ASSEMBLE(host_lines[0], avail) if fits else host_lines[0]]
+        room = max(height - len(host_lines), 1)
+        shown = gpu_rows if len(gpu_rows) <= room else gpu_rows[: room - 1]
+        bar_w = max(min(width - 36, 20), 0)
+        for g in shown:
+            frac = g.used / g.total if g.used is not None and g.total else None
+            n = fmt.cells(g.used, g.total, bar_w)
+            parts: list[Any] = [(f"GPU{g.index} ", "bold"), (f"{fmt.nbytes(g.used)} / {fmt.nbytes(g.total)} ", S_FIG)]
+            if bar_w >= 4:
+                parts += [("█" * n, S_IN_USE), ("█" * (bar_w - n), S_FREE), " "]
+            parts.append((_pad(fmt.pct(frac, digits=0), 4), S_DIM))
+            if g.util_pct is not None and width >= 48:
+                parts.append((f"  util {g.util_pct}%", S_DIM))
+            lines.append(ASSEMBLE(*parts))
+        if len(gpu_rows) > len(shown):
+            lines.append(Content.styled(f"... {len(gpu_rows) - len(shown)} more GPUs", S_DIM))
+        if not gpu_rows:
+            lines.append(ASSEMBLE(("GPU  ", "bold"), (d.gpu_error or "no NVML sample yet", S_DIM)))
+        lines += host_lines
+        return _lines(lines, width, height)
+
+
+# ------------------------------------------------------------------------------------------------ event log
+
+@dataclass
+class LogLine:
+    time: float
+    level: str
+    text: str
+    key: tuple[str, str]
+    count: int = 1
+
+
+LEVEL_STYLE = {"info": S_DIM, "warn": "$warning", "warning": "$warning", "error": "bold $error"}
+LEVEL_MARK = {"info": "·", "warn": "▲", "warning": "▲", "error": "✖"}
+
+
+class EventLog(Panel):
+    """The session's log, aggregated and rate-limited.
+
+    Aggregated: a line whose text differs from one of the last ``RECENT`` lines only in its numbers ("request 12
+    failed" / "request 13 failed") is folded into it as ``×N`` and moved to the bottom. Rate-limited: at most
+    ``MAX_LINES_PER_S`` new lines per second reach the screen (a token bucket); the rest are counted into one
+    "N more lines suppressed" line, so a source failing 1,000 times a second costs one repaint per refresh.
+    """
+
+    KEEP = 200
+    RECENT = 8
+    MAX_LINES_PER_S = 5.0
+    BURST = 10.0
+    _digits = str.maketrans("0123456789", "##########")
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None):
+        super().__init__(id=id, classes=classes)
+        self.lines: deque[LogLine] = deque(maxlen=self.KEEP)
+        self.suppressed = 0
+        self._tokens = self.BURST
+        self._last_fill: float | None = None
+        self._version = 0
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.border_title = "Events"
+
+    def add(self, t: float, level: str, text: str) -> None:
+        key = (level, text.translate(self._digits))
+        for line in list(self.lines)[-self.RECENT:]:
+            if line.key == key:
+                line.count += 1
+                line.time = t
+                line.text = text
+                self.lines.remove(line)
+                self.lines.append(line)
+                self._changed()
+                return
+        if self._last_fill is not None:
+            self._tokens = min(self.BURST, self._tokens + (t - self._last_fill) * self.MAX_LINES_PER_S)
+        self._last_fill = t
+        if self._tokens < 1.0 and level != "error" or self._tokens < -self.BURST:
+            self.suppressed += 1
+            self._changed()
+            return
+        self._tokens -= 1.0
+        if self.suppressed:
+            self.lines.append(LogLine(t, "warn", f"{self.suppressed} more lines suppressed (over "
+                                                 f"{self.MAX_LINES_PER_S:.0f}/s)", ("warn", "#suppressed")))
+            self.suppressed = 0
+        self.lines.append(LogLine(t, level, text, key))
+        self._changed()
+
+    def _changed(self) -> None:
+        self._version += 1
+        self.refresh()
+
+    def render(self) -> Content:
+        width, height = self.inner
+        if height <= 0:
+            return Content("")
+        shown = list(self.lines)[-height:]
+        out: list[Content] = []
+        for line in shown:
+            stamp = time.strftime("%H:%M:%S", time.localtime(line.time))
+            style = LEVEL_STYLE.get(line.level, S_DIM)
+            parts: list[Any] = [(stamp + " ", S_DIM), (LEVEL_MARK.get(line.level, "·") + " ", style),
+                                (line.text, "" if line.level == "info" else style)]
+            if line.count > 1:
+                parts.append((f"  ×{line.count}", "bold"))
+            out.append(ASSEMBLE(*parts))
+        if self.suppressed and len(out) < height + 1:
+            out.append(Content.styled(f"... {self.suppressed} lines suppressed", S_DIM))
+            out = out[-height:]
+        if not out:
+            out = [Content.styled("no events yet", S_DIM)]
+        return _lines(out, width, height)
+
+
+class KeyHints(Static):
+    """The footer of the compact layout: Textual's footer cuts keys off at 40 columns; this names the few
+    that matter and points to the help, which lists the rest."""
+
+    def __init__(self, *, id: str | None = None):
+        super().__init__(Content.assemble(("q", "bold $primary"), " quit  ", ("p", "bold $primary"), " pause  ",
+                                          ("?", "bold $primary"), " help  ", ("^p", "bold $primary"), " commands"),
+                         id=id)
+
+
+# ------------------------------------------------------------------------------------------------ help
+
+HELP_TEXT = """\
+[b $primary]kvtop[/]: where the KV cache blocks of the engine live, and how they move
+
+[b]Keys[/]
+  [b]q[/]  quit            [b]p[/]  pause / resume the screen (the engine and the fold go on)
+  [b]r[/]  reset window    [b]t[/]  next theme (dark, light, high-contrast)
+  [b]e[/]  event log       [b]s[/]  next source (when several are attached)
+  [b]?[/]  this help       [b]ctrl+p[/]  command palette
+
+[b]Tiers[/] (TensorRT-LLM's meanings, exactly)
+  [$kv-in-use]█[/] [b]in use[/]  blocks held by running requests
+  [$kv-cached]█[/] [b]cached[/]  blocks holding reusable KV (on the GPU some are also in use)
+  [$kv-free]█[/] [b]free[/]    blocks held by no request: empty, or cached and evictable
+  [$warning]≈[/] cached counts may be an upper bound (TensorRT-LLM 1.2 detaches some blocks silently)
+
+[b]Hit rate[/]  reused prompt blocks / prompt blocks looked up, over the window and since start;
+  GPU + host = total, where a host hit is a block onboarded from host memory.
+[b]Moves[/]  offload: GPU→host on eviction; onboard: host→GPU on reuse; evict: dropped from a tier.
+
+[dim]esc or ? closes this help[/]
+"""
+
+
+class HelpScreen(ModalScreen[None]):
+    """Keys and what every number means."""
+
+    BINDINGS: ClassVar = [("escape", "dismiss", "Close"), ("question_mark", "dismiss", "Close"),
+                          ("q", "dismiss", "Close")]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > Static {
+        width: auto; max-width: 100%; height: auto; max-height: 100%;
+        border: round $primary; background: $surface; padding: 0 1;
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(Content.from_markup(HELP_TEXT), id="help-text")
+
+    def action_dismiss(self, result: None = None) -> Any:
+        return self.dismiss(result)
+
+
+__all__ = ["EventLog", "KeyHints", "GpuMemoryRow", "HeaderBar", "HeaderData", "HelpScreen", "HitData", "HitRateBody",
+           "HitRatePanel", "MemoryData", "MemoryPanel", "MovesData", "MovesPanel", "Panel", "PriorityData",
+           "PriorityPanel", "RequestData", "RequestPanel", "TierData", "TierPanel"]
