@@ -1,0 +1,367 @@
+"""`kvtop calibrate`: measure this machine's GPU and host link into a GPU profile.
+
+    python -m kvtop.report.calibrate --model Qwen/Qwen3-8B --out profile.json [--quick]
+
+Needs PyTorch with CUDA and an NVIDIA GPU; without either it says which is missing and exits non-zero (2: no
+PyTorch, 3: no usable GPU). Measures, with the same keys as `shared/anchors/h200-2026-11-29.json`:
+
+- host<->GPU copy bandwidth, pinned and pageable host memory, at 2 MiB, the model's block size (4.5 MiB for
+  Qwen3-8B at 32 tokens per block), 64 MiB and 1 GiB (256 MiB with --quick);
+- 64 scattered block copies each way, one copy per block, as TensorRT-LLM onboards and offloads; the gap to
+  the large-copy rate gives the fixed per-copy latency (3.57 us on the H200 anchor);
+- HBM copy bandwidth (device-to-device, bytes read plus written), bf16 GEMM rate (two shapes);
+- a prefill proxy for the model's shape: one transformer layer of it (RMSNorm, QKV, causal SDPA attention with
+  the model's KV heads, O, SwiGLU MLP; random bf16 weights) over N tokens, timed and scaled to all layers,
+  against reloading those N tokens' KV from pinned memory; `prefill_efficiency` = the cost model's FLOPs for
+  it / time / GEMM rate, which `kvtop estimate` uses in place of the built-in 0.88.
+
+Writes the profile with `kvtop.engines.gpus.save_profile`, so `resolve_gpu(path)` / `load_profile` read it
+and the simulator, `estimate` and the dashboard take it wherever they take a GPU name. About 20 s on an
+H200 after PyTorch starts (the full run stays well under the 3-minute budget; --quick under 60 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvtop.engines.gpus import LINKS, GpuProfile, save_profile
+from kvtop.engines.models import ModelShape, resolve_model
+
+__all__ = ["CalibrationUnavailable", "calibrate", "main", "run_calibrate"]
+
+_MIB = 1 << 20
+EXIT_NO_TORCH = 2
+EXIT_NO_GPU = 3
+
+
+class CalibrationUnavailable(RuntimeError):
+    """Calibration cannot run here (no PyTorch, no CUDA build, no visible GPU); `exit_code` says which."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _load_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise CalibrationUnavailable(
+            "PyTorch with CUDA is needed, and PyTorch is not installed here "
+            "(pip install torch, a CUDA build, on the machine with the GPU)", EXIT_NO_TORCH) from None
+    try:
+        available = bool(torch.cuda.is_available()) and torch.cuda.device_count() > 0
+    except Exception as exc:  # a broken driver raises here on some builds
+        available = False
+        why = f" ({type(exc).__name__}: {exc})"
+    else:
+        why = ""
+    if not available:
+        cuda = getattr(getattr(torch, "version", None), "cuda", None)
+        build = f"a CUDA {cuda} build" if cuda else "a CPU-only build (no CUDA)"
+        raise CalibrationUnavailable(
+            f"an NVIDIA GPU is needed: PyTorch {getattr(torch, '__version__', '?')} is {build} and "
+            f"sees no CUDA device{why}. Run it on the GPU machine; `kvtop estimate --gpu H200` works without one.",
+            EXIT_NO_GPU)
+    return torch
+
+
+def _size_label(n: int) -> str:
+    return f"{n / _MIB:g}MiB"
+
+
+class _Timer:
+    """Wall-clock timing of GPU work, synchronized on both ends; median of `batches` batches."""
+
+    def __init__(self, torch: Any):
+        self.torch = torch
+
+    def seconds(self, fn: Callable[[], None], reps: int, batches: int = 3) -> float:
+        sync = self.torch.cuda.synchronize
+        fn()  # warm-up: first-touch, cuBLAS/SDPA kernel selection
+        sync()
+        per = []
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            sync()
+            per.append((time.perf_counter() - t0) / reps)
+        return statistics.median(per)
+
+
+def _copy_bandwidth(torch: Any, timer: _Timer, sizes: Sequence[int], dev: Any, budget_bytes: int,
+                    log: Callable[[str], None]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for n in sizes:
+        gpu = torch.empty(n, dtype=torch.uint8, device=dev)
+        for kind in ("pinned", "pageable"):
+            host = torch.empty(n, dtype=torch.uint8, pin_memory=(kind == "pinned"))
+            host.fill_(1)  # touch every page: first-touch faults are not link time
+            # Pageable copies run at 7-15 GB/s (anchor): fewer reps keep a 1 GiB size near 1 s in all.
+            reps = max(2, min(50, budget_bytes // n // (4 if kind == "pageable" else 1)))
+            nb = kind == "pinned"
+            h2d = timer.seconds(lambda g=gpu, h=host, nb=nb: g.copy_(h, non_blocking=nb), reps)
+            d2h = timer.seconds(lambda g=gpu, h=host, nb=nb: h.copy_(g, non_blocking=nb), reps)
+            label = _size_label(n)
+            out[f"h2d_GBps_{label}_{kind}"] = n / h2d / 1e9
+            out[f"d2h_GBps_{label}_{kind}"] = n / d2h / 1e9
+            log(f"  {label:>9} {kind:8}  host->GPU {out[f'h2d_GBps_{label}_{kind}']:6.1f} GB/s   "
+                f"GPU->host {out[f'd2h_GBps_{label}_{kind}']:6.1f} GB/s")
+            del host
+        del gpu
+    return out
+
+
+def _scattered_blocks(torch: Any, timer: _Timer, block_bytes: int, dev: Any, n_blocks: int = 64) -> dict[str, float]:
+    """`n_blocks` single-block copies between random slots of a pinned host pool and a GPU pool, each way."""
+    gen = torch.Generator().manual_seed(0)
+    pool = 2 * n_blocks
+    host = torch.empty((pool, block_bytes), dtype=torch.uint8, pin_memory=True)
+    host.fill_(1)
+    gpu = torch.empty((pool, block_bytes), dtype=torch.uint8, device=dev)
+    src = torch.randperm(pool, generator=gen)[:n_blocks].tolist()
+    dst = torch.randperm(pool, generator=gen)[:n_blocks].tolist()
+
+    def onboard() -> None:
+        for s, d in zip(src, dst):
+            gpu[d].copy_(host[s], non_blocking=True)
+
+    def offload() -> None:
+        for s, d in zip(src, dst):
+            host[s].copy_(gpu[d], non_blocking=True)
+
+    label = f"{n_blocks}x{_size_label(block_bytes)}"
+    total = n_blocks * block_bytes
+    out = {f"onboard_{label}_blocks_GBps": total / timer.seconds(onboard, 5) / 1e9,
+           f"offload_{label}_blocks_GBps": total / timer.seconds(offload, 5) / 1e9}
+    return out
+
+
+def _hbm(torch: Any, timer: _Timer, n: int, dev: Any) -> float:
+    a = torch.empty(n, dtype=torch.uint8, device=dev)
+    b = torch.empty(n, dtype=torch.uint8, device=dev)
+    a.fill_(1)
+    t = timer.seconds(lambda: b.copy_(a), 10)
+    return 2 * n / t / 1e9  # each byte read once and written once
+
+
+def _gemm_tflops(torch: Any, timer: _Timer, m: int, n: int, k: int, dev: Any) -> float:
+    a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
+    t = timer.seconds(lambda: torch.matmul(a, b), 10)
+    return 2.0 * m * n * k / t / 1e12
+
+
+def _prefill_layer_s(torch: Any, timer: _Timer, model: ModelShape, tokens: int, dev: Any) -> float:
+    """Seconds for `tokens` fresh prompt tokens through one layer shaped like `model` (random weights)."""
+    F = torch.nn.functional
+    bf16 = torch.bfloat16
+    h, hd = model.hidden_size, model.head_dim
+    nh, nkv, inter = model.num_attention_heads, model.num_kv_heads, model.intermediate_size
+
+    def w(i: int, o: int) -> Any:
+        return torch.randn(i, o, device=dev, dtype=bf16) * 0.02
+
+    w_qkv, w_o = w(h, (nh + 2 * nkv) * hd), w(nh * hd, h)
+    w_gu, w_down = w(h, 2 * inter), w(inter, h)
+    norm1 = torch.ones(h, device=dev, dtype=bf16)
+    norm2 = torch.ones(h, device=dev, dtype=bf16)
+    x0 = torch.randn(tokens, h, device=dev, dtype=bf16)
+    try:
+        F.scaled_dot_product_attention(torch.zeros(1, 2, 4, 8, device=dev, dtype=bf16),
+                                       torch.zeros(1, 1, 4, 8, device=dev, dtype=bf16),
+                                       torch.zeros(1, 1, 4, 8, device=dev, dtype=bf16), is_causal=True,
+                                       enable_gqa=True)
+        gqa = True
+    except TypeError:  # torch < 2.5: no enable_gqa, expand the KV heads instead
+        gqa = False
+
+    def rms(x: Any, weight: Any) -> Any:
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(bf16) * weight
+
+    def layer() -> None:
+        x = x0
+        qkv = rms(x, norm1) @ w_qkv
+        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q = q.view(1, tokens, nh, hd).transpose(1, 2)
+        k = k.view(1, tokens, nkv, hd).transpose(1, 2)
+        v = v.view(1, tokens, nkv, hd).transpose(1, 2)
+        if gqa:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            rep = nh // nkv
+            a = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                               is_causal=True)
+        x = x + a.transpose(1, 2).reshape(tokens, nh * hd) @ w_o
+        g, u = (rms(x, norm2) @ w_gu).split([inter, inter], dim=-1)
+        x = x + (F.silu(g) * u) @ w_down
+
+    with torch.inference_mode():
+        t = timer.seconds(layer, 5)
+    return t
+
+
+def _causal_prefill_flops(model: ModelShape, n: int) -> float:
+    # As the cost model counts a fresh prompt, without the LM head (the proxy has none).
+    return 2.0 * model.matmul_params * n + model.attention_flops_per_context_token * (n * (n + 1) // 2)
+
+
+def _nvml_facts(index: int) -> dict[str, Any]:
+    facts: dict[str, Any] = {}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            facts["nvml_memory_total_bytes"] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            facts["nvml_driver"] = pynvml.nvmlSystemGetDriverVersion()
+            try:
+                facts["pcie_gen_width"] = [pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle),
+                                           pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle)]
+                facts["pcie_max_gen_width"] = [pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle),
+                                               pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle)]
+            except pynvml.NVMLError:
+                pass
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no NVML: torch's figures stand in
+        pass
+    for key, value in list(facts.items()):
+        if isinstance(value, bytes):
+            facts[key] = value.decode()
+    return facts
+
+
+def calibrate(model: str | ModelShape = "Qwen/Qwen3-8B", quick: bool = False, device: int = 0,
+              tokens_per_block: int = 32, log: Callable[[str], None] | None = None) -> GpuProfile:
+    """Measure GPU `device` and return its profile. Raises CalibrationUnavailable without torch or a GPU."""
+    say = log or (lambda _msg: None)
+    shape = model if isinstance(model, ModelShape) else resolve_model(model)
+    torch = _load_torch()
+    started = time.perf_counter()
+    dev = torch.device("cuda", device)
+    torch.cuda.set_device(dev)
+    props = torch.cuda.get_device_properties(dev)
+    name = torch.cuda.get_device_name(dev)
+    timer = _Timer(torch)
+    measured: dict[str, Any] = {"gpu_name": name, "torch": torch.__version__, "model": shape.name,
+                                "tokens_per_block": tokens_per_block, "quick": quick,
+                                "torch_memory_total_bytes": int(props.total_memory),
+                                "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    measured.update(_nvml_facts(device))
+    block = shape.kv_bytes_per_block(tokens_per_block)
+    big = (256 if quick else 1024) * _MIB
+    say(f"calibrating {name} for {shape.name} ({'quick' if quick else 'full'}), block {_size_label(block)}")
+
+    say("host<->GPU copies:")
+    sizes = sorted({2 * _MIB, block, 64 * _MIB, big})
+    measured.update(_copy_bandwidth(torch, timer, sizes, dev, (512 if quick else 2048) * _MIB, say))
+    scattered = _scattered_blocks(torch, timer, block, dev)
+    measured.update(scattered)
+    say("  " + ", ".join(f"{k} {v:.1f}" for k, v in scattered.items()))
+
+    hbm = _hbm(torch, timer, big, dev)
+    measured["hbm_copy_GBps_read_plus_write"] = hbm
+    say(f"HBM copy {hbm:,.0f} GB/s (read + write)")
+    gemms = {}
+    for m, n, k in ((8192, 8192, 8192), (4096, 12288, 4096)):
+        gemms[f"bf16_gemm_TFLOPs_{m}x{n}x{k}"] = _gemm_tflops(torch, timer, m, n, k, dev)
+    measured.update(gemms)
+    bf16 = statistics.mean(gemms.values())
+    say("bf16 GEMM " + ", ".join(f"{k.split('_')[-1]} {v:.0f}" for k, v in gemms.items()) + " TFLOP/s")
+
+    say(f"prefill proxy ({shape.num_layers} layers of {shape.name}, random weights) vs reload from pinned:")
+    kv_tok = shape.kv_bytes_per_token
+    efficiency = None
+    for n in ((2048,) if quick else (512, 2048, 8192)):
+        layer_s = _prefill_layer_s(torch, timer, shape, n, dev)
+        recompute = layer_s * shape.num_layers
+        nbytes = n * kv_tok
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        host.fill_(1)
+        gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        reload = timer.seconds(lambda g=gpu, h=host: g.copy_(h, non_blocking=True), 5)
+        del host, gpu
+        measured[f"recompute_s_per_{n}_tokens_{shape.num_layers}_layers"] = recompute
+        measured[f"reload_s_per_{n}_tokens_pinned"] = reload
+        measured[f"recompute_over_reload_{n}"] = recompute / reload
+        efficiency = _causal_prefill_flops(shape, n) / recompute / (bf16 * 1e12)
+        say(f"  {n:>5} tokens: recompute {recompute * 1e3:8.2f} ms, reload {reload * 1e3:7.2f} ms, "
+            f"ratio {recompute / reload:5.1f}, {efficiency:.2f} of the GEMM rate")
+    # The longest prompt measured sets the efficiency: short ones are dominated by launch overhead that
+    # TensorRT-LLM's fused, graphed kernels do not pay (anchor: 512 tokens ran 36% over the roofline).
+    measured["prefill_efficiency"] = min(1.0, efficiency) if efficiency else None
+
+    h2d = measured[f"h2d_GBps_{_size_label(big)}_pinned"]
+    d2h = measured[f"d2h_GBps_{_size_label(big)}_pinned"]
+    onboard = scattered[f"onboard_64x{_size_label(block)}_blocks_GBps"]
+    # Same fit as gpus.BLOCK_COPY_LATENCY_US: a block copy takes bytes / large-copy rate + a fixed latency.
+    latency_us = max(0.0, (block / (onboard * 1e9) - block / (h2d * 1e9)) * 1e6)
+    gen = (measured.get("pcie_gen_width") or [None])[0]
+    if h2d > 2 * LINKS["pcie5"]:
+        link = "c2c"  # no PCIe link reaches 110 GB/s; NVLink-C2C does (346 GB/s measured by one user)
+    elif gen in (4, 5):
+        link = f"pcie{gen}"
+    else:
+        link = "custom"
+    short = name.removeprefix("NVIDIA ").strip() or name
+    memory = measured.get("nvml_memory_total_bytes") or int(props.total_memory)
+    measured["calibrate_seconds"] = time.perf_counter() - started
+    return GpuProfile(
+        name=short, memory_bytes=int(memory), hbm_GBps=round(hbm, 1), bf16_tflops=round(bf16, 1),
+        h2d_GBps=round(h2d, 2), d2h_GBps=round(d2h, 2), link_name=link,
+        source=(f"measured: kvtop calibrate on {name}, {measured['date']}, torch {torch.__version__}, driver "
+                f"{measured.get('nvml_driver', '?')}, prefill proxy shaped like {shape.name}"
+                f"{' (quick)' if quick else ''}"),
+        copy_latency_us=round(latency_us, 2), measured=measured)
+
+
+def run_calibrate(model: str = "Qwen/Qwen3-8B", out: str | Path = "gpu-profile.json", quick: bool = False,
+                  device: int = 0, tokens_per_block: int = 32) -> int:
+    """Calibrate, write the profile to `out`, print progress. Returns the exit code: 0, 2 (no PyTorch), 3 (no
+    GPU), 1 (a measurement failed)."""
+    try:
+        profile = calibrate(model, quick, device, tokens_per_block, log=lambda m: print(m, flush=True))
+    except CalibrationUnavailable as exc:
+        print(f"kvtop calibrate: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except ValueError as exc:  # an unknown model
+        print(f"kvtop calibrate: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # CUDA out of memory, a driver error: say what, do not write half a profile
+        print(f"kvtop calibrate: measurement failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    save_profile(profile, out)
+    print(f"wrote {out}: {profile.name}, HBM {profile.hbm_GBps:,.0f} GB/s, bf16 {profile.bf16_tflops:.0f} TFLOP/s, "
+          f"link {profile.link_name} {profile.h2d_GBps:.1f}/{profile.d2h_GBps:.1f} GB/s, copy latency "
+          f"{profile.copy_latency_us:.2f} us, prefill efficiency {profile.measured.get('prefill_efficiency'):.2f} "
+          f"({profile.measured['calibrate_seconds']:.0f} s)")
+    if not math.isclose(profile.h2d_GBps, 0.0):
+        print(f"use it: kvtop estimate --gpu {out}   |   kvtop sim --gpu {out} ...")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`kvtop calibrate [--model M] [--out FILE] [--quick] [--device N] [--tokens-per-block N]`."""
+    ap = argparse.ArgumentParser(prog="kvtop calibrate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="Qwen/Qwen3-8B", help="model shape for the block size and prefill proxy")
+    ap.add_argument("--out", default="gpu-profile.json", help="profile JSON to write (default: gpu-profile.json)")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, one prompt length: under a minute")
+    ap.add_argument("--device", type=int, default=0, help="CUDA device index")
+    ap.add_argument("--tokens-per-block", type=int, default=32)
+    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    return run_calibrate(a.model, a.out, a.quick, a.device, a.tokens_per_block)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
