@@ -199,6 +199,7 @@ def summary(session: Session) -> dict[str, Any]:
                            "sim_reason": session.meta.get("sim_reason"),
                            "scenario": session.meta.get("scenario")}
     out.update(session.model.summary())
+    out["what_if"] = session.what_if()
     return out
 
 
@@ -218,6 +219,10 @@ def format_summary(s: dict[str, Any]) -> str:
                      f" cached {_n(t.get('cached_blocks'))}, free {_n(t.get('free_blocks'))}")
     hr = s.get("hit_rate", {})
     lines.append(f"hit rate: {pct(hr.get('cumulative'))} (GPU {pct(hr.get('gpu'))}, host {pct(hr.get('host'))})")
+    wi = s.get("what_if") or {}
+    if wi.get("host_x2_hit_rate") is not None:
+        lines.append(f"what if: host cache x2 -> hit rate {pct(wi.get('host_x2_hit_rate'))}, "
+                     f"x4 -> {pct(wi.get('host_x4_hit_rate'))}")
     mv = s.get("moves", {})
     lines.append(f"moves: offloaded {mv.get('offloaded_blocks', 0)}, onboarded {mv.get('onboarded_blocks', 0)}, "
                  f"evicted GPU {mv.get('evicted_gpu_blocks', 0)}, evicted host {mv.get('evicted_host_blocks', 0)}")

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kvtop.records import Record, SourceId, make
+from kvtop.report.whatif import WhatIf
 from kvtop.tiers import TierModel
 
 Sink = Callable[[Record], None]
@@ -30,6 +31,8 @@ class Session:
         self.warmup_requests = warmup_requests
         self.model = TierModel(warmup_requests=warmup_requests)
         self.models: dict[str, TierModel] = {}
+        # Live what-if (2x and 4x host cache) for the session's own source: folded beside the TierModel.
+        self.whatif = WhatIf()
         self.meta: dict[str, Any] = dict(meta or {})
         self.started_at = time.time()
         self.log: deque[tuple[float, str, str]] = deque(maxlen=LOG_LINES)
@@ -56,11 +59,24 @@ class Session:
             model = self.models[key] = (self.model if not self.models or key == self.source.key()
                                         else TierModel(warmup_requests=self.warmup_requests))
         model.apply(record)
+        if model is self.model:
+            try:
+                if record.kind == "kv_event":
+                    self.whatif.apply_kv_event(record.data)
+                elif record.kind == "stats":
+                    self.whatif.apply_stats(record.data)
+            except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold
+                self.note("warn", f"what-if skipped a record: {exc}")
         for sink in self.sinks:
             try:
                 sink(record)
             except Exception as exc:  # a broken sink must not stop the fold or the other sinks
                 self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
+
+    def what_if(self) -> dict[str, Any]:
+        est = self.whatif.estimate()
+        return {k: est.get(k) for k in ("host_x2_hit_rate", "host_x4_hit_rate", "hit_rate",
+                                        "host_capacity_blocks")}
 
     def note(self, level: str, text: str) -> None:
         self.log.append((time.time(), level, text))
