@@ -98,6 +98,12 @@ class _Timer:
         return statistics.median(per)
 
 
+def _copier(dst: Any, src: Any, non_blocking: bool) -> Callable[[], None]:
+    def copy() -> None:
+        dst.copy_(src, non_blocking=non_blocking)
+    return copy
+
+
 def _copy_bandwidth(torch: Any, timer: _Timer, sizes: Sequence[int], dev: Any, budget_bytes: int,
                     log: Callable[[str], None]) -> dict[str, float]:
     out: dict[str, float] = {}
@@ -109,8 +115,8 @@ def _copy_bandwidth(torch: Any, timer: _Timer, sizes: Sequence[int], dev: Any, b
             # Pageable copies run at 7-15 GB/s (anchor): fewer reps keep a 1 GiB size near 1 s in all.
             reps = max(2, min(50, budget_bytes // n // (4 if kind == "pageable" else 1)))
             nb = kind == "pinned"
-            h2d = timer.seconds(lambda g=gpu, h=host, nb=nb: g.copy_(h, non_blocking=nb), reps)
-            d2h = timer.seconds(lambda g=gpu, h=host, nb=nb: h.copy_(g, non_blocking=nb), reps)
+            h2d = timer.seconds(_copier(gpu, host, nb), reps)
+            d2h = timer.seconds(_copier(host, gpu, nb), reps)
             label = _size_label(n)
             out[f"h2d_GBps_{label}_{kind}"] = n / h2d / 1e9
             out[f"d2h_GBps_{label}_{kind}"] = n / d2h / 1e9
@@ -290,7 +296,7 @@ def calibrate(model: str | ModelShape = "Qwen/Qwen3-8B", quick: bool = False, de
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         host.fill_(1)
         gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev)
-        reload = timer.seconds(lambda g=gpu, h=host: g.copy_(h, non_blocking=True), 5)
+        reload = timer.seconds(_copier(gpu, host, True), 5)
         del host, gpu
         measured[f"recompute_s_per_{n}_tokens_{shape.num_layers}_layers"] = recompute
         measured[f"reload_s_per_{n}_tokens_pinned"] = reload

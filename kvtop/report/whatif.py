@@ -182,13 +182,14 @@ class WhatIf:
             h = data.get("block_hash")
             level = data.get("cache_level")
             if isinstance(level, dict) and isinstance(level.get("new_value"), int):
-                self._level[h] = level["new_value"]
+                if isinstance(h, int):
+                    self._level[h] = level["new_value"]
                 if level["new_value"] == 1 and level.get("old_value") == 0:
                     self.offloads += 1
                 elif level["new_value"] == 0 and level.get("old_value") == 1:
                     self.onboards += 1
             prio = data.get("priority")
-            if isinstance(prio, dict) and isinstance(prio.get("new_value"), int):
+            if isinstance(prio, dict) and isinstance(prio.get("new_value"), int) and isinstance(h, int):
                 self._prio[h] = prio["new_value"]
         elif etype == "created":
             self._seen_created = True
