@@ -112,10 +112,8 @@ def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
             t0 = rec.time
         last_t = max(last_t, rec.time)
         model.apply(rec)
-        if rec.kind == "kv_event":
-            whatif.apply_kv_event(rec.data)
-        elif rec.kind == "stats":
-            whatif.apply_stats(rec.data)
+        whatif.apply(rec)
+        if rec.kind == "stats":
             hr, mv, gpu, host = model.hit_rate, model.moves, model.gpu, model.host
             run.samples.append(Sample(
                 rec.time - t0, gpu.capacity_blocks, gpu.in_use_blocks, gpu.cached_blocks, host.capacity_blocks,

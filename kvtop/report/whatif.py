@@ -166,6 +166,14 @@ class WhatIf:
 
     # ------------------------------------------------------------------------------------------ input
 
+    def apply(self, record: Any) -> None:
+        """A kvtop Record: `kv_event` and `stats` records are used, every other kind is ignored."""
+        kind = getattr(record, "kind", None)
+        if kind == "kv_event":
+            self.apply_kv_event(record.data)
+        elif kind == "stats":
+            self.apply_stats(record.data)
+
     def apply_kv_event(self, ev: dict[str, Any]) -> None:
         """One KV cache event dict (TensorRT-LLM 1.2 shape, ``{"event_id", "data": {...}}``, or the data)."""
         data = ev.get("data", ev) if isinstance(ev, dict) else None
