@@ -10,20 +10,30 @@ PyTorch, 3: no usable GPU). Measures, with the same keys as `shared/anchors/h200
 - 64 scattered block copies each way, one copy per block, as TensorRT-LLM onboards and offloads; the gap to
   the large-copy rate gives the fixed per-copy latency (3.57 us on the H200 anchor);
 - HBM copy bandwidth (device-to-device, bytes read plus written), bf16 GEMM rate (two shapes);
-- a prefill proxy for the model's shape: one transformer layer of it (RMSNorm, QKV, causal SDPA attention with
-  the model's KV heads, O, SwiGLU MLP; random bf16 weights) over N tokens, timed and scaled to all layers,
+- a prefill proxy for the model's shape: one transformer layer of it (QKV, causal SDPA attention with the
+  model's KV heads, O, SwiGLU MLP, residual adds; random bf16 weights) over N tokens, timed and scaled to all
+  layers. RMSNorm and RoPE are left out: TensorRT-LLM fuses them into neighbouring kernels, and unfused in
+  plain PyTorch they added 0.7 ms a layer at 8,192 Qwen3-8B tokens (6.9 vs 6.2 ms) on the H200;
   against reloading those N tokens' KV from pinned memory; `prefill_efficiency` = the cost model's FLOPs for
   it / time / GEMM rate, which `kvtop estimate` uses in place of the built-in 0.88.
 
 Writes the profile with `kvtop.engines.gpus.save_profile`, so `resolve_gpu(path)` / `load_profile` read it
-and the simulator, `estimate` and the dashboard take it wherever they take a GPU name. About 20 s on an
-H200 after PyTorch starts (the full run stays well under the 3-minute budget; --quick under 60 s).
+and the simulator, `estimate` and the dashboard take it wherever they take a GPU name. On the H200 device
+machine (2026-11-29) the full run took 11-14 s and --quick 7-10 s, PyTorch's start included.
+
+Measured there, against `shared/anchors/h200-2026-11-29.json`: pinned 1 GiB copies 55.5 / 55.4 GB/s (anchor
+55.3 / 55.2), 64 scattered 4.5 MiB blocks 53.5 GB/s (53.1), HBM copy 4,251 GB/s (4,250), pageable 9.0 / 17.3
+GB/s (8.1 / 15.2); bf16 GEMM 686 TFLOP/s against the anchor's 791 (sustained: 0.5 s of warm-up, then 40-GEMM
+batches; a short burst ran at 751 on that machine); the prefill proxy reached 0.88 of that GEMM rate, the cost
+model's anchor-calibrated efficiency, taking 222 ms for 8,192 tokens (anchor 191 ms at a 15% higher GEMM rate),
+so recompute/reload came out 10.2 against the anchor's 8.8.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import functools
 import math
 import statistics
 import sys
@@ -84,10 +94,16 @@ class _Timer:
     def __init__(self, torch: Any):
         self.torch = torch
 
-    def seconds(self, fn: Callable[[], None], reps: int, batches: int = 3) -> float:
+    def seconds(self, fn: Callable[[], None], reps: int, batches: int = 3, warmup_s: float = 0.0) -> float:
         sync = self.torch.cuda.synchronize
         fn()  # warm-up: first-touch, cuBLAS/SDPA kernel selection
         sync()
+        # Compute-bound work also needs the clocks up: an idle H200 sits at 345 MHz and takes a few hundred
+        # ms of load to reach 1,980 MHz (seen on the device machine), which cost the first GEMMs ~10%.
+        t_end = time.perf_counter() + warmup_s
+        while time.perf_counter() < t_end:
+            fn()
+            sync()
         per = []
         for _ in range(batches):
             t0 = time.perf_counter()
@@ -163,12 +179,18 @@ def _hbm(torch: Any, timer: _Timer, n: int, dev: Any) -> float:
 def _gemm_tflops(torch: Any, timer: _Timer, m: int, n: int, k: int, dev: Any) -> float:
     a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
     b = torch.randn(k, n, device=dev, dtype=torch.bfloat16)
-    t = timer.seconds(lambda: torch.matmul(a, b), 10)
+    # 8192^3 is 1.1 TFLOP (~1.4 ms): 40 reps make a 50 ms batch, long against launch and sync costs.
+    t = timer.seconds(lambda: torch.matmul(a, b), 40, warmup_s=0.5)
     return 2.0 * m * n * k / t / 1e12
 
 
 def _prefill_layer_s(torch: Any, timer: _Timer, model: ModelShape, tokens: int, dev: Any) -> float:
-    """Seconds for `tokens` fresh prompt tokens through one layer shaped like `model` (random weights)."""
+    """Seconds for `tokens` fresh prompt tokens through one layer shaped like `model` (random weights).
+
+    Attention runs both ways, SDPA's native GQA and KV heads expanded to all query heads, and the faster
+    counts: which SDPA kernel takes the native path depends on the torch build, and an engine runs a
+    GQA-native kernel either way.
+    """
     F = torch.nn.functional
     bf16 = torch.bfloat16
     h, hd = model.hidden_size, model.head_dim
@@ -179,8 +201,6 @@ def _prefill_layer_s(torch: Any, timer: _Timer, model: ModelShape, tokens: int, 
 
     w_qkv, w_o = w(h, (nh + 2 * nkv) * hd), w(nh * hd, h)
     w_gu, w_down = w(h, 2 * inter), w(inter, h)
-    norm1 = torch.ones(h, device=dev, dtype=bf16)
-    norm2 = torch.ones(h, device=dev, dtype=bf16)
     x0 = torch.randn(tokens, h, device=dev, dtype=bf16)
     try:
         F.scaled_dot_product_attention(torch.zeros(1, 2, 4, 8, device=dev, dtype=bf16),
@@ -191,29 +211,28 @@ def _prefill_layer_s(torch: Any, timer: _Timer, model: ModelShape, tokens: int, 
     except TypeError:  # torch < 2.5: no enable_gqa, expand the KV heads instead
         gqa = False
 
-    def rms(x: Any, weight: Any) -> Any:
-        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(bf16) * weight
-
-    def layer() -> None:
+    def layer(native: bool) -> None:
         x = x0
-        qkv = rms(x, norm1) @ w_qkv
+        qkv = x @ w_qkv
         q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
         q = q.view(1, tokens, nh, hd).transpose(1, 2)
         k = k.view(1, tokens, nkv, hd).transpose(1, 2)
         v = v.view(1, tokens, nkv, hd).transpose(1, 2)
-        if gqa:
+        if native:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             rep = nh // nkv
             a = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
                                                is_causal=True)
         x = x + a.transpose(1, 2).reshape(tokens, nh * hd) @ w_o
-        g, u = (rms(x, norm2) @ w_gu).split([inter, inter], dim=-1)
+        g, u = (x @ w_gu).split([inter, inter], dim=-1)
         x = x + (F.silu(g) * u) @ w_down
 
     with torch.inference_mode():
-        t = timer.seconds(layer, 5)
-    return t
+        times = []
+        for native in ((True, False) if gqa else (False,)):
+            times.append(timer.seconds(functools.partial(layer, native), 5, warmup_s=0.2))
+        return min(times)
 
 
 def _causal_prefill_flops(model: ModelShape, n: int) -> float:
