@@ -201,7 +201,7 @@ class MqttPublisher:
                     await client.publish(status_topic, ONLINE, qos=1, retain=True, timeout=PUBLISH_TIMEOUT_S)
                     self._metas_dirty.update(self._metas)  # the broker may have lost its retained messages
                     try:
-                        await self._send_loop(client)
+                        await self._connected(client)
                     finally:
                         if self._stopped:
                             await self._goodbye(client, status_topic)
@@ -227,6 +227,29 @@ class MqttPublisher:
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(client.publish(status_topic, OFFLINE, qos=1, retain=True),
                                    timeout=GOODBYE_TIMEOUT_S)
+
+    async def _connected(self, client: Any) -> None:
+        """Send until stopped (returns) or the connection drops (raises MqttError)."""
+
+        async def watch_connection() -> None:
+            # A publisher subscribes to nothing, so this waits until the connection drops and then raises
+            # MqttError: the only public way aiomqtt tells it. Without it an idle publisher (nothing queued)
+            # would notice a dead broker only at its next publish.
+            async for _ in client.messages:
+                pass
+
+        watcher = asyncio.ensure_future(watch_connection())
+        sender = asyncio.ensure_future(self._send_loop(client))
+        try:
+            await asyncio.wait({watcher, sender}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sender, watcher):
+                if not task.done():
+                    task.cancel()
+            results = await asyncio.gather(sender, watcher, return_exceptions=True)
+        for res in results:
+            if isinstance(res, Exception):
+                raise res
 
     async def _send_loop(self, client: Any) -> None:
         assert self._wake is not None
@@ -257,13 +280,18 @@ class MqttPublisher:
         while q:  # popleft per record: publish() may append from another thread meanwhile
             rec = q.popleft()
             groups.setdefault((rec.source, rec.kind), []).append(rec)
-        for (src, kind), recs in groups.items():
-            for i in range(0, len(recs), self.max_batch):
-                chunk = recs[i:i + self.max_batch]
-                await client.publish(self._topic(src, kind), self._payload(chunk), qos=QOS.get(kind, 0),
-                                     timeout=PUBLISH_TIMEOUT_S)
-                self.messages += 1
-                self.published += len(chunk)
+        unsent = sum(len(recs) for recs in groups.values())
+        try:
+            for (src, kind), recs in groups.items():
+                for i in range(0, len(recs), self.max_batch):
+                    chunk = recs[i:i + self.max_batch]
+                    await client.publish(self._topic(src, kind), self._payload(chunk), qos=QOS.get(kind, 0),
+                                         timeout=PUBLISH_TIMEOUT_S)
+                    self.messages += 1
+                    self.published += len(chunk)
+                    unsent -= len(chunk)
+        finally:
+            self.dropped += unsent  # taken from the queue but lost with the connection: counted, never silent
 
     def _payload(self, records: list[Record]) -> str:
         if not self.include_tokens:

@@ -1,0 +1,102 @@
+"""Prometheus exporter: a real scrape over HTTP on 127.0.0.1 returns the documented metric names."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from pathlib import Path
+
+from prometheus_client import REGISTRY
+
+from kvtop.records import SourceId, make
+from kvtop.sinks.prometheus import PrometheusExporter
+from kvtop.tiers import TierModel
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = SourceId("gpu-07", 0, "prom")
+
+EXPECTED = [
+    "kvtop_kv_capacity_blocks", "kvtop_kv_in_use_blocks", "kvtop_kv_cached_blocks", "kvtop_kv_free_blocks",
+    "kvtop_kv_hit_ratio", "kvtop_kv_offloaded_blocks_total", "kvtop_kv_onboarded_blocks_total",
+    "kvtop_kv_evicted_blocks_total", "kvtop_kv_counts_approximate", "kvtop_kv_events_dropped_total",
+    "kvtop_kv_block_bytes", "kvtop_bad_records_total", "kvtop_request_ttft_seconds_bucket",
+    "kvtop_request_e2e_seconds_bucket", "kvtop_requests_total", "kvtop_records_total",
+    "kvtop_gpu_memory_used_bytes", "kvtop_gpu_memory_total_bytes", "kvtop_host_pinned_pool_bytes",
+]
+
+
+def _feed(model: TierModel, exporter: PrometheusExporter) -> None:
+    recs = [
+        make("meta", {"engine": "sim", "primary_blocks": 100, "secondary_blocks": 50, "tokens_per_block": 32,
+                      "bytes_per_block": 4_718_592}, SRC, 1.0),
+        make("kv_event", {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [100, 50]},
+                          "window_size": 4096}, SRC, 1.0),
+        make("kv_event", {"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [
+            {"type": "stored_block", "block_hash": 11, "tokens": [], "cache_level": 0, "priority": 35},
+            {"type": "stored_block", "block_hash": 12, "tokens": [], "cache_level": 0, "priority": 35}]},
+            "window_size": 4096}, SRC, 1.1),
+        make("kv_event", {"event_id": 2, "data": {"type": "updated", "block_hash": 12,
+                                                  "cache_level": {"type": "event_diff", "new_value": 1,
+                                                                  "old_value": 0},
+                                                  "priority": None}, "window_size": 4096}, SRC, 1.2),
+        make("stats", {"iter": 1, "kvCacheStats": {"maxNumBlocks": 150, "freeNumBlocks": 90, "usedNumBlocks": 60,
+                                                   "tokensPerBlock": 32, "allocTotalBlocks": 10,
+                                                   "allocNewBlocks": 10, "reusedBlocks": 3, "missedBlocks": 7,
+                                                   "cacheHitRate": 0.3}}, SRC, 2.0),
+        make("gpu", {"index": 0, "name": "NVIDIA H200", "memory_used_bytes": 100 * 2**30,
+                     "memory_total_bytes": 141 * 2**30, "process_used_bytes": 90 * 2**30}, SRC, 2.0),
+        make("host", {"process_rss_bytes": 40 * 2**30, "system_available_bytes": 900 * 2**30,
+                      "pinned_pool_bytes": 32 * 10**9}, SRC, 2.0),
+        make("request", {"request_id": 1, "ok": True, "ttft_s": 0.042, "e2e_s": 1.5}, SRC, 2.1),
+        make("request", {"request_id": 2, "ok": False, "error": "boom", "e2e_s": 0.2}, SRC, 2.2),
+    ]
+    for r in recs:
+        model.apply(r)
+        exporter.observe(r)
+
+
+def test_scrape_over_http_on_localhost_returns_the_metric_names() -> None:
+    model = TierModel()
+    exporter = PrometheusExporter(lambda: model, port=0)
+    port = exporter.start()
+    try:
+        assert exporter._server.server_address[0] == "127.0.0.1"  # bound to loopback by default
+        _feed(model, exporter)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            assert resp.status == 200
+            text = resp.read().decode()
+    finally:
+        exporter.stop()
+    names = set(re.findall(r"^([a-z0-9_]+)(?:\{| )", text, re.M))
+    missing = [n for n in EXPECTED if n not in names]
+    assert not missing, missing
+    labels = 'host="gpu-07",rank="0",run="prom"'
+    assert f'kvtop_kv_capacity_blocks{{{labels},tier="gpu"}} 100.0' in text
+    assert f'kvtop_kv_capacity_blocks{{{labels},tier="host"}} 50.0' in text
+    assert f'kvtop_kv_free_blocks{{{labels},tier="gpu"}} 90.0' in text
+    assert f'kvtop_kv_offloaded_blocks_total{{{labels}}} 1.0' in text
+    assert f'kvtop_kv_hit_ratio{{{labels},scope="cumulative"}} 0.3' in text
+    assert 'kvtop_request_ttft_seconds_bucket{host="gpu-07",le="0.05",rank="0",run="prom"} 1.0' in text
+    assert 'kvtop_requests_total{host="gpu-07",outcome="failed",rank="0",run="prom"} 1.0' in text
+    rss = re.search(r'^kvtop_host_process_rss_bytes\{' + re.escape(labels) + r'\} (\S+)$', text, re.M)
+    assert rss is not None and float(rss.group(1)) == 40 * 2**30
+    # A dedicated registry: nothing of kvtop's in the process-global one (the user's own metrics stay theirs).
+    assert not [m for m in REGISTRY.collect() if m.name.startswith("kvtop")]
+
+
+def test_unknown_stays_absent_and_many_sources_are_labelled() -> None:
+    a, b = TierModel(), TierModel()
+    exporter = PrometheusExporter(lambda: {"n1/0/r": a, "n2/3/r": b}, port=0)
+    b.apply(make("kv_event", {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [8, 4]},
+                              "window_size": 64}, SourceId("n2", 3, "r"), 1.0))
+    text = exporter.render().decode()
+    assert 'kvtop_kv_capacity_blocks{host="n2",rank="3",run="r",tier="gpu"} 8.0' in text
+    assert 'kvtop_kv_capacity_blocks{host="n1"' not in text  # unknown is absent, never 0
+    assert 'kvtop_kv_hit_ratio{host="n1"' not in text
+
+
+def test_docs_list_every_metric() -> None:
+    doc = (ROOT / "docs" / "prometheus.md").read_text()
+    for name in EXPECTED + ["kvtop_host_available_bytes", "kvtop_gpu_memory_process_bytes"]:
+        base = re.sub(r"_(bucket|total)$", "", name)
+        assert base in doc, name
