@@ -165,10 +165,10 @@ def cmd_sim(argv: Sequence[str]) -> int:
 
 
 def cmd_run(argv: Sequence[str]) -> int:
+    ns = build_parser().parse_args(list(argv))  # first: --help and --version need nothing else
+    settings = load_settings(_cli_values(ns), config_path=ns.config)
     from kvtop import runner
 
-    ns = build_parser().parse_args(list(argv))
-    settings = load_settings(_cli_values(ns), config_path=ns.config)
     if ns.show_settings:
         for name, value, origin in settings.describe():
             print(f"{name:32} {value!s:24} {origin}")
