@@ -75,6 +75,12 @@ def layout_for(width: int, height: int) -> str:
     return "medium"
 
 
+def _has_data(model: Any) -> bool:
+    gpu = model.gpu
+    return (gpu.free_blocks is not None or gpu.cached_blocks is not None or bool(model.gpus)
+            or model.host_memory is not None or model.hit_rate.lookups > 0)
+
+
 class DashboardScreen(Screen[None]):
     """The one screen. Its class (``-wide`` / ``-medium`` / ``-compact``) follows its size (kvtop.tcss)."""
 
@@ -230,6 +236,7 @@ class KvtopApp(App[int]):
             "requests": screen.query_one(RequestPanel), "memory": screen.query_one(MemoryPanel),
             "events": screen.query_one(EventLog),
         }
+        self._feed_log()  # the session's earlier lines first, so the log reads in time order
         for err in self._theme_errors:
             self.note("warn", err)
         meta = getattr(self.session, "meta", None) or {}
@@ -244,6 +251,7 @@ class KvtopApp(App[int]):
                 self.set_timer(float(duration), self._duration_reached, name="duration")
         self.refresh_view()
         self.set_interval(self.refresh_s, self.refresh_view, name="refresh")
+
 
     async def _run_session(self) -> None:
         try:
@@ -268,10 +276,14 @@ class KvtopApp(App[int]):
     # ------------------------------------------------------------------------------------------ refresh
 
     def _sources(self) -> list[tuple[str, Any]]:
+        """The attached sources that have sent data (a session's own meta record alone makes a model too)."""
         models = getattr(self.session, "models", None) or {}
-        if len(models) > 1:
-            return list(models.items())
-        return [("", self.session.model)]
+        if len(models) <= 1:
+            return [("", self.session.model)]
+        active = [(k, m) for k, m in models.items() if _has_data(m)]
+        if len(active) == 1:
+            return [("", active[0][1])]
+        return active or [("", self.session.model)]
 
     def current_model(self) -> tuple[str, Any]:
         sources = self._sources()
@@ -300,8 +312,11 @@ class KvtopApp(App[int]):
         rates = model.rates
         self._panels["hit"].show(HitData(model.hit_rate, tuple(h.hit_rate for h in history),
                                          getattr(model, "window_s", None)))
-        self._panels["moves"].show(MovesData(rates, model.moves, tuple(
-            (h.offloaded_per_s, h.onboarded_per_s, h.evicted_gpu_per_s, h.evicted_host_per_s) for h in history)))
+        moves = model.moves
+        q = model.quality
+        self._panels["moves"].show(MovesData(rates, moves, tuple(
+            (h.offloaded_per_s, h.onboarded_per_s, h.evicted_gpu_per_s, h.evicted_host_per_s) for h in history),
+            known=moves.source != "events" or q.events_seen))
         self._panels["requests"].show(self._requests(model, rates))
         self._panels["prio"].show(self._priorities(model, gpu, host))
         self._panels["memory"].show(self._memory(model))
@@ -440,7 +455,11 @@ class KvtopApp(App[int]):
         hit = model.hit_rate_by_priority
         prios = set(by.get("gpu", {})) | set(by.get("host", {}))
         order = sorted(prios, key=lambda p: -1 if p is None else p, reverse=True)
-        rows = tuple((p, by.get("gpu", {}).get(p, 0), by.get("host", {}).get(p, 0), hit.get(p)) for p in order)
+        def rate(p: int | None) -> float | None:
+            v = hit.get(p)
+            return getattr(v, "cumulative", v)  # a HitRate (tiers.py now) or a bare fraction (its first version)
+
+        rows = tuple((p, by.get("gpu", {}).get(p, 0), by.get("host", {}).get(p, 0), rate(p)) for p in order)
         return PriorityData(rows, gpu.capacity_blocks, host.capacity_blocks)
 
     @staticmethod

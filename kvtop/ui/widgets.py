@@ -13,6 +13,7 @@ GiB columns, then its border, through the screen's ``-medium`` / ``-compact`` cl
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -262,14 +263,16 @@ class TierPanel(Panel):
         """Both bands in one row: the top half of each cell is held / free, the bottom half cached / not."""
         st = self.data.state
         cap = st.capacity_blocks
-        if cap is None or st.in_use_blocks is None or st.cached_blocks is None:
+        if cap is None or st.in_use_blocks is None:
             return self._band(None, None, width, S_IN_USE)
         used = fmt.cells(st.in_use_blocks, cap, width)
-        cached = fmt.cells(st.cached_blocks, cap, width)
+        # Cached unknown (no KV events): the bottom half stays empty rather than drawn as "none cached".
+        cached = None if st.cached_blocks is None else fmt.cells(st.cached_blocks, cap, width)
         parts: list[tuple[str, str]] = []
         run_style, run_len = "", 0
         for i in range(width):
-            style = f"{S_IN_USE if i < used else S_FREE} on {S_CACHED if i < cached else S_FREE}"
+            top = S_IN_USE if i < used else S_FREE
+            style = top if cached is None else f"{top} on {S_CACHED if i < cached else S_FREE}"
             if style == run_style:
                 run_len += 1
             else:
@@ -389,20 +392,26 @@ class HitRatePanel(Vertical):
     HitRatePanel HitRateBody { height: 3; }
     """
 
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self._digits_text = ""
+        # Held, not queried: the app may show data before this container's children are mounted.
+        self.digits = Digits("--.-%", id="hit-digits")
+        self.body = HitRateBody(id="hit-body")
+
     def compose(self) -> ComposeResult:
-        yield Digits("--.-%", id="hit-digits")
-        yield HitRateBody(id="hit-body")
+        yield self.digits
+        yield self.body
 
     def on_mount(self) -> None:
         self.border_title = "Hit rate · blocks reused"
-        self._digits_text = ""
 
     def show(self, data: HitData) -> bool:
         text = fmt.pct(data.hit.window, unknown="--.-%")
         if text != self._digits_text:
             self._digits_text = text
-            self.query_one(Digits).update(text)
-        return self.query_one(HitRateBody).show(data)
+            self.digits.update(text)
+        return self.body.show(data)
 
 
 # ------------------------------------------------------------------------------------------------ moves
@@ -412,6 +421,7 @@ class MovesData:
     rates: Any                      # kvtop.tiers.Rates
     moves: Any                      # kvtop.tiers.Moves
     history: tuple[tuple[float, float, float, float], ...]  # (offload, onboard, evict GPU, evict host) per step
+    known: bool = True              # False: moves come from KV events and none were seen (shown as "?", not 0)
 
 
 class MovesPanel(Panel):
@@ -431,11 +441,13 @@ class MovesPanel(Panel):
         width, height = self.inner
         if d is None:
             return Content("")
+        def rate(attr: str) -> str:
+            return fmt.rate(getattr(d.rates, attr) if d.known else None)
+
         if height == 1:
-            r = d.rates
-            line = ASSEMBLE(("moves/s ", "bold"), ("off ", S_CACHED), (fmt.rate(r.offloaded_per_s), S_FIG),
-                            (" on ", S_IN_USE), (fmt.rate(r.onboarded_per_s), S_FIG), (" ev ", S_DIM),
-                            (fmt.rate(r.evicted_gpu_per_s), S_FIG), "/", (fmt.rate(r.evicted_host_per_s), S_FIG))
+            line = ASSEMBLE(("moves/s ", "bold"), ("off ", S_CACHED), (rate("offloaded_per_s"), S_FIG),
+                            (" on ", S_IN_USE), (rate("onboarded_per_s"), S_FIG), (" ev ", S_DIM),
+                            (rate("evicted_gpu_per_s"), S_FIG), "/", (rate("evicted_host_per_s"), S_FIG))
             return _fit(line, width)
         show_total = width >= 40
         base = 8 + 9 + 7 + (9 if show_total else 0)
@@ -443,12 +455,14 @@ class MovesPanel(Panel):
         lines: list[Content] = []
         for i, (verb, where, rate_attr, total_attr, style) in enumerate(self.ROWS):
             parts: list[Any] = [(f"{verb:<8}", "bold"), (f"{where:<9}", S_DIM),
-                                (_pad(fmt.rate(getattr(d.rates, rate_attr)), 7), S_FIG)]
-            if spark_w >= 6:
+                                (_pad(rate(rate_attr), 7), S_FIG)]
+            if spark_w >= 6 and d.known:
                 series = [h[i] for h in d.history]
                 parts += [" ", (fmt.sparkline(series, spark_w), style)]
+            elif spark_w >= 6:
+                parts += [" ", ("no events"[:spark_w].ljust(spark_w), S_DIM)]
             if show_total:
-                parts.append((_pad(fmt.count(getattr(d.moves, total_attr)), 9), S_DIM))
+                parts.append((_pad(fmt.count(getattr(d.moves, total_attr) if d.known else None), 9), S_DIM))
             lines.append(ASSEMBLE(*parts))
         if height >= 5:
             r = d.rates
@@ -664,7 +678,7 @@ class EventLog(Panel):
     RECENT = 8
     MAX_LINES_PER_S = 5.0
     BURST = 10.0
-    _digits = str.maketrans("0123456789", "##########")
+    _numbers = re.compile(r"\d+(?:\.\d+)?")
 
     def __init__(self, *, id: str | None = None, classes: str | None = None):
         super().__init__(id=id, classes=classes)
@@ -679,7 +693,7 @@ class EventLog(Panel):
         self.border_title = "Events"
 
     def add(self, t: float, level: str, text: str) -> None:
-        key = (level, text.translate(self._digits))
+        key = (level, self._numbers.sub("#", text))
         for line in list(self.lines)[-self.RECENT:]:
             if line.key == key:
                 line.count += 1
@@ -690,8 +704,9 @@ class EventLog(Panel):
                 self._changed()
                 return
         if self._last_fill is not None:
-            self._tokens = min(self.BURST, self._tokens + (t - self._last_fill) * self.MAX_LINES_PER_S)
-        self._last_fill = t
+            # max(0, ...): log times come from several clocks (the session's, the UI's); never refill backwards.
+            self._tokens = min(self.BURST, self._tokens + max(t - self._last_fill, 0.0) * self.MAX_LINES_PER_S)
+        self._last_fill = t if self._last_fill is None else max(t, self._last_fill)
         if self._tokens < 1.0 and level != "error" or self._tokens < -self.BURST:
             self.suppressed += 1
             self._changed()

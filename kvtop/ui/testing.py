@@ -1,0 +1,39 @@
+"""Helpers for the UI's tests and bench: a session folded from a recording, and the frozen clock they use.
+
+No Textual here: building the session is the data side; only ``build_app`` (called by the tests) brings the UI.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvtop.records import RecordError, SourceId, read_jsonl
+from kvtop.session import Session
+
+REPO = Path(__file__).resolve().parents[2]
+BUSY_RECORDING = REPO / "tests" / "data" / "busy.jsonl"
+# The frozen "now" of the UI tests: one hour and 83 s after the recording's first record (2025-11-29 15:26:40
+# UTC), so the header's uptime reads 0:01:23 with ``started_at = FROZEN_STARTED_AT``.
+FROZEN_STARTED_AT = 1764430000.0 + 3600
+FROZEN_NOW = FROZEN_STARTED_AT + 83
+
+
+def session_from_recording(path: str | os.PathLike[str] = BUSY_RECORDING, *, upto: float | None = None,
+                           started_at: float = FROZEN_STARTED_AT) -> Session:
+    """A Session with every record of ``path`` (or those within ``upto`` s of the first) folded in; not run."""
+    session = Session(source=SourceId(host="sim", rank=0, run="busy"))
+    t0: float | None = None
+    for rec in read_jsonl(path):
+        if isinstance(rec, RecordError):
+            raise rec
+        if t0 is None:
+            t0 = rec.time
+        if upto is not None and rec.time - t0 > upto:
+            break
+        session.emit(rec)
+    session.started_at = started_at
+    return session
+
+
+__all__ = ["BUSY_RECORDING", "FROZEN_NOW", "FROZEN_STARTED_AT", "REPO", "session_from_recording"]

@@ -1,0 +1,330 @@
+"""Pilot tests: every key and flow of the dashboard, asserted on state and on the messages each action posts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from textual.command import CommandPalette
+from textual.message import Message
+
+from kvtop.records import SourceId, make, read_jsonl
+from kvtop.session import Session
+from kvtop.tiers import TierModel
+from kvtop.ui import app as app_module
+from kvtop.ui.app import KvtopApp, build_app, layout_for
+from kvtop.ui.demo import build_replay_session
+from kvtop.ui.testing import BUSY_RECORDING, FROZEN_NOW, session_from_recording
+from kvtop.ui.widgets import EventLog, HelpScreen, TierPanel
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Uptime and log times from a fixed clock, in UTC (harlequin freezes its clock the same way)."""
+    monkeypatch.setattr(app_module, "wall_clock", lambda: FROZEN_NOW)
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+class Settings:
+    refresh = 0.25
+    theme = "dark"
+    duration = None
+
+
+class Messages:
+    """A message hook that keeps what the app posted, by type."""
+
+    def __init__(self) -> None:
+        self.seen: list[Message] = []
+
+    def __call__(self, message: Message) -> None:
+        self.seen.append(message)
+
+    def of(self, kind: type[Message]) -> list[Any]:
+        return [m for m in self.seen if isinstance(m, kind)]
+
+
+def _records() -> list[Any]:
+    return [r for r in read_jsonl(BUSY_RECORDING)]
+
+
+def _gpu_panel(app: KvtopApp) -> TierPanel:
+    return app.screen.query_one("#tier-gpu", TierPanel)
+
+
+async def test_build_app_reads_refresh_and_theme_from_settings() -> None:
+    class Light(Settings):
+        theme = "light"
+        refresh = 0.5
+
+    app = build_app(session_from_recording(), Light(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.theme == "light"
+        assert app.refresh_s == 0.5
+        assert {"dark", "light", "high-contrast"} <= set(app.theme_names)
+
+
+async def test_q_quits_with_status_0_and_stops_the_session() -> None:
+    session = session_from_recording()
+    stopped: list[bool] = []
+    session.add_producer("idle", lambda: asyncio.Event().wait(), stop=lambda: stopped.append(True))
+    app = build_app(session, Settings())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+    assert stopped and session._stopped
+    assert app._session_worker is not None and app._session_worker.is_finished
+
+
+async def test_p_pauses_updates_and_resumes() -> None:
+    records = _records()
+    half = len(records) // 2
+    session = Session(source=SourceId(host="sim", rank=0, run="busy"))
+    for r in records[:half]:
+        session.emit(r)
+    hook = Messages()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        app.refresh_view()
+        before = _gpu_panel(app).data
+        shown_at = app.shown_data_time
+        await pilot.press("p")
+        assert app.paused
+        for r in records[half:]:
+            session.emit(r)
+        assert session.model.gpu != before.state  # the fold went on...
+        app.refresh_view()
+        await pilot.pause()
+        assert _gpu_panel(app).data == before      # ...and the screen did not
+        assert app.shown_data_time == shown_at
+        assert app.screen.query_one("#header").data.paused
+        await pilot.press("p")
+        await pilot.pause()
+        assert not app.paused
+        assert _gpu_panel(app).data.state == session.model.gpu
+        assert app.shown_data_time == session.model.now
+    assert [m.paused for m in hook.of(KvtopApp.PauseToggled)] == [True, False]
+
+
+async def test_r_resets_the_window() -> None:
+    session = session_from_recording()
+    calls: list[bool] = []
+    original = session.reset_window
+    session.reset_window = lambda: (calls.append(True), original())  # type: ignore[method-assign]
+    hook = Messages()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        moves = app.screen.query_one("#moves")
+        assert moves.data.rates.window_s is not None
+        await pilot.press("r")
+        await pilot.pause()
+        assert calls == [True]
+        assert moves.data.rates.window_s is None   # the window starts afresh: no rate until time passes
+        log = app.screen.query_one(EventLog)
+        app.refresh_view()
+        assert any("window reset" in line.text for line in log.lines)
+    assert len(hook.of(KvtopApp.WindowReset)) == 1
+
+
+async def test_t_cycles_the_themes() -> None:
+    hook = Messages()
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        seen = [app.theme]
+        for _ in range(3):
+            await pilot.press("t")
+            seen.append(app.theme)
+    assert seen == ["dark", "light", "high-contrast", "dark"]
+    assert [m.theme for m in hook.of(KvtopApp.ThemeCycled)] == ["light", "high-contrast", "dark"]
+
+
+async def test_e_toggles_the_event_log() -> None:
+    hook = Messages()
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        log = app.screen.query_one(EventLog)
+        assert log.display
+        await pilot.press("e")
+        await pilot.pause()
+        assert not log.display
+        await pilot.press("e")
+        await pilot.pause()
+        assert log.display
+    assert [m.shown for m in hook.of(KvtopApp.EventsToggled)] == [False, True]
+
+
+async def test_question_mark_shows_help_and_escape_closes_it() -> None:
+    hook = Messages()
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+    assert len(hook.of(KvtopApp.HelpShown)) == 2
+
+
+async def test_command_palette_runs_the_same_actions() -> None:
+    session = session_from_recording()
+    calls: list[bool] = []
+    session.reset_window = lambda: calls.append(True)  # type: ignore[method-assign]
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        for title in ("Pause / resume", "Reset window", "Next theme", "Event log", "Help", "Quit"):
+            assert title in titles
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert isinstance(app.screen, CommandPalette)
+        await pilot.press(*"reset window")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert calls == [True]
+
+
+async def test_layout_follows_resizes() -> None:
+    assert (layout_for(120, 40), layout_for(80, 24), layout_for(40, 12)) == ("wide", "medium", "compact")
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert screen.has_class("-wide")
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert screen.has_class("-medium") and not screen.has_class("-wide")
+        await pilot.resize_terminal(40, 12)
+        await pilot.pause()
+        assert screen.has_class("-compact")
+        # Whole at 40x12: every panel still shown is inside the screen, none cut by its edge.
+        for panel in screen.query("TierPanel, HitRatePanel, MovesPanel, RequestPanel"):
+            region = panel.region
+            assert region.height >= 1 and region.bottom <= 12 and region.right <= 40, panel
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert screen.has_class("-wide")
+
+
+async def test_a_live_replay_fills_the_screen_and_quits_cleanly() -> None:
+    session, replay = build_replay_session(BUSY_RECORDING, speed=0)
+    app = build_app(session, Settings())
+    async with app.run_test(size=(120, 40)) as pilot:
+        for _ in range(200):
+            await pilot.pause(0.05)
+            if session.status.get("replay") == "done":
+                break
+        assert session.status.get("replay") == "done"
+        app.refresh_view()
+        gpu = _gpu_panel(app).data.state
+        assert (gpu.capacity_blocks, app.screen.query_one("#tier-host").data.state.capacity_blocks) == (256, 227)
+        assert replay.emitted == 3324
+        assert app.last_refresh_cost_s < 0.05   # a refresh never holds the loop long (typically ~1 ms)
+        log = app.screen.query_one(EventLog)
+        assert any("replay finished: 3324 records" in line.text for line in log.lines)
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+async def test_unknown_host_occupancy_shows_as_unknown_never_zero() -> None:
+    """Stats and a host pool but no KV events (event_buffer_max_size = 0): host occupancy is unknown."""
+    source = SourceId(host="sim", rank=0, run="busy")
+    session = Session(source=source)
+    session.emit(make("meta", {"engine": "sim", "model": "Qwen/Qwen3-8B", "tokens_per_block": 32,
+                               "primary_blocks": 256, "secondary_blocks": 227, "bytes_per_block": 4718592},
+                      source=source, time=1764430000.0))
+    for r in _records():
+        if r.kind == "stats":
+            session.emit(r)
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        host = app.screen.query_one("#tier-host", TierPanel)
+        text = host.render().plain
+        assert "unknown" in text
+        assert host.has_class("-unknown")
+        assert "host unknown" in app.screen.query_one("#header").data.flags
+        assert session.model.host.cached_blocks is None
+
+
+async def test_tier_panels_toggle_ok_and_warn() -> None:
+    model = TierModel()
+    model.apply(make("kv_event", {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [100, 0]}},
+                     time=1.0))
+    stats = {"iter": 0, "kvCacheStats": {"maxNumBlocks": 100, "freeNumBlocks": 50, "usedNumBlocks": 50,
+                                         "tokensPerBlock": 32, "reusedBlocks": 0, "missedBlocks": 0}}
+    model.apply(make("stats", stats, time=2.0))
+    session = Session()
+    session.model = model
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        gpu = _gpu_panel(app)
+        assert gpu.has_class("-ok") and not gpu.has_class("-warn")
+        stats["kvCacheStats"] = dict(stats["kvCacheStats"], freeNumBlocks=5, usedNumBlocks=95)  # type: ignore
+        stats["iter"] = 1
+        model.apply(make("stats", stats, time=3.0))
+        app.refresh_view()
+        await pilot.pause()
+        assert gpu.has_class("-warn") and not gpu.has_class("-ok")
+
+
+async def test_event_log_aggregates_and_rate_limits() -> None:
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)):
+        log = app.screen.query_one(EventLog)
+        log.lines.clear()
+        log._last_fill = None
+        for i in range(1000):
+            log.add(100.0 + i * 0.001, "warn", f"request {i} failed: out of blocks")
+        assert len(log.lines) == 1 and log.lines[0].count == 1000          # one line, ×1000
+        for i in range(100):                                                # 100 different lines in 0.1 s
+            log.add(200.0 + i * 0.001, "info", f"source{chr(65 + i % 26)}{chr(65 + i // 26)} said hello")
+        assert log.suppressed > 0 and len(log.lines) <= 1 + EventLog.BURST + 1
+        log.add(300.0, "info", "much later")                               # the bucket refilled
+        texts = [line.text for line in log.lines]
+        assert any("more lines suppressed" in t for t in texts) and texts[-1] == "much later"
+
+
+async def test_session_log_feeds_the_event_log_once() -> None:
+    session = session_from_recording()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)):
+        log = app.screen.query_one(EventLog)
+        session.note("warn", "nvml: no NVIDIA driver")
+        app.refresh_view()
+        app.refresh_view()
+        assert sum("no NVIDIA driver" in line.text and line.count == 1 for line in log.lines) == 1
+
+
+async def test_several_sources_and_the_s_key() -> None:
+    session = session_from_recording()
+    other = SourceId(host="node-b", rank=0, run="busy")
+    for r in _records()[:1500]:
+        session.emit(make(r.kind, r.data, source=other, time=r.time))
+    hook = Messages()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        header = app.screen.query_one("#header")
+        assert header.data.source_label.startswith("1/2")
+        first = _gpu_panel(app).data
+        await pilot.press("s")
+        await pilot.pause()
+        assert header.data.source_label.startswith("2/2 node-b")
+        assert _gpu_panel(app).data != first
+    assert [m.source for m in hook.of(KvtopApp.SourceChanged)] == ["node-b/0/busy"]
