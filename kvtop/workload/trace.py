@@ -33,17 +33,26 @@ class TraceRequest:
 
     def prompt_ids(self) -> list[int]:
         ids: list[int] = []
-        for h in self.hash_ids:
-            start = h * TRACE_BLOCK_TOKENS
-            ids.extend(range(start, start + TRACE_BLOCK_TOKENS))  # C-speed: 15k tokens in ~0.1 ms
-            if len(ids) >= self.input_length:
-                break
-        if len(ids) < self.input_length:
-            # A trace whose hash ids cover fewer tokens than input_length: the tail is unique to the request.
-            tail = (1 << 29) + self.line * 65_536
-            ids.extend(range(tail, tail + self.input_length - len(ids)))
-        del ids[self.input_length:]
+        for first, length in self.prompt_runs():
+            ids.extend(range(first, first + length))  # C-speed: 15k tokens in ~0.1 ms
         return ids
+
+    def prompt_runs(self) -> list[tuple[int, int]]:
+        """The prompt as runs of consecutive token ids, ``[(first_id, length), ...]``: ``prompt_ids()`` is their
+        concatenation. One run per hash block (the last one cut to ``input_length``), plus the request's unique
+        tail when the hash ids cover fewer tokens than ``input_length``."""
+        runs: list[tuple[int, int]] = []
+        remaining = self.input_length
+        for h in self.hash_ids:
+            if remaining <= 0:
+                break
+            length = min(TRACE_BLOCK_TOKENS, remaining)
+            runs.append((h * TRACE_BLOCK_TOKENS, length))
+            remaining -= length
+        if remaining > 0:
+            # A trace whose hash ids cover fewer tokens than input_length: the tail is unique to the request.
+            runs.append(((1 << 29) + self.line * 65_536, remaining))
+        return runs
 
 
 def _field(obj: dict, key: str, path: str, line: int, minimum: int = 0) -> int:

@@ -27,11 +27,15 @@ that a reader may not expect (each one is reproduced on purpose):
 from __future__ import annotations
 
 import heapq
+import operator
+import struct
 import time
-from bisect import insort
+from array import array
+from bisect import bisect_right, insort
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import accumulate, chain, islice
+from typing import Any, overload
 
 from kvtop.engines.sim.retention import DEFAULT_PRIORITY, MAX_PRIORITY, KvCacheRetentionConfig
 
@@ -63,6 +67,147 @@ def block_key_hash(tokens: Sequence[int], parent_hash: int) -> int:
     return seed
 
 
+# ------------------------------------------------------------------------------------------------- block keys
+#
+# A block's key (TensorRT-LLM's BlockKey: the block's token ids) is kept as bytes: the first id, then each id's
+# difference from the one before, as native signed 64-bit integers.
+# - Bytes, not a tuple of ints: bytes cache their hash and compare with memcmp. A 32-int tuple rehashes its 32 ints
+#   on every dict operation (~0.35 us on the 2-core reference machine, ~1 us when an equal tuple from another
+#   request has to be compared item by item), and the tree is probed 3-4 times per block (match on add, store after
+#   prefill, store again on release, detach on eviction): that was a quarter of the trace replay.
+# - Differences, not the ids: a run of consecutive ids encodes as its first id and a constant tail, built in O(1)
+#   per block without creating the ids (``TokenRuns``); a Mooncake trace prompt is one run per 512-token hash block.
+# The encoding is a function of the tokens alone, so keys of the same tokens are equal bytes however they were made
+# (from a list, from TokenRuns, across prompt and generated tokens), and k tokens in common at the start are exactly
+# 8k bytes in common. Token ids must fit in signed 62 bits so that their differences fit in 64 (TensorRT-LLM's ids
+# are int32); an id outside that range raises OverflowError.
+
+_pack_id = struct.Struct("q").pack
+_ID_BYTES = 8
+
+
+def encode_key(tokens: Sequence[int]) -> bytes:
+    """The key of one block's tokens (see above)."""
+    if not tokens:
+        return b""
+    return _pack_id(tokens[0]) + array("q", map(operator.sub, islice(tokens, 1, None), tokens)).tobytes()
+
+
+def decode_key(key: bytes) -> list[int]:
+    """The token ids of a key."""
+    return list(accumulate(memoryview(key).cast("q")))
+
+
+def _encode_full_blocks(tokens: Sequence[int], tokens_per_block: int) -> list[bytes]:
+    """Keys of consecutive full blocks of ``tokens`` (a multiple of ``tokens_per_block`` long), with one pass of
+    C-level subtraction over all of them."""
+    if not tokens:
+        return []
+    deltas = array("q", map(operator.sub, islice(tokens, 1, None), tokens)).tobytes()
+    span = _ID_BYTES * (tokens_per_block - 1)  # a block's differences: the one into its first id is left out
+    return [_pack_id(tokens[i]) + deltas[_ID_BYTES * i:_ID_BYTES * i + span]
+            for i in range(0, len(tokens), tokens_per_block)]
+
+
+def _common_prefix_tokens(a: bytes, b: bytes) -> int:
+    n = 0
+    for x, y in zip(memoryview(a).cast("q"), memoryview(b).cast("q")):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class TokenRuns(Sequence[int]):
+    """An immutable token sequence made of runs of consecutive ids: ``TokenRuns([(100, 3), (7, 2)])`` is
+    ``[100, 101, 102, 7, 8]``.
+
+    ``BlockManager.add_sequence`` takes it like any sequence of token ids and gives exactly what the equal list gives
+    (same keys, so the same block ids, counters and events), but cuts it into block keys in O(1) per block without
+    creating an int per token. A Mooncake trace prompt is one run per 512-token hash block (``kvtop sim --trace``:
+    61M prompt tokens, 120k runs). Iterating, ``len``, indexing and slicing (to a list) work as on the list.
+    """
+
+    __slots__ = ("runs", "_offsets", "_len")
+
+    def __init__(self, runs: Iterable[tuple[int, int]]):
+        self.runs = tuple((operator.index(first), operator.index(length)) for first, length in runs)
+        offsets = []
+        total = 0
+        for _, length in self.runs:
+            if length <= 0:
+                raise ValueError(f"TokenRuns: run lengths must be > 0, got {length}")
+            offsets.append(total)
+            total += length
+        self._offsets = offsets  # position of each run's first token
+        self._len = total
+
+    def __repr__(self) -> str:
+        return f"TokenRuns({list(self.runs)!r})"
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[int]:
+        return chain.from_iterable(range(first, first + length) for first, length in self.runs)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            return self._slice(start, stop) if step == 1 else list(self)[index]
+        i = operator.index(index)
+        if i < 0:
+            i += self._len
+        if not 0 <= i < self._len:
+            raise IndexError("TokenRuns index out of range")
+        r = bisect_right(self._offsets, i) - 1
+        return self.runs[r][0] + i - self._offsets[r]
+
+    def _slice(self, start: int, stop: int) -> list[int]:
+        out: list[int] = []
+        if start >= stop:
+            return out
+        r = bisect_right(self._offsets, start) - 1
+        while start < stop:
+            first, length = self.runs[r]
+            offset = self._offsets[r]
+            end = min(stop, offset + length)
+            out.extend(range(first + start - offset, first + end - offset))
+            start = end
+            r += 1
+        return out
+
+    def block_keys(self, start: int, stop: int, tokens_per_block: int) -> list[bytes]:
+        """Keys of the full blocks of tokens ``[start, stop)`` (a multiple of ``tokens_per_block`` apart)."""
+        keys: list[bytes] = []
+        if start >= stop:
+            return keys
+        runs, offsets = self.runs, self._offsets
+        tail = _pack_id(1) * (tokens_per_block - 1)  # the differences inside a run
+        r = bisect_right(offsets, start) - 1
+        pos = start
+        while pos < stop:
+            while offsets[r] + runs[r][1] <= pos:
+                r += 1
+            first, length = runs[r]
+            offset = offsets[r]
+            inside_end = min(stop, pos + (offset + length - pos) // tokens_per_block * tokens_per_block)
+            if inside_end > pos:  # whole blocks inside this run
+                keys.extend([_pack_id(v) + tail for v in range(first + pos - offset, first + inside_end - offset,
+                                                                tokens_per_block)])
+                pos = inside_end
+            else:  # a block across a run boundary
+                keys.append(encode_key(self._slice(pos, pos + tokens_per_block)))
+                pos += tokens_per_block
+        return keys
+
+
 class _Block:
     """``KVCacheBlock``: an identity (id, key, tree links, priority) bound to a memory slot of one tier."""
 
@@ -72,12 +217,12 @@ class _Block:
     def __init__(self, block_id: int, primary: bool):
         self.id = block_id
         self.primary = primary
-        self.key: tuple[int, ...] = ()
+        self.key = b""  # encoded token ids (see encode_key); empty until the block holds tokens
         self.is_full = False
         self.hash = 0
         self.prev: _Block | None = None          # parent in the radix tree (the root for first blocks)
         self.prev_in_seq: _Block | None = None   # previous block of the sequence that last added it
-        self.children: dict[tuple[int, ...], _Block] = {}
+        self.children: dict[bytes, _Block] = {}
         self.refs = 0
         self.priority = DEFAULT_PRIORITY
         self.duration_ms: int | None = None
@@ -92,21 +237,51 @@ class _Block:
 
 
 class _Sequence:
-    __slots__ = ("request_id", "tokens", "blocks", "decode_priority", "decode_duration_ms")
+    __slots__ = ("request_id", "prompt", "prompt_len", "generated", "num_tokens", "blocks", "decode_priority",
+                 "decode_duration_ms", "full_keys")
 
-    def __init__(self, request_id: Any, tokens: list[int], retention: KvCacheRetentionConfig | None):
+    def __init__(self, request_id: Any, prompt: Sequence[int], retention: KvCacheRetentionConfig | None):
         self.request_id = request_id
-        self.tokens = tokens
+        self.prompt = prompt  # the block manager's own list copy, or an immutable TokenRuns
+        self.prompt_len = len(prompt)
+        self.generated: list[int] = []  # tokens added after the prompt (add_token, remove_sequence's final tokens)
+        self.num_tokens = self.prompt_len
         self.blocks: list[_Block] = []
         self.decode_priority = retention.decode_retention_priority if retention else DEFAULT_PRIORITY
         self.decode_duration_ms = retention.decode_duration_ms if retention else None
+        # Keys of the full blocks of the first len(full_keys) * tokens_per_block tokens, made once and shared by
+        # add_sequence, store_context_blocks and remove_sequence: tokens are only ever appended, so the keys of a
+        # prefix never change. (Cutting a 15k-token prompt into keys used to be done three times per request.)
+        self.full_keys: list[bytes] = []
+
+    def tokens(self, start: int, stop: int) -> list[int]:
+        """Tokens ``[start, stop)`` across the prompt and the generated tokens."""
+        plen = self.prompt_len
+        if stop <= plen:
+            return list(self.prompt[start:stop])
+        if start >= plen:
+            return self.generated[start - plen:stop - plen]
+        return list(self.prompt[start:plen]) + self.generated[:stop - plen]
+
+
+# One shared (cache level, priority) tuple per free queue, so queueing a block allocates nothing.
+_PLACES = tuple(tuple((level, prio) for prio in range(MAX_PRIORITY + 1)) for level in (PRIMARY, SECONDARY))
 
 
 class _EvictionPolicy:
-    """``LRUEvictionPolicy``: 101 FIFO queues per cache level, lowest priority and oldest release first."""
+    """``LRUEvictionPolicy``: 101 FIFO queues per cache level, lowest priority and oldest release first.
+
+    Invariants the block manager's inlined fast paths rely on (``_get_free_block``, ``remove_sequence``):
+    a block is in at most one queue, the one ``block.queued`` names, and that queue's priority is the block's
+    ``priority``; ``nonempty[level]`` lists, sorted, exactly the priorities whose queue is non-empty;
+    ``num_free[level]`` is the number of queued blocks of the level. The containers are never replaced, only
+    mutated, so the block manager may hold references to them.
+    """
 
     def __init__(self, blocks: list[_Block], sizes: tuple[int, int], offload_min_priority: int,
                  clock_ms: Callable[[], float]):
+        # Queues map block id -> block in release order (OrderedDict: O(1) removal from the middle when a
+        # reused block is claimed, O(1) pop from the front when one is evicted).
         self.queues: list[list[OrderedDict[int, _Block]]] = [
             [OrderedDict() for _ in range(MAX_PRIORITY + 1)] for _ in range(2)]
         self.nonempty: list[list[int]] = [[], []]  # sorted priorities whose queue is non-empty, per level
@@ -115,21 +290,18 @@ class _EvictionPolicy:
         self.clock_ms = clock_ms
         self.expiry_heap: list[tuple[float, int, _Block]] = []
         self.expiry: dict[int, float] = {}  # block id -> its live expiration (heap entries may be stale)
-        start = 0
-        for level in (PRIMARY, SECONDARY):
-            for block in blocks[start:start + sizes[level]]:
-                self._push(block, to_front=False)
-            start += sizes[level]
+        for block in blocks[:sizes[PRIMARY] + sizes[SECONDARY]]:  # primary blocks first, then secondary
+            self.push(block)
 
-    def _push(self, block: _Block, to_front: bool) -> None:
-        level, prio = block.level, block.priority
+    def push(self, block: _Block) -> None:
+        """Queue a block at the back of the queue of its tier and priority."""
+        level = PRIMARY if block.primary else SECONDARY
+        prio = block.priority
         q = self.queues[level][prio]
         if not q:
             insort(self.nonempty[level], prio)
         q[block.id] = block
-        if to_front:
-            q.move_to_end(block.id, last=False)
-        block.queued = (level, prio)
+        block.queued = _PLACES[level][prio]
         self.num_free[level] += 1
 
     def _remove(self, block: _Block) -> bool:
@@ -144,21 +316,17 @@ class _EvictionPolicy:
         block.queued = None
         return True
 
-    def get_free_block(self, level: int) -> tuple[_Block, bool]:
-        prios = self.nonempty[level]
-        if not prios:
-            tier = "GPU (primary)" if level == PRIMARY else "host (secondary)"
-            raise NoFreeBlockError(f"no free block in the {tier} pool")
-        prio = prios[0]
-        block = next(iter(self.queues[level][prio].values()))
-        return block, level == PRIMARY and prio >= self.offload_min_priority
-
-    def release(self, block: _Block, to_front: bool = False) -> None:
-        self._push(block, to_front)
+    def release(self, block: _Block) -> None:
+        self.push(block)
         if block.duration_ms is not None and block.priority != DEFAULT_PRIORITY:
-            expiration = self.clock_ms() + block.duration_ms
-            self.expiry[block.id] = expiration
-            heapq.heappush(self.expiry_heap, (expiration, block.id, block))
+            self.start_expiry(block)
+
+    def start_expiry(self, block: _Block) -> None:
+        """A released block with a timed priority: it falls back to 35 ``duration_ms`` from now."""
+        assert block.duration_ms is not None
+        expiration = self.clock_ms() + block.duration_ms
+        self.expiry[block.id] = expiration
+        heapq.heappush(self.expiry_heap, (expiration, block.id, block))
 
     def claim(self, block: _Block, priority: int | None = None, duration_ms: int | None = None) -> None:
         if self._remove(block):
@@ -169,9 +337,11 @@ class _EvictionPolicy:
 
     def refresh(self) -> int:
         """Expired timed priorities fall back to 35 (tail of that queue). Returns how many expired."""
+        heap = self.expiry_heap
+        if not heap:
+            return 0  # nothing timed (every trace replay): no clock read, once per engine iteration
         now = self.clock_ms()
         expired = 0
-        heap = self.expiry_heap
         while heap:
             expiration, block_id, block = heap[0]
             if self.expiry.get(block_id) != expiration:
@@ -183,7 +353,7 @@ class _EvictionPolicy:
             del self.expiry[block_id]
             if self._remove(block):
                 block.priority = DEFAULT_PRIORITY
-                self._push(block, to_front=False)
+                self.push(block)
                 expired += 1
         return expired
 
@@ -289,7 +459,8 @@ class BlockManager:
             "type": "stored",
             "parent_hash": parent.hash if parent is not None and parent.id >= 0 else None,
             "blocks": [{"type": "stored_block", "block_hash": b.hash,
-                        "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in b.key],
+                        "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0}
+                                   for t in decode_key(b.key)],
                         "cache_level": b.level, "priority": b.priority} for b in blocks],
         })
 
@@ -314,7 +485,7 @@ class BlockManager:
 
     def _set_hash(self, block: _Block, parent_hash: int) -> None:
         if self._events_enabled:
-            block.hash = block_key_hash(block.key, parent_hash)
+            block.hash = block_key_hash(decode_key(block.key), parent_hash)
 
     def _free_children(self, block: _Block) -> None:
         """``freeChildren``: detach the block and its descendants from the tree, children first."""
@@ -337,24 +508,70 @@ class BlockManager:
         self._detach(block)
 
     def _get_free_block(self, priority: int, duration_ms: int | None) -> _Block:
+        """``getFreeBlock`` + ``claimBlock``: take the GPU victim, offload it to the host tier when 1.2 would,
+        detach what it frees from the tree, and claim it with the given priority and duration.
+
+        This runs once per allocated block (1.9M times in the synthetic trace, 1.8M of them offloading), so the
+        eviction policy's operations are inlined here: taking the front block of a level is its
+        ``get_free_block`` + ``claim``; queueing the offloaded block is its ``release`` (with no expiry: the
+        claim cleared the duration). Popping the host target before queueing the offloaded block, where
+        TensorRT-LLM queues first and claims the target after, leaves the same queues: the target was the
+        front, and the offloaded block goes to the back.
+        """
         policy = self._policy
-        block, can_offload = policy.get_free_block(PRIMARY)
+        prios = policy.nonempty[PRIMARY]
+        if not prios:
+            raise NoFreeBlockError("no free block in the GPU (primary) pool")
+        prio = prios[0]
+        queue = policy.queues[PRIMARY][prio]
+        block = queue.popitem(last=False)[1]
+        if not queue:
+            del prios[0]
+        num_free = policy.num_free
+        num_free[PRIMARY] -= 1
+        block.queued = None
+        expiry = policy.expiry
+        if expiry:
+            expiry.pop(block.id, None)
+        self.alloc_total_blocks += 1
         if not block.key:
             self.alloc_new_blocks += 1
-        self.alloc_total_blocks += 1
-        if block.key and can_offload and policy.num_free[SECONDARY] > 0 and self.onboard_blocks:
-            policy.claim(block)  # keeps its priority; drops its duration
-            target, _ = policy.get_free_block(SECONDARY)
-            block.primary, target.primary = target.primary, block.primary  # swap memory slots
+        elif prio >= policy.offload_min_priority and num_free[SECONDARY] and self.onboard_blocks:
+            block.duration_ms = None  # the claim before the offload keeps the priority, drops the duration
+            host_prios = policy.nonempty[SECONDARY]
+            host_queue = policy.queues[SECONDARY][host_prios[0]]
+            target = host_queue.popitem(last=False)[1]
+            if not host_queue:
+                del host_prios[0]
+            target.queued = None
+            if expiry:
+                expiry.pop(target.id, None)
+            block.primary, target.primary = False, True  # swap memory slots
             self.offloaded_blocks += 1
-            if block.in_tree():
-                self._enqueue_updated(block, (PRIMARY, SECONDARY), None)
+            if block.prev is not None:  # in the tree (it has a key)
+                if self._events_enabled:
+                    self._enqueue_updated(block, (PRIMARY, SECONDARY), None)
             else:
                 self.silent_offloads += 1
-            policy.release(block)  # now in the host queue, same priority
+            # release: now in the host queue, same priority, no duration so no expiry; num_free[SECONDARY]
+            # loses the target and gains this block
+            prio = block.priority
+            queue = policy.queues[SECONDARY][prio]
+            if not queue:
+                insort(host_prios, prio)
+            queue[block.id] = block
+            block.queued = _PLACES[SECONDARY][prio]
             block = target
-        self._free_children(block)
-        policy.claim(block, priority, duration_ms)
+        if block.children:
+            self._free_children(block)
+        elif block.prev is not None:  # a leaf: _free_children without the recursion
+            if block.key:
+                self._enqueue_removed(block)
+                self.evicted_blocks[PRIMARY if block.primary else SECONDARY] += 1
+            block.prev.children.pop(block.key, None)
+            block.prev = None
+        block.priority = priority
+        block.duration_ms = duration_ms
         return block
 
     def _onboard(self, block: _Block) -> None:
@@ -365,33 +582,49 @@ class BlockManager:
             self._enqueue_updated(block, (SECONDARY, PRIMARY), None)
             self._policy.release(victim)  # the victim object now owns the host slot
 
-    def _find_matching(self, root: _Block, key: tuple[int, ...]) -> tuple[bool, int, _Block | None]:
+    def _find_matching(self, root: _Block, key: bytes) -> tuple[bool, int, _Block | None]:
+        """``findMatchingBlock``: (partial, matched tokens, block) for the child of ``root`` matching ``key``."""
         if not key or not root.children:
             return False, 0, None
         block = root.children.get(key)
         if block is not None:
-            return not block.is_full, len(key), block
+            return not block.is_full, len(key) // _ID_BYTES, block
         if self.enable_partial_reuse:
             best_n, best = 0, None
+            # Only a child starting with the same first id can match a token; skipping the others with a C-level
+            # startswith keeps insertion order among the candidates (ties go to the first, as before) and saves
+            # a Python loop per child: the root has thousands of children in a trace replay.
+            first_id = key[:_ID_BYTES]
             for child_key, child in root.children.items():
-                if self.copy_on_partial_reuse or (child.refs == 0 and not child.children):
-                    n = 0
-                    for a, b in zip(child_key, key):
-                        if a != b:
-                            break
-                        n += 1
+                if child_key.startswith(first_id) and (
+                        self.copy_on_partial_reuse or (child.refs == 0 and not child.children)):
+                    n = _common_prefix_tokens(child_key, key)
                     if n > best_n:
                         best_n, best = n, child
             if best is not None:
                 return True, best_n, best
         return False, 0, None
 
-    def _chop(self, tokens: Sequence[int], usable: int, allow_partial: bool) -> list[tuple[int, ...]]:
+    def _block_keys(self, seq: _Sequence, usable: int, allow_partial: bool) -> list[bytes]:
+        """The keys of the sequence's first ``usable`` tokens cut into blocks (a fresh list): the full blocks, then
+        the partial tail as one more key when ``allow_partial``. Full keys come from ``seq.full_keys``."""
         tpb = self.tokens_per_block
-        full_end = usable - usable % tpb
-        keys = [tuple(tokens[i:i + tpb]) for i in range(0, full_end, tpb)]
-        if allow_partial and full_end < usable:
-            keys.append(tuple(tokens[full_end:usable]))
+        num_full = usable // tpb
+        full_keys = seq.full_keys
+        start = len(full_keys) * tpb
+        stop = num_full * tpb
+        if start < stop:
+            prompt = seq.prompt
+            in_prompt = min(stop, seq.prompt_len - seq.prompt_len % tpb)  # full blocks made of prompt tokens only
+            if start < in_prompt:
+                full_keys.extend(prompt.block_keys(start, in_prompt, tpb) if isinstance(prompt, TokenRuns)
+                                 else _encode_full_blocks(prompt[start:in_prompt], tpb))
+                start = in_prompt
+            if start < stop:
+                full_keys.extend(_encode_full_blocks(seq.tokens(start, stop), tpb))
+        keys = full_keys[:num_full]
+        if allow_partial and stop < usable:
+            keys.append(encode_key(seq.tokens(stop, usable)))
         return keys
 
     def _add_to_seq(self, seq: _Sequence, block: _Block) -> None:
@@ -411,64 +644,82 @@ class BlockManager:
         """
         if request_id in self._seqs:
             raise ValueError(f"request {request_id!r} is already in the KV cache manager")
-        tokens = list(token_ids)
-        length = len(tokens)
+        # A private copy, as TensorRT-LLM's request holds its own tokens; a TokenRuns is immutable already.
+        prompt = token_ids if isinstance(token_ids, TokenRuns) else list(token_ids)
+        length = len(prompt)
         if length == 0:
             raise ValueError(f"request {request_id!r}: an empty prompt has no KV cache")
         tpb = self.tokens_per_block
-        seq = _Sequence(request_id, tokens, retention)
+        full_key_bytes = _ID_BYTES * tpb
+        seq = _Sequence(request_id, prompt, retention)
         self._seqs[request_id] = seq
-        keys = self._chop(tokens, length - 1, True)
-        if length % tpb == 1:
-            keys.append(())  # the last token sits alone in a block of its own
         num_blocks = -(-length // tpb)
-        per_block = (retention.per_block(tpb, length) if retention is not None
-                     else [(None, None)] * num_blocks)
-
-        matched_tokens = 0
-        search: _Block | None = self._root if self.enable_block_reuse else None
         if not self.enable_block_reuse:
             for _ in range(num_blocks):  # allocateBlock: decode retention applies to every block here
                 self._add_to_seq(seq, self._get_free_block(seq.decode_priority, seq.decode_duration_ms))
             self.total_input_tokens += length
             return 0
-        for bi in range(num_blocks):
-            # With one token per block there is one block more than keys (C++ guards blockItr != end)
-            key = keys[bi] if bi < len(keys) else ()
-            prio, dur = per_block[bi]
-            partial, num_matched, match = (self._find_matching(search, key) if search is not None
-                                           else (False, 0, None))
-            if match is not None:
-                matched_tokens += num_matched if num_matched > 0 else len(key)
-                if prio is not None and match.priority != prio:
-                    self._enqueue_updated(match, None, (match.priority, prio))
-                if partial:
-                    if match.refs > 0 or match.children:
-                        # Somebody uses it, or it has children: copy the matched tokens into a new block, which
-                        # takes the whole key of this prompt block (1.2 sets key and hash right after the copy).
-                        match = self._get_free_block(match.priority, match.duration_ms)
-                        match.key = key
-                        match.is_full = len(key) == tpb
-                        self._set_hash(match, seq.blocks[-1].hash if seq.blocks else 0)
-                    else:
-                        if match.in_tree():
-                            self.silent_detaches += 1
-                        self._claim_leaf(match, prio, dur)
-                    search = None
+        # The last token has no KV yet: keys cover length - 1 tokens, the last one partial. A block past the keys
+        # (the last token alone in a block of its own) gets the empty key (C++ guards blockItr != end).
+        keys = self._block_keys(seq, length - 1, True)
+        num_keys = len(keys)
+        per_block = retention.per_block(tpb, length) if retention is not None else None
+
+        # Walk the tree while blocks match; TensorRT-LLM stops searching at the first miss or partial match.
+        matched_tokens = 0
+        search: _Block | None = self._root
+        bi = 0
+        while search is not None and bi < num_blocks:
+            key = keys[bi] if bi < num_keys else b""
+            prio, dur = per_block[bi] if per_block is not None else (None, None)
+            partial, num_matched, match = self._find_matching(search, key)
+            if match is None:
+                break
+            matched_tokens += num_matched if num_matched > 0 else len(key) // _ID_BYTES
+            if prio is not None and match.priority != prio:
+                self._enqueue_updated(match, None, (match.priority, prio))
+            if partial:
+                if match.refs > 0 or match.children:
+                    # Somebody uses it, or it has children: copy the matched tokens into a new block, which
+                    # takes the whole key of this prompt block (1.2 sets key and hash right after the copy).
+                    match = self._get_free_block(match.priority, match.duration_ms)
+                    match.key = key
+                    match.is_full = len(key) == full_key_bytes
+                    self._set_hash(match, seq.blocks[-1].hash if seq.blocks else 0)
                 else:
-                    self._policy.claim(match, prio, dur)
-                    search = match
-                self._onboard(match)
-                self._add_to_seq(seq, match)
-                self.reused_blocks += 1
-            else:
-                block = self._get_free_block(prio if prio is not None else DEFAULT_PRIORITY, dur)
-                self._add_to_seq(seq, block)
+                    if match.in_tree():
+                        self.silent_detaches += 1
+                    self._claim_leaf(match, prio, dur)
                 search = None
-                block.key = key
-                block.is_full = len(key) == tpb
-                self._set_hash(block, block.prev_in_seq.hash if block.prev_in_seq is not None else 0)
-                self.missed_blocks += 1
+            else:
+                self._policy.claim(match, prio, dur)
+                search = match
+            self._onboard(match)
+            self._add_to_seq(seq, match)
+            self.reused_blocks += 1
+            bi += 1
+
+        # Every block from the first miss on is new. Most of a trace's prompt blocks land here.
+        get_free_block = self._get_free_block
+        events = self._events_enabled
+        blocks = seq.blocks
+        prev = blocks[-1] if blocks else None
+        for i in range(bi, num_blocks):
+            key = keys[i] if i < num_keys else b""
+            if per_block is None:
+                block = get_free_block(DEFAULT_PRIORITY, None)
+            else:
+                prio, dur = per_block[i]
+                block = get_free_block(prio if prio is not None else DEFAULT_PRIORITY, dur)
+            block.refs += 1
+            block.prev_in_seq = prev
+            blocks.append(block)
+            block.key = key
+            block.is_full = len(key) == full_key_bytes
+            if events:
+                block.hash = block_key_hash(decode_key(key), prev.hash if prev is not None else 0)
+            self.missed_blocks += 1
+            prev = block
         self.reused_tokens += matched_tokens
         self.total_input_tokens += length
         return matched_tokens
@@ -476,16 +727,17 @@ class BlockManager:
     def add_token(self, request_id: Any, token_id: int) -> None:
         """``addToken``: append one generated token; a new block when the sequence fills its last one."""
         seq = self._seq(request_id)
-        if len(seq.tokens) % self.tokens_per_block == 0:
+        if seq.num_tokens % self.tokens_per_block == 0:
             block = self._get_free_block(seq.decode_priority, seq.decode_duration_ms)
             self._add_to_seq(seq, block)
-        seq.tokens.append(token_id)
+        seq.generated.append(token_id)
+        seq.num_tokens += 1
 
     def store_context_blocks(self, request_id: Any) -> None:
         """``storeContextBlocks``: put the full prompt blocks into the reuse tree (after prefill)."""
         seq = self._seq(request_id)
         if self.enable_block_reuse:
-            self._store_blocks(self._chop(seq.tokens, len(seq.tokens) - 1, False), seq.blocks)
+            self._store_blocks(self._block_keys(seq, seq.num_tokens - 1, False), seq.blocks)
 
     def remove_sequence(self, request_id: Any, final_tokens: Sequence[int] = ()) -> None:
         """``removeSequence``: store every block for reuse (a partial last one too), then release, last first.
@@ -495,14 +747,29 @@ class BlockManager:
         is in the request's token list all the same, and ``storeBlocks`` stores ``len - 1`` of them).
         """
         seq = self._seq(request_id)
-        seq.tokens.extend(final_tokens)
+        seq.generated.extend(final_tokens)
+        seq.num_tokens = seq.prompt_len + len(seq.generated)
         if self.enable_block_reuse:
-            self._store_blocks(self._chop(seq.tokens, len(seq.tokens) - 1, True), seq.blocks)
+            self._store_blocks(self._block_keys(seq, seq.num_tokens - 1, True), seq.blocks)
         del self._seqs[request_id]
+        # The eviction policy's release, inlined (hundreds of blocks per trace request); see _EvictionPolicy for
+        # the invariants.
+        policy = self._policy
+        queues, nonempty, num_free = policy.queues, policy.nonempty, policy.num_free
         for block in reversed(seq.blocks):
             block.refs -= 1
-            if block.refs == 0:
-                self._policy.release(block)
+            if block.refs:
+                continue
+            level = PRIMARY if block.primary else SECONDARY
+            prio = block.priority
+            queue = queues[level][prio]
+            if not queue:
+                insort(nonempty[level], prio)
+            queue[block.id] = block
+            block.queued = _PLACES[level][prio]
+            num_free[level] += 1
+            if block.duration_ms is not None and prio != DEFAULT_PRIORITY:
+                policy.start_expiry(block)
 
     def refresh(self) -> int:
         """``refreshBlocks``: timed priorities that have expired fall back to 35. Returns how many expired."""
@@ -567,7 +834,7 @@ class BlockManager:
         return request_id in self._seqs
 
     def num_tokens(self, request_id: Any) -> int:
-        return len(self._seq(request_id).tokens)
+        return self._seq(request_id).num_tokens
 
     def _seq(self, request_id: Any) -> _Sequence:
         try:
@@ -575,24 +842,32 @@ class BlockManager:
         except KeyError:
             raise ValueError(f"request {request_id!r} is not in the KV cache manager") from None
 
-    def _store_blocks(self, keys: list[tuple[int, ...]], blocks: list[_Block]) -> None:
-        """``storeBlocks``: walk the tree along ``keys``; from the first miss on, insert this sequence's blocks."""
+    def _store_blocks(self, keys: list[bytes], blocks: list[_Block]) -> None:
+        """``storeBlocks``: walk the tree along ``keys``; from the first miss on, insert this sequence's blocks.
+
+        Keys are never empty (``_block_keys`` makes none), so every one is looked up until the first miss.
+        """
         search = self._root
-        need_match = True
-        stored: list[_Block] = []
-        tpb = self.tokens_per_block
-        for key, block in zip(keys, blocks):
-            match = search.children.get(key) if need_match and key else None
-            if match is not None:
-                search = match
-                continue
-            need_match = False
+        count = min(len(keys), len(blocks))
+        first_new = 0
+        while first_new < count:
+            match = search.children.get(keys[first_new])
+            if match is None:
+                break
+            search = match
+            first_new += 1
+        if first_new == count:
+            return
+        full_key_bytes = _ID_BYTES * self.tokens_per_block
+        events = self._events_enabled
+        stored = blocks[first_new:count]
+        for key, block in zip(keys[first_new:count], stored):
             block.key = key
-            block.is_full = len(key) == tpb
+            block.is_full = len(key) == full_key_bytes
             block.prev = search
             block.prev_in_seq = search
             search.children.setdefault(key, block)
-            stored.append(block)
-            self._set_hash(block, search.hash)
+            if events:
+                block.hash = block_key_hash(decode_key(key), search.hash)
             search = block
         self._enqueue_stored(stored)

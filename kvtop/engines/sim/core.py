@@ -29,11 +29,12 @@ from kvtop.engines.sim.cost import CostModel
 from kvtop.engines.sim.retention import KvCacheRetentionConfig
 
 GENERATED_TOKEN_BASE = 1 << 30  # generated ids live in [2^30, 2^31): never a tokenizer id nor a trace token
+_GENERATED_TOKEN_MASK = GENERATED_TOKEN_BASE - 1
 
 
 def generated_token(prompt_digest: int, position: int) -> int:
     """Deterministic output: the same prompt always generates the same tokens (greedy decoding)."""
-    return GENERATED_TOKEN_BASE | (hash((prompt_digest, position)) & (GENERATED_TOKEN_BASE - 1))
+    return GENERATED_TOKEN_BASE | (hash((prompt_digest, position)) & _GENERATED_TOKEN_MASK)
 
 
 @dataclass
@@ -62,6 +63,13 @@ class SimRequest:
     missed_blocks: int = 0
     onboarded_blocks: int = 0        # reused blocks that came from the host tier (host hits)
     error: str | None = None
+    # The engine's own bookkeeping, set by submit() and kept up to date by step(): prompt length, blocks needed to
+    # finish, and the block manager's view of the request (tokens with KV, blocks held). Mirrored here so that an
+    # iteration reads attributes instead of calling into the block manager once per running request.
+    num_prompt_tokens: int = field(default=0, repr=False, compare=False)
+    blocks_to_completion: int = field(default=0, repr=False, compare=False)
+    kv_tokens: int = field(default=0, repr=False, compare=False)
+    kv_blocks: int = field(default=0, repr=False, compare=False)
 
     @property
     def prompt_len(self) -> int:
@@ -110,6 +118,8 @@ class SimEngineCore:
     def submit(self, req: SimRequest) -> None:
         """Queue a request; one that can never run fails at once with a reason (as TensorRT-LLM rejects it)."""
         req.digest = hash(tuple(req.prompt_ids))
+        req.num_prompt_tokens = len(req.prompt_ids)
+        req.blocks_to_completion = self.blocks_to_completion(req)
         problem = None
         if req.prompt_len == 0:
             problem = "the prompt is empty"
@@ -147,16 +157,17 @@ class SimEngineCore:
     def _schedule(self) -> list[SimRequest]:
         """GUARANTEED_NO_EVICT admission, in arrival order."""
         bm = self.bm
+        # Blocks running requests still need to finish: sum of (blocks to completion - blocks held).
         reserved = 0
         for r in self.running:
-            reserved += self.blocks_to_completion(r) - bm.num_blocks(r.request_id)
+            reserved += r.blocks_to_completion - r.kv_blocks
         available = bm.num_free_blocks(0) - reserved
         started = []
         while self.waiting and len(self.running) < self.max_batch_size:
             req = self.waiting[0]
             if req.arrival_s > self.now_s:
                 break
-            need = self.blocks_to_completion(req)
+            need = req.blocks_to_completion
             if need > available:
                 break
             self.waiting.popleft()
@@ -168,6 +179,8 @@ class SimEngineCore:
             req.reused_blocks = bm.reused_blocks - before[2]
             req.missed_blocks = bm.missed_blocks - before[3]
             req.onboarded_blocks = bm.onboarded_blocks - before[4]
+            req.kv_tokens = req.num_prompt_tokens
+            req.kv_blocks = bm.num_blocks(req.request_id)
             req.context_done = req.reused_tokens
             req.stage = "CONTEXT_IN_PROGRESS"
             req.scheduled_s = self.now_s
@@ -193,32 +206,43 @@ class SimEngineCore:
                              f"{bm.num_free_blocks(0)} free of {bm.primary_blocks}")
             return []
         # Token budget: every generation request takes one token; context chunks share the rest.
-        gen = [r for r in self.running if r.stage == "GENERATION_IN_PROGRESS"]
+        running = self.running
+        gen = [r for r in running if r.stage == "GENERATION_IN_PROGRESS"]
         budget = max(self.max_num_tokens - len(gen), 0)
         chunks: list[tuple[SimRequest, int]] = []
-        for r in self.running:
+        for r in running:
             if r.stage != "CONTEXT_IN_PROGRESS" or budget <= 0:
                 continue
-            n = min(r.prompt_len - r.context_done, budget)
+            n = min(r.num_prompt_tokens - r.context_done, budget)
             chunks.append((r, n))
             budget -= n
         # addToken runs before the forward pass: room for the KV of the token being fed.
-        for r in list(gen):
+        tpb = self.tpb
+        add_token = bm.add_token
+        failed_in_decode: list[SimRequest] = []
+        for r in gen:
             try:
-                bm.add_token(r.request_id, r.output_ids[-1])
+                add_token(r.request_id, r.output_ids[-1])
             except NoFreeBlockError as exc:
                 # Admission reserves every block a request needs to finish, so this is a safety net;
                 # TensorRT-LLM would throw here too. The request fails, the run goes on.
-                gen.remove(r)
-                self.running.remove(r)
+                failed_in_decode.append(r)
+                running.remove(r)
                 bm.remove_sequence(r.request_id)
                 self._fail(r, f"out of KV cache blocks during decode: {exc}")
+                continue
+            # add_token allocated a block iff the tokens with KV filled their last block (kv_blocks mirrors it)
+            if r.kv_tokens % tpb == 0:
+                r.kv_blocks += 1
+            r.kv_tokens += 1
+        for r in failed_in_decode:
+            gen.remove(r)
         prefill_items = [(n, r.context_done) for r, n in chunks]
-        decode_contexts = [r.prompt_len + len(r.output_ids) - 1 for r in gen]
+        decode_contexts = [r.num_prompt_tokens + len(r.output_ids) - 1 for r in gen]
         onboards = bm.onboarded_blocks - moves_before[0]
         offloads = bm.offloaded_blocks - moves_before[1]
-        dt = (self.cost.iteration_s(prefill_items, decode_contexts)
-              + self.cost.onboard_s(onboards, self.tpb) + self.cost.offload_s(offloads, self.tpb))
+        dt = (self.cost.iteration_s_unchecked(prefill_items, decode_contexts)
+              + self.cost.onboard_s(onboards, tpb) + self.cost.offload_s(offloads, tpb))
         self.now_s += dt
         self.busy_s += dt
         now = self.now_s
@@ -227,22 +251,32 @@ class SimEngineCore:
         num_ctx_tokens = sum(n for _, n in chunks)
         for r, n in chunks:
             r.context_done += n
-            if r.context_done >= r.prompt_len:
+            if r.context_done >= r.num_prompt_tokens:
                 bm.store_context_blocks(r.request_id)
                 r.stage = "GENERATION_IN_PROGRESS"
                 self._emit_token(r, now)
                 if len(r.output_ids) >= r.max_tokens:
                     finished.append(r)
+        # _emit_token, inlined: one per generated token (595k in the synthetic trace)
         for r in gen:
-            self._emit_token(r, now)
-            if len(r.output_ids) >= r.max_tokens:
+            out = r.output_ids
+            out.append(GENERATED_TOKEN_BASE | (hash((r.digest, len(out))) & _GENERATED_TOKEN_MASK))
+            if r.first_token_s is None:
+                r.first_token_s = now
+            r.last_token_s = now
+            if r.on_token:
+                r.on_token(r)
+            if len(out) >= r.max_tokens:
                 finished.append(r)
         for r in finished:
             bm.remove_sequence(r.request_id, final_tokens=r.output_ids[-1:])
             r.stage = "GENERATION_COMPLETE"
             r.last_iter = self.iteration
-            self.running.remove(r)
             self.completed += 1
+        if finished:
+            # by identity: list.remove would compare dataclasses field by field
+            done = {id(r) for r in finished}
+            running[:] = [r for r in running if id(r) not in done]
         if self.enable_iter_perf_stats:
             self.stats.append(self._iteration_stats(dt, started, chunks, gen, finished, num_ctx_tokens))
         bm.flush_events()

@@ -1,0 +1,186 @@
+"""Simulator speed: BlockManager operations per second, and the synthetic Mooncake trace replay's wall time.
+
+    python bench/bench_sim.py                  # ops/s (optimized vs the frozen pre-optimization copy) + full trace
+    python bench/bench_sim.py --skip-trace     # ops/s only
+    python bench/bench_sim.py --trace-limit 400
+
+Block manager mixes (every one run on both implementations in this process, so the ratio is measured on the
+same machine at the same moment; both must give identical counters, which is checked):
+
+- ``trace``: the first trace requests' prompts (512-token hash blocks, 32 tokens per block) each added, stored
+  after prefill, extended by up to 64 generated tokens and removed, 4 at a time, into a GPU pool small enough that
+  nearly every allocation evicts, with and without a host pool (with one, nearly every eviction offloads);
+- ``chat``: short random prompts sharing a few system prefixes, 16 tokens per block, with retention priorities and
+  durations on a third of them, events on (the live dashboard's case) and off.
+
+"Operations" are block manager calls (add_sequence, store_context_blocks, add_token, remove_sequence); blocks/s
+counts the blocks those calls allocated. The trace replay is ``python -m kvtop sim --trace FILE --host-cache 64GB
+--json`` in a subprocess; its JSON is printed as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kvtop.engines.sim import block_manager as optimized  # noqa: E402
+from kvtop.engines.sim.retention import KvCacheRetentionConfig  # noqa: E402
+from kvtop.workload.trace import read_trace  # noqa: E402
+
+TRACE = Path("/work/shared/traces/mooncake_synthetic_trace.jsonl")
+
+
+def _load_baseline() -> Any:
+    spec = importlib.util.spec_from_file_location("sim_baseline_block_manager",
+                                                  Path(__file__).with_name("sim_baseline_block_manager.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def trace_mix(bm_class: type, prompts: list[list[int]], host_blocks: int, events: int) -> dict[str, Any]:
+    bm = bm_class(6000, host_blocks, 32, event_buffer_max_size=events)
+    ops = 0
+    live: list[int] = []
+    t0 = time.process_time()
+    for rid, prompt in enumerate(prompts):
+        bm.add_sequence(rid, prompt)
+        bm.store_context_blocks(rid)
+        for k in range(64):
+            bm.add_token(rid, (1 << 30) + rid * 64 + k)
+        ops += 66
+        live.append(rid)
+        if len(live) == 4:
+            bm.remove_sequence(live.pop(0), final_tokens=[(1 << 30) + 7])
+            ops += 1
+        if events:
+            bm.take_events()
+    for rid in live:
+        bm.remove_sequence(rid)
+        ops += 1
+    seconds = time.process_time() - t0
+    return {"seconds": seconds, "ops": ops, "blocks": bm.alloc_total_blocks, "offloaded": bm.offloaded_blocks,
+            "reused": bm.reused_blocks, "missed": bm.missed_blocks}
+
+
+def chat_mix(bm_class: type, events: int, requests: int = 3000) -> dict[str, Any]:
+    rng = random.Random(7)
+    clock = [0.0]
+    bm = bm_class(512, 256, 16, event_buffer_max_size=events, clock_ms=lambda: clock[0])
+    prefixes = [[rng.randrange(32_000) for _ in range(rng.randint(50, 400))] for _ in range(8)]
+    TR = KvCacheRetentionConfig.TokenRangeRetentionConfig
+    ops = 0
+    live: list[int] = []
+    t0 = time.process_time()
+    for rid in range(requests):
+        clock[0] += 5.0
+        prompt = rng.choice(prefixes) + [rng.randrange(32_000) for _ in range(rng.randint(20, 300))]
+        retention = (KvCacheRetentionConfig([TR(0, 256, rng.choice([20, 60, 90]), rng.choice([None, 500]))])
+                     if rid % 3 == 0 else None)
+        bm.add_sequence(rid, prompt, retention)
+        bm.store_context_blocks(rid)
+        for _ in range(rng.randint(1, 100)):
+            bm.add_token(rid, rng.randrange(32_000))
+            ops += 1
+        ops += 2
+        live.append(rid)
+        if len(live) == 8:
+            bm.remove_sequence(live.pop(rng.randrange(8)))
+            ops += 1
+        bm.refresh()
+        if events:
+            bm.take_events()
+    for rid in live:
+        bm.remove_sequence(rid)
+        ops += 1
+    seconds = time.process_time() - t0
+    return {"seconds": seconds, "ops": ops, "blocks": bm.alloc_total_blocks, "offloaded": bm.offloaded_blocks,
+            "reused": bm.reused_blocks, "missed": bm.missed_blocks}
+
+
+def bench_block_manager(num_trace_requests: int, repeat: int) -> list[dict[str, Any]]:
+    baseline = _load_baseline()
+    prompts = [r.prompt_ids() for r in read_trace(TRACE, limit=num_trace_requests)] if TRACE.exists() else []
+    mixes: list[tuple[str, Callable[[type], dict[str, Any]]]] = [
+        ("chat, events off", lambda c: chat_mix(c, 0)),
+        ("chat, events on (buffer 10k)", lambda c: chat_mix(c, 10_000)),
+    ]
+    if prompts:
+        mixes = [
+            ("trace prompts, GPU only", lambda c: trace_mix(c, prompts, 0, 0)),
+            ("trace prompts, host pool", lambda c: trace_mix(c, prompts, 6000, 0)),
+            ("trace prompts, host pool, events on", lambda c: trace_mix(c, prompts, 6000, 10_000)),
+        ] + mixes
+    rows = []
+    for name, run in mixes:
+        best: dict[str, dict[str, Any]] = {}
+        for label, module in (("optimized", optimized), ("baseline", baseline)):
+            for _ in range(repeat):
+                gc.collect()
+                result = run(module.BlockManager)
+                if label not in best or result["seconds"] < best[label]["seconds"]:
+                    best[label] = result
+        opt, base = best["optimized"], best["baseline"]
+        counters = ("blocks", "offloaded", "reused", "missed")
+        if any(opt[k] != base[k] for k in counters):
+            raise SystemExit(f"{name}: counters differ: optimized {opt} vs baseline {base}")
+        rows.append({
+            "mix": name, "ops": opt["ops"], "blocks": opt["blocks"], "offloaded": opt["offloaded"],
+            "optimized_ops_per_s": opt["ops"] / opt["seconds"], "baseline_ops_per_s": base["ops"] / base["seconds"],
+            "optimized_blocks_per_s": opt["blocks"] / opt["seconds"],
+            "baseline_blocks_per_s": base["blocks"] / base["seconds"],
+            "speedup": base["seconds"] / opt["seconds"],
+        })
+    return rows
+
+
+def bench_trace(limit: int | None) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "kvtop", "sim", "--trace", str(TRACE), "--host-cache", "64GB", "--json"]
+    if limit:
+        cmd += ["--limit", str(limit)]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    wall = time.perf_counter() - t0
+    return {"command": " ".join(["python"] + cmd[1:]), "process_wall_s": wall, "result": json.loads(out)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trace-requests", type=int, default=150, help="trace prompts for the block manager mixes")
+    p.add_argument("--repeat", type=int, default=2, help="runs per mix and implementation; the best is kept")
+    p.add_argument("--skip-trace", action="store_true", help="no full trace replay")
+    p.add_argument("--trace-limit", type=int, default=None, help="replay only the first N trace requests")
+    a = p.parse_args()
+    import platform
+
+    print(f"python {platform.python_version()}, processor {platform.processor() or platform.machine()!r}")
+    print(f"{'mix':40} {'ops':>8} {'blocks':>8} {'ops/s':>10} {'base ops/s':>10} {'blocks/s':>10} "
+          f"{'base blk/s':>10} {'speedup':>7}")
+    for row in bench_block_manager(a.trace_requests, a.repeat):
+        print(f"{row['mix']:40} {row['ops']:>8} {row['blocks']:>8} {row['optimized_ops_per_s']:>10.0f} "
+              f"{row['baseline_ops_per_s']:>10.0f} {row['optimized_blocks_per_s']:>10.0f} "
+              f"{row['baseline_blocks_per_s']:>10.0f} {row['speedup']:>6.2f}x")
+    if not a.skip_trace and TRACE.exists():
+        trace = bench_trace(a.trace_limit)
+        run = trace["result"]["runs"][0]
+        print(f"\n$ {trace['command']}")
+        print(json.dumps(trace["result"]))
+        print(f"trace replay: {run['requests']} requests, wall_seconds {run['wall_seconds']:.2f} "
+              f"(process {trace['process_wall_s']:.2f} s incl. start-up and trace parsing)")
+
+
+if __name__ == "__main__":
+    main()
