@@ -16,6 +16,7 @@ Recompute the table (only for an intended behaviour change, with the reason in t
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import random
 import sys
@@ -24,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError
+from kvtop.engines.sim.block_manager import BlockManager, TokenRuns
 from kvtop.engines.sim.retention import KvCacheRetentionConfig
 
 TR = KvCacheRetentionConfig.TokenRangeRetentionConfig
@@ -72,6 +73,8 @@ CASES: dict[str, dict[str, Any]] = {
                                    enable_block_reuse=False, event_buffer_max_size=7), vocab=3, retention=0.4),
     "no_retention_tpb16": dict(bm=dict(primary_blocks=48, secondary_blocks=24, tokens_per_block=16,
                                        event_buffer_max_size=21), vocab=3, retention=0.0),
+    "trace_like_runs": dict(bm=dict(primary_blocks=40, secondary_blocks=20, tokens_per_block=8,
+                                    event_buffer_max_size=15), vocab=3, retention=0.2, runs=True),
     "large_tpb32": dict(bm=dict(primary_blocks=60, secondary_blocks=40, tokens_per_block=32,
                                 event_buffer_max_size=9), vocab=2, retention=0.3),
 }
@@ -114,16 +117,41 @@ def _snapshot(bm: BlockManager) -> list[Any]:
     return [blocks, per_level]
 
 
-def run_block_manager_workload(case: str, seed: int) -> list[Any]:
-    """The seeded workload of one case; returns its log."""
+def to_runs(tokens: list[int]) -> TokenRuns:
+    """The same tokens as runs of consecutive ids."""
+    runs: list[list[int]] = []
+    for t in tokens:
+        if runs and runs[-1][0] + runs[-1][1] == t:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    return TokenRuns((first, length) for first, length in runs)
+
+
+def _run_prompt(rng: random.Random, tpb: int, max_runs: int) -> list[int]:
+    """Runs of consecutive ids from a few starting points, of lengths that cut blocks anywhere (trace-like)."""
+    out: list[int] = []
+    for _ in range(rng.randint(1, max_runs)):
+        start = rng.choice([0, 1000, 1000 + tpb, 5000, 5000 + tpb // 2, 9000])
+        out.extend(range(start, start + rng.choice([1, tpb // 2 or 1, tpb, 2 * tpb, 3 * tpb + 1])))
+    return out
+
+
+def run_block_manager_workload(case: str, seed: int, bm_class: type = BlockManager,
+                               as_runs: bool = False, id_offset: int = 0) -> list[Any]:
+    """The seeded workload of one case; returns its log. ``as_runs``: prompts handed over as TokenRuns;
+    ``id_offset``: added to every token id (negative ids, ids near 2^63)."""
     spec = CASES[case]
     rng = random.Random(f"{case}/{seed}")
     clock = FakeClock()
-    bm = BlockManager(**spec["bm"], clock_ms=clock)
+    bm = bm_class(**spec["bm"], clock_ms=clock)
+    no_free_block = bm_class.__init__.__globals__["NoFreeBlockError"]  # that implementation's own class
     tpb = bm.tokens_per_block
     vocab = spec["vocab"]
+    runs_style = spec.get("runs", False)
     # A few shared prefixes so prompts share whole blocks, plus random tails that share partial blocks.
-    prefixes = [[rng.randrange(vocab) for _ in range(rng.randint(0, 5 * tpb))] for _ in range(4)]
+    prefixes = [(_run_prompt(rng, tpb, 3) if runs_style else
+                 [rng.randrange(vocab) for _ in range(rng.randint(0, 5 * tpb))]) for _ in range(4)]
     log: list[Any] = [["created", _stats(bm), bm.take_events()]]
     live: dict[int, int] = {}  # request id -> generated tokens so far
     next_id = 0
@@ -136,14 +164,18 @@ def run_block_manager_workload(case: str, seed: int) -> list[Any]:
         try:
             if r < 0.30 or not live:
                 prompt = list(rng.choice(prefixes))[:rng.randint(0, 6 * tpb)]
-                prompt += [rng.randrange(vocab) for _ in range(rng.randint(0 if prompt else 1, 3 * tpb))]
+                if runs_style:
+                    prompt += _run_prompt(rng, tpb, 2)
+                else:
+                    prompt += [rng.randrange(vocab) for _ in range(rng.randint(0 if prompt else 1, 3 * tpb))]
+                prompt = [t + id_offset for t in prompt]
                 retention = (_retention(rng, len(prompt), tpb) if rng.random() < spec["retention"] else None)
                 rid = next_id
                 next_id += 1
                 entry = ["add", rid, len(prompt)]
                 try:
-                    entry.append(bm.add_sequence(rid, prompt, retention))
-                except NoFreeBlockError as exc:
+                    entry.append(bm.add_sequence(rid, to_runs(prompt) if as_runs else prompt, retention))
+                except no_free_block as exc:
                     entry.append(["NoFreeBlockError", str(exc)])
                 live[rid] = 0  # a failed add leaves the sequence registered, as TensorRT-LLM's does
                 if rng.random() < 0.6:
@@ -154,17 +186,18 @@ def run_block_manager_workload(case: str, seed: int) -> list[Any]:
                 rid = rng.choice(sorted(live))
                 entry = ["token", rid]
                 for _ in range(rng.randint(1, 2 * tpb)):
-                    tok = (1000 + rid * 7 + live[rid]) % (vocab + 2) if rng.random() < 0.5 else rng.randrange(vocab)
+                    tok = id_offset + ((1000 + rid * 7 + live[rid]) % (vocab + 2) if rng.random() < 0.5
+                                       else rng.randrange(vocab))
                     live[rid] += 1
                     try:
                         bm.add_token(rid, tok)
-                    except NoFreeBlockError as exc:
+                    except no_free_block as exc:
                         entry.append(["NoFreeBlockError", str(exc)])
                         break
                 entry.append(bm.block_ids(rid))
             elif r < 0.90:
                 rid = rng.choice(sorted(live))
-                final = [rng.randrange(vocab)] if rng.random() < 0.5 else []
+                final = [id_offset + rng.randrange(vocab)] if rng.random() < 0.5 else []
                 entry = ["remove", rid, final, bm.num_tokens(rid), bm.block_ids(rid)]
                 bm.remove_sequence(rid, final_tokens=final)
                 del live[rid]
@@ -179,7 +212,7 @@ def run_block_manager_workload(case: str, seed: int) -> list[Any]:
                         entry.append("no error")
                     except ValueError as exc:
                         entry.append(str(exc))
-        except NoFreeBlockError as exc:  # pragma: no cover - every allocating call catches its own
+        except no_free_block as exc:  # pragma: no cover - every allocating call catches its own
             entry = ["unexpected", str(exc)]
         entry.append(_stats(bm))
         if rng.random() < 0.5:
@@ -285,6 +318,10 @@ GOLDEN: dict[str, str] = {
     "tpb2_big_pool/1": "23b6101cfb4e2b6fdb2e6dc875325aa3",
     "tpb2_big_pool/2": "673b969587449c435331f5cb7fee930e",
     "tpb2_big_pool/3": "e78cd1348061f8e5325c30a263ed1f8f",
+    # added with the TokenRuns work, computed on the frozen pre-optimization copy (bench/sim_baseline_block_manager.py)
+    "trace_like_runs/1": "097390c072a5b87119323589e5696e97",
+    "trace_like_runs/2": "f06dc1d956cdbf3f560257de758e06c4",
+    "trace_like_runs/3": "e7c49c38edd24291ef7e405d88a3e527",
     "tpb8_events_off/1": "87c8b8bb0768c1ada9a01379b6d303cd",
     "tpb8_events_off/2": "6dd647bd45f30429b70bada875daaa1e",
     "tpb8_events_off/3": "bed64ee2ef8e4fcb7528c4f816d12ce2",
@@ -332,6 +369,54 @@ def test_block_manager_matches_golden(case: str, seed: int) -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_engine_matches_golden(seed: int) -> None:
     assert digest(run_engine_workload(seed)) == ENGINE_GOLDEN[seed]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_token_runs_prompts_behave_as_lists(case: str) -> None:
+    """A prompt handed over as TokenRuns gives exactly what the equal list gives."""
+    assert run_block_manager_workload(case, 1, as_runs=True) == run_block_manager_workload(case, 1)
+
+
+def _baseline_block_manager() -> type:
+    path = Path(__file__).resolve().parent.parent / "bench" / "sim_baseline_block_manager.py"
+    if not path.exists():
+        pytest.skip("the frozen pre-optimization block manager (bench/) is not here")
+    spec = importlib.util.spec_from_file_location("sim_baseline_block_manager", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.BlockManager
+
+
+@pytest.mark.parametrize("case", ["small_host", "trace_like_runs", "tpb8_events_on", "no_copy_on_partial"])
+@pytest.mark.parametrize("id_offset", [-6, (1 << 63) - 10_000, 1 << 30])
+def test_same_log_as_the_unoptimized_implementation(case: str, id_offset: int) -> None:
+    """Differential against the frozen pre-optimization copy on workloads the digests do not cover: negative ids,
+    ids next to 2^63 (runs whose packing falls back), generated-token ids, run-shaped prompts."""
+    baseline = _baseline_block_manager()
+    expected = run_block_manager_workload(case, 4, bm_class=baseline, id_offset=id_offset)
+    assert run_block_manager_workload(case, 4, id_offset=id_offset) == expected
+    assert run_block_manager_workload(case, 4, as_runs=True, id_offset=id_offset) == expected
+
+
+def test_token_runs_sequence() -> None:
+    runs = TokenRuns([(100, 3), (7, 2), ((1 << 63) - 2, 2)])
+    ids = [100, 101, 102, 7, 8, (1 << 63) - 2, (1 << 63) - 1]
+    assert len(runs) == len(ids) and list(runs) == ids and tuple(runs) == tuple(ids)
+    assert [runs[i] for i in range(-len(ids), len(ids))] == ids + ids
+    assert runs[1:6] == ids[1:6] and runs[::2] == ids[::2] and runs[5:2] == []
+    with pytest.raises(IndexError):
+        runs[len(ids)]
+    with pytest.raises(ValueError):
+        TokenRuns([(1, 0)])
+
+
+def test_token_ids_out_of_64_bits_are_rejected() -> None:
+    bm = BlockManager(8, 0, 4)
+    with pytest.raises(OverflowError):
+        bm.add_sequence(1, [1, 2, 1 << 63, 4, 5])
+    with pytest.raises(OverflowError):
+        bm.add_sequence(2, [-(1 << 63) - 1, 2, 3, 4, 5])
 
 
 def trace_300_counters() -> dict[str, Any]:

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import heapq
 import operator
-import struct
+import sys
 import time
 from array import array
 from bisect import bisect_right, insort
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import accumulate, chain, islice
+from itertools import chain, repeat
 from typing import Any, overload
 
 from kvtop.engines.sim.retention import DEFAULT_PRIORITY, MAX_PRIORITY, KvCacheRetentionConfig
@@ -69,44 +69,47 @@ def block_key_hash(tokens: Sequence[int], parent_hash: int) -> int:
 
 # ------------------------------------------------------------------------------------------------- block keys
 #
-# A block's key (TensorRT-LLM's BlockKey: the block's token ids) is kept as bytes: the first id, then each id's
-# difference from the one before, as native signed 64-bit integers.
-# - Bytes, not a tuple of ints: bytes cache their hash and compare with memcmp. A 32-int tuple rehashes its 32 ints
-#   on every dict operation (~0.35 us on the 2-core reference machine, ~1 us when an equal tuple from another
-#   request has to be compared item by item), and the tree is probed 3-4 times per block (match on add, store after
-#   prefill, store again on release, detach on eviction): that was a quarter of the trace replay.
-# - Differences, not the ids: a run of consecutive ids encodes as its first id and a constant tail, built in O(1)
-#   per block without creating the ids (``TokenRuns``); a Mooncake trace prompt is one run per 512-token hash block.
-# The encoding is a function of the tokens alone, so keys of the same tokens are equal bytes however they were made
-# (from a list, from TokenRuns, across prompt and generated tokens), and k tokens in common at the start are exactly
-# 8k bytes in common. Token ids must fit in signed 62 bits so that their differences fit in 64 (TensorRT-LLM's ids
-# are int32); an id outside that range raises OverflowError.
+# A block's key (TensorRT-LLM's BlockKey: the block's token ids) is kept as bytes: the ids as native signed 64-bit
+# integers, in order. Bytes cache their hash and compare with memcmp, where a 32-int tuple rehashes its 32 ints on
+# every dict operation (~0.35 us on the 2-core reference machine; ~1 us when an equal tuple of another request has
+# to be compared item by item), and the tree is probed 3-4 times per block (match on add, store after prefill,
+# store again on release, detach on eviction): that was a quarter of the trace replay. The encoding is a function of
+# the tokens alone, so keys of the same tokens are equal bytes however they were made (from a list, from TokenRuns,
+# across prompt and generated tokens), and k tokens in common at the start are exactly 8k bytes in common.
+# Token ids must be in [-2^63, 2^63) (TensorRT-LLM's are int32); others raise OverflowError.
 
-_pack_id = struct.Struct("q").pack
 _ID_BYTES = 8
+_MIN_ID, _MAX_ID = -(1 << 63), (1 << 63) - 1
+_TOP_BYTE = 7 if sys.byteorder == "little" else 0  # of each id: set above 0x7f for ids >= 2^63 in "Q" lanes
+_BELOW_0X80 = bytes(range(0x80))
+
+
+def _pack_ids(tokens: Sequence[int]) -> bytes:
+    """The ids as native signed 64-bit integers. ``array("Q")`` converts a list ~5x faster than ``array("q")``
+    (which parses a format per item): 8 ns per id against 37 on the reference machine."""
+    try:
+        raw = array("Q", tokens).tobytes()
+    except OverflowError:  # a negative id: the signed conversion takes it (or rejects an id out of range)
+        return array("q", tokens).tobytes()
+    if raw[_TOP_BYTE::_ID_BYTES].translate(None, _BELOW_0X80):  # an id >= 2^63, not a signed 64-bit id
+        array("q", tokens)  # raises OverflowError
+    return raw
 
 
 def encode_key(tokens: Sequence[int]) -> bytes:
     """The key of one block's tokens (see above)."""
-    if not tokens:
-        return b""
-    return _pack_id(tokens[0]) + array("q", map(operator.sub, islice(tokens, 1, None), tokens)).tobytes()
+    return _pack_ids(tokens) if tokens else b""
 
 
 def decode_key(key: bytes) -> list[int]:
     """The token ids of a key."""
-    return list(accumulate(memoryview(key).cast("q")))
+    return memoryview(key).cast("q").tolist()
 
 
-def _encode_full_blocks(tokens: Sequence[int], tokens_per_block: int) -> list[bytes]:
-    """Keys of consecutive full blocks of ``tokens`` (a multiple of ``tokens_per_block`` long), with one pass of
-    C-level subtraction over all of them."""
-    if not tokens:
-        return []
-    deltas = array("q", map(operator.sub, islice(tokens, 1, None), tokens)).tobytes()
-    span = _ID_BYTES * (tokens_per_block - 1)  # a block's differences: the one into its first id is left out
-    return [_pack_id(tokens[i]) + deltas[_ID_BYTES * i:_ID_BYTES * i + span]
-            for i in range(0, len(tokens), tokens_per_block)]
+def _split_blocks(raw: bytes, tokens_per_block: int) -> list[bytes]:
+    """Keys of consecutive full blocks from their packed ids."""
+    step = _ID_BYTES * tokens_per_block
+    return [raw[i:i + step] for i in range(0, len(raw), step)]
 
 
 def _common_prefix_tokens(a: bytes, b: bytes) -> int:
@@ -116,6 +119,33 @@ def _common_prefix_tokens(a: bytes, b: bytes) -> int:
             break
         n += 1
     return n
+
+
+class _Ramp:
+    """Packed runs of consecutive ids without creating an int per id: the packed ids ``v, v+1, ..., v+n-1`` read as
+    one big integer are ``ramp(n) + v * ones(n)`` (ramp: lanes 0..n-1; ones: every lane 1), with no carry between
+    lanes while the ids stay in [0, 2^63). Three C-level big-integer operations per run: a 512-id run (4 KiB) packs
+    in a few microseconds, where ``array("Q", range(...))`` creates and converts 512 ints."""
+
+    def __init__(self) -> None:
+        self._cache: dict[int, tuple[int, int]] = {}
+
+    def pack(self, first: int, count: int) -> bytes:
+        if first < 0 or first + count > 1 << 63:
+            return _pack_ids(range(first, first + count))
+        cached = self._cache.get(count)
+        if cached is None:
+            ramp = int.from_bytes(array("Q", range(count)).tobytes(), sys.byteorder)
+            ones = int.from_bytes(array("Q", [1]).tobytes() * count, sys.byteorder)
+            cached = self._cache[count] = (ramp, ones)
+            if len(self._cache) > 4096:  # run lengths vary only in a prompt's last run; keep this bounded anyway
+                self._cache.clear()
+                self._cache[count] = cached
+        ramp, ones = cached
+        return (ramp + first * ones).to_bytes(_ID_BYTES * count, sys.byteorder)
+
+
+_ramp = _Ramp()
 
 
 class TokenRuns(Sequence[int]):
@@ -183,29 +213,21 @@ class TokenRuns(Sequence[int]):
             r += 1
         return out
 
-    def block_keys(self, start: int, stop: int, tokens_per_block: int) -> list[bytes]:
-        """Keys of the full blocks of tokens ``[start, stop)`` (a multiple of ``tokens_per_block`` apart)."""
-        keys: list[bytes] = []
+    def packed(self, start: int, stop: int) -> bytes:
+        """Ids ``[start, stop)`` packed as keys pack them, run by run."""
         if start >= stop:
-            return keys
+            return b""
         runs, offsets = self.runs, self._offsets
-        tail = _pack_id(1) * (tokens_per_block - 1)  # the differences inside a run
+        parts = []
         r = bisect_right(offsets, start) - 1
-        pos = start
-        while pos < stop:
-            while offsets[r] + runs[r][1] <= pos:
-                r += 1
+        while start < stop:
             first, length = runs[r]
             offset = offsets[r]
-            inside_end = min(stop, pos + (offset + length - pos) // tokens_per_block * tokens_per_block)
-            if inside_end > pos:  # whole blocks inside this run
-                keys.extend([_pack_id(v) + tail for v in range(first + pos - offset, first + inside_end - offset,
-                                                                tokens_per_block)])
-                pos = inside_end
-            else:  # a block across a run boundary
-                keys.append(encode_key(self._slice(pos, pos + tokens_per_block)))
-                pos += tokens_per_block
-        return keys
+            end = min(stop, offset + length)
+            parts.append(_ramp.pack(first + start - offset, end - start))
+            start = end
+            r += 1
+        return b"".join(parts)
 
 
 class _Block:
@@ -508,71 +530,97 @@ class BlockManager:
         self._detach(block)
 
     def _get_free_block(self, priority: int, duration_ms: int | None) -> _Block:
-        """``getFreeBlock`` + ``claimBlock``: take the GPU victim, offload it to the host tier when 1.2 would,
-        detach what it frees from the tree, and claim it with the given priority and duration.
+        """``getFreeBlock`` + ``claimBlock`` for one block (see ``_take_free_blocks``)."""
+        taken: list[_Block] = []
+        self._take_free_blocks(1, priority, duration_ms, taken)
+        return taken[0]
+
+    def _take_free_blocks(self, count: int, priority: int, duration_ms: int | None, taken: list[_Block]) -> None:
+        """``count`` times ``getFreeBlock`` + ``claimBlock``: take the GPU victim, offload it to the host tier when
+        1.2 would, detach what it frees from the tree, claim it with the given priority and duration, and append
+        it to ``taken``. Raises NoFreeBlockError when the GPU pool runs dry, with the blocks taken so far appended
+        and counted, as the same calls one at a time would leave them.
 
         This runs once per allocated block (1.9M times in the synthetic trace, 1.8M of them offloading), so the
-        eviction policy's operations are inlined here: taking the front block of a level is its
-        ``get_free_block`` + ``claim``; queueing the offloaded block is its ``release`` (with no expiry: the
-        claim cleared the duration). Popping the host target before queueing the offloaded block, where
-        TensorRT-LLM queues first and claims the target after, leaves the same queues: the target was the
-        front, and the offloaded block goes to the back.
+        eviction policy's operations are inlined and everything is looked up once per batch: taking the front
+        block of a level is the policy's ``get_free_block`` + ``claim``; queueing the offloaded block is its
+        ``release`` (with no expiry: the claim cleared the duration). Popping the host target before queueing the
+        offloaded block, where TensorRT-LLM queues first and claims the target after, leaves the same queues: the
+        target was the front, and the offloaded block goes to the back. A taken block is not in any queue nor in
+        the tree, so what the caller does with one (keys, references) cannot change which block comes next.
         """
         policy = self._policy
-        prios = policy.nonempty[PRIMARY]
-        if not prios:
-            raise NoFreeBlockError("no free block in the GPU (primary) pool")
-        prio = prios[0]
-        queue = policy.queues[PRIMARY][prio]
-        block = queue.popitem(last=False)[1]
-        if not queue:
-            del prios[0]
+        primary_prios, host_prios = policy.nonempty
+        primary_queues, host_queues = policy.queues
         num_free = policy.num_free
-        num_free[PRIMARY] -= 1
-        block.queued = None
         expiry = policy.expiry
-        if expiry:
-            expiry.pop(block.id, None)
-        self.alloc_total_blocks += 1
-        if not block.key:
-            self.alloc_new_blocks += 1
-        elif prio >= policy.offload_min_priority and num_free[SECONDARY] and self.onboard_blocks:
-            block.duration_ms = None  # the claim before the offload keeps the priority, drops the duration
-            host_prios = policy.nonempty[SECONDARY]
-            host_queue = policy.queues[SECONDARY][host_prios[0]]
-            target = host_queue.popitem(last=False)[1]
-            if not host_queue:
-                del host_prios[0]
-            target.queued = None
-            if expiry:
-                expiry.pop(target.id, None)
-            block.primary, target.primary = False, True  # swap memory slots
-            self.offloaded_blocks += 1
-            if block.prev is not None:  # in the tree (it has a key)
-                if self._events_enabled:
-                    self._enqueue_updated(block, (PRIMARY, SECONDARY), None)
-            else:
-                self.silent_offloads += 1
-            # release: now in the host queue, same priority, no duration so no expiry; num_free[SECONDARY]
-            # loses the target and gains this block
-            prio = block.priority
-            queue = policy.queues[SECONDARY][prio]
-            if not queue:
-                insort(host_prios, prio)
-            queue[block.id] = block
-            block.queued = _PLACES[SECONDARY][prio]
-            block = target
-        if block.children:
-            self._free_children(block)
-        elif block.prev is not None:  # a leaf: _free_children without the recursion
-            if block.key:
-                self._enqueue_removed(block)
-                self.evicted_blocks[PRIMARY if block.primary else SECONDARY] += 1
-            block.prev.children.pop(block.key, None)
-            block.prev = None
-        block.priority = priority
-        block.duration_ms = duration_ms
-        return block
+        offload_min_priority = policy.offload_min_priority
+        # An offload takes a host block and queues another: the host's free count cannot change in this batch.
+        can_offload = self.onboard_blocks and num_free[SECONDARY] > 0
+        events = self._events_enabled
+        host_places = _PLACES[SECONDARY]
+        append = taken.append
+        taken_before = len(taken)
+        new_blocks = offloaded = silent_offloads = evicted = 0
+        try:
+            for _ in range(count):
+                if not primary_prios:
+                    raise NoFreeBlockError("no free block in the GPU (primary) pool")
+                prio = primary_prios[0]
+                queue = primary_queues[prio]
+                block = queue.popitem(last=False)[1]
+                if not queue:
+                    del primary_prios[0]
+                block.queued = None
+                if expiry:
+                    expiry.pop(block.id, None)
+                if not block.key:
+                    new_blocks += 1
+                elif can_offload and prio >= offload_min_priority:
+                    block.duration_ms = None  # the claim before the offload keeps the priority, drops the duration
+                    host_queue = host_queues[host_prios[0]]
+                    target = host_queue.popitem(last=False)[1]
+                    if not host_queue:
+                        del host_prios[0]
+                    target.queued = None
+                    if expiry:
+                        expiry.pop(target.id, None)
+                    block.primary, target.primary = False, True  # swap memory slots
+                    offloaded += 1
+                    if block.prev is None:  # not in the tree (it has a key): no event
+                        silent_offloads += 1
+                    elif events:
+                        self._enqueue_updated(block, (PRIMARY, SECONDARY), None)
+                    # release: now in the host queue, same priority, no duration so no expiry; num_free[SECONDARY]
+                    # lost the target and gains this block
+                    prio = block.priority
+                    queue = host_queues[prio]
+                    if not queue:
+                        insort(host_prios, prio)
+                    queue[block.id] = block
+                    block.queued = host_places[prio]
+                    block = target
+                # the block now holds a GPU slot whichever way it came
+                if block.children:
+                    self._free_children(block)
+                elif block.prev is not None:  # a leaf: _free_children without the recursion
+                    if block.key:
+                        if events:
+                            self._enqueue_removed(block)
+                        evicted += 1
+                    block.prev.children.pop(block.key, None)
+                    block.prev = None
+                block.priority = priority
+                block.duration_ms = duration_ms
+                append(block)
+        finally:
+            # the counts of the blocks taken, added once (nothing in the loop reads them)
+            num_free[PRIMARY] -= len(taken) - taken_before
+            self.evicted_blocks[PRIMARY] += evicted
+            self.alloc_total_blocks += len(taken) - taken_before
+            self.alloc_new_blocks += new_blocks
+            self.offloaded_blocks += offloaded
+            self.silent_offloads += silent_offloads
 
     def _onboard(self, block: _Block) -> None:
         if self.onboard_blocks and not block.primary:
@@ -615,13 +663,15 @@ class BlockManager:
         stop = num_full * tpb
         if start < stop:
             prompt = seq.prompt
-            in_prompt = min(stop, seq.prompt_len - seq.prompt_len % tpb)  # full blocks made of prompt tokens only
+            in_prompt = min(stop, seq.prompt_len)  # ids taken from the prompt, the rest from the generated tokens
             if start < in_prompt:
-                full_keys.extend(prompt.block_keys(start, in_prompt, tpb) if isinstance(prompt, TokenRuns)
-                                 else _encode_full_blocks(prompt[start:in_prompt], tpb))
-                start = in_prompt
-            if start < stop:
-                full_keys.extend(_encode_full_blocks(seq.tokens(start, stop), tpb))
+                raw = (prompt.packed(start, in_prompt) if isinstance(prompt, TokenRuns)
+                       else _pack_ids(prompt[start:in_prompt]))
+            else:
+                raw = b""
+            if in_prompt < stop:
+                raw += _pack_ids(seq.tokens(max(start, in_prompt), stop))
+            full_keys.extend(_split_blocks(raw, tpb))
         keys = full_keys[:num_full]
         if allow_partial and stop < usable:
             keys.append(encode_key(seq.tokens(stop, usable)))
@@ -652,16 +702,18 @@ class BlockManager:
         tpb = self.tokens_per_block
         full_key_bytes = _ID_BYTES * tpb
         seq = _Sequence(request_id, prompt, retention)
-        self._seqs[request_id] = seq
         num_blocks = -(-length // tpb)
         if not self.enable_block_reuse:
+            self._seqs[request_id] = seq
             for _ in range(num_blocks):  # allocateBlock: decode retention applies to every block here
                 self._add_to_seq(seq, self._get_free_block(seq.decode_priority, seq.decode_duration_ms))
             self.total_input_tokens += length
             return 0
         # The last token has no KV yet: keys cover length - 1 tokens, the last one partial. A block past the keys
-        # (the last token alone in a block of its own) gets the empty key (C++ guards blockItr != end).
+        # (the last token alone in a block of its own) gets the empty key (C++ guards blockItr != end). Made before
+        # the sequence is registered: an id out of 64 bits raises OverflowError here and leaves nothing behind.
         keys = self._block_keys(seq, length - 1, True)
+        self._seqs[request_id] = seq
         num_keys = len(keys)
         per_block = retention.per_block(tpb, length) if retention is not None else None
 
@@ -699,27 +751,29 @@ class BlockManager:
             self.reused_blocks += 1
             bi += 1
 
-        # Every block from the first miss on is new. Most of a trace's prompt blocks land here.
-        get_free_block = self._get_free_block
-        events = self._events_enabled
+        # Every block from the first miss on is new. Most of a trace's prompt blocks land here: taken in one batch
+        # when they share a priority, then keyed (the keys of a taken block do not affect the next take).
         blocks = seq.blocks
-        prev = blocks[-1] if blocks else None
-        for i in range(bi, num_blocks):
-            key = keys[i] if i < num_keys else b""
+        first_new = len(blocks)
+        try:
             if per_block is None:
-                block = get_free_block(DEFAULT_PRIORITY, None)
+                self._take_free_blocks(num_blocks - bi, DEFAULT_PRIORITY, None, blocks)
             else:
-                prio, dur = per_block[i]
-                block = get_free_block(prio if prio is not None else DEFAULT_PRIORITY, dur)
-            block.refs += 1
-            block.prev_in_seq = prev
-            blocks.append(block)
-            block.key = key
-            block.is_full = len(key) == full_key_bytes
-            if events:
-                block.hash = block_key_hash(decode_key(key), prev.hash if prev is not None else 0)
-            self.missed_blocks += 1
-            prev = block
+                for prio, dur in per_block[bi:num_blocks]:
+                    self._take_free_blocks(1, prio if prio is not None else DEFAULT_PRIORITY, dur, blocks)
+        finally:
+            # _add_to_seq, then the key and hash of each block taken (also when the pool ran dry part-way)
+            events = self._events_enabled
+            prev = blocks[first_new - 1] if first_new else None
+            for block, key in zip(blocks[first_new:], chain(keys[bi:], repeat(b""))):
+                block.refs += 1
+                block.prev_in_seq = prev
+                block.key = key
+                block.is_full = len(key) == full_key_bytes
+                if events:
+                    block.hash = block_key_hash(decode_key(key), prev.hash if prev is not None else 0)
+                prev = block
+            self.missed_blocks += len(blocks) - first_new
         self.reused_tokens += matched_tokens
         self.total_input_tokens += length
         return matched_tokens
@@ -727,6 +781,8 @@ class BlockManager:
     def add_token(self, request_id: Any, token_id: int) -> None:
         """``addToken``: append one generated token; a new block when the sequence fills its last one."""
         seq = self._seq(request_id)
+        if not _MIN_ID <= token_id <= _MAX_ID:
+            raise OverflowError(f"token id {token_id} does not fit in signed 64 bits")
         if seq.num_tokens % self.tokens_per_block == 0:
             block = self._get_free_block(seq.decode_priority, seq.decode_duration_ms)
             self._add_to_seq(seq, block)
@@ -747,6 +803,9 @@ class BlockManager:
         is in the request's token list all the same, and ``storeBlocks`` stores ``len - 1`` of them).
         """
         seq = self._seq(request_id)
+        for token_id in final_tokens:
+            if not _MIN_ID <= token_id <= _MAX_ID:
+                raise OverflowError(f"token id {token_id} does not fit in signed 64 bits")
         seq.generated.extend(final_tokens)
         seq.num_tokens = seq.prompt_len + len(seq.generated)
         if self.enable_block_reuse:
@@ -755,7 +814,8 @@ class BlockManager:
         # The eviction policy's release, inlined (hundreds of blocks per trace request); see _EvictionPolicy for
         # the invariants.
         policy = self._policy
-        queues, nonempty, num_free = policy.queues, policy.nonempty, policy.num_free
+        queues, nonempty = policy.queues, policy.nonempty
+        released = [0, 0]  # per level, added to num_free once
         for block in reversed(seq.blocks):
             block.refs -= 1
             if block.refs:
@@ -767,9 +827,11 @@ class BlockManager:
                 insort(nonempty[level], prio)
             queue[block.id] = block
             block.queued = _PLACES[level][prio]
-            num_free[level] += 1
+            released[level] += 1
             if block.duration_ms is not None and prio != DEFAULT_PRIORITY:
                 policy.start_expiry(block)
+        policy.num_free[PRIMARY] += released[PRIMARY]
+        policy.num_free[SECONDARY] += released[SECONDARY]
 
     def refresh(self) -> int:
         """``refreshBlocks``: timed priorities that have expired fall back to 35. Returns how many expired."""
