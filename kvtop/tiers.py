@@ -1,0 +1,1660 @@
+"""TierModel: the fold from kvtop records to the per-tier state a person wants to see.
+
+Pure: no I/O, no clock of its own (``record.time``, or the ``t`` passed in, is "now"), no Textual or Rich. Every
+sink reads it; only the source side feeds it.
+
+What each number means (exactly; trtllm-kv.md sections 1, 2, 6 and 8 say why):
+
+- ``capacity_blocks``: the pool's size. From newer stats' ``primaryMaxNumBlocks`` / ``secondaryMaxNumBlocks`` when
+  present (live, per window, summed), else the ``created`` event's ``num_blocks_per_cache_level`` (summed over
+  attention windows), else ``meta`` (``primary_blocks`` / ``secondary_blocks``), else derived from 1.0-1.2's
+  ``maxNumBlocks``, which is primary + secondary: either tier's size gives the other's. Otherwise unknown: with no
+  pool sizes, ``maxNumBlocks`` alone cannot say how much of it is host memory.
+- ``free_blocks``: TensorRT-LLM's "free": held by no request, empty or cached-and-evictable. GPU:
+  ``freeNumBlocks``. Host: ``capacity - in_use``.
+- ``in_use_blocks``: GPU: ``capacity - freeNumBlocks`` (never ``usedNumBlocks``, which in 1.0-1.2 is
+  ``maxNumBlocks - freeNumBlocks`` and so counts the whole host pool: issue #3376's record has used 5495 with only
+  250 GPU blocks held). Host: 0 (host blocks are always free in TensorRT-LLM 1.2: one leaves the host free queue
+  only inside a single offload or onboard, which puts another one back before it returns), or newer stats'
+  ``secondaryMaxNumBlocks - secondaryFreeNumBlocks``.
+- ``cached_blocks``: blocks in the reuse tree whose memory is in that tier, folded from ``stored`` (cache_level per
+  block), ``removed`` and ``updated`` (cache_level 0->1 offload, 1->0 onboard) events keyed by block hash. On the
+  GPU some of these are also in use (a running request holds its reused and stored blocks).
+- Moves: ``updated`` 0->1 is an offload, 1->0 an onboard (counted from the event itself, known hash or not);
+  ``removed`` of a block the fold holds as GPU-resident is a GPU eviction, host-resident a host eviction (a host
+  block that is the target of a new offload is dropped from the host tier, whatever its block object becomes).
+  Newer TensorRT-LLM stats (``kvCacheIterationStats``: ``iterOffloadBlocks``, ``iterOnboardBlocks``,
+  ``iterHostDroppedBlocks``) are used instead when present: they also count the offloads no event shows.
+- Hit rate: from the stats counters ``reusedBlocks`` / ``missedBlocks`` (cumulative in the engine, so diffed),
+  warm-up excluded. Host hits are onboards (every onboard is a reused block served from host memory); GPU hits
+  are the rest. Both are fractions of all block lookups, so ``gpu + host == cumulative``.
+
+Warm-up: the first ``warmup_requests`` finished requests are warm-up. The finished count is the larger of the sum
+of the stats' ``numCompletedRequests`` (per iteration) and the number of ``request`` records: either source alone
+is enough, and with both the larger one is the one that has seen more. Counter deltas (hits, lookups, onboards)
+are warm-up while that count is below ``warmup_requests``, including the delta of the stats record that reports the
+last warm-up completion. The first ``warmup_requests`` request records are left out of the latency percentiles.
+
+Data quality (``quality``), never hidden:
+
+- An event id gap means the engine's event buffer overflowed and dropped events: counted, and every count folded
+  from events is approximate from then on (``counts_approximate``). Attaching mid-stream (first id > 0) is the
+  same. A ``created`` event with id 0 after that (an engine restart) makes the fold exact again.
+- A host pool but no event stream: host in-use, cached and free are ``None`` (unknown), never 0.
+- Counters going backwards (or ``iter`` going backwards): the engine restarted; the new values are the deltas.
+- Unknown hashes in ``removed`` / ``updated`` are counted and make counts approximate; nothing goes negative.
+- The known hole: TensorRT-LLM 1.2 takes a cached block out of the reuse tree with no event when a prompt
+  partially matches it and it is an idle leaf (trtllm-kv.md 2.3). The fold then still holds it, so cached counts
+  can only be too high, by at most the number of such detaches. They are reconciled when an event proves the
+  block gone: a ``stored`` event that re-uses its hash (the tree never holds one hash twice), or the ``removed``
+  of its parent (``freeChildren`` removes children first, so a child still in the fold when its parent goes was
+  already gone). Reported cached counts are clamped to the tier's capacity, and the fold's own map is bounded
+  (``_PRUNE_FACTOR``). Since any reuse may have been such a partial match, ``cached_approximate`` is set once a
+  reuse is observed (a hit in the stats or an onboard), and means "an upper bound, possibly above the truth".
+- Per-priority cached counts drift in two more ways no event shows: timed priorities that lapse back to 35, and
+  TensorRT-LLM's ``updated`` priority event for a partially matched block that is then copied rather than reused
+  (``loadOrAllocateBlocks`` enqueues the event before its partial-match branch; the copied block keeps its
+  priority). Both are counted in the truth test (tests/test_tiers.py).
+
+Hot path: ``apply_kv_event`` must keep up with an 8-GPU node's ~50,000 events/s with room to spare (BENCHMARKS.md,
+"Folding KV events"). Each block is one packed int in a dict (see ``_Pool``), the frequent offload, onboard and
+single-block removal are folded inline, nothing is allocated per removed or updated event, and a zero-cost ``try``
+(CPython 3.11+) turns malformed input into a counted bad record whose reason is found afterwards, off the hot path.
+Everything the dashboard reads (``gpu``, ``host``, ``rates``, ``summary()``...) is built on read, 4 times a second.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvtop.records import Record, RecordError, parse_engine_dict
+
+__all__ = [
+    "GpuDevice",
+    "HistoryPoint",
+    "HitRate",
+    "HostMemory",
+    "Latency",
+    "Moves",
+    "Quality",
+    "Rates",
+    "Requests",
+    "TierModel",
+    "TierState",
+]
+
+GPU = 0
+HOST = 1
+_U64 = 1 << 64
+_I64_MIN = -(1 << 63)
+_MAX_PRIORITY = 100
+_UNKNOWN_PRIORITY = _MAX_PRIORITY + 1   # bucket for blocks whose priority no event gave (verbatim fixtures omit it)
+# The fold's block map holds every cached block plus the stale ones the silent detaches left behind. It is
+# pruned (orphans first, then oldest) past this many times the pools' total capacity, plus some slack, so that
+# memory stays flat over hours. With no capacity known yet, 2^18 entries (~60 MB) is the cap.
+_PRUNE_FACTOR = 2
+_PRUNE_SLACK = 1024
+_PRUNE_UNKNOWN_CAP = 1 << 18
+_MAX_GPUS = 64  # gpu records keep one entry per device index; more than this is a malformed stream
+_NO_WINDOW = object()  # a window_size no event has
+_NO_ID = object()      # an event id no event has (no number equals it, so the first event takes the slow path)
+# A stored block's (cache_level, priority) -> its code's low byte, for every well-formed pair (None = absent).
+# One lookup checks and encodes both, in a third of the time of comparing each.
+_CODES: dict[tuple[int | None, int | None], int] = {
+    (lvl, pr): (lvl or 0) | ((_UNKNOWN_PRIORITY if pr is None else pr) << 1)
+    for lvl in (None, 0, 1) for pr in (None, *range(_MAX_PRIORITY + 1))}
+
+
+# ------------------------------------------------------------------------------------------------ read-side types
+
+@dataclass(frozen=True)
+class TierState:
+    """One tier's blocks (``None`` = unknown), with tokens and bytes once the block size is known."""
+
+    name: str
+    capacity_blocks: int | None
+    in_use_blocks: int | None
+    cached_blocks: int | None
+    free_blocks: int | None
+    tokens_per_block: int | None = None
+    bytes_per_block: int | None = None
+    cached_approximate: bool = False
+
+    def bytes(self, blocks: int | None) -> int | None:
+        if blocks is None or self.bytes_per_block is None:
+            return None
+        return blocks * self.bytes_per_block
+
+    def tokens(self, blocks: int | None) -> int | None:
+        if blocks is None or self.tokens_per_block is None:
+            return None
+        return blocks * self.tokens_per_block
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        return self.bytes(self.capacity_blocks)
+
+    @property
+    def in_use_bytes(self) -> int | None:
+        return self.bytes(self.in_use_blocks)
+
+    @property
+    def cached_bytes(self) -> int | None:
+        return self.bytes(self.cached_blocks)
+
+    @property
+    def free_bytes(self) -> int | None:
+        return self.bytes(self.free_blocks)
+
+    @property
+    def capacity_tokens(self) -> int | None:
+        return self.tokens(self.capacity_blocks)
+
+    @property
+    def cached_tokens(self) -> int | None:
+        return self.tokens(self.cached_blocks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "capacity_blocks": self.capacity_blocks, "in_use_blocks": self.in_use_blocks,
+            "cached_blocks": self.cached_blocks, "free_blocks": self.free_blocks,
+            "capacity_bytes": self.capacity_bytes, "in_use_bytes": self.in_use_bytes,
+            "cached_bytes": self.cached_bytes, "free_bytes": self.free_bytes,
+            "cached_approximate": self.cached_approximate,
+        }
+
+
+@dataclass(frozen=True)
+class Moves:
+    """Block moves since the fold started (totals; kvtop's own, so they continue across engine restarts)."""
+
+    offloaded_blocks: int = 0
+    onboarded_blocks: int = 0
+    evicted_gpu_blocks: int = 0
+    evicted_host_blocks: int = 0
+    evicted_unknown_blocks: int = 0   # removed hashes the fold did not know (after dropped events)
+    source: str = "events"            # "events" (1.0-1.2) or "stats" (newer kvCacheIterationStats)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HitRate:
+    """Block hit rates, warm-up excluded: cumulative and over the window, split by the tier that served the hit."""
+
+    cumulative: float | None = None
+    window: float | None = None
+    gpu: float | None = None
+    host: float | None = None
+    window_gpu: float | None = None
+    window_host: float | None = None
+    hits: int = 0
+    lookups: int = 0
+    host_hits: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Per-second rates over the sliding window (``None`` until two instants are seen)."""
+
+    window_s: float | None = None
+    offloaded_per_s: float | None = None
+    onboarded_per_s: float | None = None
+    evicted_gpu_per_s: float | None = None
+    evicted_host_per_s: float | None = None
+    hits_per_s: float | None = None
+    lookups_per_s: float | None = None
+    requests_per_s: float | None = None
+    failed_per_s: float | None = None
+    prompt_tokens_per_s: float | None = None
+    output_tokens_per_s: float | None = None
+    ctx_tokens_per_s: float | None = None     # engine-side, from the stats (numCtxTokens)
+    gen_tokens_per_s: float | None = None     # engine-side, from the stats (numGenRequests, beam width 1)
+    offloaded_bytes_per_s: float | None = None
+    onboarded_bytes_per_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class HistoryPoint:
+    """One step of the coarse history: rates over ``[t - step, t]``."""
+
+    t: float
+    hit_rate: float | None
+    host_hit_rate: float | None
+    offloaded_per_s: float
+    onboarded_per_s: float
+    evicted_gpu_per_s: float
+    evicted_host_per_s: float
+    requests_per_s: float
+    output_tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class Latency:
+    p50_s: float | None = None
+    p99_s: float | None = None
+    count: int = 0
+
+    def to_json_ms(self) -> dict[str, float | None]:
+        return {"p50": None if self.p50_s is None else self.p50_s * 1000.0,
+                "p99": None if self.p99_s is None else self.p99_s * 1000.0}
+
+
+@dataclass(frozen=True)
+class Requests:
+    completed: int = 0
+    failed: int = 0
+    warmup: int = 0                       # request records left out of the percentiles
+    in_flight: int | None = None          # from the stats: numActiveRequests + numQueuedRequests
+    ttft: Latency = field(default_factory=Latency)
+    e2e: Latency = field(default_factory=Latency)
+    window_ttft: Latency = field(default_factory=Latency)
+    window_e2e: Latency = field(default_factory=Latency)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    last_error: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    index: int
+    name: str | None
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    time: float
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    rss_bytes: int | None           # the engine process's resident memory (pinned pages show here, as shared)
+    available_bytes: int | None     # the system's available memory
+    pinned_pool_bytes: int | None   # the engine's pinned host pool (as reported, or pool size x bytes per block)
+    time: float
+    data: dict[str, Any]            # the record's data, verbatim
+    total_bytes: int | None = None  # the system's total memory
+
+
+@dataclass(frozen=True)
+class Quality:
+    events_seen: bool = False
+    events_dropped: int = 0              # from event id gaps
+    counts_approximate: bool = False     # event-folded counts may be off (drops, mid-stream attach, unknowns)
+    cached_approximate: bool = False     # cached counts are an upper bound (see the module docstring)
+    unknown_hashes: int = 0
+    unknown_parents: int = 0             # stored events whose parent the fold did not hold
+    stale_cached_dropped: int = 0        # fold entries proven gone by later events (silent detaches)
+    pruned_entries: int = 0              # fold entries dropped to keep memory bounded
+    duplicate_events: int = 0
+    event_restarts: int = 0
+    stats_restarts: int = 0
+    host_without_events: bool = False    # a host pool is configured but no event stream: host occupancy unknown
+    capacity_source: str | None = None   # where the GPU capacity came from: stats, created, meta, derived
+    stats_max_includes_host: bool | None = None  # 1.0-1.2 semantics of maxNumBlocks, when it can be told
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------ internals
+
+class _Bad(Exception):
+    """Malformed input: ``field`` is a dotted path into the record's data."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class _Pool:
+    """The fold's state for one KV cache (one attention window of one attention-DP rank).
+
+    Each block the fold holds is one int, ``level | priority << 1 | fold_children << 8`` (``priority`` 101 =
+    unknown), so that the hot path allocates nothing the garbage collector tracks: with a GC-tracked object per
+    block, collections walking the map cost 16 us per stored block in the first version of this fold.
+    """
+
+    __slots__ = ("blocks", "parents", "prio", "capacity", "limit")
+
+    def __init__(self) -> None:
+        self.blocks: dict[int, int] = {}     # block hash -> packed code
+        self.parents: dict[int, int] = {}    # block hash -> parent hash (absent for first blocks of the tree)
+        self.prio = [0] * 256                # cached blocks per (code & 0xFF) = level + 2 * priority
+        self.capacity: list[int] | None = None  # [primary, secondary] from the created event
+        self.limit = _PRUNE_UNKNOWN_CAP  # the block map is pruned past this many entries
+
+    def set_capacity(self, primary: int, secondary: int) -> None:
+        self.capacity = [primary, secondary]
+        self.limit = _PRUNE_FACTOR * (primary + secondary) + _PRUNE_SLACK
+
+    def clear(self) -> None:
+        self.blocks.clear()
+        self.parents.clear()
+        self.prio[:] = [0] * 256
+
+    def cached(self, level: int) -> int:
+        return sum(self.prio[level::2])
+
+
+class _LatencyTrack:
+    """Exact nearest-rank percentiles while the samples fit in the deque; a 1%-wide log histogram past that."""
+
+    _STEP = math.log(1.01)
+
+    def __init__(self, maxlen: int):
+        self.samples: deque[tuple[float, float]] = deque(maxlen=maxlen)
+        self.hist: dict[int, int] = {}
+        self.zeros = 0
+        self.count = 0
+
+    def add(self, t: float, value: float) -> None:
+        self.samples.append((t, value))
+        self.count += 1
+        if value <= 0.0:
+            self.zeros += 1
+        else:
+            b = math.floor(math.log(value) / self._STEP)
+            self.hist[b] = self.hist.get(b, 0) + 1
+
+    @staticmethod
+    def _rank(sorted_values: list[float], p: float) -> float:
+        k = max(1, math.ceil(p / 100.0 * len(sorted_values)))
+        return sorted_values[k - 1]
+
+    def percentiles(self) -> Latency:
+        if self.count == 0:
+            return Latency()
+        if self.count <= len(self.samples):
+            values = sorted(v for _, v in self.samples)
+            return Latency(self._rank(values, 50), self._rank(values, 99), self.count)
+        return Latency(self._hist_rank(50), self._hist_rank(99), self.count)
+
+    def _hist_rank(self, p: float) -> float:
+        k = max(1, math.ceil(p / 100.0 * self.count))
+        if k <= self.zeros:
+            return 0.0
+        seen = self.zeros
+        for b in sorted(self.hist):
+            seen += self.hist[b]
+            if seen >= k:
+                return math.exp((b + 0.5) * self._STEP)  # the bucket's geometric middle: within 0.5%
+        return math.exp((max(self.hist) + 0.5) * self._STEP)
+
+    def window(self, since: float) -> Latency:
+        values = sorted(v for t, v in self.samples if t >= since)
+        if not values:
+            return Latency()
+        return Latency(self._rank(values, 50), self._rank(values, 99), len(values))
+
+
+def _describe(value: Any) -> str:
+    try:
+        text = json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _count(value: Any, path: str) -> int | None:
+    """A non-negative count (None stays None). Integral floats are accepted: some JSON writers emit 5.0."""
+    if value is None:
+        return None
+    if value.__class__ is int and value >= 0:
+        return int(value)
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    raise _Bad(path, f"must be a non-negative integer, got {_describe(value)}")
+
+
+def _required_count(value: Any, path: str) -> int:
+    n = _count(value, path)
+    if n is None:
+        raise _Bad(path, "must be a non-negative integer, got null")
+    return n
+
+
+def _number(value: Any, path: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise _Bad(path, f"must be a non-negative number, got {_describe(value)}")
+    return float(value)
+
+
+def _hash(value: Any, path: str) -> int:
+    """An unsigned 64-bit block hash; a signed 64-bit one (NVIDIA's gRPC converter wraps them) is unwrapped."""
+    if value.__class__ is not int or not _I64_MIN <= value < _U64:
+        raise _Bad(path, f"must be a 64-bit integer block hash, got {_describe(value)}")
+    return value + _U64 if value < 0 else value
+
+
+def _hash_list(values: list[Any], path: str) -> list[int]:
+    return [_hash(v, f"{path}[{i}]") for i, v in enumerate(values)]
+
+
+# Cache levels and priorities: a number equal to a valid integer (1.0, or JSON true for 1) is taken as that integer,
+# in the hot path (which compares by value) and here alike. Block hashes and event ids must be true integers.
+
+def _level(value: Any, path: str) -> int:
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return int(value)
+    raise _Bad(path, f"must be 0 (GPU) or 1 (host), got {_describe(value)}")
+
+
+def _priority(value: Any, path: str) -> int:
+    if isinstance(value, (int, float)) and 0 <= value <= _MAX_PRIORITY and value == int(value):
+        return int(value)
+    raise _Bad(path, f"must be an integer priority in [0, {_MAX_PRIORITY}], got {_describe(value)}")
+
+
+def _diagnose_event(event: Any) -> None:
+    """Raise ``_Bad`` naming the first malformed field of a KV cache event (slow; only after the fold failed)."""
+    if not isinstance(event, dict):
+        raise _Bad("event", f"must be an object, got {_describe(event)}")
+    for key in ("event_id", "data"):
+        if key not in event:
+            raise _Bad(key, "is missing")
+    eid = event["event_id"]
+    if eid.__class__ is not int or eid < 0:
+        raise _Bad("event_id", f"must be a non-negative integer, got {_describe(eid)}")
+    for key in ("window_size", "attention_dp_rank"):
+        v = event.get(key)
+        if v is not None and (v.__class__ is not int or v < 0):
+            raise _Bad(key, f"must be a non-negative integer, got {_describe(v)}")
+    data = event["data"]
+    if not isinstance(data, dict):
+        raise _Bad("data", f"must be an object, got {_describe(data)}")
+    etype = data.get("type")
+    required = {"stored": "blocks", "removed": "block_hashes", "updated": "block_hash",
+                "created": "num_blocks_per_cache_level"}
+    if not isinstance(etype, str) or etype not in required:
+        raise _Bad("data.type", f"must be one of created, stored, removed, updated, got {_describe(etype)}")
+    if required[etype] not in data:
+        raise _Bad(f"data.{required[etype]}", "is missing")
+    if etype == "stored":
+        blocks = data["blocks"]
+        if not isinstance(blocks, list):
+            raise _Bad("data.blocks", f"must be a list, got {_describe(blocks)}")
+        if data.get("parent_hash") is not None:
+            _hash(data["parent_hash"], "data.parent_hash")
+        for i, b in enumerate(blocks):
+            if not isinstance(b, dict):
+                raise _Bad(f"data.blocks[{i}]", f"must be an object, got {_describe(b)}")
+            if "block_hash" not in b:
+                raise _Bad(f"data.blocks[{i}].block_hash", "is missing")
+            _hash(b["block_hash"], f"data.blocks[{i}].block_hash")
+            if b.get("cache_level") is not None:
+                _level(b["cache_level"], f"data.blocks[{i}].cache_level")
+            if b.get("priority") is not None:
+                _priority(b["priority"], f"data.blocks[{i}].priority")
+    elif etype == "removed":
+        hashes = data["block_hashes"]
+        if not isinstance(hashes, list):
+            raise _Bad("data.block_hashes", f"must be a list, got {_describe(hashes)}")
+        _hash_list(hashes, "data.block_hashes")
+    elif etype == "updated":
+        _hash(data["block_hash"], "data.block_hash")
+        for key, check in (("cache_level", _level), ("priority", _priority)):
+            diff = data.get(key)
+            if diff is None:
+                continue
+            if not isinstance(diff, dict):
+                raise _Bad(f"data.{key}", f"must be an event_diff object or null, got {_describe(diff)}")
+            if "new_value" not in diff:
+                raise _Bad(f"data.{key}.new_value", "is missing")
+            check(diff["new_value"], f"data.{key}.new_value")
+            if diff.get("old_value") is not None:
+                check(diff["old_value"], f"data.{key}.old_value")
+    else:
+        levels = data["num_blocks_per_cache_level"]
+        if not isinstance(levels, list) or not 1 <= len(levels) <= 2:
+            raise _Bad("data.num_blocks_per_cache_level", f"must be a list of 1 or 2 integers, got {_describe(levels)}")
+        for i, v in enumerate(levels):
+            _required_count(v, f"data.num_blocks_per_cache_level[{i}]")
+
+
+# ------------------------------------------------------------------------------------------------ the fold
+
+class TierModel:
+    """Folds kvtop records (or raw TensorRT-LLM stats and event dicts) into per-tier state. See the module doc."""
+
+    def __init__(self, warmup_requests: int = 0, window_s: float = 10.0, *, history_step_s: float = 1.0,
+                 history_len: int = 600, latency_samples: int = 4096):
+        if warmup_requests < 0:
+            raise ValueError(f"warmup_requests: must be >= 0, got {warmup_requests}")
+        if not window_s > 0:
+            raise ValueError(f"window_s: must be > 0, got {window_s}")
+        if not history_step_s > 0:
+            raise ValueError(f"history_step_s: must be > 0, got {history_step_s}")
+        self.warmup_requests = warmup_requests
+        self._warming = warmup_requests > 0  # kept current by _update_warming (read on the hot path)
+        self.window_s = float(window_s)
+        self.history_step_s = float(history_step_s)
+        self.now: float | None = None
+
+        # events
+        self._pools: dict[Any, _Pool] = {}
+        self._eid_next: Any = _NO_ID              # next event id without attention DP (_NO_ID: none seen yet)
+        self._next_eid: dict[Any, int] = {}       # per attention-DP rank, with attention DP
+        self._win_key: Any = _NO_WINDOW           # the last rank-less pool looked up, and its window_size
+        self._win_pool = _Pool()  # a placeholder until the first lookup (_NO_WINDOW matches no event)
+        self._approx_ranks: set[Any] = set()
+        self._events_dropped = 0
+        self._unknown_hashes = 0
+        self._unknown_parents = 0
+        self._stale_dropped = 0
+        self._pruned = 0
+        self._duplicates = 0
+        self._event_restarts = 0
+        self._ev_offloaded = 0
+        self._ev_onboarded = 0
+        self._ev_evicted = [0, 0]
+        self._ev_evicted_unknown = 0
+        self._reuse_seen = False
+
+        # stats
+        self._last_kv: dict[str, int | None] = {}
+        self._last_iter: int | None = None
+        self._stats_restarts = 0
+        self._max_num_blocks: int | None = None
+        self._free_num_blocks: int | None = None
+        self._stats_tpb: int | None = None
+        self._it: dict[str, int] | None = None   # latest kvCacheIterationStats gauges, summed over windows
+        self._it_offloaded = 0
+        self._it_onboarded = 0
+        self._it_host_dropped = 0
+        self._it_moves_seen = False
+        self._stats_completed = 0
+        self._in_flight: int | None = None
+        self._ctx_tokens = 0
+        self._gen_tokens = 0
+        self._gpu_mem_usage: int | None = None
+        self._pinned_mem_usage: int | None = None
+
+        # hits: totals past warm-up, and what warm-up took
+        self._hits = 0
+        self._lookups = 0
+        self._warm_hits = 0
+        self._warm_lookups = 0
+        # Host hits = onboards: from the events (1.0-1.2), or from newer stats' iterOnboardBlocks, which win when
+        # present (they line up with the hit counters). Kept apart so that having both never counts twice.
+        self._ev_host_hits = 0
+        self._ev_warm_host_hits = 0
+        self._st_host_hits = 0
+        self._st_warm_host_hits = 0
+
+        # requests
+        self._req_records = 0
+        self._completed = 0
+        self._failed = 0
+        self._warm_records = 0
+        self._prompt_tokens = 0
+        self._output_tokens = 0
+        self._last_error: str | None = None
+        self._ttft = _LatencyTrack(latency_samples)
+        self._e2e = _LatencyTrack(latency_samples)
+        # request priority -> [reused blocks, prompt blocks, requests, onboarded (host-hit) blocks]
+        self._prio_req: dict[int | None, list[int]] = {}
+
+        # meta, gpu, host
+        self.meta: dict[str, Any] = {}
+        self._gpus: dict[int, GpuDevice] = {}
+        self.gpu_error: str | None = None
+        self._host_mem: HostMemory | None = None
+
+        # bad input
+        self.bad_records = 0
+        self.last_bad_reason: str | None = None
+        self.records_applied = 0
+
+        # rate samples: fine ones for the window, coarse ones for the history
+        self._fine_step = self.window_s / 100.0  # 100 samples per window; 512 kept = 5 windows
+        self._fine: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=512)
+        self._coarse: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=max(2, history_len + 1))
+
+    # ============================================================================================ entry points
+
+    def apply(self, record: Record) -> None:
+        """Any kvtop record; ``record.time`` is "now". Never raises: bad input is counted in ``bad_records``."""
+        try:
+            kind = record.kind
+            data = record.data
+            t = record.time
+        except AttributeError:
+            self._bad("record", f"must be a kvtop Record, got {type(record).__name__}")
+            return
+        if kind == "kv_event":
+            self.apply_kv_event(data, t)
+        elif kind == "stats":
+            self.apply_stats(data, t)
+        elif kind in ("meta", "gpu", "host", "request"):
+            if not self._tick(t):
+                return
+            if not isinstance(data, dict):
+                self._bad("data", f"must be an object, got {_describe(data)}")
+                return
+            try:
+                if kind == "meta":
+                    self._apply_meta(data)
+                elif kind == "request":
+                    self._apply_request(data, float(t))
+                elif kind == "gpu":
+                    self._apply_gpu(data, float(t))
+                else:
+                    self._apply_host(data, float(t))
+            except _Bad as exc:
+                self._bad(f"data.{exc.field}", exc.problem)
+                return
+            except Exception as exc:  # never into the consumer; name what broke
+                self._bad("data", f"{type(exc).__name__}: {exc}")
+                return
+            self.records_applied += 1
+        else:
+            self._bad("kind", f"must be one of meta, stats, kv_event, gpu, host, request, got {_describe(kind)}")
+
+    def apply_records(self, records: Iterable[Record]) -> None:
+        for r in records:
+            self.apply(r)
+
+    def apply_stats(self, stats: Any, t: float | None = None) -> None:
+        """One TensorRT-LLM iteration-stats dict (or its JSON string, as 1.x's docstring shows)."""
+        if t is not None and not self._tick(t):
+            return
+        try:
+            d = parse_engine_dict(stats, "stats")
+            self._apply_stats(d)
+        except RecordError as exc:
+            self._bad(exc.field, exc.problem)
+            return
+        except _Bad as exc:
+            self._bad(f"stats.{exc.field}", exc.problem)
+            return
+        except Exception as exc:
+            self._bad("stats", f"{type(exc).__name__}: {exc}")
+            return
+        self.records_applied += 1
+
+    def apply_kv_event(self, event: Any, t: float | None = None) -> None:
+        """One TensorRT-LLM KV cache event dict (``{"event_id", "data": {"type", ...}, "window_size"}``).
+
+        The hot path: ``updated`` and ``removed`` (98% of a busy engine's events) are folded inline for a block
+        the fold knows; everything else (stored, created, unknown hashes, odd ids, bad input) goes to methods.
+        """
+        if t is not None and t != self.now and not self._tick(t):
+            return
+        try:
+            data = event["data"]
+            etype = data["type"]
+            eid = event["event_id"]
+            rank = event.get("attention_dp_rank")
+            # The next id of the usual rank-less stream is an attribute and the last pool is cached: ~0.2 us of
+            # the ~2 us an event costs.
+            if rank is None:
+                if eid != self._eid_next and not self._event_id_ok(None, eid, etype):
+                    return
+                window = event.get("window_size")
+                pool = self._win_pool if window == self._win_key else self._pool_for(window, None)
+            else:
+                if rank.__class__ is not int or rank < 0:
+                    raise _Bad("attention_dp_rank", f"must be a non-negative integer, got {_describe(rank)}")
+                if eid != self._next_eid.get(rank) and not self._event_id_ok(rank, eid, etype):
+                    return
+                pool = self._pool_for(event.get("window_size"), rank)
+            if etype == "updated":
+                h = data["block_hash"]
+                cl = data.get("cache_level")
+                c = pool.blocks.get(h)  # a hit proves h a well-formed hash: only a miss needs checking
+                if c is None or cl is None or data.get("priority") is not None:
+                    self._updated(pool, data)
+                else:
+                    # An offload (0->1) or onboard (1->0) of a known block, the bulk of the stream.
+                    nv = cl["new_value"]
+                    ov = cl.get("old_value")
+                    cur = c & 1
+                    if nv != cur:
+                        if nv != cur ^ 1:
+                            _level(nv, "data.cache_level.new_value")  # raises: nv is neither 0 nor 1
+                        if ov is not None and ov != cur:
+                            self._updated(pool, data)  # an old value the fold disagrees with: the slow path decides
+                        else:
+                            prio = pool.prio
+                            prio[c & 0xFF] -= 1
+                            c ^= 1
+                            prio[c & 0xFF] += 1
+                            pool.blocks[h] = c
+                            if nv:
+                                self._ev_offloaded += 1
+                            else:
+                                self._onboarded()
+                    elif ov is not None:
+                        self._updated(pool, data)  # no level change for the fold; the event's old value decides
+            elif etype == "removed":
+                hashes = data["block_hashes"]
+                if len(hashes) == 1 and hashes.__class__ is list:
+                    h = hashes[0]
+                    c = pool.blocks.get(h)
+                    if c is None or c >= 256:
+                        self._removed(pool, data)
+                    else:
+                        # A leaf the fold knows: its eviction, from the tier the fold has it in.
+                        del pool.blocks[h]
+                        pool.prio[c & 0xFF] -= 1
+                        self._ev_evicted[c & 1] += 1
+                        par = pool.parents.pop(h, None)
+                        if par is not None:
+                            pc = pool.blocks.get(par)
+                            if pc is not None:
+                                pool.blocks[par] = pc - 256
+                else:
+                    self._removed(pool, data)
+            elif etype == "stored":
+                self._stored(pool, data)
+            elif etype == "created":
+                self._created(pool, data)
+            else:
+                raise _Bad("data.type", f"must be one of created, stored, removed, updated, got {_describe(etype)}")
+            # Only a well-formed event moves the id on, so a malformed one is a gap the next event reports.
+            if rank is None:
+                self._eid_next = eid + 1
+            else:
+                self._next_eid[rank] = eid + 1
+            self.records_applied += 1
+        except _Bad as exc:
+            self._bad(exc.field, exc.problem)
+        except Exception as exc:
+            self._bad_event(event, exc)
+
+    def apply_kv_events(self, events: Iterable[Any], t: float | None = None) -> None:
+        for ev in events:
+            self.apply_kv_event(ev, t)
+
+    def reset_window(self) -> None:
+        """Start the rate window afresh at ``now`` (the dashboard's "r")."""
+        self._fine.clear()
+        if self.now is not None:
+            self._fine.append((self.now, self._counters()))
+
+    # ============================================================================================ events
+
+    @property
+    def _events_seen(self) -> bool:
+        return self._eid_next is not _NO_ID or bool(self._next_eid)
+
+    def _pool_for(self, window: Any, rank: Any) -> _Pool:
+        key = window if rank is None else (rank, window)
+        pool = self._pools.get(key)
+        if pool is None:
+            if window is not None and (window.__class__ is not int or window < 0):
+                raise _Bad("window_size", f"must be a non-negative integer, got {_describe(window)}")
+            if len(self._pools) >= 64:  # 64 windows x ranks is far past any real model; refuse a flood of keys
+                raise _Bad("window_size", "more than 64 distinct (window, rank) pools")
+            pool = self._pools[key] = _Pool()
+        if rank is None:
+            self._win_key = window
+            self._win_pool = pool
+        return pool
+
+    def _event_id_ok(self, rank: Any, eid: Any, etype: Any) -> bool:
+        """An event id that is not the next one: a first event, a gap, a duplicate or a restart."""
+        if eid.__class__ is not int or eid < 0:
+            raise _Bad("event_id", f"must be a non-negative integer, got {_describe(eid)}")
+        expected = (None if self._eid_next is _NO_ID else self._eid_next) if rank is None else self._next_eid.get(rank)
+        if expected is None:
+            if eid != 0:
+                self._approx_ranks.add(rank)  # attached mid-stream: whatever came before is unknown
+            return True
+        if eid == expected:
+            return True
+        if eid > expected:
+            self._events_dropped += eid - expected
+            self._approx_ranks.add(rank)
+            return True
+        if eid == expected - 1 and etype != "created":
+            self._duplicates += 1  # the same id again: a re-delivered event, skipped
+            return False
+        # Ids went backwards: the engine (or its KV cache manager) was re-created. Its tree starts empty.
+        self._event_restarts += 1
+        for key in [k for k in self._pools if (k[0] if isinstance(k, tuple) else None) == rank]:
+            del self._pools[key]
+        self._win_key = _NO_WINDOW
+        if eid == 0 and etype == "created":
+            self._approx_ranks.discard(rank)
+        else:
+            self._approx_ranks.add(rank)
+        return True
+
+    def _created(self, pool: _Pool, data: Mapping[str, Any]) -> None:
+        levels = data["num_blocks_per_cache_level"]
+        if not isinstance(levels, list) or not 1 <= len(levels) <= 2:
+            raise _Bad("data.num_blocks_per_cache_level", f"must be a list of 1 or 2 integers, got {_describe(levels)}")
+        primary = _required_count(levels[0], "data.num_blocks_per_cache_level[0]")
+        secondary = _required_count(levels[1], "data.num_blocks_per_cache_level[1]") if len(levels) > 1 else 0
+        # A second created event for the same window without an id restart is a new manager: start over.
+        pool.clear()
+        pool.set_capacity(primary, secondary)
+
+    def _stored(self, pool: _Pool, data: Mapping[str, Any]) -> None:
+        blocks_in = data["blocks"]
+        if blocks_in.__class__ is not list:
+            raise _Bad("data.blocks", f"must be a list, got {_describe(blocks_in)}")
+        parent = data.get("parent_hash")
+        if parent is not None and (parent.__class__ is not int or parent < 0 or parent >= _U64):
+            parent = _hash(parent, "data.parent_hash")
+        # Read and check every block before changing anything, so a bad one leaves the fold as it was. A tuple per
+        # block is cheaper than reading each dict twice.
+        items = []
+        codes = _CODES
+        for b in blocks_in:
+            h = b["block_hash"]
+            c = codes.get((b.get("cache_level"), b.get("priority")))
+            if c is None or h.__class__ is not int or h < 0 or h >= _U64:
+                self._stored_slow(pool, blocks_in, parent)
+                return
+            items.append((h, c))
+        blocks = pool.blocks
+        parents = pool.parents
+        prio = pool.prio
+        # Each block's code is written once: the previous block's stays pending in prev_c until we know whether
+        # the next block is a new child of it.
+        prev_h = parent
+        prev_c = -1
+        for h, c in items:
+            old = blocks.get(h)
+            if old is None:
+                if prev_c >= 0:
+                    prev_c += 256
+                elif prev_h is not None:
+                    pc = blocks.get(prev_h)
+                    if pc is None:
+                        self._unknown_parents += 1
+                    else:
+                        blocks[prev_h] = pc + 256
+                if prev_h is not None:
+                    parents[h] = prev_h
+                code = c
+            else:
+                # The reuse tree never holds one hash twice, so the entry the fold still has was already gone:
+                # a silent partial-reuse detach (or a dropped removed event). Replace it in place.
+                if prev_c >= 0:
+                    blocks[prev_h] = prev_c  # type: ignore[index]
+                    prev_c = -1
+                prio[old & 0xFF] -= 1
+                self._stale_dropped += 1
+                self._reparent(pool, h, prev_h)
+                code = c | (old >> 8 << 8)
+            prio[c] += 1
+            if prev_c >= 0:
+                blocks[prev_h] = prev_c  # type: ignore[index]
+            prev_h = h
+            prev_c = code
+        if prev_c >= 0:
+            blocks[prev_h] = prev_c  # type: ignore[index]
+        if len(blocks) > pool.limit:
+            self._prune(pool)
+
+    def _stored_slow(self, pool: _Pool, blocks_in: list[Any], parent: int | None) -> None:
+        """Validate with field names; a signed 64-bit hash is unwrapped, anything else is a bad record."""
+        norm: list[dict[str, Any]] = []
+        for i, b in enumerate(blocks_in):
+            if not isinstance(b, dict):
+                raise _Bad(f"data.blocks[{i}]", f"must be an object, got {_describe(b)}")
+            if "block_hash" not in b:
+                raise _Bad(f"data.blocks[{i}].block_hash", "is missing")
+            h = _hash(b["block_hash"], f"data.blocks[{i}].block_hash")
+            lvl = b.get("cache_level")
+            pr = b.get("priority")
+            norm.append({"block_hash": h,
+                         "cache_level": None if lvl is None else _level(lvl, f"data.blocks[{i}].cache_level"),
+                         "priority": None if pr is None else _priority(pr, f"data.blocks[{i}].priority")})
+        self._stored(pool, {"blocks": norm, "parent_hash": parent})
+
+    @staticmethod
+    def _reparent(pool: _Pool, h: int, new_parent: int | None) -> None:
+        """Move ``h`` (already in the map) under ``new_parent``, keeping the parents' child counts right."""
+        blocks, parents = pool.blocks, pool.parents
+        old_parent = parents.get(h)
+        if old_parent == new_parent:
+            return
+        if old_parent is not None:
+            pc = blocks.get(old_parent)
+            if pc is not None and pc >= 256:
+                blocks[old_parent] = pc - 256
+        if new_parent is None:
+            parents.pop(h, None)
+        else:
+            parents[h] = new_parent
+            pc = blocks.get(new_parent)
+            if pc is not None:
+                blocks[new_parent] = pc + 256
+
+    def _removed(self, pool: _Pool, data: Mapping[str, Any]) -> None:
+        hashes = data["block_hashes"]
+        if hashes.__class__ is not list:
+            raise _Bad("data.block_hashes", f"must be a list, got {_describe(hashes)}")
+        for h in hashes:  # checked up front, so a bad hash leaves the fold as it was
+            if h.__class__ is not int or h < 0 or h >= _U64:
+                hashes = _hash_list(hashes, "data.block_hashes")
+                break
+        blocks = pool.blocks
+        parents = pool.parents
+        prio = pool.prio
+        evicted = self._ev_evicted
+        for h in hashes:
+            c = blocks.pop(h, None)
+            if c is None:
+                self._unknown_hashes += 1
+                self._ev_evicted_unknown += 1
+                continue
+            prio[c & 0xFF] -= 1
+            evicted[c & 1] += 1
+            par = parents.pop(h, None)
+            if par is not None:
+                pc = blocks.get(par)
+                if pc is not None:
+                    blocks[par] = pc - 256
+            if c >= 256:
+                # Children still in the fold when their parent goes were already out of the tree: freeChildren
+                # removes a subtree children first.
+                self._drop_children(pool, h)
+
+    def _drop_children(self, pool: _Pool, parent: int) -> None:
+        blocks, parents = pool.blocks, pool.parents
+        stack = [parent]
+        while stack:
+            p = stack.pop()
+            for h in [k for k, v in parents.items() if v == p]:
+                del parents[h]
+                c = blocks.pop(h, None)
+                if c is None:
+                    continue
+                pool.prio[c & 0xFF] -= 1
+                self._stale_dropped += 1
+                if c >= 256:
+                    stack.append(h)
+
+    def _updated(self, pool: _Pool, data: Mapping[str, Any]) -> None:
+        h = data["block_hash"]
+        cl = data.get("cache_level")
+        pd = data.get("priority")
+        blocks = pool.blocks
+        c = blocks.get(h)  # a hit proves h a well-formed hash: only a miss needs checking
+        if c is None:
+            self._updated_unknown(pool, h, cl, pd)
+            return
+        if cl is not None:
+            nv = _level(cl["new_value"], "data.cache_level.new_value")
+            ov = cl.get("old_value")
+            if ov is not None:
+                ov = _level(ov, "data.cache_level.old_value")
+            cur = c & 1
+            if pd is not None:
+                self._check_priority_diff(pd)
+            if nv != cur:
+                prio = pool.prio
+                prio[c & 0xFF] -= 1
+                c ^= 1
+                prio[c & 0xFF] += 1
+                blocks[h] = c
+            # Count the move the event reports (its old value, or the fold's when the event has none).
+            if (cur if ov is None else ov) != nv:
+                if nv:
+                    self._ev_offloaded += 1
+                else:
+                    self._onboarded()
+        if pd is not None:
+            new_prio = self._check_priority_diff(pd)
+            if new_prio != (c >> 1) & 0x7F:
+                prio = pool.prio
+                prio[c & 0xFF] -= 1
+                c = (c & ~0xFE) | (new_prio << 1)
+                prio[c & 0xFF] += 1
+                blocks[h] = c
+
+    @staticmethod
+    def _check_priority_diff(pd: Any) -> int:
+        if pd.__class__ is not dict:
+            raise _Bad("data.priority", f"must be an event_diff object or null, got {_describe(pd)}")
+        return _priority(pd.get("new_value"), "data.priority.new_value")
+
+    def _updated_unknown(self, pool: _Pool, h: Any, cl: Any, pd: Any) -> None:
+        """An ``updated`` event for a hash the fold does not hold (dropped events, or attached mid-stream)."""
+        h = _hash(h, "data.block_hash")
+        nv = ov = None
+        if cl is not None:
+            if cl.__class__ is not dict:
+                raise _Bad("data.cache_level", f"must be an event_diff object or null, got {_describe(cl)}")
+            nv = _level(cl.get("new_value"), "data.cache_level.new_value")
+            ov = cl.get("old_value")
+            if ov is not None:
+                ov = _level(ov, "data.cache_level.old_value")
+        new_prio = None if pd is None else self._check_priority_diff(pd)
+        if h in pool.blocks:  # a signed hash that unwrapped to a known one
+            self._updated(pool, {"block_hash": h, "cache_level": cl, "priority": pd})
+            return
+        self._unknown_hashes += 1
+        if nv is None:
+            return
+        # TensorRT-LLM reports moves only for blocks in the reuse tree: after dropped events, the best the fold can
+        # know is that this block is cached in tier nv now.
+        c = nv | ((_UNKNOWN_PRIORITY if new_prio is None else new_prio) << 1)
+        pool.blocks[h] = c
+        pool.prio[c] += 1
+        if (1 - nv if ov is None else ov) != nv:
+            if nv:
+                self._ev_offloaded += 1
+            else:
+                self._onboarded()
+
+    def _onboarded(self) -> None:
+        # Every onboard is a reused block served from host memory: a host hit.
+        self._ev_onboarded += 1
+        self._reuse_seen = True
+        if self._warming:
+            self._ev_warm_host_hits += 1
+        else:
+            self._ev_host_hits += 1
+
+    def _prune(self, pool: _Pool) -> None:
+        """Keep the map bounded: drop orphans (parent gone: certainly stale), then the oldest entries."""
+        blocks, parents = pool.blocks, pool.parents
+        doomed = [h for h, p in parents.items() if p not in blocks]
+        target = pool.limit - _PRUNE_SLACK // 2
+        if len(blocks) - len(doomed) > target:
+            orphan_set = set(doomed)
+            extra = len(blocks) - len(doomed) - target
+            doomed += [h for h in blocks if h not in orphan_set][:extra]
+        for h in doomed:
+            c = blocks.pop(h, None)
+            if c is None:
+                continue
+            pool.prio[c & 0xFF] -= 1
+            par = parents.pop(h, None)
+            if par is not None:
+                pc = blocks.get(par)
+                if pc is not None and pc >= 256:
+                    blocks[par] = pc - 256
+            self._pruned += 1
+
+    def _bad_event(self, event: Any, exc: Exception) -> None:
+        """The hot path only knows that something broke; find the field by checking the event thoroughly."""
+        if isinstance(event, (str, bytes)):
+            # A JSON string: parse it off the hot path (dicts are what TensorRT-LLM's API returns).
+            try:
+                parsed = parse_engine_dict(event, "event")
+            except RecordError as err:
+                self._bad(err.field, err.problem)
+                return
+            self.apply_kv_event(parsed)
+            return
+        try:
+            _diagnose_event(event)
+        except _Bad as bad:
+            self._bad(bad.field, bad.problem)
+            return
+        self._bad("event", f"{type(exc).__name__}: {exc}")
+
+
+    # ============================================================================================ stats
+
+    def _apply_stats(self, d: dict[str, Any]) -> None:
+        # Validate everything used before changing anything.
+        kv = d.get("kvCacheStats")
+        if kv is not None and not isinstance(kv, dict):
+            raise _Bad("kvCacheStats", f"must be an object, got {_describe(kv)}")
+        kvv: dict[str, int | None] = {}
+        if kv is not None:
+            for key in ("maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock", "allocTotalBlocks",
+                        "allocNewBlocks", "reusedBlocks", "missedBlocks"):
+                kvv[key] = _count(kv.get(key), f"kvCacheStats.{key}")
+        it_iter = self._iteration_stats(d.get("kvCacheIterationStats"))
+        iteration = _count(d.get("iter"), "iter")
+        completed = _count(d.get("numCompletedRequests"), "numCompletedRequests")
+        active = _count(d.get("numActiveRequests"), "numActiveRequests")
+        queued = _count(d.get("numQueuedRequests"), "numQueuedRequests")
+        gpu_mem = _count(d.get("gpuMemUsage"), "gpuMemUsage")
+        pinned = _count(d.get("pinnedMemUsage"), "pinnedMemUsage")
+        ifb = d.get("inflightBatchingStats")
+        if ifb is not None and not isinstance(ifb, dict):
+            raise _Bad("inflightBatchingStats", f"must be an object, got {_describe(ifb)}")
+        ctx_tokens = _count(ifb.get("numCtxTokens"), "inflightBatchingStats.numCtxTokens") if ifb else None
+        gen_reqs = _count(ifb.get("numGenRequests"), "inflightBatchingStats.numGenRequests") if ifb else None
+
+        # An engine restart: iter or a cumulative counter went backwards. The new values are then the deltas.
+        last = self._last_kv
+        restarted = iteration is not None and self._last_iter is not None and iteration < self._last_iter
+        for key in ("reusedBlocks", "missedBlocks", "allocTotalBlocks"):
+            v, lv = kvv.get(key), last.get(key)
+            if v is not None and lv is not None and v < lv:
+                restarted = True
+        if restarted:
+            self._stats_restarts += 1
+            last = {}
+        if iteration is not None:
+            self._last_iter = iteration
+
+        # Completions first: the record that reports the last warm-up completion is still warm-up.
+        was_warm = self._warming
+        if completed:
+            self._stats_completed += completed
+            self._update_warming()
+
+        def delta(key: str) -> int:
+            v = kvv.get(key)
+            if v is None:
+                return 0
+            lv = last.get(key)
+            return v - (lv or 0)
+
+        if kv is not None and (kvv.get("reusedBlocks") is not None or kvv.get("missedBlocks") is not None):
+            dr, dm = delta("reusedBlocks"), delta("missedBlocks")
+        elif it_iter is not None:
+            dr, dm = it_iter.get("iterReusedBlocks", 0), it_iter.get("iterMissedBlocks", 0)
+        else:
+            dr = dm = 0
+        if dr > 0:
+            self._reuse_seen = True
+        if was_warm:
+            self._warm_hits += dr
+            self._warm_lookups += dr + dm
+        else:
+            self._hits += dr
+            self._lookups += dr + dm
+        for key, v in kvv.items():
+            if v is not None:
+                last[key] = v
+        self._last_kv = last
+
+        if kv is not None:
+            if kvv["maxNumBlocks"] is not None:
+                self._max_num_blocks = kvv["maxNumBlocks"]
+            if kvv["freeNumBlocks"] is not None:
+                self._free_num_blocks = kvv["freeNumBlocks"]
+            if kvv["tokensPerBlock"]:
+                self._stats_tpb = kvv["tokensPerBlock"]
+        if it_iter is not None:
+            self._it = it_iter
+            if any(k in it_iter for k in ("iterOffloadBlocks", "iterOnboardBlocks", "iterHostDroppedBlocks")):
+                self._it_moves_seen = True
+                self._it_offloaded += it_iter.get("iterOffloadBlocks", 0)
+                onb = it_iter.get("iterOnboardBlocks", 0)
+                self._it_onboarded += onb
+                self._it_host_dropped += it_iter.get("iterHostDroppedBlocks", 0)
+                # Host hits from the stats' own onboard counter: exact, and aligned with the hit counters.
+                if was_warm:
+                    self._st_warm_host_hits += onb
+                else:
+                    self._st_host_hits += onb
+        if active is not None or queued is not None:
+            self._in_flight = (active or 0) + (queued or 0)
+        if ctx_tokens:
+            self._ctx_tokens += ctx_tokens
+        if gen_reqs:
+            self._gen_tokens += gen_reqs
+        if gpu_mem is not None:
+            self._gpu_mem_usage = gpu_mem
+        if pinned is not None:
+            self._pinned_mem_usage = pinned
+
+    def _iteration_stats(self, raw: Any) -> dict[str, int] | None:
+        """Newer TensorRT-LLM's ``kvCacheIterationStats``: ``{"<window>": {...}}`` (or one flat dict, or a list):
+        gauges and per-iteration counters summed over windows."""
+        if raw is None:
+            return None
+        if isinstance(raw, dict) and "primaryMaxNumBlocks" in raw:
+            windows: list[tuple[str, Any]] = [("", raw)]
+        elif isinstance(raw, dict):
+            windows = [(f".{k}", v) for k, v in raw.items()]
+        elif isinstance(raw, list):
+            windows = [(f"[{i}]", v) for i, v in enumerate(raw)]
+        else:
+            raise _Bad("kvCacheIterationStats", f"must be an object, got {_describe(raw)}")
+        out: dict[str, int] = {}
+        for where, w in windows:
+            if not isinstance(w, dict):
+                raise _Bad(f"kvCacheIterationStats{where}", f"must be an object, got {_describe(w)}")
+            for key, v in w.items():
+                if not (key.startswith("primary") or key.startswith("secondary") or key.startswith("iter")):
+                    continue
+                if key == "iterCacheHitRate":
+                    _number(v, f"kvCacheIterationStats{where}.{key}")
+                    continue
+                n = _count(v, f"kvCacheIterationStats{where}.{key}")
+                if n is not None:
+                    out[key] = out.get(key, 0) + n
+        return out
+
+    # ============================================================================================ other records
+
+    def _apply_meta(self, data: dict[str, Any]) -> None:
+        checked: dict[str, Any] = {}
+        for key in ("bytes_per_block", "tokens_per_block", "primary_blocks", "secondary_blocks"):
+            if key in data:
+                checked[key] = _count(data[key], key)
+        for key in ("engine", "engine_version", "model", "gpu"):
+            v = data.get(key)
+            if v is not None and not isinstance(v, str):
+                raise _Bad(key, f"must be a string, got {_describe(v)}")
+        self.meta.update(data)
+        self.meta.update(checked)
+
+    def _apply_request(self, data: dict[str, Any], t: float) -> None:
+        ok = data.get("ok")
+        if not isinstance(ok, bool):
+            raise _Bad("ok", f"must be true/false, got {_describe(ok)}")
+        rid = data.get("request_id")
+        if isinstance(rid, bool) or not isinstance(rid, (int, str)):
+            raise _Bad("request_id", f"must be an integer or a string, got {_describe(rid)}")
+        ttft = _number(data.get("ttft_s"), "ttft_s")
+        e2e = _number(data.get("e2e_s"), "e2e_s")
+        prompt = _count(data.get("prompt_tokens"), "prompt_tokens")
+        output = _count(data.get("output_tokens"), "output_tokens")
+        reused = _count(data.get("reused_blocks"), "reused_blocks")
+        onboarded = _count(data.get("onboarded_blocks"), "onboarded_blocks")  # optional: its host hits
+        prio = data.get("priority")
+        if prio is not None:
+            prio = _priority(prio, "priority")
+        err = data.get("error")
+        if err is not None and not isinstance(err, str):
+            raise _Bad("error", f"must be a string or null, got {_describe(err)}")
+
+        self._req_records += 1
+        self._update_warming()
+        warm = self._req_records <= self.warmup_requests
+        if ok:
+            self._completed += 1
+        else:
+            self._failed += 1
+            self._last_error = err or "failed"
+        self._prompt_tokens += prompt or 0
+        self._output_tokens += output or 0
+        if warm:
+            self._warm_records += 1
+            return
+        if ok:
+            if ttft is not None:
+                self._ttft.add(t, ttft)
+            if e2e is not None:
+                self._e2e.add(t, e2e)
+        tpb = self.tokens_per_block
+        if ok and reused is not None and prompt and tpb:
+            acc = self._prio_req.get(prio)
+            if acc is None:
+                acc = self._prio_req[prio] = [0, 0, 0, 0]
+            acc[0] += reused
+            acc[1] += -(-prompt // tpb)
+            acc[2] += 1
+            acc[3] += min(onboarded or 0, reused)
+
+    def _apply_gpu(self, data: dict[str, Any], t: float) -> None:
+        idx = data.get("index")
+        if idx.__class__ is not int:
+            raise _Bad("index", f"must be an integer, got {_describe(idx)}")
+        err = data.get("error")
+        if err is not None:
+            self.gpu_error = str(err)
+            if idx < 0:
+                return  # a source-level "no NVIDIA driver" record, not a device
+        if not 0 <= idx < _MAX_GPUS:
+            raise _Bad("index", f"must be in [0, {_MAX_GPUS}), got {idx}")
+        name = data.get("name")
+        if name is not None and not isinstance(name, str):
+            raise _Bad("name", f"must be a string, got {_describe(name)}")
+        used = _count(data.get("memory_used_bytes"), "memory_used_bytes")
+        total = _count(data.get("memory_total_bytes"), "memory_total_bytes")
+        self._gpus[idx] = GpuDevice(idx, name, used, total, t, dict(data))
+
+    def _apply_host(self, data: dict[str, Any], t: float) -> None:
+        # kvtop's host source writes process_rss_bytes / system_available_bytes / system_total_bytes; the short
+        # names are accepted too.
+        values: dict[str, int | None] = {}
+        for short, long in (("rss_bytes", "process_rss_bytes"), ("available_bytes", "system_available_bytes"),
+                            ("total_bytes", "system_total_bytes"), ("pinned_pool_bytes", "pinned_pool_bytes")):
+            v = _count(data.get(short), short)
+            values[short] = v if v is not None else _count(data.get(long), long)
+        self._host_mem = HostMemory(values["rss_bytes"], values["available_bytes"], values["pinned_pool_bytes"], t,
+                                    dict(data), values["total_bytes"])
+
+    # ============================================================================================ time, warm-up
+
+    @property
+    def _host_hits(self) -> int:
+        return self._st_host_hits if self._it_moves_seen else self._ev_host_hits
+
+    def _update_warming(self) -> None:
+        self._warming = max(self._stats_completed, self._req_records) < self.warmup_requests
+
+    def _tick(self, t: Any) -> bool:
+        """Advance "now" (never backwards) and take rate samples. False (and a bad record) for a bad time."""
+        if t.__class__ is not float and (isinstance(t, bool) or not isinstance(t, (int, float))):
+            self._bad("time", f"must be a number, got {_describe(t)}")
+            return False
+        if not math.isfinite(t):
+            self._bad("time", f"must be a finite number, got {t}")
+            return False
+        t = float(t)
+        last = self.now
+        if last is not None and t <= last:
+            return True
+        self.now = t
+        if last is None:
+            return True
+        # A sample holds the counters as of the last instant seen (every record up to it is folded), stamped with
+        # that instant; the record at t is not folded yet. One per step of time, and always one before a gap.
+        counters: tuple[int, ...] | None = None
+        if not self._fine or t - self._fine[-1][0] >= self._fine_step:
+            counters = self._counters()
+            self._fine.append((last, counters))
+        if not self._coarse or t - self._coarse[-1][0] >= self.history_step_s:
+            self._coarse.append((last, counters if counters is not None else self._counters()))
+        return True
+
+    def _counters(self) -> tuple[int, ...]:
+        m = self.moves
+        return (self._hits, self._lookups, self._host_hits, m.offloaded_blocks, m.onboarded_blocks,
+                m.evicted_gpu_blocks, m.evicted_host_blocks, self._completed, self._failed, self._prompt_tokens,
+                self._output_tokens, self._ctx_tokens, self._gen_tokens)
+
+    def _window_base(self) -> tuple[float, tuple[int, ...]] | None:
+        """The newest sample at or before the window's start (else the oldest): rates are taken from it to now."""
+        if self.now is None or not self._fine:
+            return None
+        since = self.now - self.window_s
+        for sample in reversed(self._fine):
+            if sample[0] <= since:
+                return sample
+        return self._fine[0]
+
+    # ============================================================================================ read side
+
+    @property
+    def tokens_per_block(self) -> int | None:
+        tpb = self.meta.get("tokens_per_block") or self._stats_tpb
+        return tpb if isinstance(tpb, int) and tpb > 0 else None
+
+    @property
+    def bytes_per_block(self) -> int | None:
+        bpb = self.meta.get("bytes_per_block")
+        return bpb if isinstance(bpb, int) and bpb > 0 else None
+
+    def _created_capacity(self, level: int) -> int | None:
+        caps = [p.capacity[level] for p in self._pools.values() if p.capacity is not None]
+        return sum(caps) if caps else None
+
+    def _capacity(self, level: int) -> tuple[int | None, str | None]:
+        it = self._it
+        key = "primaryMaxNumBlocks" if level == GPU else "secondaryMaxNumBlocks"
+        if it is not None and key in it:
+            return it[key], "stats"
+        created = self._created_capacity(level)
+        if created is not None:
+            return created, "created"
+        meta = self.meta.get("primary_blocks" if level == GPU else "secondary_blocks")
+        if isinstance(meta, int):
+            return meta, "meta"
+        # 1.0-1.2: maxNumBlocks = primary + secondary, so either one gives the other.
+        other, _ = (self._capacity_known(HOST) if level == GPU else self._capacity_known(GPU))
+        if self._max_num_blocks is not None and other is not None:
+            return max(self._max_num_blocks - other, 0), "derived"
+        return None, None
+
+    def _capacity_known(self, level: int) -> tuple[int | None, str | None]:
+        """Capacity from a direct source only (no derivation), to derive the other tier from."""
+        it = self._it
+        key = "primaryMaxNumBlocks" if level == GPU else "secondaryMaxNumBlocks"
+        if it is not None and key in it:
+            return it[key], "stats"
+        created = self._created_capacity(level)
+        if created is not None:
+            return created, "created"
+        meta = self.meta.get("primary_blocks" if level == GPU else "secondary_blocks")
+        return (meta, "meta") if isinstance(meta, int) else (None, None)
+
+    def _cached(self, level: int) -> int:
+        return sum(p.cached(level) for p in self._pools.values())
+
+    @property
+    def counts_approximate(self) -> bool:
+        return bool(self._approx_ranks) or self._unknown_hashes > 0 or self._pruned > 0
+
+    @property
+    def cached_approximate(self) -> bool:
+        return self.counts_approximate or self._reuse_seen or self._stale_dropped > 0
+
+    @property
+    def gpu(self) -> TierState:
+        cap, _ = self._capacity(GPU)
+        it = self._it
+        free = it["primaryFreeNumBlocks"] if it is not None and "primaryFreeNumBlocks" in it else self._free_num_blocks
+        in_use = max(cap - free, 0) if cap is not None and free is not None else None
+        cached = None
+        if self._events_seen:
+            cached = self._cached(GPU)
+            if cap is not None:
+                cached = min(cached, cap)
+        return TierState("gpu", cap, in_use, cached, free, self.tokens_per_block, self.bytes_per_block,
+                         self.cached_approximate)
+
+    @property
+    def host(self) -> TierState:
+        cap, _ = self._capacity(HOST)
+        it = self._it
+        tpb, bpb = self.tokens_per_block, self.bytes_per_block
+        free: int | None
+        in_use: int | None
+        if it is not None and "secondaryFreeNumBlocks" in it:
+            free = it["secondaryFreeNumBlocks"]
+            in_use = max(cap - free, 0) if cap is not None else None
+        elif cap == 0:
+            return TierState("host", 0, 0, 0, 0, tpb, bpb, False)
+        elif self._events_seen:
+            in_use = 0
+            free = cap
+        else:
+            return TierState("host", cap, None, None, None, tpb, bpb, False)
+        cached = None
+        if self._events_seen:
+            cached = self._cached(HOST)
+            if cap is not None:
+                cached = min(cached, cap)
+        return TierState("host", cap, in_use, cached, free, tpb, bpb, self.cached_approximate)
+
+    @property
+    def moves(self) -> Moves:
+        if self._it_moves_seen:
+            return Moves(self._it_offloaded, self._it_onboarded, self._ev_evicted[GPU],
+                         self._it_host_dropped or self._ev_evicted[HOST], self._ev_evicted_unknown, "stats")
+        return Moves(self._ev_offloaded, self._ev_onboarded, self._ev_evicted[GPU], self._ev_evicted[HOST],
+                     self._ev_evicted_unknown, "events")
+
+    @property
+    def hit_rate(self) -> HitRate:
+        hits, lookups = self._hits, self._lookups
+        host_hits = min(self._host_hits, hits)
+        cumulative = gpu = host = None
+        if lookups > 0:
+            cumulative = hits / lookups
+            host = host_hits / lookups
+            gpu = cumulative - host
+        window = wgpu = whost = None
+        base = self._window_base()
+        if base is not None:
+            dh, dl, dhh = hits - base[1][0], lookups - base[1][1], self._host_hits - base[1][2]
+            if dl > 0:
+                window = dh / dl
+                whost = min(max(dhh, 0), max(dh, 0)) / dl
+                wgpu = window - whost
+        return HitRate(cumulative, window, gpu, host, wgpu, whost, hits, lookups, self._host_hits)
+
+    @property
+    def rates(self) -> Rates:
+        base = self._window_base()
+        if base is None or self.now is None or self.now <= base[0]:
+            return Rates(window_s=None)
+        span = self.now - base[0]
+        cur = self._counters()
+        r = [(c - b) / span for c, b in zip(cur, base[1])]
+        bpb = self.bytes_per_block
+        return Rates(window_s=span, offloaded_per_s=r[3], onboarded_per_s=r[4], evicted_gpu_per_s=r[5],
+                     evicted_host_per_s=r[6], hits_per_s=r[0], lookups_per_s=r[1], requests_per_s=r[7],
+                     failed_per_s=r[8], prompt_tokens_per_s=r[9], output_tokens_per_s=r[10],
+                     ctx_tokens_per_s=r[11], gen_tokens_per_s=r[12],
+                     offloaded_bytes_per_s=None if bpb is None else r[3] * bpb,
+                     onboarded_bytes_per_s=None if bpb is None else r[4] * bpb)
+
+    def history(self) -> list[HistoryPoint]:
+        """Rates per ``history_step_s`` over the kept history (oldest first), for the dashboard's sparklines."""
+        out: list[HistoryPoint] = []
+        samples = list(self._coarse)
+        if self.now is not None and samples and self.now > samples[-1][0]:
+            samples.append((self.now, self._counters()))
+        for (t0, a), (t1, b) in zip(samples, samples[1:]):
+            dt = t1 - t0
+            if dt <= 0:
+                continue
+            d = [y - x for x, y in zip(a, b)]
+            hit = d[0] / d[1] if d[1] > 0 else None
+            host = min(max(d[2], 0), max(d[0], 0)) / d[1] if d[1] > 0 else None
+            out.append(HistoryPoint(t1, hit, host, d[3] / dt, d[4] / dt, d[5] / dt, d[6] / dt, d[7] / dt,
+                                    d[10] / dt))
+        return out
+
+    @property
+    def cached_by_priority(self) -> dict[str, dict[int | None, int]]:
+        """Cached blocks per retention priority, per tier (``None`` = a priority no event gave)."""
+        out: dict[str, dict[int | None, int]] = {"gpu": {}, "host": {}}
+        for level, name in ((GPU, "gpu"), (HOST, "host")):
+            per = out[name]
+            for p in self._pools.values():
+                for prio in range(_UNKNOWN_PRIORITY + 1):
+                    n = p.prio[level + 2 * prio]
+                    if n:
+                        key = None if prio == _UNKNOWN_PRIORITY else prio
+                        per[key] = per.get(key, 0) + n
+        return out
+
+    @property
+    def hit_rate_by_priority(self) -> dict[int | None, float]:
+        """Per request priority (``request`` records' ``priority``): reused / prompt blocks of finished requests,
+        warm-up excluded."""
+        return {p: acc[0] / acc[1] for p, acc in self._prio_req.items() if acc[1] > 0}
+
+    @property
+    def hit_split_by_priority(self) -> dict[int | None, HitRate]:
+        """``hit_rate_by_priority`` split by serving tier: the host share from the requests' ``onboarded_blocks``
+        (reused blocks that were onboarded), when the driver reports it."""
+        out: dict[int | None, HitRate] = {}
+        for p, (reused, blocks, _n, onboarded) in self._prio_req.items():
+            if blocks > 0:
+                out[p] = HitRate(cumulative=reused / blocks, gpu=(reused - onboarded) / blocks,
+                                 host=onboarded / blocks, hits=reused, lookups=blocks, host_hits=onboarded)
+        return out
+
+    @property
+    def requests(self) -> Requests:
+        since = (self.now - self.window_s) if self.now is not None else float("-inf")
+        return Requests(self._completed, self._failed, self._warm_records, self._in_flight,
+                        self._ttft.percentiles(), self._e2e.percentiles(), self._ttft.window(since),
+                        self._e2e.window(since), self._prompt_tokens, self._output_tokens, self._last_error)
+
+    @property
+    def gpus(self) -> dict[int, GpuDevice]:
+        return dict(self._gpus)
+
+    @property
+    def host_memory(self) -> HostMemory | None:
+        return self._host_mem
+
+    @property
+    def quality(self) -> Quality:
+        cap_src = self._capacity(GPU)[1]
+        host_cap = self._capacity(HOST)[0]
+        includes = None
+        pri = self._capacity_known(GPU)[0]
+        sec = self._capacity_known(HOST)[0]
+        if self._max_num_blocks is not None and pri is not None and sec:
+            if self._max_num_blocks == pri + sec:
+                includes = True
+            elif self._max_num_blocks == pri:
+                includes = False
+        return Quality(
+            events_seen=self._events_seen, events_dropped=self._events_dropped,
+            counts_approximate=self.counts_approximate, cached_approximate=self.cached_approximate,
+            unknown_hashes=self._unknown_hashes, unknown_parents=self._unknown_parents,
+            stale_cached_dropped=self._stale_dropped, pruned_entries=self._pruned,
+            duplicate_events=self._duplicates, event_restarts=self._event_restarts,
+            stats_restarts=self._stats_restarts,
+            host_without_events=bool(host_cap) and not self._events_seen and "secondaryFreeNumBlocks" not in (
+                self._it or {}),
+            capacity_source=cap_src, stats_max_includes_host=includes)
+
+    @property
+    def fold_entries(self) -> int:
+        """Blocks the fold holds (cached ones plus not-yet-reconciled stale ones); bounded, see ``_prune``."""
+        return sum(len(p.blocks) for p in self._pools.values())
+
+    def summary(self) -> dict[str, Any]:
+        """Everything above as one JSON-able dict (``kvtop --headless --json`` prints it)."""
+        gpu, host = self.gpu, self.host
+        hr = self.hit_rate
+        req = self.requests
+        by_prio = self.cached_by_priority
+        return {
+            "engine": self.meta.get("engine"),
+            "engine_version": self.meta.get("engine_version"),
+            "model": self.meta.get("model"),
+            "gpu": self.meta.get("gpu"),
+            "time": self.now,
+            "tokens_per_block": self.tokens_per_block,
+            "bytes_per_block": self.bytes_per_block,
+            "tiers": {"gpu": gpu.to_json(), "host": host.to_json()},
+            "hit_rate": {"cumulative": hr.cumulative, "gpu": hr.gpu, "host": hr.host, "window": hr.window,
+                         "window_gpu": hr.window_gpu, "window_host": hr.window_host, "hits": hr.hits,
+                         "lookups": hr.lookups, "host_hits": hr.host_hits,
+                         "warmup_lookups": self._warm_lookups, "warmup_hits": self._warm_hits},
+            "hit_rate_by_priority": {("none" if p is None else str(p)): {"cumulative": v.cumulative, "gpu": v.gpu,
+                                                                          "host": v.host, "lookups": v.lookups}
+                                     for p, v in sorted(self.hit_split_by_priority.items(),
+                                                        key=lambda kv: -1 if kv[0] is None else kv[0])},
+            "moves": self.moves.to_json(),
+            "rates": self.rates.to_json(),
+            "requests": {"completed": req.completed, "failed": req.failed, "warmup": req.warmup,
+                         "in_flight": req.in_flight, "ttft_ms": req.ttft.to_json_ms(), "e2e_ms": req.e2e.to_json_ms(),
+                         "prompt_tokens": req.prompt_tokens, "output_tokens": req.output_tokens,
+                         "last_error": req.last_error},
+            "cached_by_priority": {tier: {("none" if p is None else str(p)): n
+                                          for p, n in sorted(per.items(), key=lambda kv: -1 if kv[0] is None
+                                                             else kv[0])}
+                                   for tier, per in by_prio.items()},
+            "memory": {
+                "gpus": [{"index": g.index, "name": g.name, "memory_used_bytes": g.memory_used_bytes,
+                          "memory_total_bytes": g.memory_total_bytes} for _, g in sorted(self._gpus.items())],
+                "gpu_error": self.gpu_error,
+                "engine_gpu_mem_usage_bytes": self._gpu_mem_usage,     # the stats' gpuMemUsage
+                "engine_pinned_mem_usage_bytes": self._pinned_mem_usage,  # pinnedMemUsage: 0 on PyTorch, always
+                "host": None if self._host_mem is None else {
+                    "rss_bytes": self._host_mem.rss_bytes, "available_bytes": self._host_mem.available_bytes,
+                    "total_bytes": self._host_mem.total_bytes, "pinned_pool_bytes": self._host_mem.pinned_pool_bytes},
+            },
+            "quality": self.quality.to_json(),
+            "bad_records": self.bad_records,
+            "last_bad_reason": self.last_bad_reason,
+        }
+
+    # ============================================================================================ bad input
+
+    def _bad(self, field: str, problem: str) -> None:
+        self.bad_records += 1
+        self.last_bad_reason = f"{field}: {problem}"
