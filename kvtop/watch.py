@@ -16,8 +16,8 @@ for stats, ``KvCacheConfig(event_buffer_max_size=N > 0, enable_block_reuse=True)
 the engine's queues: do not poll them yourself while watching.
 
 Errors in the settings (a bad broker URL, an unwritable file, a busy port) raise here, in your thread, before
-anything starts. Errors later (broker down, engine stream failing) never raise into your script: they are kept
-in ``handle.errors`` and passed to ``on_error``.
+anything starts. What happens later (broker down or back, an engine stream failing) never raises into your
+script: it is kept in ``handle.log`` and passed to ``on_status(name, message)``.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from typing import Any
 
 from kvtop.records import Record, SourceId, make
 
-ErrorCallback = Callable[[str, str], None]
+StatusCallback = Callable[[str, str], None]  # (name, message), like the sources' on_error / on_status
 SAMPLE_S = 1.0  # GPU/host memory once a second: NVML's PCIe counters alone cost ~20 ms per GPU per sample
 FINAL_POLL_S = 3.0  # at stop, one last drain of what the engine queued since the last poll, bounded
-MAX_ERRORS = 200  # handle.errors keeps the newest 200
+MAX_LOG = 200  # handle.log keeps the newest 200 lines
 
 
 class WatchHandle:
@@ -51,7 +51,7 @@ class WatchHandle:
 
         self.model = TierModel()
         self.records = 0
-        self.errors: deque[tuple[float, str, str]] = deque(maxlen=MAX_ERRORS)
+        self.log: deque[tuple[float, str, str]] = deque(maxlen=MAX_LOG)  # (time, name, message)
         self.publisher: Any = None
         self.recorder: Any = None
         self.exporter: Any = None
@@ -63,7 +63,7 @@ class WatchHandle:
         self._stopped = False
         self._started = threading.Event()
         self._sinks: list[Callable[[Record], None]] = []
-        self._on_error: ErrorCallback | None = None
+        self._on_status: StatusCallback | None = None
         self.crashed: BaseException | None = None
 
     # ------------------------------------------------------------------------------------------ reading
@@ -86,13 +86,14 @@ class WatchHandle:
                 try:
                     sink(record)
                 except Exception as exc:  # a failing sink (disk full) must not stop the fold or the others
-                    self.error(getattr(sink, "__qualname__", "sink"), f"{type(exc).__name__}: {exc}")
+                    self.note(getattr(sink, "__qualname__", "sink"), f"{type(exc).__name__}: {exc}")
 
-    def error(self, name: str, message: str) -> None:
-        self.errors.append((time.time(), name, message))
-        if self._on_error is not None:
+    def note(self, name: str, message: str) -> None:
+        """Keep one status line (a source failing, the broker lost or back) and pass it on."""
+        self.log.append((time.time(), name, message))
+        if self._on_status is not None:
             with contextlib.suppress(Exception):
-                self._on_error(name, message)
+                self._on_status(name, message)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -120,7 +121,7 @@ class WatchHandle:
 def watch(llm: Any, publish: str | None = None, record: str | os.PathLike[str] | None = None,
           prometheus_port: int | None = None, interval_s: float = 0.25, run: str | None = None, *,
           prometheus_addr: str = "127.0.0.1", mqtt_password_file: str | os.PathLike[str] | None = None,
-          sample_memory: bool = True, on_error: ErrorCallback | None = None) -> WatchHandle:
+          sample_memory: bool = True, on_status: StatusCallback | None = None) -> WatchHandle:
     """Start watching ``llm`` (a TensorRT-LLM ``LLM`` or anything with its surface, e.g. ``SimLLM``).
 
     ``publish``: an MQTT URL (``mqtt://[user@]host[:port]/prefix``; the password from ``KVTOP_MQTT_PASSWORD`` or
@@ -132,13 +133,13 @@ def watch(llm: Any, publish: str | None = None, record: str | os.PathLike[str] |
         raise ValueError(f"interval_s must be > 0, got {interval_s}")
     source = SourceId.local(run=run or "")
     handle = WatchHandle(source)
-    handle._on_error = on_error
+    handle._on_status = on_status
     # Everything that can fail on a setting is built here, in the caller's thread, so it raises to the caller.
     publisher = None
     if publish:
         from kvtop.sinks.mqtt import publisher_from_url
 
-        publisher = publisher_from_url(publish, source, password_file=mqtt_password_file, on_status=handle.error)
+        publisher = publisher_from_url(publish, source, password_file=mqtt_password_file, on_status=handle.note)
         handle.publisher = publisher
         handle._sinks.append(publisher.publish)
     try:
@@ -195,7 +196,7 @@ def _thread_main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: floa
         asyncio.run(_main(handle, llm, publisher, interval_s, sample_memory))
     except BaseException as exc:  # pragma: no cover - a bug of ours: keep it for the user, never kill their app
         handle.crashed = exc
-        handle.error("watch", f"stopped: {type(exc).__name__}: {exc}")
+        handle.note("watch", f"stopped: {type(exc).__name__}: {exc}")
     finally:
         handle._started.set()
 
@@ -232,15 +233,15 @@ def _make_poller(llm: Any, source: SourceId, interval_s: float, handle: WatchHan
     try:
         from kvtop.sources.poller import EnginePoller
     except ImportError:
-        return _MinimalPoller(llm, source, interval_s, handle.emit, handle.error)
-    return EnginePoller(llm, source, interval_s, handle.emit, on_error=handle.error)
+        return _MinimalPoller(llm, source, interval_s, handle.emit, handle.note)
+    return EnginePoller(llm, source, interval_s, handle.emit, on_error=handle.note)
 
 
 class _MinimalPoller:
     """The engine poller's contract in a few lines, for when ``kvtop.sources.poller`` is unavailable."""
 
     def __init__(self, llm: Any, source: SourceId, interval_s: float, sink: Callable[[Record], None],
-                 on_error: ErrorCallback):
+                 on_error: StatusCallback):
         self.llm, self.source, self.interval_s, self.sink, self.on_error = llm, source, interval_s, sink, on_error
         self._stopped = False
 
@@ -286,7 +287,7 @@ async def _sample_memory(handle: WatchHandle, stop: asyncio.Event, meta: dict[st
                     for rec in await asyncio.to_thread(sampler.sample):
                         handle.emit(rec)
                 except Exception as exc:  # samplers never raise by contract; a bug must not end the watch
-                    handle.error(type(sampler).__name__, f"{type(exc).__name__}: {exc}")
+                    handle.note(type(sampler).__name__, f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=SAMPLE_S)
     finally:

@@ -4,6 +4,7 @@ TierModel, retained meta, last will, broker restart, malformed payloads, a down 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -420,3 +421,29 @@ async def test_password_never_logged_nor_on_the_command_line(mqtt_broker_auth: A
     await asyncio.gather(sub_task, bad_task)
     for text in (caplog.text, statuses.text(), repr(sub.url), sub.url.display(), " ".join(sys.argv)):
         assert SECRET not in text and SECRET[::-1] not in text
+
+
+@pytest.mark.mqtt
+async def test_records_iterator(mqtt_broker: Any) -> None:
+    url = mqtt_broker.url("it")
+    src = SourceId("h", 0, "iter")
+    pub = MqttPublisher(url, src)
+    pub_task = asyncio.ensure_future(pub.run())
+    sub = MqttSubscriber(url)
+    got: list[Record] = []
+
+    async def consume() -> None:
+        async with contextlib.aclosing(sub.records()) as records:
+            async for rec in records:
+                got.append(rec)
+                if len(got) == 3:
+                    break  # leaving the block closes the iterator, which stops the subscription
+
+    consumer = asyncio.ensure_future(consume())
+    await wait_for(lambda: sub.connected)
+    for i in range(3):
+        pub.publish(stats(i, src))
+    await asyncio.wait_for(consumer, 5.0)
+    assert [r.data["iter"] for r in got] == [0, 1, 2] and not sub.connected
+    pub.stop()
+    await pub_task

@@ -161,3 +161,19 @@ def test_example_runs_on_the_simulator(tmp_path: Path) -> None:
     summary = json.loads(out.stdout[:out.stdout.rindex("}") + 1])
     assert summary["moves"]["offloaded_blocks"] > 0 and summary["moves"]["onboarded_blocks"] > 0
     assert (tmp_path / "watch_my_script.jsonl").stat().st_size > 0
+
+
+def test_watch_without_the_engine_poller_uses_its_minimal_loop(monkeypatch: Any) -> None:
+    monkeypatch.setitem(sys.modules, "kvtop.sources.poller", None)  # "import" now raises ImportError
+    llm = make_llm()
+    handle = kvtop.watch(llm, interval_s=0.05, sample_memory=False)
+    try:
+        asyncio.run(workload(llm, users=4))
+        llm.wait_idle()
+        time.sleep(0.3)
+    finally:
+        handle.stop()
+        llm.shutdown()
+    s = handle.summary()
+    assert s["hit_rate"]["lookups"] > 0 and s["tiers"]["gpu"]["cached_blocks"] > 0
+    assert not handle.log

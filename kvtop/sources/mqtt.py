@@ -249,7 +249,7 @@ class MqttSubscriber:
         password_file: str | os.PathLike[str] | None = None,
         on_status: StatusCallback | None = None,
         on_error: ErrorCallback | None = None,
-        max_queued_messages: int = 100_000,
+        max_queued_messages: int = 10_000,
         logger: logging.Logger | None = None,
     ):
         self.url = url if isinstance(url, MqttUrl) else parse_mqtt_url(url, password_file=password_file)
@@ -257,8 +257,9 @@ class MqttSubscriber:
         self.run_filter = run
         self.on_status = on_status
         self.on_error = on_error
-        # aiomqtt's incoming queue is unbounded by default; 100,000 messages bound it to ~100 MB at 1 KB each
-        # (64 sources x 8 messages/s is 512/s, so this is minutes of backlog before a slow consumer loses any).
+        # aiomqtt's incoming queue is unbounded by default. A message is a batch (a busy source's 0.25 s of
+        # events is ~400 records, ~130 KB), so 10,000 messages is up to ~1 GB: 20 s of backlog from 64 busy
+        # sources (515 messages/s) before aiomqtt discards (and logs) new ones, instead of growing forever.
         self.max_queued_messages = max_queued_messages
         self.logger = logger or log
         self.connected = False
@@ -281,7 +282,11 @@ class MqttSubscriber:
             self._stop_event.set()
 
     async def records(self) -> AsyncIterator[Record]:
-        """Every record, as an async iterator (runs :meth:`run` underneath; ends after :meth:`stop`)."""
+        """Every record, as an async iterator (runs :meth:`run` underneath; ends after :meth:`stop`).
+
+        Leaving a loop early stops the subscription when the iterator is closed: use
+        ``async with contextlib.aclosing(sub.records()) as it`` (or call :meth:`stop`).
+        """
         queue: asyncio.Queue[Record | None] = asyncio.Queue()
         self.sink = queue.put_nowait
         task = asyncio.ensure_future(self.run())

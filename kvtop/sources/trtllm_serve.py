@@ -57,7 +57,7 @@ HTTP_TIMEOUT_S = 10.0
 MAX_BACKOFF_S = 5.0
 OFF_RETRY_S = 30.0  # an endpoint found missing (404) is asked again every 30 s: a restarted server may have it
 EMPTY_POLLS_OFF = 3  # empty while another endpoint shows activity, 3 polls in a row (~1.5-6 s): off, not a race
-IDLE_HINT_S = 30.0  # nothing at all from stats and events for 30 s: say what to check, once
+IDLE_HINT_S = 30.0  # an endpoint that never delivered in 30 s: say which option turns it on (once; maybe idle)
 
 
 @dataclass
@@ -90,6 +90,10 @@ class HttpStatusError(Exception):
     def __init__(self, status: int, reason: str):
         super().__init__(f"HTTP {status} {reason}")
         self.status = status
+
+
+async def _none() -> None:
+    return None
 
 
 def _request(method: str, url: str, timeout: float) -> bytes:
@@ -184,11 +188,14 @@ class TrtllmServeSource:
         self.polls += 1
         self._busy_events = 0
         result = ServePoll()
-        if self.meta is None:
-            await self._fetch_meta()
         now = time.monotonic()
         due = [ep for ep in self.endpoints.values() if ep.enabled and ep.due <= now]
-        answers = await asyncio.gather(*(self._fetch(ep) for ep in due))
+        # /version and /v1/models (once) alongside: an unreachable host costs one timeout per poll, not three.
+        meta, *answers = await asyncio.gather(self._fetch_meta() if self.meta is None else _none(),
+                                              *(self._fetch(ep) for ep in due))
+        if meta is not None:
+            self.meta = meta
+            self.sink(make("meta", dict(meta), self.source, self.clock()))
         unreachable: str | None = None
         for ep, (items, error) in zip(due, answers):
             if error is None:
@@ -198,7 +205,7 @@ class TrtllmServeSource:
                 result.reachable = True
                 self._http_error(ep, error)
             else:
-                unreachable = error if isinstance(error, str) else str(error)
+                unreachable = str(error)
         if due and not result.reachable and unreachable is not None:
             self._failures += 1
             self._set_reachable(False, unreachable)
@@ -208,7 +215,7 @@ class TrtllmServeSource:
             self._judge_empty(result.counts)
         return result
 
-    async def _fetch(self, ep: Endpoint) -> tuple[list[Any] | None, Exception | str | None]:
+    async def _fetch(self, ep: Endpoint) -> tuple[list[Any] | None, HttpStatusError | str | None]:
         url = self.base + ep.path
         try:
             body = await asyncio.to_thread(_request, ep.method, url, self.timeout_s)
@@ -226,7 +233,9 @@ class TrtllmServeSource:
                                               "is this a trtllm-serve?")
         return items, None
 
-    async def _fetch_meta(self) -> None:
+    async def _fetch_meta(self) -> dict[str, Any] | None:
+        """The ``meta`` record's data from /version and /v1/models; None while neither answers."""
+
         async def get(path: str) -> Any:
             try:
                 return json.loads(await asyncio.to_thread(_request, "GET", self.base + path, self.timeout_s))
@@ -235,14 +244,13 @@ class TrtllmServeSource:
 
         version, models = await asyncio.gather(get("/version"), get("/v1/models"))
         if version is None and models is None:
-            return  # unreachable (reported by the poll) or not a trtllm-serve: try again next poll
+            return None  # unreachable (reported by the poll) or not a trtllm-serve: try again next poll
         model = None
         if isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"]:
             first = models["data"][0]
             model = first.get("id") if isinstance(first, dict) else None
-        self.meta = {"engine": "trtllm", "engine_version": version.get("version") if isinstance(version, dict)
-                     else None, "model": model, "attached": f"trtllm-serve {self.base}", "simulated": False}
-        self.sink(make("meta", dict(self.meta), self.source, self.clock()))
+        return {"engine": "trtllm", "engine_version": version.get("version") if isinstance(version, dict) else None,
+                "model": model, "attached": f"trtllm-serve {self.base}", "simulated": False}
 
     # ------------------------------------------------------------------------------------------ items
 
@@ -361,8 +369,12 @@ def request_from_perf(item: dict[str, Any]) -> dict[str, Any]:
     pm = item.get("perf_metrics")
     if not isinstance(pm, dict):
         raise RecordError("perf_metrics.perf_metrics", "must be an object")
-    timing = pm.get("timing_metrics") if isinstance(pm.get("timing_metrics"), dict) else {}
-    kv = pm.get("kv_cache_metrics") if isinstance(pm.get("kv_cache_metrics"), dict) else {}
+    timing: dict[str, Any] = pm.get("timing_metrics") or {}
+    kv: dict[str, Any] = pm.get("kv_cache_metrics") or {}
+    if not isinstance(timing, dict):
+        raise RecordError("perf_metrics.perf_metrics.timing_metrics", "must be an object")
+    if not isinstance(kv, dict):
+        raise RecordError("perf_metrics.perf_metrics.kv_cache_metrics", "must be an object")
 
     def num(d: dict[str, Any], key: str) -> float | None:
         v = d.get(key)
