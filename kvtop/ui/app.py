@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -86,19 +86,19 @@ class DashboardScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
-        with Horizontal(id="body"):
-            with Vertical(id="left"):
-                yield TierPanel(id="tier-gpu")
-                yield TierPanel(id="tier-host")
-                yield PriorityPanel(id="priorities")
-            with Vertical(id="right"):
-                yield HitRatePanel(id="hit")
-                yield MovesPanel(id="moves")
-                yield RequestPanel(id="requests")
-                yield MemoryPanel(id="memory")
-        yield EventLog(id="events")
-        yield Footer(compact=True)
-        yield KeyHints(id="keys")
+        with Vertical(id="bottom"):  # docked widgets on one edge overlap: the log and the keys share one dock
+            yield EventLog(id="events")
+            yield Footer(compact=True)
+            yield KeyHints(id="keys")
+        with Vertical(id="left"):
+            yield TierPanel(id="tier-gpu")
+            yield TierPanel(id="tier-host")
+            yield PriorityPanel(id="priorities")
+        with Vertical(id="right"):
+            yield HitRatePanel(id="hit")
+            yield MovesPanel(id="moves")
+            yield RequestPanel(id="requests")
+            yield MemoryPanel(id="memory")
 
     def on_mount(self) -> None:
         self.apply_layout(self.size.width, self.size.height)
@@ -432,7 +432,11 @@ class KvtopApp(App[int]):
         key = (id(model), None if now is None else int(now / step))
         if key != self._hist_key:
             self._hist_key = key
-            self._hist = tuple(model.history()[-SPARK_POINTS:])
+            hist = model.history()[-SPARK_POINTS - 1:]
+            if len(hist) >= 2 and hist[-1].t - hist[-2].t < 0.5 * step:
+                # A last step only a fraction of a second long turns one block into a spike of blocks/s.
+                hist = hist[:-1]
+            self._hist = tuple(hist[-SPARK_POINTS:])
         return self._hist
 
     def _requests(self, model: Any, rates: Any) -> RequestData:

@@ -149,21 +149,23 @@ def main(argv: list[str] | None = None) -> int:
     from kvtop.ui.app import build_app  # Textual is imported only once the arguments are good
 
     app = build_app(session, _Settings(args.refresh, args.theme, args.duration))
-    refreshes: list[tuple[float, float | None, float]] = []
+    refreshes: list[tuple[float, float | None, float, float, float]] = []
     if args.bench_out:
-        app.on_refreshed = lambda t, data_t, cost: refreshes.append((t, data_t, cost))
+        # Per refresh: when, the model time shown, its cost, this process's CPU so far, the replay's CPU so far.
+        app.on_refreshed = lambda t, data_t, cost: refreshes.append(
+            (t, data_t, cost, time.process_time(), replay.cpu_s))
     app.run()
     if args.bench_out:
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        ages = []
-        for t, data_t, _ in refreshes:
+        rows = []
+        for t, data_t, cost, cpu, replay_cpu in refreshes:
             due = replay.due_wall(data_t) if data_t is not None else None
-            ages.append(None if due is None else t - due)
+            rows.append([t, None if due is None else t - due, cost, cpu, replay_cpu])
         out: dict[str, Any] = {
             "records": replay.emitted, "bad": len(replay.bad), "replay_cpu_s": replay.cpu_s,
             "process_cpu_s": usage.ru_utime + usage.ru_stime, "max_rss_kib": usage.ru_maxrss,
-            "refreshes": [[t, a, c] for (t, _, c), a in zip(refreshes, ages)],
-            "refresh_s": args.refresh,
+            "refresh_s": args.refresh, "wall0": replay.wall0,
+            "refreshes": rows,  # [monotonic t, age of the newest figure shown (s), cost (s), CPU s, replay CPU s]
         }
         Path(args.bench_out).write_text(json.dumps(out))
     return app.return_code or 0

@@ -6,14 +6,13 @@
 Why it drives the simulator's engine core directly instead of ``SimLLM.generate_async``: SimLLM's engine thread
 picks requests up as they arrive on the wall clock, so which requests share an iteration (and therefore every
 block id and event) would depend on thread timing. Here arrivals are stamped in simulated time and the core is
-stepped by hand, so the same arguments always write the same bytes (a test checks the committed file's digest
-against a fresh run).
+stepped by hand, so the same arguments always write the same bytes (tests/test_ui_recording.py checks it).
 
 The workload is built to show every tier movement within seconds: at scale 1, a GPU pool of 1,024 blocks (32K
-tokens) that fills after ~15 requests, a host pool of ~900 blocks that catches what the GPU evicts, four long system prompts
-kept at retention priority 80 (zipf-popular), chat sessions whose next turn comes back after the first turn was
-offloaded (host hits and onboards), and a low-priority (20 < 30, TensorRT-LLM's secondary_offload_min_priority)
-batch class that is dropped instead of offloaded (GPU evictions).
+tokens) that fills after ~15 requests, a host pool of ~900 blocks that catches what the GPU evicts, four long
+system prompts kept at retention priority 80 (zipf-popular), chat sessions whose next turn comes back after the
+first turn was offloaded (host hits and onboards), and a low-priority batch class (20, under TensorRT-LLM's
+secondary_offload_min_priority of 30) that is dropped instead of offloaded (GPU evictions).
 """
 
 from __future__ import annotations
@@ -78,8 +77,10 @@ class Workload:
     def on_finished(self, req: SimRequest, label: str, priority: int, now: float) -> None:
         # Half the chat turns come back 2-6 s later with the whole conversation so far: by then the first turn
         # has usually been offloaded, so the next turn's prefix is a host hit (an onboard).
-        if label == "chat" and req.error is None and self.rng.random() < 0.5 and len(req.prompt_ids) < 6000 * self.scale:
-            prompt = list(req.prompt_ids) + list(req.output_ids) + _tokens(self.rng, self.n(self.rng.randrange(64, 256)))
+        short = len(req.prompt_ids) < 6000 * self.scale
+        if label == "chat" and req.error is None and self.rng.random() < 0.5 and short:
+            turn = _tokens(self.rng, self.n(self.rng.randrange(64, 256)))
+            prompt = list(req.prompt_ids) + list(req.output_ids) + turn
             self.seq += 1
             heapq.heappush(self.followups, (now + self.rng.uniform(2.0, 6.0), self.seq, prompt, priority))
 
@@ -185,6 +186,7 @@ def record_run(seconds: float, seed: int = 7, rate: float = 14.0, scale: float =
 
 def write(records: list[dict[str, Any]], path: Path) -> str:
     text = "".join(json.dumps(r, separators=(",", ":"), allow_nan=False) + "\n" for r in records)
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return hashlib.sha256(text.encode()).hexdigest()
 
