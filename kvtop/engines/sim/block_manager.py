@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import heapq
 import operator
+import struct
 import sys
 import time
 from array import array
 from bisect import bisect_right, insort
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain, repeat
+from itertools import chain
 from typing import Any, overload
 
 from kvtop.engines.sim.retention import DEFAULT_PRIORITY, MAX_PRIORITY, KvCacheRetentionConfig
@@ -69,17 +70,24 @@ def block_key_hash(tokens: Sequence[int], parent_hash: int) -> int:
 
 # ------------------------------------------------------------------------------------------------- block keys
 #
-# A block's key (TensorRT-LLM's BlockKey: the block's token ids) is kept as bytes: the ids as native signed 64-bit
-# integers, in order. Bytes cache their hash and compare with memcmp, where a 32-int tuple rehashes its 32 ints on
-# every dict operation (~0.35 us on the 2-core reference machine; ~1 us when an equal tuple of another request has
-# to be compared item by item), and the tree is probed 3-4 times per block (match on add, store after prefill,
-# store again on release, detach on eviction): that was a quarter of the trace replay. The encoding is a function of
-# the tokens alone, so keys of the same tokens are equal bytes however they were made (from a list, from TokenRuns,
-# across prompt and generated tokens), and k tokens in common at the start are exactly 8k bytes in common.
+# A block's key (TensorRT-LLM's BlockKey: the block's token ids) is kept as bytes, in one of two forms:
+# - a run, two or more consecutive ids v, v+1, ..., v+n-1: ``pack(v) + pack(n) + b"\0"`` (17 bytes);
+# - anything else: the ids packed, ``pack(id)`` each (8 bytes per id, so never 17 bytes long);
+# with ``pack`` a native signed 64-bit integer. Which form a key takes depends on its tokens alone, so keys of the
+# same tokens are equal bytes however they were made (from a list, from TokenRuns, across prompt and generated
+# tokens), and keys of different tokens differ. Both forms start with the first id.
+# Why bytes: they cache their hash and compare with memcmp, where a 32-int tuple rehashes its 32 ints on every dict
+# operation (~0.35 us on the 2-core reference machine; ~1 us when an equal tuple of another request is compared
+# item by item), and the tree is probed 3-4 times per block (match on add, store after prefill, store again on
+# release, detach on eviction): that was a quarter of the trace replay. Why runs: a Mooncake trace prompt is one
+# run per 512-token hash block, so its keys are made in O(1) each (3.5 ns per token) without an int per token.
 # Token ids must be in [-2^63, 2^63) (TensorRT-LLM's are int32); others raise OverflowError.
 
 _ID_BYTES = 8
+_RUN_KEY_BYTES = 2 * _ID_BYTES + 1
 _MIN_ID, _MAX_ID = -(1 << 63), (1 << 63) - 1
+_pack_id = struct.Struct("q").pack
+_unpack_run = struct.Struct("qq").unpack_from
 _TOP_BYTE = 7 if sys.byteorder == "little" else 0  # of each id: set above 0x7f for ids >= 2^63 in "Q" lanes
 _BELOW_0X80 = bytes(range(0x80))
 
@@ -96,56 +104,55 @@ def _pack_ids(tokens: Sequence[int]) -> bytes:
     return raw
 
 
+def _run_suffix(count: int) -> bytes:
+    return _pack_id(count) + b"\0"
+
+
 def encode_key(tokens: Sequence[int]) -> bytes:
     """The key of one block's tokens (see above)."""
-    return _pack_ids(tokens) if tokens else b""
+    n = len(tokens)
+    if n >= 2 and tokens[-1] - tokens[0] == n - 1 and list(tokens) == list(range(tokens[0], tokens[0] + n)):
+        if not _MIN_ID <= tokens[0] <= _MAX_ID - n + 1:
+            raise OverflowError("token ids must fit in signed 64 bits")
+        return _pack_id(tokens[0]) + _run_suffix(n)
+    return _pack_ids(tokens) if n else b""
+
+
+def _key_ids(key: bytes) -> Sequence[int]:
+    if len(key) == _RUN_KEY_BYTES:
+        first, count = _unpack_run(key)
+        return range(first, first + count)
+    return memoryview(key).cast("q")
 
 
 def decode_key(key: bytes) -> list[int]:
     """The token ids of a key."""
-    return memoryview(key).cast("q").tolist()
+    return list(_key_ids(key))
 
 
-def _split_blocks(raw: bytes, tokens_per_block: int) -> list[bytes]:
-    """Keys of consecutive full blocks from their packed ids."""
+def _encode_full_blocks(tokens: list[int], tokens_per_block: int) -> list[bytes]:
+    """Keys of consecutive full blocks of a token list: packed all at once, then each block that is a run (its
+    first and last ids ``tokens_per_block - 1`` apart, then checked id by id) in the run form."""
     step = _ID_BYTES * tokens_per_block
-    return [raw[i:i + step] for i in range(0, len(raw), step)]
+    raw = _pack_ids(tokens)
+    keys = [raw[i:i + step] for i in range(0, len(raw), step)]
+    if tokens_per_block >= 2:
+        span = tokens_per_block - 1
+        suffix = _run_suffix(tokens_per_block)
+        for j, i in enumerate(range(0, len(tokens), tokens_per_block)):
+            first = tokens[i]
+            if tokens[i + span] - first == span and tokens[i:i + span + 1] == list(range(first, first + span + 1)):
+                keys[j] = _pack_id(first) + suffix
+    return keys
 
 
 def _common_prefix_tokens(a: bytes, b: bytes) -> int:
     n = 0
-    for x, y in zip(memoryview(a).cast("q"), memoryview(b).cast("q")):
+    for x, y in zip(_key_ids(a), _key_ids(b)):
         if x != y:
             break
         n += 1
     return n
-
-
-class _Ramp:
-    """Packed runs of consecutive ids without creating an int per id: the packed ids ``v, v+1, ..., v+n-1`` read as
-    one big integer are ``ramp(n) + v * ones(n)`` (ramp: lanes 0..n-1; ones: every lane 1), with no carry between
-    lanes while the ids stay in [0, 2^63). Three C-level big-integer operations per run: a 512-id run (4 KiB) packs
-    in a few microseconds, where ``array("Q", range(...))`` creates and converts 512 ints."""
-
-    def __init__(self) -> None:
-        self._cache: dict[int, tuple[int, int]] = {}
-
-    def pack(self, first: int, count: int) -> bytes:
-        if first < 0 or first + count > 1 << 63:
-            return _pack_ids(range(first, first + count))
-        cached = self._cache.get(count)
-        if cached is None:
-            ramp = int.from_bytes(array("Q", range(count)).tobytes(), sys.byteorder)
-            ones = int.from_bytes(array("Q", [1]).tobytes() * count, sys.byteorder)
-            cached = self._cache[count] = (ramp, ones)
-            if len(self._cache) > 4096:  # run lengths vary only in a prompt's last run; keep this bounded anyway
-                self._cache.clear()
-                self._cache[count] = cached
-        ramp, ones = cached
-        return (ramp + first * ones).to_bytes(_ID_BYTES * count, sys.byteorder)
-
-
-_ramp = _Ramp()
 
 
 class TokenRuns(Sequence[int]):
@@ -161,12 +168,19 @@ class TokenRuns(Sequence[int]):
     __slots__ = ("runs", "_offsets", "_len")
 
     def __init__(self, runs: Iterable[tuple[int, int]]):
-        self.runs = tuple((operator.index(first), operator.index(length)) for first, length in runs)
+        merged: list[tuple[int, int]] = []
+        for first, length in runs:
+            first, length = operator.index(first), operator.index(length)
+            if length <= 0:
+                raise ValueError(f"TokenRuns: run lengths must be > 0, got {length}")
+            if merged and merged[-1][0] + merged[-1][1] == first:  # a run that continues the one before
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((first, length))
+        self.runs = tuple(merged)  # maximal: a block across two runs is never a run itself
         offsets = []
         total = 0
         for _, length in self.runs:
-            if length <= 0:
-                raise ValueError(f"TokenRuns: run lengths must be > 0, got {length}")
             offsets.append(total)
             total += length
         self._offsets = offsets  # position of each run's first token
@@ -213,21 +227,29 @@ class TokenRuns(Sequence[int]):
             r += 1
         return out
 
-    def packed(self, start: int, stop: int) -> bytes:
-        """Ids ``[start, stop)`` packed as keys pack them, run by run."""
+    def block_keys(self, start: int, stop: int, tokens_per_block: int) -> list[bytes]:
+        """Keys of the full blocks of tokens ``[start, stop)`` (a multiple of ``tokens_per_block`` apart)."""
+        keys: list[bytes] = []
         if start >= stop:
-            return b""
+            return keys
         runs, offsets = self.runs, self._offsets
-        parts = []
+        suffix = _run_suffix(tokens_per_block)
         r = bisect_right(offsets, start) - 1
-        while start < stop:
+        pos = start
+        while pos < stop:
+            while offsets[r] + runs[r][1] <= pos:
+                r += 1
             first, length = runs[r]
             offset = offsets[r]
-            end = min(stop, offset + length)
-            parts.append(_ramp.pack(first + start - offset, end - start))
-            start = end
-            r += 1
-        return b"".join(parts)
+            inside_end = min(stop, pos + (offset + length - pos) // tokens_per_block * tokens_per_block)
+            if inside_end > pos and tokens_per_block >= 2:  # whole blocks inside this run: run keys, O(1) each
+                keys.extend([_pack_id(v) + suffix for v in range(first + pos - offset, first + inside_end - offset,
+                                                                  tokens_per_block)])
+                pos = inside_end
+            else:  # a block across runs (or of one token): from its ids
+                keys.append(encode_key(self._slice(pos, pos + tokens_per_block)))
+                pos += tokens_per_block
+        return keys
 
 
 class _Block:
@@ -630,13 +652,14 @@ class BlockManager:
             self._enqueue_updated(block, (SECONDARY, PRIMARY), None)
             self._policy.release(victim)  # the victim object now owns the host slot
 
-    def _find_matching(self, root: _Block, key: bytes) -> tuple[bool, int, _Block | None]:
-        """``findMatchingBlock``: (partial, matched tokens, block) for the child of ``root`` matching ``key``."""
+    def _find_matching(self, root: _Block, key: bytes, key_tokens: int) -> tuple[bool, int, _Block | None]:
+        """``findMatchingBlock``: (partial, matched tokens, block) for the child of ``root`` matching ``key`` (of
+        ``key_tokens`` tokens)."""
         if not key or not root.children:
             return False, 0, None
         block = root.children.get(key)
         if block is not None:
-            return not block.is_full, len(key) // _ID_BYTES, block
+            return not block.is_full, key_tokens, block
         if self.enable_partial_reuse:
             best_n, best = 0, None
             # Only a child starting with the same first id can match a token; skipping the others with a C-level
@@ -663,15 +686,13 @@ class BlockManager:
         stop = num_full * tpb
         if start < stop:
             prompt = seq.prompt
-            in_prompt = min(stop, seq.prompt_len)  # ids taken from the prompt, the rest from the generated tokens
+            in_prompt = min(stop, seq.prompt_len - seq.prompt_len % tpb)  # full blocks of prompt tokens only
             if start < in_prompt:
-                raw = (prompt.packed(start, in_prompt) if isinstance(prompt, TokenRuns)
-                       else _pack_ids(prompt[start:in_prompt]))
-            else:
-                raw = b""
-            if in_prompt < stop:
-                raw += _pack_ids(seq.tokens(max(start, in_prompt), stop))
-            full_keys.extend(_split_blocks(raw, tpb))
+                full_keys.extend(prompt.block_keys(start, in_prompt, tpb) if isinstance(prompt, TokenRuns)
+                                 else _encode_full_blocks(prompt[start:in_prompt], tpb))
+                start = in_prompt
+            if start < stop:
+                full_keys.extend(_encode_full_blocks(seq.tokens(start, stop), tpb))
         keys = full_keys[:num_full]
         if allow_partial and stop < usable:
             keys.append(encode_key(seq.tokens(stop, usable)))
@@ -700,7 +721,6 @@ class BlockManager:
         if length == 0:
             raise ValueError(f"request {request_id!r}: an empty prompt has no KV cache")
         tpb = self.tokens_per_block
-        full_key_bytes = _ID_BYTES * tpb
         seq = _Sequence(request_id, prompt, retention)
         num_blocks = -(-length // tpb)
         if not self.enable_block_reuse:
@@ -715,6 +735,8 @@ class BlockManager:
         keys = self._block_keys(seq, length - 1, True)
         self._seqs[request_id] = seq
         num_keys = len(keys)
+        num_full = (length - 1) // tpb  # keys[:num_full] are full; keys[num_full], if any, holds the rest
+        tail_tokens = length - 1 - num_full * tpb
         per_block = retention.per_block(tpb, length) if retention is not None else None
 
         # Walk the tree while blocks match; TensorRT-LLM stops searching at the first miss or partial match.
@@ -723,11 +745,12 @@ class BlockManager:
         bi = 0
         while search is not None and bi < num_blocks:
             key = keys[bi] if bi < num_keys else b""
+            key_tokens = tpb if bi < num_full else tail_tokens if bi < num_keys else 0
             prio, dur = per_block[bi] if per_block is not None else (None, None)
-            partial, num_matched, match = self._find_matching(search, key)
+            partial, num_matched, match = self._find_matching(search, key, key_tokens)
             if match is None:
                 break
-            matched_tokens += num_matched if num_matched > 0 else len(key) // _ID_BYTES
+            matched_tokens += num_matched if num_matched > 0 else key_tokens
             if prio is not None and match.priority != prio:
                 self._enqueue_updated(match, None, (match.priority, prio))
             if partial:
@@ -736,7 +759,7 @@ class BlockManager:
                     # takes the whole key of this prompt block (1.2 sets key and hash right after the copy).
                     match = self._get_free_block(match.priority, match.duration_ms)
                     match.key = key
-                    match.is_full = len(key) == full_key_bytes
+                    match.is_full = key_tokens == tpb
                     self._set_hash(match, seq.blocks[-1].hash if seq.blocks else 0)
                 else:
                     if match.in_tree():
@@ -765,11 +788,12 @@ class BlockManager:
             # _add_to_seq, then the key and hash of each block taken (also when the pool ran dry part-way)
             events = self._events_enabled
             prev = blocks[first_new - 1] if first_new else None
-            for block, key in zip(blocks[first_new:], chain(keys[bi:], repeat(b""))):
+            for i, block in enumerate(blocks[first_new:], bi):
+                key = keys[i] if i < num_keys else b""
                 block.refs += 1
                 block.prev_in_seq = prev
                 block.key = key
-                block.is_full = len(key) == full_key_bytes
+                block.is_full = i < num_full
                 if events:
                     block.hash = block_key_hash(decode_key(key), prev.hash if prev is not None else 0)
                 prev = block
@@ -793,7 +817,8 @@ class BlockManager:
         """``storeContextBlocks``: put the full prompt blocks into the reuse tree (after prefill)."""
         seq = self._seq(request_id)
         if self.enable_block_reuse:
-            self._store_blocks(self._block_keys(seq, seq.num_tokens - 1, False), seq.blocks)
+            self._store_blocks(self._block_keys(seq, seq.num_tokens - 1, False), seq.blocks,
+                               (seq.num_tokens - 1) // self.tokens_per_block)
 
     def remove_sequence(self, request_id: Any, final_tokens: Sequence[int] = ()) -> None:
         """``removeSequence``: store every block for reuse (a partial last one too), then release, last first.
@@ -809,7 +834,8 @@ class BlockManager:
         seq.generated.extend(final_tokens)
         seq.num_tokens = seq.prompt_len + len(seq.generated)
         if self.enable_block_reuse:
-            self._store_blocks(self._block_keys(seq, seq.num_tokens - 1, True), seq.blocks)
+            self._store_blocks(self._block_keys(seq, seq.num_tokens - 1, True), seq.blocks,
+                               (seq.num_tokens - 1) // self.tokens_per_block)
         del self._seqs[request_id]
         # The eviction policy's release, inlined (hundreds of blocks per trace request); see _EvictionPolicy for
         # the invariants.
@@ -904,10 +930,11 @@ class BlockManager:
         except KeyError:
             raise ValueError(f"request {request_id!r} is not in the KV cache manager") from None
 
-    def _store_blocks(self, keys: list[bytes], blocks: list[_Block]) -> None:
+    def _store_blocks(self, keys: list[bytes], blocks: list[_Block], num_full: int) -> None:
         """``storeBlocks``: walk the tree along ``keys``; from the first miss on, insert this sequence's blocks.
 
-        Keys are never empty (``_block_keys`` makes none), so every one is looked up until the first miss.
+        Keys are never empty (``_block_keys`` makes none), so every one is looked up until the first miss; the
+        first ``num_full`` are full blocks, a last one past them is partial.
         """
         search = self._root
         count = min(len(keys), len(blocks))
@@ -920,12 +947,12 @@ class BlockManager:
             first_new += 1
         if first_new == count:
             return
-        full_key_bytes = _ID_BYTES * self.tokens_per_block
         events = self._events_enabled
         stored = blocks[first_new:count]
-        for key, block in zip(keys[first_new:count], stored):
+        for i, block in enumerate(stored, first_new):
+            key = keys[i]
             block.key = key
-            block.is_full = len(key) == full_key_bytes
+            block.is_full = i < num_full
             block.prev = search
             block.prev_in_seq = search
             search.children.setdefault(key, block)
