@@ -590,7 +590,7 @@ class BlockManager:
                     raise NoFreeBlockError("no free block in the GPU (primary) pool")
                 prio = primary_prios[0]
                 queue = primary_queues[prio]
-                block = queue.popitem(last=False)[1]
+                block = queue.popitem(False)[1]  # positional: no keyword parsing
                 if not queue:
                     del primary_prios[0]
                 block.queued = None
@@ -601,7 +601,7 @@ class BlockManager:
                 elif can_offload and prio >= offload_min_priority:
                     block.duration_ms = None  # the claim before the offload keeps the priority, drops the duration
                     host_queue = host_queues[host_prios[0]]
-                    target = host_queue.popitem(last=False)[1]
+                    target = host_queue.popitem(False)[1]  # positional: no keyword parsing
                     if not host_queue:
                         del host_prios[0]
                     target.queued = None
@@ -804,7 +804,9 @@ class BlockManager:
 
     def add_token(self, request_id: Any, token_id: int) -> None:
         """``addToken``: append one generated token; a new block when the sequence fills its last one."""
-        seq = self._seq(request_id)
+        seq = self._seqs.get(request_id)  # _seq() inlined: once per generated token
+        if seq is None:
+            raise ValueError(f"request {request_id!r} is not in the KV cache manager")
         if not _MIN_ID <= token_id <= _MAX_ID:
             raise OverflowError(f"token id {token_id} does not fit in signed 64 bits")
         if seq.num_tokens % self.tokens_per_block == 0:
