@@ -34,14 +34,13 @@ from typing import Any
 
 from kvtop.records import Record, SourceId, encode, encode_batch
 from kvtop.sources.mqtt import (
-    BACKOFF_FIRST_S,
     BACKOFF_MAX_S,
     OFFLINE,
     ONLINE,
     STATUS,
     MqttUrl,
     StatusCallback,
-    describe_error,
+    keep_connected,
     new_client_id,
     parse_mqtt_url,
     topic_for,
@@ -186,39 +185,34 @@ class MqttPublisher:
         if self._queue or self._metas_dirty:
             self._wake.set()
         status_topic = topic_for(self.url.prefix, self.source, STATUS)
-        backoff = BACKOFF_FIRST_S
-        reported: str | None = None
-        while not self._stopped:
-            client = aiomqtt.Client(
-                identifier=new_client_id("pub"), logger=self.logger,
-                will=aiomqtt.Will(status_topic, OFFLINE, qos=1, retain=True), **self.url.client_kwargs())
+
+        def client() -> Any:
+            return aiomqtt.Client(identifier=new_client_id("pub"), logger=self.logger,
+                                  will=aiomqtt.Will(status_topic, OFFLINE, qos=1, retain=True),
+                                  **self.url.client_kwargs())
+
+        async def session(client: Any) -> None:
+            self.connected = True
+            self.connects += 1
+            self._status(f"connected to {self.url.display()}")
             try:
-                async with client:
-                    self.connected = True
-                    self.connects += 1
-                    backoff, reported = BACKOFF_FIRST_S, None
-                    self._status(f"connected to {self.url.display()}")
-                    await client.publish(status_topic, ONLINE, qos=1, retain=True, timeout=PUBLISH_TIMEOUT_S)
-                    self._metas_dirty.update(self._metas)  # the broker may have lost its retained messages
-                    try:
-                        await self._connected(client)
-                    finally:
-                        if self._stopped:
-                            await self._goodbye(client, status_topic)
-            except aiomqtt.MqttError as exc:
-                self.last_error = describe_error(exc)
-                message = f"disconnected from {self.url.display()}: {self.last_error}"
-                if message != reported:
-                    reported = message
-                    self._status(f"{message}; retrying (every {BACKOFF_MAX_S:g} s at most), keeping the newest "
-                                 f"{self.max_queue:,} records meanwhile")
+                await client.publish(status_topic, ONLINE, qos=1, retain=True, timeout=PUBLISH_TIMEOUT_S)
+                self._metas_dirty.update(self._metas)  # the broker may have lost its retained messages
+                try:
+                    await self._connected(client)
+                finally:
+                    if self._stopped:
+                        await self._goodbye(client, status_topic)
             finally:
                 self.connected = False
-            if self._stopped:
-                break
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop_event.wait(), timeout=backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+        def lost(message: str) -> None:
+            self.last_error = message
+            self._status(f"{message}; retrying (every {BACKOFF_MAX_S:g} s at most), keeping the newest "
+                         f"{self.max_queue:,} records meanwhile")
+
+        await keep_connected(self.url, client, session, stopped=lambda: self._stopped, stop_event=self._stop_event,
+                             lost=lost)
 
     async def _goodbye(self, client: Any, status_topic: str) -> None:
         # Best effort, bounded: what is queued, then "offline" (a clean disconnect does not fire the will).

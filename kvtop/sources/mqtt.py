@@ -28,7 +28,7 @@ import os
 import ssl
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -229,6 +229,35 @@ def describe_error(exc: BaseException) -> str:
     return text
 
 
+async def keep_connected(url: MqttUrl, client: Callable[[], Any], session: Callable[[Any], Awaitable[None]], *,
+                         stopped: Callable[[], bool], stop_event: asyncio.Event, lost: Callable[[str], None]) -> None:
+    """Connect, run ``session(client)`` while connected, reconnect when the broker is lost, until ``stopped()``.
+
+    Both ends use it. ``session`` returns when asked to stop and raises ``MqttError`` when the connection drops.
+    ``lost(message)`` is called once per streak of failures (a broker down for a minute is one message, not 30).
+    Backoff 0.25 s doubling to 2 s (see ``BACKOFF_MAX_S``), cut short by ``stop_event``.
+    """
+    import aiomqtt
+
+    backoff = BACKOFF_FIRST_S
+    reported: str | None = None
+    while not stopped():
+        try:
+            async with client() as connection:
+                backoff, reported = BACKOFF_FIRST_S, None
+                await session(connection)
+        except aiomqtt.MqttError as exc:
+            message = f"disconnected from {url.display()}: {describe_error(exc)}"
+            if message != reported:
+                reported = message
+                lost(message)
+        if stopped():
+            break
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop_event.wait(), timeout=backoff)
+        backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+
 # ---------------------------------------------------------------------------------------------- subscriber
 
 class MqttSubscriber:
@@ -310,44 +339,38 @@ class MqttSubscriber:
         self._stop_event = asyncio.Event()
         if self._stopped:
             return
-        backoff = BACKOFF_FIRST_S
-        lost_at: float | None = None  # monotonic time the broker was lost; None while connected / never was
         first_try = time.monotonic()
-        reported: str | None = None
-        while not self._stopped:
-            client = aiomqtt.Client(identifier=new_client_id("sub"), logger=self.logger,
-                                    max_queued_incoming_messages=self.max_queued_messages,
-                                    **self.url.client_kwargs())
+        lost_at: float | None = None  # monotonic time a connection that was up dropped; None otherwise
+
+        def client() -> Any:
+            return aiomqtt.Client(identifier=new_client_id("sub"), logger=self.logger,
+                                  max_queued_incoming_messages=self.max_queued_messages, **self.url.client_kwargs())
+
+        async def session(client: Any) -> None:
+            nonlocal lost_at
+            await client.subscribe(self.url.topic_filter(self.run_filter), qos=1)
+            self.connected = True
+            self.connects += 1
+            if lost_at is not None:
+                gap = time.monotonic() - lost_at
+                self.gaps.append(gap)
+                self._status("mqtt", f"reconnected to {self.url.display()} after {gap:.1f} s")
+            else:
+                waited = time.monotonic() - first_try
+                self._status("mqtt", f"connected to {self.url.display()}"
+                             + (f" (after {waited:.1f} s of retries)" if waited >= 1.0 else ""))
+            lost_at = None
             try:
-                async with client:
-                    await client.subscribe(self.url.topic_filter(self.run_filter), qos=1)
-                    self.connected = True
-                    self.connects += 1
-                    backoff, reported = BACKOFF_FIRST_S, None
-                    if lost_at is not None:
-                        gap = time.monotonic() - lost_at
-                        self.gaps.append(gap)
-                        self._status("mqtt", f"reconnected to {self.url.display()} after {gap:.1f} s")
-                    else:
-                        waited = time.monotonic() - first_try
-                        self._status("mqtt", f"connected to {self.url.display()}"
-                                     + (f" (after {waited:.1f} s of retries)" if waited >= 1.0 else ""))
-                    lost_at = None
-                    await self._consume(client)
-            except aiomqtt.MqttError as exc:
-                if self.connected:
-                    lost_at = time.monotonic()
-                message = f"disconnected from {self.url.display()}: {describe_error(exc)}"
-                if message != reported:  # once per streak: a down broker is not a new message every 2 s
-                    reported = message
-                    self._status("mqtt", f"{message}; retrying (every {BACKOFF_MAX_S:g} s at most)")
+                await self._consume(client)
+            except aiomqtt.MqttError:
+                lost_at = time.monotonic()
+                raise
             finally:
                 self.connected = False
-            if self._stopped:
-                break
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop_event.wait(), timeout=backoff)
-            backoff = min(backoff * 2, BACKOFF_MAX_S)
+
+        await keep_connected(self.url, client, session, stopped=lambda: self._stopped, stop_event=self._stop_event,
+                             lost=lambda message: self._status("mqtt", f"{message}; retrying (every "
+                                                                       f"{BACKOFF_MAX_S:g} s at most)"))
 
     async def _consume(self, client: Any) -> None:
         """Handle messages until the connection drops (raises MqttError) or :meth:`stop` (returns)."""
