@@ -409,6 +409,9 @@ def test_token_runs_sequence() -> None:
         runs[len(ids)]
     with pytest.raises(ValueError):
         TokenRuns([(1, 0)])
+    with pytest.raises(OverflowError):
+        TokenRuns([((1 << 63) - 2, 3)])
+    assert TokenRuns([(5, 2), (7, 3), (1, 1)]).runs == ((5, 5), (1, 1))  # runs that continue are merged
 
 
 def test_token_ids_out_of_64_bits_are_rejected() -> None:

@@ -71,7 +71,8 @@ def block_key_hash(tokens: Sequence[int], parent_hash: int) -> int:
 # ------------------------------------------------------------------------------------------------- block keys
 #
 # A block's key (TensorRT-LLM's BlockKey: the block's token ids) is kept as bytes, in one of two forms:
-# - a run, two or more consecutive ids v, v+1, ..., v+n-1: ``pack(v) + pack(n) + b"\0"`` (17 bytes);
+# - a run, two or more consecutive ids v, v+1, ..., v+n-1: ``pack(v) + pack(n) + b"\0"`` (17 bytes, one
+#   struct call);
 # - anything else: the ids packed, ``pack(id)`` each (8 bytes per id, so never 17 bytes long);
 # with ``pack`` a native signed 64-bit integer. Which form a key takes depends on its tokens alone, so keys of the
 # same tokens are equal bytes however they were made (from a list, from TokenRuns, across prompt and generated
@@ -86,7 +87,7 @@ def block_key_hash(tokens: Sequence[int], parent_hash: int) -> int:
 _ID_BYTES = 8
 _RUN_KEY_BYTES = 2 * _ID_BYTES + 1
 _MIN_ID, _MAX_ID = -(1 << 63), (1 << 63) - 1
-_pack_id = struct.Struct("q").pack
+_pack_run = struct.Struct("qqx").pack  # (first id, count) and the zero byte that makes 17
 _unpack_run = struct.Struct("qq").unpack_from
 _TOP_BYTE = 7 if sys.byteorder == "little" else 0  # of each id: set above 0x7f for ids >= 2^63 in "Q" lanes
 _BELOW_0X80 = bytes(range(0x80))
@@ -104,17 +105,13 @@ def _pack_ids(tokens: Sequence[int]) -> bytes:
     return raw
 
 
-def _run_suffix(count: int) -> bytes:
-    return _pack_id(count) + b"\0"
-
-
 def encode_key(tokens: Sequence[int]) -> bytes:
     """The key of one block's tokens (see above)."""
     n = len(tokens)
     if n >= 2 and tokens[-1] - tokens[0] == n - 1 and list(tokens) == list(range(tokens[0], tokens[0] + n)):
         if not _MIN_ID <= tokens[0] <= _MAX_ID - n + 1:
             raise OverflowError("token ids must fit in signed 64 bits")
-        return _pack_id(tokens[0]) + _run_suffix(n)
+        return _pack_run(tokens[0], n)
     return _pack_ids(tokens) if n else b""
 
 
@@ -138,11 +135,10 @@ def _encode_full_blocks(tokens: list[int], tokens_per_block: int) -> list[bytes]
     keys = [raw[i:i + step] for i in range(0, len(raw), step)]
     if tokens_per_block >= 2:
         span = tokens_per_block - 1
-        suffix = _run_suffix(tokens_per_block)
         for j, i in enumerate(range(0, len(tokens), tokens_per_block)):
             first = tokens[i]
             if tokens[i + span] - first == span and tokens[i:i + span + 1] == list(range(first, first + span + 1)):
-                keys[j] = _pack_id(first) + suffix
+                keys[j] = _pack_run(first, tokens_per_block)
     return keys
 
 
@@ -173,6 +169,8 @@ class TokenRuns(Sequence[int]):
             first, length = operator.index(first), operator.index(length)
             if length <= 0:
                 raise ValueError(f"TokenRuns: run lengths must be > 0, got {length}")
+            if not _MIN_ID <= first <= _MAX_ID - length + 1:
+                raise OverflowError(f"TokenRuns: ids of the run ({first}, {length}) do not fit in signed 64 bits")
             if merged and merged[-1][0] + merged[-1][1] == first:  # a run that continues the one before
                 merged[-1] = (merged[-1][0], merged[-1][1] + length)
             else:
@@ -233,7 +231,6 @@ class TokenRuns(Sequence[int]):
         if start >= stop:
             return keys
         runs, offsets = self.runs, self._offsets
-        suffix = _run_suffix(tokens_per_block)
         r = bisect_right(offsets, start) - 1
         pos = start
         while pos < stop:
@@ -243,8 +240,8 @@ class TokenRuns(Sequence[int]):
             offset = offsets[r]
             inside_end = min(stop, pos + (offset + length - pos) // tokens_per_block * tokens_per_block)
             if inside_end > pos and tokens_per_block >= 2:  # whole blocks inside this run: run keys, O(1) each
-                keys.extend([_pack_id(v) + suffix for v in range(first + pos - offset, first + inside_end - offset,
-                                                                  tokens_per_block)])
+                keys.extend([_pack_run(v, tokens_per_block)
+                             for v in range(first + pos - offset, first + inside_end - offset, tokens_per_block)])
                 pos = inside_end
             else:  # a block across runs (or of one token): from its ids
                 keys.append(encode_key(self._slice(pos, pos + tokens_per_block)))
