@@ -85,7 +85,7 @@ def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: 
 
         try:
             sub = subscriber_from_url(target, session.emit, password_file=password_file, run=run,
-                                      on_status=_status(session), on_error=session.on_source_error)
+                                      on_status=session.on_source_status, on_error=session.on_source_error)
         except MqttUrlError as exc:
             raise SettingsError("URL", str(exc)) from None
         session.meta["attached_to"] = sub.url.display() if hasattr(sub.url, "display") else "mqtt"
@@ -95,19 +95,11 @@ def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: 
 
     try:
         src = serve_source_from_url(target, session.emit, interval_s=interval_s, run=run,
-                                    on_status=_status(session), on_error=session.on_source_error)
+                                    on_status=session.on_source_status, on_error=session.on_source_error)
     except ValueError as exc:
         raise SettingsError("URL", str(exc)) from None
     session.add_producer("trtllm-serve", src.run, src.stop)
     return session
-
-
-def _status(session: Session) -> Any:
-    def on_status(name: str, message: str) -> None:
-        session.status[name] = message
-        session.note("info", f"{name}: {message}")
-
-    return on_status
 
 
 def main(command: str, argv: Sequence[str]) -> int:

@@ -172,7 +172,8 @@ def add_sinks(session: Session, settings: Settings) -> None:
 
         try:
             publisher = mqtt_sink.publisher_from_url(settings.publish, source=session.source,
-                                                     on_status=session.on_source_error)
+                                                     password_file=settings.mqtt_password_file,
+                                                     on_status=session.on_source_status)
         except MqttUrlError as exc:
             raise RunError(f"--publish: {exc}") from None
         session.add_sink(publisher.publish, None)

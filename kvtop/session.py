@@ -85,6 +85,11 @@ class Session:
         self.status[name] = "error"
         self.note("warn", f"{name}: {message}")
 
+    def on_source_status(self, name: str, message: str) -> None:
+        """A source's state changed ("connected", "reconnected after 3.2 s", "offline"): shown, not an error."""
+        self.status[name] = message
+        self.note("info", f"{name}: {message}")
+
     # ------------------------------------------------------------------------------------------ wiring
 
     def add_sink(self, sink: Sink, close: Callable[[], None] | None = None) -> None:

@@ -73,6 +73,8 @@ class Settings:
     warmup_requests: int = _opt(0, "exclude the first N requests from hit rates", kind="int")
     record: str | None = _opt(None, "write every record to this JSONL file")
     publish: str | None = _opt(None, "publish records to an MQTT broker: mqtt://[user@]host[:port]/prefix")
+    mqtt_password_file: str | None = _opt(None, "file holding the MQTT password (or set KVTOP_MQTT_PASSWORD); "
+                                                "never put it on the command line")
     prometheus_port: int | None = _opt(None, "serve Prometheus metrics on this port", kind="int_or_none")
     prometheus_addr: str = _opt("127.0.0.1", "address for the Prometheus server")
     run_name: str | None = _opt(None, "run name used in records and MQTT topics")
