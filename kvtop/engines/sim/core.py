@@ -217,12 +217,19 @@ class SimEngineCore:
             return []
         # Token budget: every generation request takes one token; context chunks share the rest.
         running = self.running
-        gen = [r for r in running if r.stage == "GENERATION_IN_PROGRESS"]
+        gen: list[SimRequest] = []
+        in_context: list[SimRequest] = []
+        for r in running:
+            stage = r.stage
+            if stage == "GENERATION_IN_PROGRESS":
+                gen.append(r)
+            elif stage == "CONTEXT_IN_PROGRESS":
+                in_context.append(r)
         budget = max(self.max_num_tokens - len(gen), 0)
         chunks: list[tuple[SimRequest, int]] = []
-        for r in running:
-            if r.stage != "CONTEXT_IN_PROGRESS" or budget <= 0:
-                continue
+        for r in in_context:
+            if budget <= 0:
+                break
             n = min(r.num_prompt_tokens - r.context_done, budget)
             chunks.append((r, n))
             budget -= n
@@ -230,6 +237,7 @@ class SimEngineCore:
         tpb = self.tpb
         add_token = bm.add_token
         failed_in_decode: list[SimRequest] = []
+        decode_contexts: list[int] = []  # per generation request, the positions its new token attends to
         for r in gen:
             try:
                 add_token(r.request_id, r.output_ids[-1])
@@ -245,10 +253,10 @@ class SimEngineCore:
             if r.kv_tokens % tpb == 0:
                 r.kv_blocks += 1
             r.kv_tokens += 1
+            decode_contexts.append(r.num_prompt_tokens + len(r.output_ids) - 1)
         for r in failed_in_decode:
             gen.remove(r)
         prefill_items = [(n, r.context_done) for r, n in chunks]
-        decode_contexts = [r.num_prompt_tokens + len(r.output_ids) - 1 for r in gen]
         onboards = bm.onboarded_blocks - moves_before[0]
         offloads = bm.offloaded_blocks - moves_before[1]
         dt = (self.cost.iteration_s_unchecked(prefill_items, decode_contexts)
