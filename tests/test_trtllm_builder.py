@@ -1,0 +1,277 @@
+"""kvtop/engines/trtllm.py: kvtop settings mapped onto TensorRT-LLM 1.2's ``LLM`` and ``KvCacheConfig``, checked
+with a recording stand-in for the ``tensorrt_llm`` module (TensorRT-LLM cannot run here), and the engine choice:
+``--engine trtllm`` without TensorRT-LLM fails at once, ``--engine auto`` falls back to the simulator with a reason.
+
+The stand-ins accept exactly TensorRT-LLM 1.2's keyword names and reject any other, as its pydantic models do
+(``StrictBaseModel``, ``extra="forbid"``). Field lists from ``tensorrt_llm/llmapi/llm_args.py`` in NVIDIA/TensorRT-LLM,
+the 1.1/1.2-era file (``class KvCacheConfig(StrictBaseModel, PybindMirror)`` with ``tokens_per_block`` and without
+1.3's ``use_kv_cache_manager_v2``/``max_util_for_resume``); ``mamba_ssm_cache_dtype`` is in that file too, so it is
+listed although kvtop never sets it. ``enable_iter_perf_stats`` is a ``TorchLlmArgs`` field, ``return_perf_metrics``,
+``max_batch_size``, ``max_num_tokens``, ``kv_cache_config`` and ``model`` are ``BaseLlmArgs`` fields.
+``SamplingParams`` fields from ``tensorrt_llm/sampling_params.py`` (the ones kvtop could plausibly pass).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtop import runner
+from kvtop.cli import _cli_values, build_parser
+from kvtop.engines import trtllm
+from kvtop.settings import Settings, load_settings
+from kvtop.workload.scenarios import RetentionSpec
+
+KV_CACHE_CONFIG_FIELDS_1_2 = frozenset({
+    "enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length", "free_gpu_memory_fraction",
+    "host_cache_size", "onboard_blocks", "cross_kv_cache_fraction", "secondary_offload_min_priority",
+    "event_buffer_max_size", "attention_dp_events_gather_period_ms", "enable_partial_reuse", "copy_on_partial_reuse",
+    "use_uvm", "max_gpu_total_bytes", "dtype", "mamba_ssm_cache_dtype", "tokens_per_block",
+})
+# The LLM's own arguments (a subset of TorchLlmArgs/BaseLlmArgs: what kvtop may pass)
+LLM_FIELDS_1_2 = frozenset({
+    "model", "tokenizer", "kv_cache_config", "max_batch_size", "max_num_tokens", "max_seq_len", "max_input_len",
+    "enable_iter_perf_stats", "enable_iter_req_stats", "return_perf_metrics", "tensor_parallel_size", "backend",
+})
+SAMPLING_FIELDS = frozenset({
+    "end_id", "pad_id", "max_tokens", "n", "best_of", "top_k", "top_p", "seed", "temperature", "min_tokens",
+    "logprobs", "return_perf_metrics", "ignore_eos", "detokenize", "stop", "stop_token_ids",
+})
+
+
+class StrictRecorder:
+    FIELDS: frozenset[str] = frozenset()
+    instances: list[StrictRecorder]
+
+    def __init__(self, **kwargs: Any):
+        unknown = set(kwargs) - self.FIELDS
+        if unknown:
+            # what pydantic says for extra="forbid" (pydantic.ValidationError is a ValueError)
+            raise ValueError(f"{len(unknown)} validation error(s) for {type(self).__name__}: "
+                             + "; ".join(f"{k}: Extra inputs are not permitted" for k in sorted(unknown)))
+        self.kwargs = kwargs
+        type(self).instances.append(self)
+
+
+def stand_in() -> types.ModuleType:
+    """A fresh recording ``tensorrt_llm`` module with ``LLM``, ``SamplingParams`` and ``llmapi``."""
+    mod = types.ModuleType("tensorrt_llm")
+    llmapi = types.ModuleType("tensorrt_llm.llmapi")
+
+    class KvCacheConfig(StrictRecorder):
+        FIELDS = KV_CACHE_CONFIG_FIELDS_1_2
+        instances: list[StrictRecorder] = []
+
+    class LLM(StrictRecorder):
+        FIELDS = LLM_FIELDS_1_2
+        instances: list[StrictRecorder] = []
+
+        def __init__(self, model: Any = None, **kwargs: Any):
+            if model is None:
+                raise TypeError("LLM() missing 1 required argument: 'model'")
+            super().__init__(model=model, **kwargs)
+            self.shut_down = False
+
+        def shutdown(self) -> None:
+            self.shut_down = True
+
+    class SamplingParams(StrictRecorder):
+        FIELDS = SAMPLING_FIELDS
+        instances: list[StrictRecorder] = []
+
+    class TokenRange:
+        def __init__(self, token_start: int, token_end: int | None, priority: int, duration_ms: Any = None):
+            self.args = (token_start, token_end, priority, duration_ms)
+
+    class KvCacheRetentionConfig:
+        TokenRangeRetentionConfig = TokenRange
+
+        def __init__(self, token_range_retention_configs: list[Any], decode_retention_priority: int = 35,
+                     decode_duration_ms: Any = None, transfer_mode: Any = None, directory: Any = None):
+            self.ranges = token_range_retention_configs
+            self.decode_retention_priority = decode_retention_priority
+            self.decode_duration_ms = decode_duration_ms
+
+    llmapi.KvCacheConfig = KvCacheConfig
+    llmapi.KvCacheRetentionConfig = KvCacheRetentionConfig
+    llmapi.LLM = LLM
+    llmapi.SamplingParams = SamplingParams
+    mod.LLM = LLM
+    mod.SamplingParams = SamplingParams
+    mod.llmapi = llmapi
+    mod.__version__ = "1.2.0"
+    return mod
+
+
+def settings_from(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    return load_settings(_cli_values(build_parser().parse_args(argv)), environ={})
+
+
+def build(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Any]]:
+    mod = stand_in()
+    llm = trtllm.build_llm(settings_from(argv, tmp_path, monkeypatch), mod)
+    assert isinstance(llm, mod.LLM) and len(mod.llmapi.KvCacheConfig.instances) == 1
+    kvc = mod.llmapi.KvCacheConfig.instances[0]
+    assert llm.kwargs["kv_cache_config"] is kvc
+    return llm, kvc.kwargs
+
+
+# ---------------------------------------------------------------------------------------------- the stand-in
+
+def test_stand_in_rejects_unknown_names_like_pydantic() -> None:
+    mod = stand_in()
+    with pytest.raises(ValueError, match="host_cache_bytes: Extra inputs are not permitted"):
+        mod.llmapi.KvCacheConfig(host_cache_bytes=10)
+    with pytest.raises(ValueError, match="enable_iter_stats"):
+        mod.LLM(model="m", enable_iter_stats=True)
+    mod.llmapi.KvCacheConfig(**{name: None for name in KV_CACHE_CONFIG_FIELDS_1_2})
+
+
+def test_simulator_kv_cache_config_mirrors_1_2() -> None:
+    from dataclasses import fields
+
+    from kvtop.engines.sim import KvCacheConfig
+
+    # the simulator's KvCacheConfig claims 1.2's fields: all of them but the Mamba SSM dtype
+    assert {f.name for f in fields(KvCacheConfig)} == KV_CACHE_CONFIG_FIELDS_1_2 - {"mamba_ssm_cache_dtype"}
+
+
+# ---------------------------------------------------------------------------------------------- build_llm
+
+def test_build_llm_maps_options_onto_kv_cache_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    llm, kv = build(["--host-cache", "10GB", "--gpu-cache", "65536", "--tokens-per-block", "64",
+                     "--secondary-offload-min-priority", "50", "--max-batch-size", "96", "--max-num-tokens", "4096",
+                     "--model", "meta-llama/Llama-3.1-8B-Instruct"], tmp_path, monkeypatch)
+    assert kv["host_cache_size"] == 10_000_000_000 and isinstance(kv["host_cache_size"], int)
+    assert kv["max_tokens"] == 65536
+    assert "free_gpu_memory_fraction" not in kv  # a token budget was given
+    assert kv["tokens_per_block"] == 64
+    assert kv["secondary_offload_min_priority"] == 50
+    assert kv["event_buffer_max_size"] > 0 and kv["enable_block_reuse"] is True  # KV events need both
+    assert kv["onboard_blocks"] is True  # offload to host needs onboarding on (mOnboardBlocks gate)
+    a = llm.kwargs
+    assert a["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert a["max_batch_size"] == 96 and a["max_num_tokens"] == 4096
+    assert a["enable_iter_perf_stats"] is True and a["return_perf_metrics"] is True
+
+
+def test_build_llm_with_a_fraction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, kv = build(["--gpu-cache", "0.7", "--host-cache", "512MiB"], tmp_path, monkeypatch)
+    assert kv["free_gpu_memory_fraction"] == 0.7
+    assert "max_tokens" not in kv  # the demo's default token budget must not cap a fraction
+    assert kv["host_cache_size"] == 512 * 2**20
+
+
+def test_build_llm_defaults_and_no_host_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, kv = build(["--host-cache", "0"], tmp_path, monkeypatch)
+    d = Settings()
+    assert kv["host_cache_size"] == 0
+    assert kv["max_tokens"] == d.gpu_cache_tokens and kv["tokens_per_block"] == d.tokens_per_block
+    assert kv["secondary_offload_min_priority"] == d.secondary_offload_min_priority == 30  # C++ default
+
+
+def test_build_llm_imports_llmapi_when_not_an_attribute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = stand_in()
+    llmapi = mod.llmapi
+    del mod.llmapi
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", mod)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
+    llm = trtllm.build_llm(settings_from([], tmp_path, monkeypatch), mod)
+    assert llm.kwargs["kv_cache_config"] is llmapi.KvCacheConfig.instances[0]
+
+
+def test_retention_and_sampling_factories() -> None:
+    mod = stand_in()
+    make = trtllm.retention_factory(mod.llmapi)
+    cfg = make(RetentionSpec([(0, 2048, 90, None), (2048, None, 20, 5000)], decode_priority=10,
+                             decode_duration_ms=1000))
+    assert [r.args for r in cfg.ranges] == [(0, 2048, 90, None), (2048, None, 20, 5000)]
+    assert (cfg.decode_retention_priority, cfg.decode_duration_ms) == (10, 1000)
+    sp = trtllm.sampling_factory(mod)(64)
+    assert sp.kwargs["max_tokens"] == 64 and sp.kwargs["ignore_eos"] is True
+    assert sp.kwargs["return_perf_metrics"] is True
+
+
+def test_build_session_with_a_stand_in_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = stand_in()
+    settings = settings_from(["--host-cache", "10GB", "--tokens-per-block", "32", "--engine", "trtllm"],
+                             tmp_path, monkeypatch)
+    session = runner.build_session(settings, choice=runner.EngineChoice("trtllm", "test", mod), sample_gpu=False)
+    assert session.meta["engine"] == "trtllm" and session.meta["simulated"] is False
+    assert session.meta["sim_reason"] is None
+    assert session.meta["engine_version"] == "1.2.0"
+    # Qwen3-8B: 147,456 bytes per token; TensorRT-LLM's resource_manager.py floors the host pool
+    assert session.meta["secondary_blocks"] == int(10**10 / 147456 / 32) == 2119
+    assert session.meta["bytes_per_block"] == 147456 * 32
+    assert len(mod.LLM.instances) == 1
+
+
+def test_build_session_reports_a_rejected_keyword_as_run_error(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = stand_in()
+    mod.llmapi.KvCacheConfig.FIELDS = KV_CACHE_CONFIG_FIELDS_1_2 - {"tokens_per_block"}  # as in ~1.0
+    settings = settings_from(["--engine", "trtllm"], tmp_path, monkeypatch)
+    with pytest.raises(runner.RunError, match="tokens_per_block"):
+        runner.build_session(settings, choice=runner.EngineChoice("trtllm", "test", mod), sample_gpu=False)
+
+
+# ---------------------------------------------------------------------------------------------- engine choice
+
+def test_import_trtllm_names_how_to_install() -> None:
+    with pytest.raises(trtllm.EngineUnavailable) as info:
+        trtllm.import_trtllm("tensorrt_llm_definitely_not_here")
+    msg = str(info.value)
+    assert "pip install tensorrt_llm" in msg and "pypi.nvidia.com" in msg and "--engine sim" in msg
+
+
+def test_choose_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert runner.choose_engine(Settings(engine="sim")).kind == "sim"
+    monkeypatch.setattr(trtllm, "gpu_visible", lambda: (False, "no NVIDIA GPU visible"))
+    choice = runner.choose_engine(Settings(engine="auto"))
+    assert (choice.kind, choice.reason) == ("sim", "no NVIDIA GPU visible")
+    # a GPU but no TensorRT-LLM
+    monkeypatch.setattr(trtllm, "gpu_visible", lambda: (True, "NVIDIA device nodes present"))
+    monkeypatch.setattr(trtllm.importlib.util, "find_spec", lambda name: None)
+    choice = runner.choose_engine(Settings(engine="auto"))
+    assert choice.kind == "sim" and "tensorrt_llm" in choice.reason
+    # both present: TensorRT-LLM is chosen
+    mod = stand_in()
+    monkeypatch.setattr(trtllm.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", mod)
+    choice = runner.choose_engine(Settings(engine="auto"))
+    assert choice.kind == "trtllm" and choice.module is mod
+
+
+def test_gpu_visible_honours_cuda_visible_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert trtllm.gpu_visible()[0] is False
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+    assert trtllm.gpu_visible() == (False, "CUDA_VISIBLE_DEVICES hides every GPU")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTOP_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    return env
+
+
+def test_engine_trtllm_without_tensorrt_llm_fails_at_once(tmp_path: Path) -> None:
+    assert trtllm.importlib.util.find_spec("tensorrt_llm") is None, "this test needs a machine without TensorRT-LLM"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "kvtop", "--engine", "trtllm", "--headless", "--duration", "30"],
+                          cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - t0 < 10  # not after the 30 s run
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "pip install tensorrt_llm" in lines[0] and "pypi.nvidia.com" in lines[0]
+    assert proc.stdout == ""
