@@ -147,14 +147,18 @@ def cmd_sim(argv: Sequence[str]) -> int:
         cfg = TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
                              max_num_tokens=a.max_num_tokens, time_scale=a.time_scale)
         result = run_trace(requests, cfg)
-        result.pop("failures", None)
+        failures = result.pop("failures", None) or []
+        if failures and not a.json:
+            print(f"kvtop sim: {result['failed']} requests failed, e.g. {failures[0]}", file=sys.stderr)
         runs.append(result)
         if not a.json:
             print(f"host {format_bytes(host_bytes):>10} ({host_blocks:>6} blocks): hit rate "
                   f"{100 * result['cache_hit_rate']:5.1f}%  reused {result['reused_blocks']:>8}  missed "
                   f"{result['missed_blocks']:>8}  offloaded {result['offloaded_blocks']:>8}  onboarded "
                   f"{result['onboarded_blocks']:>8}  simulated {result['simulated_seconds']:8.1f} s  "
-                  f"wall {result['wall_seconds']:6.1f} s", flush=True)
+                  f"wall {result['wall_seconds']:6.1f} s"
+                  + (f"  FAILED {result['failed']} of {result['failed'] + result['requests']} requests"
+                     if result["failed"] else ""), flush=True)
     if a.plot:
         from kvtop.report.report import plot_sweep
 

@@ -218,16 +218,27 @@ def from_obj(obj: Any) -> Record:
     if data is None:
         raise RecordError("data", "is missing")
     _check_kind_data(kind, data)
-    return Record(kind=kind, data=data, source=SourceId(host, rank, run), time=float(t), v=v)
+    try:
+        seconds = float(t)
+    except OverflowError:  # an integer literal too large for a float: JSON allows it, a clock does not
+        raise RecordError("time", f"out of range: {_describe(t)}") from None
+    return Record(kind=kind, data=data, source=SourceId(host, rank, run), time=seconds, v=v)
+
+
+def _loads(text: str | bytes, what: str = "json") -> Any:
+    """json.loads that only ever raises RecordError (bad JSON, bad UTF-8, or nesting deep enough to recurse
+    out: 100,000 nested brackets in one MQTT payload must not end a replay)."""
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecordError(what, f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise RecordError(what, "nested too deeply to be a record") from None
 
 
 def decode(text: str | bytes) -> Record:
     """One JSON line to a record; :class:`RecordError` on anything malformed."""
-    try:
-        obj = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RecordError("json", f"not valid JSON ({exc})") from None
-    return from_obj(obj)
+    return from_obj(_loads(text))
 
 
 def decode_payload(payload: str | bytes) -> list[Record]:
@@ -235,10 +246,7 @@ def decode_payload(payload: str | bytes) -> list[Record]:
 
     A bad element of a batch raises for the whole payload: the error names its index.
     """
-    try:
-        obj = json.loads(payload)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RecordError("json", f"not valid JSON ({exc})") from None
+    obj = _loads(payload)
     if isinstance(obj, list):
         out = []
         for i, item in enumerate(obj):
@@ -268,10 +276,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Record | RecordError]:
 def parse_engine_dict(value: Any, what: str = "stats") -> dict[str, Any]:
     """Engine payloads may be dicts or JSON strings (TensorRT-LLM 1.x documents strings for get_stats)."""
     if isinstance(value, (str, bytes)):
-        try:
-            value = json.loads(value)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise RecordError(what, f"not valid JSON ({exc})") from None
+        value = _loads(value, what)
     if not isinstance(value, dict):
         raise RecordError(what, f"must be an object, got {_describe(value)}")
     return value

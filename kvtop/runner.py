@@ -137,9 +137,13 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
         def sampling(n: int) -> Any:
             return SamplingParams(max_tokens=n)
 
-    driver = WorkloadDriver(engine, scenario, emit=session.emit, source=source,
-                            concurrency=settings.concurrency, rate=settings.rate, duration_s=None,
-                            retention_factory=retention, sampling_factory=sampling, seed=settings.seed)
+    try:
+        driver = WorkloadDriver(engine, scenario, emit=session.emit, source=source,
+                                concurrency=settings.concurrency, rate=settings.rate, duration_s=None,
+                                retention_factory=retention, sampling_factory=sampling, seed=settings.seed)
+    except ValueError as exc:
+        engine.shutdown()
+        raise RunError(str(exc)) from None
     session.driver = driver
     session.add_producer("workload", driver.run, driver.stop)
 

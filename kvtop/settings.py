@@ -53,9 +53,9 @@ class Settings:
                          choices=("ab", "system-prompt", "multi-turn", "zipf", "trace"))
     trace: str | None = _opt(None, "Mooncake-format trace file for --scenario trace")
     trace_time_scale: float = _opt(1.0, "divide trace timestamps by this (2 = twice as fast)", kind="pos_float")
-    concurrency: int | None = _opt(8, "closed loop: requests kept in flight", kind="int_or_none")
+    concurrency: int | None = _opt(8, "closed loop: requests kept in flight", kind="pos_int_or_none")
     rate: float | None = _opt(None, "open loop: Poisson arrivals per second (overrides --concurrency)",
-                              kind="float_or_none")
+                              kind="pos_float_or_none")
     duration: float | None = _opt(None, "stop after this many seconds (headless default: 30)", kind="float_or_none")
     max_tokens: int = _opt(64, "tokens generated per request", kind="pos_int")
     prompt_priority: int | None = _opt(None, "retention priority for prompt blocks (0-100)", kind="priority_or_none")
@@ -119,25 +119,25 @@ def _convert(f: Any, raw: Any) -> Any:
             raise SettingsError(opt, f"expected true or false, got {raw!r}")
         if kind == "size":
             return parse_size(raw if isinstance(raw, int) else str(raw))
-        if kind in ("int", "pos_int", "int_or_none", "priority", "priority_or_none"):
+        if kind in ("int", "pos_int", "int_or_none", "pos_int_or_none", "priority", "priority_or_none"):
             if isinstance(raw, str) and raw.strip().lower() in ("none", ""):
                 if kind.endswith("_or_none"):
                     return None
             value = int(str(raw).replace("_", "")) if not isinstance(raw, int) else raw
-            if kind == "pos_int" and value <= 0:
+            if kind in ("pos_int", "pos_int_or_none") and value <= 0:
                 raise SettingsError(opt, f"must be a positive integer, got {value}")
             if kind.startswith("priority") and not 0 <= value <= 100:
                 raise SettingsError(opt, f"must be a retention priority between 0 and 100, got {value}")
             if kind == "int_or_none" and value < 0:
                 raise SettingsError(opt, f"must be >= 0, got {value}")
             return value
-        if kind in ("pos_float", "nonneg_float", "fraction", "float_or_none"):
-            if isinstance(raw, str) and raw.strip().lower() in ("none", "") and kind == "float_or_none":
+        if kind in ("pos_float", "nonneg_float", "fraction", "float_or_none", "pos_float_or_none"):
+            if isinstance(raw, str) and raw.strip().lower() in ("none", "") and kind.endswith("_or_none"):
                 return None
             value = float(raw)
             if value != value or value in (float("inf"), float("-inf")):
                 raise SettingsError(opt, f"must be a finite number, got {raw!r}")
-            if kind == "pos_float" and value <= 0:
+            if kind in ("pos_float", "pos_float_or_none") and value <= 0:
                 raise SettingsError(opt, f"must be > 0, got {raw!r}")
             if kind in ("nonneg_float", "float_or_none") and value < 0:
                 raise SettingsError(opt, f"must be >= 0, got {raw!r}")

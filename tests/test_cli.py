@@ -211,17 +211,11 @@ def test_bad_value_in_process(argv: list[str], needles: tuple[str, ...], capsys:
     assert captured.out == ""
 
 
-@pytest.mark.xfail(strict=True, reason="--concurrency 0 (without --rate) passes settings validation, then "
-                                       "WorkloadDriver.__init__ raises ValueError inside runner.build_session, "
-                                       "which cli.cmd_run does not catch: a traceback and exit 1")
 def test_concurrency_zero_is_a_clear_error(tmp_path: Path) -> None:
     rc, _, err = kvtop(["--concurrency", "0", "--headless", "--duration", "0.3", "--speed", "0"], tmp_path)
     assert_one_line_error(rc, err, "--concurrency")
 
 
-@pytest.mark.xfail(strict=True, reason="--rate 0 is accepted (float_or_none >= 0), then the driver's "
-                                       "rng.expovariate(0) raises ZeroDivisionError: the workload dies, the run "
-                                       "goes on sending nothing and exits 0")
 def test_rate_zero_is_rejected_or_runs(tmp_path: Path) -> None:
     rc, out, err = kvtop(["--rate", "0", "--headless", "--json", "--duration", "0.5", "--speed", "0",
                           "--engine", "sim"], tmp_path)

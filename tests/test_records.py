@@ -341,16 +341,12 @@ def test_parse_engine_dict_accepts_json_strings() -> None:
 
 # ---------------------------------------------------------------------------------------------- known bugs
 
-@pytest.mark.xfail(strict=True, reason="records.py from_obj: float(t) raises OverflowError for an integer time "
-                                       "too large for a float; only RecordError may escape decode()")
 def test_huge_integer_time_is_a_record_error() -> None:
     text = '{"v": 1, "kind": "host", "time": 1' + "0" * 400 + ', "data": {}}'
     err = error_of(text)
     assert err.field == "time"
 
 
-@pytest.mark.xfail(strict=True, reason="records.py decode/decode_payload catch only JSONDecodeError and "
-                                       "UnicodeDecodeError: a deeply nested payload raises RecursionError")
 def test_deeply_nested_payload_is_a_record_error(tmp_path: Path) -> None:
     text = "[" * 100_000 + "]" * 100_000
     path = tmp_path / "nested.jsonl"

@@ -194,9 +194,6 @@ async def test_streaming_yields_growing_partial_outputs(make_llm: Any) -> None:
     assert final.outputs[0].token_ids == again.outputs[0].token_ids
 
 
-@pytest.mark.xfail(strict=True, reason="llm.py RequestOutput._aiter line 199-200 yields once more after the last "
-                                       "token (same token_ids); TensorRT-LLM's GenerationResult.__anext__ yields "
-                                       "once per response and stops after the final one")
 async def test_streaming_yields_no_step_without_new_tokens(make_llm: Any) -> None:
     llm = make_llm(kv_cache_config=KvCacheConfig(max_tokens=4096), speed=1.0)
     lengths, finished, _ = await _stream_lengths(llm, 24)
@@ -574,10 +571,6 @@ def test_context_manager_shuts_down() -> None:
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-@pytest.mark.xfail(strict=True, reason="llm.py RequestOutput._on_finish (line 140) calls loop.call_soon_threadsafe "
-                                       "on the awaiting loop without guarding RuntimeError: when that loop has "
-                                       "closed (a cancelled or timed-out aresult, a driver stopped mid-request), "
-                                       "the engine thread dies and every later request hangs")
 def test_engine_survives_a_closed_waiting_loop() -> None:
     llm = SimLLM(kv_cache_config=KvCacheConfig(max_tokens=16384), speed=1.0)
     try:

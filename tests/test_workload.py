@@ -401,8 +401,6 @@ def test_driver_needs_a_loop_mode(llm: SimLLM) -> None:
         WorkloadDriver(llm, AbScenario(2048, 2), emit=lambda r: None, concurrency=0, rate=None)
 
 
-@pytest.mark.xfail(strict=True, reason="driver.py: rate=0 is accepted and run() dies in rng.expovariate(0) "
-                                       "with ZeroDivisionError instead of refusing the rate up front")
 def test_driver_rejects_a_zero_rate(llm: SimLLM) -> None:
     with pytest.raises(ValueError, match="rate"):
         WorkloadDriver(llm, AbScenario(2048, 2), emit=lambda r: None, rate=0.0)

@@ -46,6 +46,8 @@ class WorkloadDriver:
                  sampling_factory: Callable[[int], Any] | None = None, seed: int = 0):
         if rate is None and not concurrency:
             raise ValueError("the driver needs --concurrency (closed loop) or --rate (open loop)")
+        if rate is not None and not rate > 0:
+            raise ValueError(f"--rate: must be > 0 requests per second, got {rate}")
         self.engine = engine
         self.scenario = scenario
         self.emit = emit

@@ -120,9 +120,11 @@ class RequestOutput:
 
     # -- engine side (engine thread, under the engine lock) --
     def _on_token(self, req: SimRequest) -> None:
-        if self._stream is not None:
+        # The last token travels with the final response (finished=True), as TensorRT-LLM yields it: one
+        # response per token, the last one final.
+        if self._stream is not None and len(req.output_ids) < req.max_tokens:
             loop, queue = self._stream
-            loop.call_soon_threadsafe(queue.put_nowait, False)
+            _call_soon(loop, queue.put_nowait, False)
 
     def _on_finish(self, req: SimRequest) -> None:
         out = self.outputs[0]
@@ -137,9 +139,9 @@ class RequestOutput:
             waiters, self._waiters = self._waiters, []
             stream = self._stream
         for loop, fut in waiters:
-            loop.call_soon_threadsafe(_resolve, fut, self)
+            _call_soon(loop, _resolve, fut, self)
         if stream is not None:
-            stream[0].call_soon_threadsafe(stream[1].put_nowait, True)
+            _call_soon(stream[0], stream[1].put_nowait, True)
 
     # -- caller side --
     def _raise_if_failed(self) -> RequestOutput:
@@ -197,6 +199,7 @@ class RequestOutput:
         while True:
             final = await queue.get()
             if final:
+                self._sent_tokens = len(self.outputs[0].token_ids)
                 yield self._raise_if_failed()
                 return
             with self._llm._lock:
@@ -206,6 +209,15 @@ class RequestOutput:
                 self.outputs[0].token_ids = ids
                 self.outputs[0].text = self._llm.tokenizer.decode(ids)
                 yield self
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
+    """Hand a result to the caller's loop. A loop that has closed since (a caller that gave up waiting) is
+    no error of the engine's: the result is dropped there, and the engine thread goes on serving the rest."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
 
 
 def _resolve(fut: asyncio.Future[RequestOutput], value: RequestOutput) -> None:
