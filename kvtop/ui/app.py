@@ -185,6 +185,9 @@ class KvtopApp(App[int]):
         self._hist_key: tuple[Any, ...] | None = None
         self._hist: tuple[Any, ...] = ()
         self._panels: dict[str, Any] = {}
+        self._shown_version: tuple[Any, ...] | None = None
+        self._force = True
+        self._quality: Any = None
 
     # ------------------------------------------------------------------------------------------ themes
 
@@ -295,11 +298,21 @@ class KvtopApp(App[int]):
         now = wall_clock()
         self._feed_log()
         if self.paused:
-            self._panels["header"].show(self._header(now, *self.current_model()))
+            self._panels["header"].show(self._header(now, *self.current_model(), self._quality))
             return
         key, model = self.current_model()
-        self._watch_model(now, model)
-        self._panels["header"].show(self._header(now, key, model))
+        version = (id(model), getattr(model, "records_applied", None), getattr(model, "bad_records", None))
+        if version == self._shown_version and not self._force:
+            # Nothing was folded since the last refresh: only the header's clock can have moved. An idle engine
+            # then costs a header line a second, not a full read of the model four times a second.
+            self._watch_freshness(now)
+            self._panels["header"].show(self._header(now, key, model, self._quality))
+            return
+        self._shown_version = version
+        self._force = False
+        q = self._quality = model.quality
+        self._watch_model(now, model, q)
+        self._panels["header"].show(self._header(now, key, model, q))
         gpu, host = model.gpu, model.host
         self._panels["gpu"].show(TierData("GPU", "HBM", gpu))
         host_note = None
@@ -313,7 +326,6 @@ class KvtopApp(App[int]):
         self._panels["hit"].show(HitData(model.hit_rate, tuple(h.hit_rate for h in history),
                                          getattr(model, "window_s", None)))
         moves = model.moves
-        q = model.quality
         self._panels["moves"].show(MovesData(rates, moves, tuple(
             (h.offloaded_per_s, h.onboarded_per_s, h.evicted_gpu_per_s, h.evicted_host_per_s) for h in history),
             known=moves.source != "events" or q.events_seen))
@@ -326,7 +338,11 @@ class KvtopApp(App[int]):
         if self.on_refreshed is not None:
             self.on_refreshed(time.monotonic(), model.now, self.last_refresh_cost_s)
 
-    def _watch_model(self, now: float, model: Any) -> None:
+    def _watch_freshness(self, now: float) -> None:
+        if self._last_change_at is None:
+            self._last_change_at = now
+
+    def _watch_model(self, now: float, model: Any, q: Any) -> None:
         """Data freshness and quality changes, turned into log lines once each."""
         records = getattr(model, "records_applied", 0) + getattr(model, "bad_records", 0)
         if records != self._last_records or self._last_change_at is None:
@@ -335,7 +351,6 @@ class KvtopApp(App[int]):
             self._seen["stale"] = False
             self._last_records = records
             self._last_change_at = now
-        q = model.quality
         self._on_increase("dropped", q.events_dropped, "warn",
                           lambda n: f"{n} KV events dropped (event buffer overflowed): counts are approximate "
                                     "from here on; raise event_buffer_max_size")
@@ -390,7 +405,7 @@ class KvtopApp(App[int]):
                 t, level, text = wall_clock(), "info", str(entry)
             panel.add(float(t), str(level), str(text))
 
-    def _header(self, now: float, key: str, model: Any) -> HeaderData:
+    def _header(self, now: float, key: str, model: Any, q: Any) -> HeaderData:
         meta = dict(getattr(self.session, "meta", None) or {})
         meta.update(getattr(model, "meta", None) or {})
         started = getattr(self.session, "started_at", None)
@@ -400,15 +415,16 @@ class KvtopApp(App[int]):
             if not self._seen.get("stale"):
                 self._seen["stale"] = True
                 self.note("warn", f"no new data for {STALE_AFTER_S:.0f} s")
-        q = model.quality
         flags = []
-        if q.events_dropped:
+        if q is None:
+            pass
+        elif q.events_dropped:
             flags.append(f"{q.events_dropped} events dropped")
         elif q.counts_approximate:
             flags.append("counts ≈")
         if model.bad_records:
             flags.append(f"{model.bad_records} bad records")
-        if q.host_without_events:
+        if q is not None and q.host_without_events:
             flags.append("host unknown")
         status = getattr(self.session, "status", None) or {}
         sources = tuple((n, s) for n, s in status.items() if s not in ("ok", "done"))
@@ -485,6 +501,7 @@ class KvtopApp(App[int]):
 
     def watch_paused(self, paused: bool) -> None:
         if not paused:
+            self._force = True
             self.refresh_view()
 
     def watch_show_events(self, shown: bool) -> None:
@@ -501,6 +518,7 @@ class KvtopApp(App[int]):
         if reset is not None:
             reset()
         self._hist_key = None
+        self._force = True
         self.post_message(self.WindowReset())
         self.refresh_view()
 
@@ -524,6 +542,7 @@ class KvtopApp(App[int]):
             return
         self.source_index = (self.source_index + 1) % len(sources)
         self._hist_key = None
+        self._force = True
         self.post_message(self.SourceChanged(sources[self.source_index][0]))
         self.refresh_view()
 

@@ -88,7 +88,8 @@ class Panel(Widget):
     DEFAULT_CSS = """
     Panel { height: auto; }
     """
-    state: reactive[str] = reactive("ok")
+    # repaint=False: the class change below restyles the panel, which repaints it; a second repaint is waste.
+    state: reactive[str] = reactive("ok", repaint=False)
 
     def __init__(self, *, id: str | None = None, classes: str | None = None):
         super().__init__(id=id, classes=classes)
@@ -101,7 +102,7 @@ class Panel(Widget):
         self._inner: tuple[int, int] | None = None
 
     def watch_state(self, old: str, new: str) -> None:
-        self.remove_class(f"-{old}")
+        self.remove_class(f"-{old}", update=False)  # one restyle for the swap, not two
         self.add_class(f"-{new}")
 
     def on_mount(self) -> None:
@@ -354,14 +355,16 @@ class TierPanel(Panel):
         if not st.capacity_blocks:
             return "ok"
         if d.label == "GPU":
-            # < 10% of the pool left for new requests: admission will soon wait (GUARANTEED_NO_EVICT).
-            low = st.free_blocks < 0.10 * st.capacity_blocks
+            # Little of the pool left for new requests: admission will soon wait (GUARANTEED_NO_EVICT).
+            left = st.free_blocks
         else:
             # Host blocks are never held for long, so "free" is always ~all of them; what matters is whether
             # the pool is full of cached blocks, where every new offload drops the oldest one.
-            empty = st.capacity_blocks - (st.in_use_blocks or 0) - (st.cached_blocks or 0)
-            low = empty < 0.10 * st.capacity_blocks
-        return "warn" if low else "ok"
+            left = st.capacity_blocks - (st.in_use_blocks or 0) - (st.cached_blocks or 0)
+        # Hysteresis (warn under 10% left, clear over 15%): a pool hovering at the line would otherwise flip the
+        # class, and a class change restyles and repaints the whole panel, several times a second.
+        limit = 0.15 if self.state == "warn" else 0.10
+        return "warn" if left < limit * st.capacity_blocks else "ok"
 
     def _title(self) -> None:
         d: TierData | None = self.data
@@ -539,7 +542,9 @@ class HitRatePanel(Panel):
                                     fmt.pct(h.cumulative, digits=0))], width, height)
         lines: list[Content] = []
         if height >= 6:
-            big = big_figure(fmt.pct(h.window, unknown="--.-%"))
+            # Whole percent in the big figure: the back of the room needs 38%, and the row under it has 38.5%.
+            # It also changes four times less often than a one-decimal figure, so three fewer lines repaint.
+            big = big_figure(fmt.pct(h.window, unknown="--%", digits=0))
             label = [f"  over {win}", "  blocks reused /", "  blocks looked up"]
             lines += [ASSEMBLE((b, S_FIG), (lab, S_DIM)) for b, lab in zip(big, label)]
         lines += [row(win, h.window, h.window_gpu, h.window_host), row("total", h.cumulative, h.gpu, h.host)]
