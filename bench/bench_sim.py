@@ -15,7 +15,9 @@ same machine at the same moment; both must give identical counters, which is che
 
 "Operations" are block manager calls (add_sequence, store_context_blocks, add_token, remove_sequence); blocks/s
 counts the blocks those calls allocated. The trace replay is ``python -m kvtop sim --trace FILE --host-cache 64GB
---json`` in a subprocess; its JSON is printed as is.
+--json`` in a subprocess; its JSON is printed as is. ``--trace-baseline REV`` replays it a second time on a
+temporary git worktree of REV (842a6f7: before the speed work) and checks that every field but the wall time is
+identical.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import json
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kvtop.engines.sim import block_manager as optimized  # noqa: E402
+from kvtop.engines.sim.block_manager import TokenRuns  # noqa: E402
 from kvtop.engines.sim.retention import KvCacheRetentionConfig  # noqa: E402
 from kvtop.workload.trace import read_trace  # noqa: E402
 
@@ -51,7 +55,7 @@ def _load_baseline() -> Any:
     return module
 
 
-def trace_mix(bm_class: type, prompts: list[list[int]], host_blocks: int, events: int) -> dict[str, Any]:
+def trace_mix(bm_class: type, prompts: list[Any], host_blocks: int, events: int) -> dict[str, Any]:
     bm = bm_class(6000, host_blocks, 32, event_buffer_max_size=events)
     ops = 0
     live: list[int] = []
@@ -113,16 +117,19 @@ def chat_mix(bm_class: type, events: int, requests: int = 3000) -> dict[str, Any
 
 def bench_block_manager(num_trace_requests: int, repeat: int) -> list[dict[str, Any]]:
     baseline = _load_baseline()
-    prompts = [r.prompt_ids() for r in read_trace(TRACE, limit=num_trace_requests)] if TRACE.exists() else []
+    requests = list(read_trace(TRACE, limit=num_trace_requests)) if TRACE.exists() else []
+    prompts = [r.prompt_ids() for r in requests]  # lists of ids
+    runs = [TokenRuns(r.prompt_runs()) for r in requests]  # the same prompts as kvtop sim --trace hands them over
     mixes: list[tuple[str, Callable[[type], dict[str, Any]]]] = [
         ("chat, events off", lambda c: chat_mix(c, 0)),
         ("chat, events on (buffer 10k)", lambda c: chat_mix(c, 10_000)),
     ]
     if prompts:
         mixes = [
-            ("trace prompts, GPU only", lambda c: trace_mix(c, prompts, 0, 0)),
-            ("trace prompts, host pool", lambda c: trace_mix(c, prompts, 6000, 0)),
-            ("trace prompts, host pool, events on", lambda c: trace_mix(c, prompts, 6000, 10_000)),
+            ("trace, TokenRuns, GPU only", lambda c: trace_mix(c, runs, 0, 0)),
+            ("trace, TokenRuns, host pool", lambda c: trace_mix(c, runs, 6000, 0)),
+            ("trace, lists, host pool", lambda c: trace_mix(c, prompts, 6000, 0)),
+            ("trace, lists, host pool, events on", lambda c: trace_mix(c, prompts, 6000, 10_000)),
         ] + mixes
     rows = []
     for name, run in mixes:
@@ -147,14 +154,25 @@ def bench_block_manager(num_trace_requests: int, repeat: int) -> list[dict[str, 
     return rows
 
 
-def bench_trace(limit: int | None) -> dict[str, Any]:
+def bench_trace(limit: int | None, cwd: Path = ROOT) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "kvtop", "sim", "--trace", str(TRACE), "--host-cache", "64GB", "--json"]
     if limit:
         cmd += ["--limit", str(limit)]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
     wall = time.perf_counter() - t0
     return {"command": " ".join(["python"] + cmd[1:]), "process_wall_s": wall, "result": json.loads(out)}
+
+
+def bench_trace_at(rev: str, limit: int | None) -> dict[str, Any]:
+    """The same replay on a temporary worktree of ``rev``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), rev], cwd=ROOT, check=True)
+        try:
+            return bench_trace(limit, cwd=tree)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=True)
 
 
 def main() -> None:
@@ -163,6 +181,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2, help="runs per mix and implementation; the best is kept")
     p.add_argument("--skip-trace", action="store_true", help="no full trace replay")
     p.add_argument("--trace-limit", type=int, default=None, help="replay only the first N trace requests")
+    p.add_argument("--trace-baseline", metavar="REV", default=None,
+                   help="also replay on a worktree of REV (842a6f7: before the speed work) and compare")
     a = p.parse_args()
     import platform
 
@@ -180,6 +200,17 @@ def main() -> None:
         print(json.dumps(trace["result"]))
         print(f"trace replay: {run['requests']} requests, wall_seconds {run['wall_seconds']:.2f} "
               f"(process {trace['process_wall_s']:.2f} s incl. start-up and trace parsing)")
+        if a.trace_baseline:
+            base = bench_trace_at(a.trace_baseline, a.trace_limit)
+            base_run = base["result"]["runs"][0]
+            print(f"\n$ (worktree of {a.trace_baseline}) {base['command']}")
+            print(json.dumps(base["result"]))
+            differ = {k: (v, run.get(k)) for k, v in base_run.items() if k != "wall_seconds" and v != run.get(k)}
+            print(f"baseline {a.trace_baseline}: wall_seconds {base_run['wall_seconds']:.2f}; speedup "
+                  f"{base_run['wall_seconds'] / run['wall_seconds']:.2f}x; other fields "
+                  f"{'identical' if not differ else f'DIFFER: {differ}'}")
+            if differ:
+                raise SystemExit(1)
 
 
 if __name__ == "__main__":

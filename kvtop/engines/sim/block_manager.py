@@ -56,16 +56,39 @@ def block_key_hash(tokens: Sequence[int], parent_hash: int) -> int:
     """TensorRT-LLM's ``BlockKeyHasher::hash`` for a key of plain token ids (no extra ids, no LoRA).
 
     C++ arithmetic is reproduced: the per-token mix is 32-bit, ``a + 0x9e3779b9`` wraps at 2^32 before it is
-    widened, and the seed is 64-bit.
+    widened, and the seed is 64-bit. The mix depends on the token alone: for vocabulary-sized ids it is memoized.
     """
     seed = (len(tokens) ^ (parent_hash * 0xBF58476D1CE4E5B9)) & _M64
-    for token in tokens:
+    if tokens and 0 <= min(tokens) and max(tokens) < _MEMO_IDS_BELOW:
+        mixes = _TOKEN_MIXES
+        for token in tokens:
+            mixed = mixes.get(token)
+            if mixed is None:
+                mixed = mixes[token] = _token_mix(token)
+            seed ^= (mixed + ((seed << 6) & _M64) + (seed >> 2)) & _M64
+        return seed
+    for token in tokens:  # _token_mix, inlined
         a = token & _M32
         a = (((a >> 16) ^ a) * 0x45D9F3B) & _M32
         a = (((a >> 16) ^ a) * 0x45D9F3B) & _M32
         a = (a >> 16) ^ a
         seed ^= (((a + 0x9E3779B9) & _M32) + ((seed << 6) & _M64) + (seed >> 2)) & _M64
     return seed
+
+
+# Memoized per-token mixes of block_key_hash, for ids below 2^18 (tokenizer vocabularies: Qwen3 152k, Llama-3
+# 128k ids): half of the hash's arithmetic, looked up instead (at most 262k entries, ~20 MB). Larger ids (a
+# trace's synthetic ids, generated ids) are mostly seen once, so they are mixed every time.
+_MEMO_IDS_BELOW = 1 << 18
+_TOKEN_MIXES: dict[int, int] = {}
+
+
+def _token_mix(token: int) -> int:
+    a = token & _M32
+    a = (((a >> 16) ^ a) * 0x45D9F3B) & _M32
+    a = (((a >> 16) ^ a) * 0x45D9F3B) & _M32
+    a = (a >> 16) ^ a
+    return (a + 0x9E3779B9) & _M32
 
 
 # ------------------------------------------------------------------------------------------------- block keys
