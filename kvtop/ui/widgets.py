@@ -3,7 +3,7 @@
 How a panel updates (the cost model behind the 3%-of-a-core budget): the app calls ``panel.show(data)`` every
 refresh with a small frozen value (the TierModel's own dataclasses, tuples of numbers). The panel compares it
 with the last one and calls ``refresh()`` only when it changed, so an idle engine costs no repaints at all and a
-busy one repaints only the panels whose figures moved. ``render()`` builds the panel's ``Content`` from that data
+busy one repaints only the panels whose figures moved. ``build()`` makes the panel's lines from that data
 and the panel's current size, so a resize re-lays text without a new data read, and theme colours are theme
 variables (``$kv-in-use``...) resolved at paint time, so a theme change needs no rebuild either.
 
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style as RichStyle
 from textual.app import ComposeResult
@@ -28,7 +29,6 @@ from textual.geometry import Region
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.strip import Strip
-from textual.visual import Visual
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -45,7 +45,34 @@ S_WARN = "bold $warning"
 S_ERR = "bold $error"
 S_OK = "$success"
 
-ASSEMBLE = Content.assemble
+# A line is a tuple of (text, style) pairs: built with line_of(), compared as a tuple (so a line whose text or
+# colours changed repaints, and one that did not is skipped), painted by Panel._strip. Building Textual Content
+# objects instead cost 3x as much per refresh (Content.assemble, cell lengths, span bookkeeping).
+Line = tuple[tuple[str, str], ...]
+BLANK: Line = ()
+
+
+def line_of(*parts: Any) -> Line:
+    """A line from strings (unstyled), (text, style) pairs and other lines."""
+    out: list[tuple[str, str]] = []
+    for p in parts:
+        if isinstance(p, str):
+            if p:
+                out.append((p, ""))
+        elif p:
+            if isinstance(p[0], tuple):
+                out.extend(p)
+            elif p[0]:
+                out.append(p)
+    return tuple(out)
+
+
+def styled(text: str, style: str) -> Line:
+    return ((text, style),) if text else BLANK
+
+
+def cells(ln: Line) -> int:
+    return sum(cell_len(text) for text, _ in ln)
 
 
 def _pad(text: str, width: int, right: bool = True) -> str:
@@ -54,21 +81,28 @@ def _pad(text: str, width: int, right: bool = True) -> str:
     return text.rjust(width) if right else text.ljust(width)
 
 
-def _fit(content: Content, width: int) -> Content:
-    """Cut a line to the panel's width: a panel never wraps."""
-    return content if content.cell_length <= width else content.truncate(width, ellipsis=True)
+def _fit(ln: Line, width: int) -> Line:
+    """Cut a line to the panel's width, with an ellipsis: a panel never wraps."""
+    if cells(ln) <= width:
+        return ln
+    out: list[tuple[str, str]] = []
+    room = max(width - 1, 0)
+    style = ""
+    for text, style in ln:
+        n = cell_len(text)
+        if n <= room:
+            out.append((text, style))
+            room -= n
+            continue
+        if room:
+            out.append((set_cell_size(text, room), style))
+        break
+    out.append(("…", style))
+    return tuple(out)
 
 
-def _lines(lines: Sequence[Content], width: int, height: int) -> list[Content]:
-    return [_fit(line, width) for line in lines[: max(height, 0)]]
-
-
-_BLANK = Content("")
-
-
-def _key(line: Content) -> tuple[str, tuple[Any, ...]]:
-    # Content's own == compares the text only; a line whose colours changed must repaint too.
-    return line.plain, tuple(line.spans)
+def _lines(lines: Sequence[Line], width: int, height: int) -> list[Line]:
+    return [_fit(ln, width) for ln in lines[: max(height, 0)]]
 
 
 class Panel(Widget):
@@ -94,10 +128,9 @@ class Panel(Widget):
     def __init__(self, *, id: str | None = None, classes: str | None = None):
         super().__init__(id=id, classes=classes)
         self.data: Any = None
-        self._lines: list[Content] = []
-        self._keys: list[tuple[str, tuple[Any, ...]]] = []
+        self._lines: list[Line] = []
         self._strips: dict[int, Strip] = {}
-        self._rich_styles: dict[Any, RichStyle] = {}
+        self._rich_styles: dict[str, RichStyle] = {}
         self._built_size: tuple[int, int] = (0, 0)
         self._inner: tuple[int, int] | None = None
 
@@ -116,20 +149,23 @@ class Panel(Widget):
         self.update_lines()
         return True
 
-    def build(self) -> Content | list[Content]:
+    def build(self) -> Line | list[Line]:
         """The panel's lines for its current data and size (``self.inner``)."""
-        return _BLANK
+        return BLANK
 
     def render(self) -> Content:
         """All lines as one Content (for tests and tools; the screen itself paints line by line)."""
-        return Content("\n").join(self._build_lines(*self.inner))
+        return Content("\n").join([Content.assemble(*ln) for ln in self._build_lines(*self.inner)])
 
-    def _build_lines(self, width: int, height: int) -> list[Content]:
+    def text(self) -> str:
+        """The panel's text as shown (tests read it)."""
+        return "\n".join("".join(t for t, _ in ln) for ln in self._build_lines(*self.inner))
+
+    def _build_lines(self, width: int, height: int) -> list[Line]:
         out = self.build()
-        lines = out if isinstance(out, list) else out.split("\n")
-        lines = lines[:height]
+        lines = out[:height] if isinstance(out, list) else [out]
         if len(lines) < height:
-            lines += [_BLANK] * (height - len(lines))
+            lines += [BLANK] * (height - len(lines))
         return lines
 
     def update_lines(self, full: bool = False) -> None:
@@ -137,19 +173,17 @@ class Panel(Widget):
         if width <= 0 or height <= 0:
             return
         lines = self._build_lines(width, height)
-        keys = [_key(line) for line in lines]
-        if full or (width, height) != self._built_size or len(keys) != len(self._keys):
-            self._lines, self._keys, self._built_size = lines, keys, (width, height)
+        old = self._lines
+        if full or (width, height) != self._built_size or len(lines) != len(old):
+            self._lines, self._built_size = lines, (width, height)
             self._strips.clear()
             self.refresh()
             return
-        old = self._keys
-        self._lines, self._keys = lines, keys
+        self._lines = lines
         regions: list[Region] = []
         start = -1
         for y in range(height + 1):
-            dirty = y < height and keys[y] != old[y]
-            if dirty:
+            if y < height and lines[y] != old[y]:
                 self._strips.pop(y, None)
                 if start < 0:
                     start = y
@@ -175,45 +209,25 @@ class Panel(Widget):
         if strip is None:
             width, height = self.inner
             if (width, height) != self._built_size:
-                lines = self._build_lines(width, height)
-                self._lines, self._keys, self._built_size = lines, [_key(x) for x in lines], (width, height)
+                self._lines, self._built_size = self._build_lines(width, height), (width, height)
                 self._strips.clear()
-            line = self._lines[y] if y < len(self._lines) else _BLANK
-            strip = self._fast_strip(line)
-            if strip is None:
-                strips = Visual.to_strips(self, line, width, 1, self.visual_style)
-                strip = strips[0] if strips else Strip.blank(width)
+            strip = self._strip(self._lines[y] if y < len(self._lines) else BLANK)
             self._strips[y] = strip
         return strip
 
-    def _fast_strip(self, line: Content) -> Strip | None:
-        """One line to a Strip without Textual's general Content pipeline (0.85 ms a line measured, against
-        ~15 us here): our lines are single-line, left-aligned, with non-overlapping spans whose styles are a
-        handful of theme-variable strings, so each style is resolved once per theme and reused. ``None`` for a
-        line this cannot take (overlapping spans); the caller falls back to the general path."""
+    def _strip(self, ln: Line) -> Strip:
+        """One line to a Strip, each style string resolved once per theme (``$kv-figure bold`` through the
+        stylesheet's variables, on the panel's own background). Textual's general path (Content to strips)
+        measured 0.85 ms a line; this is ~15 us."""
         cache = self._rich_styles
-        base_rich = cache.get("")
-        if base_rich is None:
-            base_rich = cache[""] = self.visual_style.rich_style
-        text = line.plain
-        segments: list[Segment] = []
-        pos = 0
-        for span in line.spans:
-            start, end, style = span
-            if start < pos:
-                return None
-            if start > pos:
-                segments.append(Segment(text[pos:start], base_rich))
-            key = style if isinstance(style, str) else id(style)
-            rich = cache.get(key)
+        segments = []
+        for text, style in ln:
+            rich = cache.get(style)
             if rich is None:
-                parsed = self.app.stylesheet.parse_style(style) if isinstance(style, str) else style
-                rich = cache[key] = (self.visual_style + parsed).rich_style
-            segments.append(Segment(text[start:end], rich))
-            pos = end
-        if pos < len(text):
-            segments.append(Segment(text[pos:], base_rich))
-        return Strip(segments, line.cell_length)
+                base = self.visual_style
+                rich = cache[style] = (base + self.app.stylesheet.parse_style(style) if style else base).rich_style
+            segments.append(Segment(text, rich))
+        return Strip(segments, cells(ln))
 
     @property
     def inner(self) -> tuple[int, int]:
@@ -250,11 +264,11 @@ class HeaderData:
 class HeaderBar(Panel):
     """Engine, version, model, SIM badge, block size, uptime; data freshness and quality badges."""
 
-    def build(self) -> Content | list[Content]:
+    def build(self) -> Line | list[Line]:
         d: HeaderData | None = self.data
         width, height = self.inner
         if d is None:
-            return Content.from_markup("[b]kvtop[/b]  waiting for the engine...")
+            return line_of(("kvtop", "bold"), "  waiting for the engine...")
         engine = d.engine_version or d.engine or "engine ?"
         model = d.model or "model ?"
         badge: list[Any] = []
@@ -279,36 +293,36 @@ class HeaderBar(Panel):
         if height <= 1 or width < 60:
             # One line: pieces in order of importance, each added only while it fits whole.
             short_model = model.split("/")[-1]
-            pieces: list[Content] = [ASSEMBLE(("kvtop ", "bold $primary"), *paused, *badge, (short_model, S_FIG)),
-                                     ASSEMBLE(("  up ", S_DIM), (up, S_FIG))]
+            pieces: list[Line] = [line_of(("kvtop ", "bold $primary"), *paused, *badge, (short_model, S_FIG)),
+                                     line_of(("  up ", S_DIM), (up, S_FIG))]
             if status:
-                pieces.append(ASSEMBLE("  ", *status))
-            pieces += [ASSEMBLE(("  data ", S_DIM), (clock, "bold")),
-                       ASSEMBLE(("  on ", S_DIM), (d.gpu or "?", "bold"))]
+                pieces.append(line_of("  ", *status))
+            pieces += [line_of(("  data ", S_DIM), (clock, "bold")),
+                       line_of(("  on ", S_DIM), (d.gpu or "?", "bold"))]
             if block:
-                pieces.append(ASSEMBLE(("  ", ""), (" · ".join(block), S_DIM)))
-            line = pieces[0]
+                pieces.append(line_of(("  ", ""), (" · ".join(block), S_DIM)))
+            out = pieces[0]
             for piece in pieces[1:]:
-                if line.cell_length + piece.cell_length <= width:
-                    line = ASSEMBLE(line, piece)
-            return _fit(line, width)
-        line1 = ASSEMBLE(("kvtop ", "bold $primary"), *paused, *badge, (model, S_FIG), ("  on ", S_DIM),
+                if cells(out) + cells(piece) <= width:
+                    out = line_of(out, piece)
+            return _fit(out, width)
+        line1 = line_of(("kvtop ", "bold $primary"), *paused, *badge, (model, S_FIG), ("  on ", S_DIM),
                          (d.gpu or "GPU ?", "bold"), ("  ·  ", S_DIM), engine,
                          *([("  ·  ", S_DIM), (d.source_label, "bold")] if d.source_label else []))
-        right = ASSEMBLE(("data ", S_DIM), (clock, "bold"), ("   up ", S_DIM), (up, S_FIG))
+        right = line_of(("data ", S_DIM), (clock, "bold"), ("   up ", S_DIM), (up, S_FIG))
         line2_left: list[Any] = []
         if d.simulated:
             line2_left += [("simulated: ", S_DIM), (d.sim_reason or "built-in simulator", "$kv-sim-badge"),
                            ("  ·  ", S_DIM)]
         line2_left += [(" · ".join(block) or "block size ?", "bold"), "  ", *status]
-        line2 = ASSEMBLE(*line2_left)
-        gap = width - line2.cell_length - right.cell_length
+        line2 = line_of(*line2_left)
+        gap = width - cells(line2) - cells(right)
         if gap >= 1:
-            line2 = ASSEMBLE(line2, " " * gap, right)
+            line2 = line_of(line2, " " * gap, right)
         else:
-            line1_gap = width - line1.cell_length - right.cell_length
+            line1_gap = width - cells(line1) - cells(right)
             if line1_gap >= 1:
-                line1 = ASSEMBLE(line1, " " * line1_gap, right)
+                line1 = line_of(line1, " " * line1_gap, right)
         return _lines([line1, line2], width, height)
 
 
@@ -389,15 +403,15 @@ class TierPanel(Panel):
         if self.border_subtitle != subtitle:
             self.border_subtitle = subtitle
 
-    def _band(self, part: int | None, whole: int | None, width: int, style: str) -> Content:
+    def _band(self, part: int | None, whole: int | None, width: int, style: str) -> Line:
         if part is None or whole is None:
             text = " unknown "
             side = max(width - len(text), 0)
-            return ASSEMBLE(("╌" * (side // 2), S_DIM), (text, S_DIM), ("╌" * (side - side // 2), S_DIM))
+            return line_of(("╌" * (side // 2), S_DIM), (text, S_DIM), ("╌" * (side - side // 2), S_DIM))
         n = fmt.cells(part, whole, width)
-        return ASSEMBLE(("█" * n, style), ("█" * (width - n), S_FREE))
+        return line_of(("█" * n, style), ("█" * (width - n), S_FREE))
 
-    def _halfblock_bar(self, width: int) -> Content:
+    def _halfblock_bar(self, width: int) -> Line:
         """Both bands in one row: the top half of each cell is held / free, the bottom half cached / not."""
         st = self.data.state
         cap = st.capacity_blocks
@@ -419,16 +433,16 @@ class TierPanel(Panel):
                 run_style, run_len = style, 1
         if run_len:
             parts.append(("▀" * run_len, run_style))
-        return ASSEMBLE(*parts)
+        return line_of(*parts)
 
-    def build(self) -> Content | list[Content]:
+    def build(self) -> Line | list[Line]:
         d: TierData | None = self.data
         width, height = self.inner
         if d is None or width <= 0 or height <= 0:
-            return Content("")
+            return BLANK
         st = d.state
         if st.capacity_blocks == 0:
-            return _lines([ASSEMBLE((f"{d.label}: ", "bold"), (d.note or "no host tier (host_cache_size = 0)",
+            return _lines([line_of((f"{d.label}: ", "bold"), (d.note or "no host tier (host_cache_size = 0)",
                                                                   S_DIM))], width, height)
         cap = st.capacity_blocks
         approx = "≈" if st.cached_approximate else " "
@@ -437,8 +451,8 @@ class TierPanel(Panel):
             label = f"{d.label:<4} "
             pct = fmt.pct(st.in_use_blocks / cap if cap and st.in_use_blocks is not None else None, digits=0)
             bar_w = max(width - len(label) - 5, 1)
-            line1 = ASSEMBLE((label, "bold"), self._halfblock_bar(bar_w), " ", (_pad(pct, 4), S_FIG))
-            line2 = ASSEMBLE(("█", S_IN_USE), " use ", (fmt.count(st.in_use_blocks), S_FIG),
+            line1 = line_of((label, "bold"), self._halfblock_bar(bar_w), " ", (_pad(pct, 4), S_FIG))
+            line2 = line_of(("█", S_IN_USE), " use ", (fmt.count(st.in_use_blocks), S_FIG),
                              ("  █", S_CACHED), " cached ", (fmt.count(st.cached_blocks) + approx.strip(), S_FIG),
                              ("  █", S_FREE), " free ", (fmt.count(st.free_blocks), S_FIG))
             return _lines([line1, line2], width, height)
@@ -446,23 +460,23 @@ class TierPanel(Panel):
         # The table: label, blocks, tokens, GiB, % of capacity; columns drop right to left when narrow.
         show_tokens = width >= 44
         show_gib = width >= 34
-        lines: list[Content] = []
+        lines: list[Line] = []
         full = height >= 7
         if full:
             bar_w = max(width - 14, 4)
             for (name, attr, style) in self.ROWS[:2]:
                 part = getattr(st, attr)
                 frac = part / cap if part is not None and cap else None
-                lines.append(ASSEMBLE((f"{name:<7}", style if style != S_FREE else S_DIM),
+                lines.append(line_of((f"{name:<7}", style if style != S_FREE else S_DIM),
                                       self._band(part, cap, bar_w, style), " ", (_pad(fmt.pct(frac, digits=0), 5),
                                                                                    S_FIG)))
             if height >= 8:
-                lines.append(Content(""))
+                lines.append(BLANK)
             header = f"{'':9}{'blocks':>8}" + (f"{'tokens':>9}" if show_tokens else "") + \
                      (f"{'GiB':>8}" if show_gib else "") + f"{'':>7}"
-            lines.append(Content.styled(header, S_DIM))
+            lines.append(styled(header, S_DIM))
         else:
-            lines.append(ASSEMBLE(self._halfblock_bar(max(width - 6, 1)), " ",
+            lines.append(line_of(self._halfblock_bar(max(width - 6, 1)), " ",
                                   (_pad(fmt.pct(st.in_use_blocks / cap if cap and st.in_use_blocks is not None
                                                 else None, digits=0), 5), S_FIG)))
         for name, attr, style in self.ROWS:
@@ -478,10 +492,10 @@ class TierPanel(Panel):
                 parts.append((_pad(fmt.pct(blocks / cap, digits=0), 6), S_DIM))
             if attr == "cached_blocks" and st.cached_approximate and blocks is not None:
                 parts.append((" ≈", S_WARN))
-            lines.append(ASSEMBLE(*parts))
+            lines.append(line_of(*parts))
         if len(lines) < height:
             hint = d.note or (self.GPU_HINT if d.label == "GPU" else self.HOST_HINT)
-            lines.append(Content.styled(hint, S_WARN if d.note else S_DIM))
+            lines.append(styled(hint, S_WARN if d.note else S_DIM))
         return _lines(lines, width, height)
 
 
@@ -522,35 +536,35 @@ class HitRatePanel(Panel):
         super().on_mount()
         self.border_title = "Hit rate · blocks reused"
 
-    def build(self) -> Content | list[Content]:
+    def build(self) -> Line | list[Line]:
         d: HitData | None = self.data
         width, height = self.inner
         if d is None:
-            return _BLANK
+            return BLANK
         h = d.hit
         win = f"{d.window_s:.0f} s" if d.window_s else "window"
         gap = "  " if width >= 40 else " "
 
-        def row(label: str, total: float | None, gpu: float | None, host: float | None) -> Content:
-            return ASSEMBLE((f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG), (f"{gap}GPU ", S_IN_USE),
+        def row(label: str, total: float | None, gpu: float | None, host: float | None) -> Line:
+            return line_of((f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG), (f"{gap}GPU ", S_IN_USE),
                             _pad(fmt.pct(gpu), 6), (f"{gap}host ", S_CACHED), _pad(fmt.pct(host), 6))
 
         if height == 1:
-            return _lines([ASSEMBLE(("hit ", "bold"), (fmt.pct(h.window), S_FIG), (" GPU ", S_IN_USE),
+            return _lines([line_of(("hit ", "bold"), (fmt.pct(h.window), S_FIG), (" GPU ", S_IN_USE),
                                     fmt.pct(h.window_gpu, digits=0), (" host ", S_CACHED),
                                     fmt.pct(h.window_host, digits=0), (" total ", S_DIM),
                                     fmt.pct(h.cumulative, digits=0))], width, height)
-        lines: list[Content] = []
+        lines: list[Line] = []
         if height >= 6:
             # Whole percent in the big figure: the back of the room needs 38%, and the row under it has 38.5%.
             # It also changes four times less often than a one-decimal figure, so three fewer lines repaint.
             big = big_figure(fmt.pct(h.window, unknown="--%", digits=0))
             label = [f"  over {win}", "  blocks reused /", "  blocks looked up"]
-            lines += [ASSEMBLE((b, S_FIG), (lab, S_DIM)) for b, lab in zip(big, label)]
+            lines += [line_of((b, S_FIG), (lab, S_DIM)) for b, lab in zip(big, label)]
         lines += [row(win, h.window, h.window_gpu, h.window_host), row("total", h.cumulative, h.gpu, h.host)]
         if height >= 3:
             spark_w = max(width - 8, 1)
-            lines.append(ASSEMBLE((fmt.sparkline(d.history, spark_w, top=1.0), S_SPARK),
+            lines.append(line_of((fmt.sparkline(d.history, spark_w, top=1.0), S_SPARK),
                                   (f" {min(len(d.history), spark_w):>3}s", S_DIM)))
         return _lines(lines, width, height)
 
@@ -577,23 +591,23 @@ class MovesPanel(Panel):
         super().on_mount()
         self.border_title = "Block moves /s"
 
-    def build(self) -> Content | list[Content]:
+    def build(self) -> Line | list[Line]:
         d: MovesData | None = self.data
         width, height = self.inner
         if d is None:
-            return Content("")
+            return BLANK
         def rate(attr: str) -> str:
             return fmt.rate(getattr(d.rates, attr) if d.known else None)
 
         if height == 1:
-            line = ASSEMBLE(("moves/s ", "bold"), ("off ", S_CACHED), (rate("offloaded_per_s"), S_FIG),
+            line = line_of(("moves/s ", "bold"), ("off ", S_CACHED), (rate("offloaded_per_s"), S_FIG),
                             (" on ", S_IN_USE), (rate("onboarded_per_s"), S_FIG), (" ev ", S_DIM),
                             (rate("evicted_gpu_per_s"), S_FIG), "/", (rate("evicted_host_per_s"), S_FIG))
             return _fit(line, width)
         show_total = width >= 40
         base = 8 + 9 + 7 + (9 if show_total else 0)
         spark_w = width - base - 1
-        lines: list[Content] = []
+        lines: list[Line] = []
         for i, (verb, where, rate_attr, total_attr, style) in enumerate(self.ROWS):
             parts: list[Any] = [(f"{verb:<8}", "bold"), (f"{where:<9}", S_DIM),
                                 (_pad(rate(rate_attr), 7), S_FIG)]
@@ -604,10 +618,10 @@ class MovesPanel(Panel):
                 parts += [" ", ("no events"[:spark_w].ljust(spark_w), S_DIM)]
             if show_total:
                 parts.append((_pad(fmt.count(getattr(d.moves, total_attr) if d.known else None), 9), S_DIM))
-            lines.append(ASSEMBLE(*parts))
+            lines.append(line_of(*parts))
         if height >= 5:
             r = d.rates
-            lines.append(ASSEMBLE(("link    ", "bold"), ("→host ", S_DIM),
+            lines.append(line_of(("link    ", "bold"), ("→host ", S_DIM),
                                   (fmt.nbytes(r.offloaded_bytes_per_s) + "/s", S_FIG), ("  →GPU ", S_DIM),
                                   (fmt.nbytes(r.onboarded_bytes_per_s) + "/s", S_FIG)))
         return _lines(lines, width, height)
@@ -629,21 +643,21 @@ class PriorityPanel(Panel):
         super().on_mount()
         self.border_title = "Cached by priority"
 
-    def build(self) -> Content | list[Content]:
+    def build(self) -> Line | list[Line]:
         d: PriorityData | None = self.data
         width, height = self.inner
         if d is None:
-            return Content("")
+            return BLANK
         if not d.rows:
-            return _lines([Content.styled("no cached blocks yet", S_DIM)], width, height)
+            return _lines([styled("no cached blocks yet", S_DIM)], width, height)
         if height == 1:
             parts: list[Any] = [("prio ", "bold")]
             for prio, g, h, _ in d.rows:
                 parts += [(f"{'?' if prio is None else prio}:", S_DIM), (f"{fmt.count(g + h)} ", S_FIG)]
-            return _fit(ASSEMBLE(*parts), width)
+            return _fit(line_of(*parts), width)
         bar_w = max((width - 34) // 2, 0)
         header = f"{'prio':>5}  {'GPU':>6} {'':{bar_w}}  {'host':>6} {'':{bar_w}} {'req hit':>8}"
-        lines = [Content.styled(header, S_DIM)]
+        lines = [styled(header, S_DIM)]
         for prio, g, h, hit in d.rows[: max(height - 1, 0)]:
             parts = [(f"{'?' if prio is None else prio:>5}", "bold"), "  ", (_pad(fmt.count(g), 6), S_FIG), " "]
             if bar_w:
@@ -654,7 +668,7 @@ class PriorityPanel(Panel):
                 n = fmt.cells(h, d.host_capacity, bar_w)
                 parts += [("▮" * n, S_CACHED), " " * (bar_w - n)]
             parts.append((_pad(fmt.pct(hit, unknown="", digits=0), 9), S_DIM))
-            lines.append(ASSEMBLE(*parts))
+            lines.append(line_of(*parts))
         return _lines(lines, width, height)
 
 
@@ -689,32 +703,32 @@ class RequestPanel(Panel):
             self.state = "warn" if data.failed else "ok"
         return changed
 
-    def build(self) -> Content | list[Content]:
+    def build(self) -> Line | list[Line]:
         d: RequestData | None = self.data
         width, height = self.inner
         if d is None:
-            return Content("")
+            return BLANK
         fail_style = S_ERR if d.failed else S_FIG
         if height == 1:
-            return _fit(ASSEMBLE(("req ", "bold"), (fmt.count(d.in_flight), S_FIG), (" in flight ", S_DIM),
+            return _fit(line_of(("req ", "bold"), (fmt.count(d.in_flight), S_FIG), (" in flight ", S_DIM),
                                  (fmt.rate(d.requests_per_s), S_FIG), ("/s ", S_DIM), ("TTFT ", S_DIM),
                                  (fmt.seconds_ms(d.ttft_p50), S_FIG)), width)
         span = "win" if d.latency_window else "all"
         w1, w2 = (5, 6) if width >= 44 else (0, 0)
         lines = [
-            ASSEMBLE(("in flight ", S_DIM), (_pad(fmt.count(d.in_flight), w1), S_FIG), ("  done ", S_DIM),
+            line_of(("in flight ", S_DIM), (_pad(fmt.count(d.in_flight), w1), S_FIG), ("  done ", S_DIM),
                      (_pad(fmt.count(d.completed), w2), S_FIG), ("  failed ", S_DIM),
                      (fmt.count(d.failed), fail_style)),
-            ASSEMBLE(("req/s ", S_DIM), (_pad(fmt.rate(d.requests_per_s), w1), S_FIG), ("  tok/s out ", S_DIM),
+            line_of(("req/s ", S_DIM), (_pad(fmt.rate(d.requests_per_s), w1), S_FIG), ("  tok/s out ", S_DIM),
                      (fmt.rate(d.output_tokens_per_s), S_FIG), (" in ", S_DIM),
                      (fmt.rate(d.prompt_tokens_per_s), S_FIG)),
-            ASSEMBLE((f"TTFT {span} ", S_DIM), ("p50 ", S_DIM), (_pad(fmt.seconds_ms(d.ttft_p50), 7), S_FIG),
+            line_of((f"TTFT {span} ", S_DIM), ("p50 ", S_DIM), (_pad(fmt.seconds_ms(d.ttft_p50), 7), S_FIG),
                      (" p99 ", S_DIM), (_pad(fmt.seconds_ms(d.ttft_p99), 7), S_FIG)),
-            ASSEMBLE((f"e2e  {span} ", S_DIM), ("p50 ", S_DIM), (_pad(fmt.seconds_ms(d.e2e_p50), 7), S_FIG),
+            line_of((f"e2e  {span} ", S_DIM), ("p50 ", S_DIM), (_pad(fmt.seconds_ms(d.e2e_p50), 7), S_FIG),
                      (" p99 ", S_DIM), (_pad(fmt.seconds_ms(d.e2e_p99), 7), S_FIG)),
         ]
         if d.last_error and height >= 5:
-            lines.append(ASSEMBLE(("last error ", S_DIM), (d.last_error, S_ERR)))
+            lines.append(line_of(("last error ", S_DIM), (d.last_error, S_ERR)))
         return _lines(lines, width, height)
 
 
@@ -754,22 +768,22 @@ class MemoryPanel(Panel):
             self.state = "warn" if warn else "ok"
         return changed
 
-    def build(self) -> Content | list[Content]:
+    def build(self) -> Line | list[Line]:
         d: MemoryData | None = self.data
         width, height = self.inner
         if d is None:
-            return Content("")
-        lines: list[Content] = []
+            return BLANK
+        lines: list[Line] = []
         gpu_rows = list(d.gpus)
-        host_lines = [ASSEMBLE(("host ", "bold"), ("rss ", S_DIM), (fmt.nbytes(d.rss), S_FIG),
+        host_lines = [line_of(("host ", "bold"), ("rss ", S_DIM), (fmt.nbytes(d.rss), S_FIG),
                                ("  KV pool ", S_DIM), (fmt.nbytes(d.pinned_pool), S_FIG)),
-                      ASSEMBLE(("     ", ""), ("available ", S_DIM), (fmt.nbytes(d.available), S_FIG),
+                      line_of(("     ", ""), ("available ", S_DIM), (fmt.nbytes(d.available), S_FIG),
                                (f" of {fmt.nbytes(d.total)}", S_DIM))]
         if height < len(gpu_rows or [None]) + 2 or width >= 70:
             # One host line: both halves side by side (wide panel), or no room for two.
-            avail = ASSEMBLE(("  avail ", S_DIM), (fmt.nbytes(d.available), S_FIG))
-            fits = host_lines[0].cell_length + avail.cell_length <= width
-            host_lines = [ASSEMBLE(host_lines[0], avail) if fits else host_lines[0]]
+            avail = line_of(("  avail ", S_DIM), (fmt.nbytes(d.available), S_FIG))
+            fits = cells(host_lines[0]) + cells(avail) <= width
+            host_lines = [line_of(host_lines[0], avail) if fits else host_lines[0]]
         room = max(height - len(host_lines), 1)
         shown = gpu_rows if len(gpu_rows) <= room else gpu_rows[: room - 1]
         bar_w = max(min(width - 36, 20), 0)
@@ -782,11 +796,11 @@ class MemoryPanel(Panel):
             parts.append((_pad(fmt.pct(frac, digits=0), 4), S_DIM))
             if g.util_pct is not None and width >= 48:
                 parts.append((f"  util {g.util_pct}%", S_DIM))
-            lines.append(ASSEMBLE(*parts))
+            lines.append(line_of(*parts))
         if len(gpu_rows) > len(shown):
-            lines.append(Content.styled(f"... {len(gpu_rows) - len(shown)} more GPUs", S_DIM))
+            lines.append(styled(f"... {len(gpu_rows) - len(shown)} more GPUs", S_DIM))
         if not gpu_rows:
-            lines.append(ASSEMBLE(("GPU  ", "bold"), (d.gpu_error or "no NVML sample yet", S_DIM)))
+            lines.append(line_of(("GPU  ", "bold"), (d.gpu_error or "no NVML sample yet", S_DIM)))
         lines += host_lines
         return _lines(lines, width, height)
 
@@ -870,12 +884,12 @@ class EventLog(Panel):
         self._pending = False
         self.update_lines()
 
-    def build(self) -> Content | list[Content]:
+    def build(self) -> Line | list[Line]:
         width, height = self.inner
         if height <= 0:
-            return Content("")
+            return BLANK
         shown = list(self.lines)[-height:]
-        out: list[Content] = []
+        out: list[Line] = []
         for line in shown:
             stamp = time.strftime("%H:%M:%S", time.localtime(line.time))
             style = LEVEL_STYLE.get(line.level, S_DIM)
@@ -883,12 +897,12 @@ class EventLog(Panel):
                                 (line.text, "" if line.level == "info" else style)]
             if line.count > 1:
                 parts.append((f"  ×{line.count}", "bold"))
-            out.append(ASSEMBLE(*parts))
+            out.append(line_of(*parts))
         if self.suppressed and len(out) < height + 1:
-            out.append(Content.styled(f"... {self.suppressed} lines suppressed", S_DIM))
+            out.append(styled(f"... {self.suppressed} lines suppressed", S_DIM))
             out = out[-height:]
         if not out:
-            out = [Content.styled("no events yet", S_DIM)]
+            out = [styled("no events yet", S_DIM)]
         return _lines(out, width, height)
 
 
