@@ -399,6 +399,25 @@ def test_same_log_as_the_unoptimized_implementation(case: str, id_offset: int) -
     assert run_block_manager_workload(case, 4, as_runs=True, id_offset=id_offset) == expected
 
 
+class _PathCheckingBlockManager(BlockManager):
+    """Checks, before every store, what lets the store skip the start of its walk: the sequence's first
+    ``tree_prefix`` blocks are exactly what a walk from the root along its keys finds."""
+
+    def _store_blocks(self, seq: Any, keys: list[bytes], num_full: int) -> None:
+        node = self._root
+        for i in range(min(seq.tree_prefix, len(keys), len(seq.blocks))):
+            node = node.children.get(keys[i])
+            assert node is seq.blocks[i], (i, seq.tree_prefix)
+        super()._store_blocks(seq, keys, num_full)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_known_tree_path_is_the_walk_from_the_root(case: str) -> None:
+    for seed in SEEDS:
+        assert run_block_manager_workload(case, seed, bm_class=_PathCheckingBlockManager) == \
+            run_block_manager_workload(case, seed)
+
+
 def test_token_runs_sequence() -> None:
     runs = TokenRuns([(100, 3), (7, 2), ((1 << 63) - 2, 2)])
     ids = [100, 101, 102, 7, 8, (1 << 63) - 2, (1 << 63) - 1]

@@ -306,7 +306,7 @@ class _Block:
 
 class _Sequence:
     __slots__ = ("request_id", "prompt", "prompt_len", "generated", "num_tokens", "blocks", "decode_priority",
-                 "decode_duration_ms", "full_keys")
+                 "decode_duration_ms", "full_keys", "tree_prefix")
 
     def __init__(self, request_id: Any, prompt: Sequence[int], retention: KvCacheRetentionConfig | None):
         self.request_id = request_id
@@ -321,6 +321,13 @@ class _Sequence:
         # add_sequence, store_context_blocks and remove_sequence: tokens are only ever appended, so the keys of a
         # prefix never change. (Cutting a 15k-token prompt into keys used to be done three times per request.)
         self.full_keys: list[bytes] = []
+        # blocks[:tree_prefix] are the reuse tree's path for the first keys: blocks[i] is what blocks[i - 1] (the
+        # root for i = 0) holds under keys[i]. While the sequence holds them that path cannot change: a block
+        # leaves the tree only when it is evicted (it must be free: these are referenced) or when an ancestor is
+        # (an ancestor on the path is referenced too), and nothing stored under a path block can take a key that
+        # its child on the path holds. So a store walks the tree from blocks[tree_prefix - 1], not from the root:
+        # releasing a request re-walked its whole prompt (1.9M dict lookups in the synthetic trace).
+        self.tree_prefix = 0
 
     def tokens(self, start: int, stop: int) -> list[int]:
         """Tokens ``[start, stop)`` across the prompt and the generated tokens."""
@@ -798,6 +805,8 @@ class BlockManager:
             self._add_to_seq(seq, match)
             self.reused_blocks += 1
             bi += 1
+            if search is not None:  # a full block found in the tree: the path now runs through blocks[:bi]
+                seq.tree_prefix = bi
 
         # Every block from the first miss on is new. Most of a trace's prompt blocks land here: taken in one batch
         # when they share a priority, then keyed (the keys of a taken block do not affect the next take).
@@ -844,7 +853,7 @@ class BlockManager:
         """``storeContextBlocks``: put the full prompt blocks into the reuse tree (after prefill)."""
         seq = self._seq(request_id)
         if self.enable_block_reuse:
-            self._store_blocks(self._block_keys(seq, seq.num_tokens - 1, False), seq.blocks,
+            self._store_blocks(seq, self._block_keys(seq, seq.num_tokens - 1, False),
                                (seq.num_tokens - 1) // self.tokens_per_block)
 
     def remove_sequence(self, request_id: Any, final_tokens: Sequence[int] = ()) -> None:
@@ -861,7 +870,7 @@ class BlockManager:
         seq.generated.extend(final_tokens)
         seq.num_tokens = seq.prompt_len + len(seq.generated)
         if self.enable_block_reuse:
-            self._store_blocks(self._block_keys(seq, seq.num_tokens - 1, True), seq.blocks,
+            self._store_blocks(seq, self._block_keys(seq, seq.num_tokens - 1, True),
                                (seq.num_tokens - 1) // self.tokens_per_block)
         del self._seqs[request_id]
         # The eviction policy's release, inlined (hundreds of blocks per trace request); see _EvictionPolicy for
@@ -957,19 +966,26 @@ class BlockManager:
         except KeyError:
             raise ValueError(f"request {request_id!r} is not in the KV cache manager") from None
 
-    def _store_blocks(self, keys: list[bytes], blocks: list[_Block], num_full: int) -> None:
-        """``storeBlocks``: walk the tree along ``keys``; from the first miss on, insert this sequence's blocks.
+    def _store_blocks(self, seq: _Sequence, keys: list[bytes], num_full: int) -> None:
+        """``storeBlocks``: walk the tree along ``keys``; from the first miss on, insert the sequence's blocks.
 
         Keys are never empty (``_block_keys`` makes none), so every one is looked up until the first miss; the
-        first ``num_full`` are full blocks, a last one past them is partial.
+        first ``num_full`` are full blocks, a last one past them is partial. The walk starts past the sequence's
+        known path (``_Sequence.tree_prefix``), where looking up would find the blocks already known.
         """
-        search = self._root
+        blocks = seq.blocks
         count = min(len(keys), len(blocks))
-        first_new = 0
+        first_new = min(seq.tree_prefix, count)
+        search = blocks[first_new - 1] if first_new else self._root
+        on_path = True  # the path so far is the sequence's own blocks
         while first_new < count:
             match = search.children.get(keys[first_new])
             if match is None:
                 break
+            if on_path and match is blocks[first_new]:
+                seq.tree_prefix = first_new + 1
+            else:
+                on_path = False  # through another request's block, which may be evicted: not a stable path
             search = match
             first_new += 1
         if first_new == count:
@@ -982,7 +998,10 @@ class BlockManager:
             block.is_full = i < num_full
             block.prev = search
             block.prev_in_seq = search
-            search.children.setdefault(key, block)
+            if search.children.setdefault(key, block) is not block:
+                on_path = False  # (cannot happen on the sequence's own path: its blocks have no such children)
+            elif on_path:
+                seq.tree_prefix = i + 1
             if events:
                 block.hash = block_key_hash(decode_key(key), search.hash)
             search = block
