@@ -22,6 +22,16 @@ that a reader may not expect (each one is reproduced on purpose):
   ``std::unordered_map``, whose order is the library's; only ties between equally long partial matches can differ.
 - Block hashes are TensorRT-LLM's ``BlockKeyHasher`` (unsigned 64-bit, chained through the parent's hash); they
   are computed only while events are enabled, the one place they are visible.
+
+Speed (``kvtop sim --trace`` allocates 1.9M blocks for the synthetic trace; BENCHMARKS.md, "Simulator speed"). The
+steps are TensorRT-LLM's; how the state is held is chosen for CPython, each choice with its invariant where it is
+defined, and tests/test_block_manager_golden.py holds the result to the unoptimized implementation's, event by
+event:
+- block keys are bytes, a run form for consecutive ids and packed ids otherwise (see "block keys" below), cut once
+  per request (``_Sequence.full_keys``); a prompt may come as ``TokenRuns`` and is then never expanded to ints;
+- allocation takes a batch of blocks in one loop with the eviction policy's operations inlined
+  (``_take_free_blocks``), and release inlines the policy's ``release`` (``remove_sequence``);
+- a store walks the tree from the end of the sequence's known path (``_Sequence.tree_prefix``), not the root.
 """
 
 from __future__ import annotations
