@@ -50,6 +50,7 @@ S_OK = "$success"
 # objects instead cost 3x as much per refresh (Content.assemble, cell lengths, span bookkeeping).
 Line = tuple[tuple[str, str], ...]
 BLANK: Line = ()
+_MARGIN: Line = ((" ", ""),)
 
 
 def line_of(*parts: Any) -> Line:
@@ -72,7 +73,8 @@ def styled(text: str, style: str) -> Line:
 
 
 def cells(ln: Line) -> int:
-    return sum(cell_len(text) for text, _ in ln)
+    # ASCII is one cell a character; rich's cell_len (a table lookup per character) only for the rest.
+    return sum(len(text) if text.isascii() else cell_len(text) for text, _ in ln)
 
 
 def _pad(text: str, width: int, right: bool = True) -> str:
@@ -166,7 +168,9 @@ class Panel(Widget):
         lines = out[:height] if isinstance(out, list) else [out]
         if len(lines) < height:
             lines += [BLANK] * (height - len(lines))
-        return lines
+        # The one-cell margins are drawn here, not with CSS padding: Textual pads every line it restyles, and that
+        # was a quarter of the cost of a repainted line (measured: 400 us -> 300 us a line on the dev box).
+        return [_MARGIN + ln for ln in lines]
 
     def update_lines(self, full: bool = False) -> None:
         width, height = self.inner
@@ -188,7 +192,7 @@ class Panel(Widget):
                 if start < 0:
                     start = y
             elif start >= 0:
-                regions.append(Region(0, start, width, y - start))  # one region per run of changed lines
+                regions.append(Region(0, start, width + 2, y - start))  # a region per run of changed lines
                 start = -1
         if regions:
             self.refresh(*regions)
@@ -231,12 +235,13 @@ class Panel(Widget):
 
     @property
     def inner(self) -> tuple[int, int]:
+        """The width and height lines are built for (inside the border, less the two one-cell margins)."""
         # content_size recomputes the gutter from the styles on every call (~45 us); the size only changes on a
         # resize or a style change, both of which clear this.
         inner = self._inner
         if inner is None:
             size = self.content_size
-            inner = self._inner = (size.width, size.height)
+            inner = self._inner = (max(size.width - 2, 0), size.height)
         return inner
 
 
