@@ -178,7 +178,7 @@ def bench_trace_at(rev: str, limit: int | None) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trace-requests", type=int, default=150, help="trace prompts for the block manager mixes")
-    p.add_argument("--repeat", type=int, default=2, help="runs per mix and implementation; the best is kept")
+    p.add_argument("--repeat", type=int, default=3, help="runs per mix and implementation; the best is kept")
     p.add_argument("--skip-trace", action="store_true", help="no full trace replay")
     p.add_argument("--trace-limit", type=int, default=None, help="replay only the first N trace requests")
     p.add_argument("--trace-baseline", metavar="REV", default=None,
