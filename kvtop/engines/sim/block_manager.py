@@ -164,9 +164,11 @@ def decode_key(key: bytes) -> list[int]:
     return list(_key_ids(key))
 
 
-def _encode_full_blocks(tokens: list[int], tokens_per_block: int) -> list[bytes]:
+def _encode_full_blocks(tokens: Sequence[int], tokens_per_block: int) -> list[bytes]:
     """Keys of consecutive full blocks of a token list: packed all at once, then each block that is a run (its
     first and last ids ``tokens_per_block - 1`` apart, then checked id by id) in the run form."""
+    if not isinstance(tokens, list):
+        tokens = list(tokens)  # the run check below compares list slices
     step = _ID_BYTES * tokens_per_block
     raw = _pack_ids(tokens)
     keys = [raw[i:i + step] for i in range(0, len(raw), step)]
