@@ -43,7 +43,7 @@ from kvtop.engines.sim.block_manager import TokenRuns  # noqa: E402
 from kvtop.engines.sim.retention import KvCacheRetentionConfig  # noqa: E402
 from kvtop.workload.trace import read_trace  # noqa: E402
 
-TRACE = Path("/work/shared/traces/mooncake_synthetic_trace.jsonl")
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"  # the project's shared/ beside the repo
 
 
 def _load_baseline() -> Any:

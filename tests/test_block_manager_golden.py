@@ -337,7 +337,7 @@ ENGINE_GOLDEN: dict[int, str] = {
 
 # The first 300 requests of the synthetic Mooncake trace at 32 tokens per block, Qwen3-8B on H200 sizing
 # (25,054 GPU blocks) and a 64 GB host cache (13,563 blocks), as the unoptimized replay counted them.
-TRACE = Path("/work/shared/traces/mooncake_synthetic_trace.jsonl")
+TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 TRACE_300: dict[str, Any] = {
     "host_cache_bytes": 64000000000,
     "primary_blocks": 25054,
