@@ -1,5 +1,6 @@
 """Golden differential tests: the block manager and the engine loop must behave exactly as they did before the
-speed work (commit b4aeb68, the faithful port that ``test_trtllm_port.py`` checks against TensorRT-LLM).
+speed work (commit 842a6f7, whose block manager is b4aeb68's faithful port that ``test_trtllm_port.py`` checks
+against TensorRT-LLM; a frozen copy is bench/sim_baseline_block_manager.py).
 
 Each case drives a seeded random workload through ``BlockManager`` (or ``SimEngineCore``) and logs everything an
 observer can see: every return value or exception, the request's ``block_ids``, ``kv_cache_stats()``, free counts
@@ -277,7 +278,7 @@ def digest(log: list[Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-# Computed with the unoptimized implementation (commit b4aeb68); see the module docstring.
+# Computed with the unoptimized implementation (commit 842a6f7); see the module docstring.
 GOLDEN: dict[str, str] = {
     "host_larger_than_gpu/1": "a0730d3b6e03a40502a51b951aac85a9",
     "host_larger_than_gpu/2": "1e371645c965c3873aa4e7b1b26dc8a1",
