@@ -264,8 +264,11 @@ def test_trace_prompt_ids_are_hash_blocks_cut_to_input_length() -> None:
     short = TraceRequest(9, 0, 1100, 1, (2,)).prompt_ids()
     tail = short[512:]
     assert short[:512] == list(range(1024, 1536)) and len(tail) == 588
-    assert all((1 << 29) <= t < (1 << 30) for t in tail)
+    assert all(t < 0 for t in tail)  # below every trace token (>= 0) and every generated one (>= 2^30)
     assert set(tail).isdisjoint(TraceRequest(10, 0, 1100, 1, (2,)).prompt_ids()[512:])
+    # far-apart lines too (the old 2^29 + line * 65,536 scheme ran into the generated range past line 8,192)
+    far = TraceRequest(9000, 0, 1100, 1, (2,)).prompt_ids()[512:]
+    assert all(t < 0 for t in far) and set(far).isdisjoint(tail)
     assert TraceRequest(1, 0, 300, 1, (0, 1, 2)).prompt_ids() == list(range(300))
 
 

@@ -51,7 +51,9 @@ class TraceRequest:
             remaining -= length
         if remaining > 0:
             # A trace whose hash ids cover fewer tokens than input_length: the tail is unique to the request.
-            runs.append(((1 << 29) + self.line * 65_536, remaining))
+            # Negative ids, 2^24 apart per line: never a trace token (>= 0) nor a generated one (>= 2^30), and no
+            # two requests' tails overlap (the simulator keeps ids as signed 64-bit integers).
+            runs.append((-((self.line + 1) << 24), remaining))
         return runs
 
 

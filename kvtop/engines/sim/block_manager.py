@@ -574,13 +574,16 @@ class BlockManager:
         if self._events_enabled:
             block.hash = block_key_hash(decode_key(block.key), parent_hash)
 
-    def _free_children(self, block: _Block) -> None:
-        """``freeChildren``: detach the block and its descendants from the tree, children first."""
+    def _free_children(self, block: _Block, data_level: int | None = None) -> None:
+        """``freeChildren``: detach the block and its descendants from the tree, children first.
+
+        ``data_level``: the tier whose data the block held, when its slot was swapped just before (an offload
+        target: the host copy is what is lost, though the block object now owns a GPU slot)."""
         for child in list(block.children.values()):
             self._free_children(child)
         if block.in_tree():
             self._enqueue_removed(block)
-            self.evicted_blocks[block.level] += 1
+            self.evicted_blocks[block.level if data_level is None else data_level] += 1
         self._detach(block)
 
     @staticmethod
@@ -626,9 +629,10 @@ class BlockManager:
         host_places = _PLACES[SECONDARY]
         append = taken.append
         taken_before = len(taken)
-        new_blocks = offloaded = silent_offloads = evicted = 0
+        new_blocks = offloaded = silent_offloads = evicted = evicted_host = 0
         try:
             for _ in range(count):
+                from_host = False  # True when the block is an offload target: its host data is what gets dropped
                 if not primary_prios:
                     raise NoFreeBlockError("no free block in the GPU (primary) pool")
                 prio = primary_prios[0]
@@ -665,14 +669,18 @@ class BlockManager:
                     queue[block.id] = block
                     block.queued = host_places[prio]
                     block = target
+                    from_host = True
                 # the block now holds a GPU slot whichever way it came
                 if block.children:
-                    self._free_children(block)
+                    self._free_children(block, SECONDARY if from_host else None)
                 elif block.prev is not None:  # a leaf: _free_children without the recursion
                     if block.key:
                         if events:
                             self._enqueue_removed(block)
-                        evicted += 1
+                        if from_host:
+                            evicted_host += 1
+                        else:
+                            evicted += 1
                     block.prev.children.pop(block.key, None)
                     block.prev = None
                 block.priority = priority
@@ -682,6 +690,7 @@ class BlockManager:
             # the counts of the blocks taken, added once (nothing in the loop reads them)
             num_free[PRIMARY] -= len(taken) - taken_before
             self.evicted_blocks[PRIMARY] += evicted
+            self.evicted_blocks[SECONDARY] += evicted_host
             self.alloc_total_blocks += len(taken) - taken_before
             self.alloc_new_blocks += new_blocks
             self.offloaded_blocks += offloaded
