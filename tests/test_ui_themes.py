@@ -1,0 +1,73 @@
+"""Themes are files: the shipped ones load, a user's file loads, a bad one is named and skipped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvtop.ui.app import build_app
+from kvtop.ui.testing import session_from_recording
+from kvtop.ui.themes import VARIABLE_DEFAULTS, ThemeError, _parse_simple_toml, load_theme, load_themes, theme_dirs
+
+
+def test_the_shipped_themes_load_with_every_kvtop_colour() -> None:
+    themes, errors = load_themes()
+    assert errors == []
+    names = [t.name for t in themes]
+    assert names[:3] == ["dark", "light", "high-contrast"]
+    for theme in themes:
+        assert set(VARIABLE_DEFAULTS) <= set(theme.variables), theme.name
+
+
+def test_the_python_310_reader_agrees_with_tomllib() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    for path in sorted(theme_dirs()[0].glob("*.toml")):
+        text = path.read_text()
+        assert _parse_simple_toml(text) == tomllib.loads(text), path.name
+
+
+def test_bad_theme_files_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "bad"\nprimary = "#ff0000"\ncolour = "red"\n')
+    with pytest.raises(ThemeError, match="bad.toml: unknown key"):
+        load_theme(bad)
+    bad.write_text('name = "bad"\n')
+    with pytest.raises(ThemeError, match="primary is missing"):
+        load_theme(bad)
+    with pytest.raises(ThemeError, match="cannot read"):
+        load_theme(tmp_path / "missing.toml")
+
+
+class Settings:
+    refresh = 0.25
+    duration = None
+
+    def __init__(self, theme: str):
+        self.theme = theme
+
+
+async def test_a_user_theme_file_and_a_textual_theme_both_work(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.toml"
+    mine.write_text('name = "mine"\nprimary = "#00aa00"\ndark = true\n[variables]\nkv-in-use = "#00ff00"\n')
+    app = build_app(session_from_recording(), Settings(str(mine)), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.theme == "mine"
+        assert app.theme_variables["kv-in-use"] == "#00ff00"
+        assert app.theme_variables["kv-cached"]            # filled in from the theme's own accent
+        await pilot.press("t")                               # the cycle goes on to the shipped themes
+        assert app.theme == "dark"
+        app.theme = "textual-dark"                           # picked from the palette: no kv-* variables of its own
+        await pilot.pause()
+        assert app.theme_variables["kv-in-use"] == app.theme_variables["primary"]
+        assert "GPU tier" in app.screen.query_one("#tier-gpu").border_title
+
+
+async def test_an_unknown_theme_falls_back_and_says_so() -> None:
+    app = build_app(session_from_recording(), Settings("no-such-theme"), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.theme == "dark"
+        log = app.screen.query_one("#events")
+        assert any("no-such-theme" in line.text for line in log.lines)
