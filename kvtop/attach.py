@@ -57,8 +57,9 @@ def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: 
                          password_file: str | None = None, interval_s: float = 0.5,
                          warmup_requests: int = 0) -> Session:
     """A session whose only producer is the remote source; sinks are added by the caller."""
+    # No meta of its own: the first source heard from becomes session.model, and its meta names its engine.
     session = Session(source=SourceId(host=target, rank=0, run=run or ""), warmup_requests=warmup_requests,
-                      meta={"engine": None, "attached_to": target})
+                      meta={"attached_to": target})
     lowered = target.lower()
     if command == "replay" or (not lowered.startswith(("mqtt://", "mqtts://", "http://", "https://"))):
         path = Path(target)

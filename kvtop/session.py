@@ -56,8 +56,13 @@ class Session:
         key = record.source.key()
         model = self.models.get(key)
         if model is None:
-            model = self.models[key] = (self.model if not self.models or key == self.source.key()
-                                        else TierModel(warmup_requests=self.warmup_requests))
+            # The session's own source, or else the first source heard from, is folded into self.model.
+            taken = any(m is self.model for m in self.models.values())
+            if not taken and (key == self.source.key() or not self.models):
+                model = self.model
+            else:
+                model = TierModel(warmup_requests=self.warmup_requests)
+            self.models[key] = model
         model.apply(record)
         if model is self.model:
             try:
@@ -148,7 +153,7 @@ class Session:
         if self._stopped:
             self._stop.set()
         self.started_at = time.time()
-        if self.meta:
+        if isinstance(self.meta.get("engine"), str):  # a driven run describes its engine; an attach waits to hear
             self.emit(make("meta", dict(self.meta), self.source))
         tasks: dict[asyncio.Task[None], str] = {}
         for name, producer in self._producers:

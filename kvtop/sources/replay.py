@@ -21,6 +21,7 @@ from kvtop.records import Record, RecordError, read_jsonl
 # Yield to the event loop every 256 records at speed 0: a 1 GB recording must not freeze a dashboard that shares
 # the loop (256 records decode in ~2 ms).
 YIELD_EVERY = 256
+BURST_S = 0.05
 
 
 async def replay(path: str | os.PathLike[str], speed: float = 1.0, *,
@@ -47,7 +48,10 @@ async def replay(path: str | os.PathLike[str], speed: float = 1.0, *,
                 w0 -= delay - max_gap_s
                 delay = max_gap_s
             if delay > 0:
-                await asyncio.sleep(delay)
+                # Sleep at least 50 ms, then send everything that came due meanwhile in one burst: one wake-up per
+                # burst instead of one per record (a busy recording holds ~1,000 records/s, and 1,000 wake-ups/s
+                # cost a dashboard ~0.5% of a core). A record is never early, and at most 50 ms late.
+                await asyncio.sleep(max(delay, BURST_S))
                 since_yield = 0
         since_yield += 1
         if since_yield >= YIELD_EVERY:
