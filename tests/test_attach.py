@@ -1,0 +1,46 @@
+"""kvtop replay / attach FILE: the same session and summary on a recording (issue 5)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvtop import cli
+
+BUSY = Path(__file__).parent / "data" / "busy.jsonl"
+
+
+def _summary(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
+    assert cli.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_replay_headless_folds_the_recording(capsys: pytest.CaptureFixture[str]) -> None:
+    s = _summary(capsys, ["replay", str(BUSY), "--speed", "0", "--headless", "--json"])
+    assert s["engine"] == "sim"  # the recording's own meta names its engine; the attach adds none of its own
+    gpu, host = s["tiers"]["gpu"], s["tiers"]["host"]
+    assert (gpu["capacity_blocks"], host["capacity_blocks"]) == (256, 227)
+    assert gpu["in_use_blocks"] + gpu["free_blocks"] == 256
+    assert s["requests"]["completed"] > 100 and s["moves"]["offloaded_blocks"] > 0
+    assert 0 < s["hit_rate"]["cumulative"] < 1
+
+
+def test_attach_file_equals_replay_and_survives_bad_lines(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    good = _summary(capsys, ["replay", str(BUSY), "--speed", "0", "--headless", "--json"])
+    damaged = tmp_path / "damaged.jsonl"
+    shutil.copy(BUSY, damaged)
+    with damaged.open("a") as fh:
+        fh.write('{"v": 1, "kind": "stats", "time": "noon"}\n{"truncated": ')  # a bad line, then a cut one
+    s = _summary(capsys, ["attach", str(damaged), "--speed", "0", "--headless", "--json"])
+    assert s["tiers"] == good["tiers"] and s["moves"] == good["moves"]
+    assert s["requests"]["completed"] == good["requests"]["completed"]
+
+
+def test_replay_of_a_missing_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli.main(["replay", str(tmp_path / "nope.jsonl"), "--headless"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such recording" in err[0]
