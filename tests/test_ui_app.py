@@ -17,8 +17,8 @@ from kvtop.tiers import TierModel
 from kvtop.ui import app as app_module
 from kvtop.ui.app import KvtopApp, build_app, layout_for
 from kvtop.ui.demo import build_replay_session
-from kvtop.ui.testing import BUSY_RECORDING, FROZEN_NOW, session_from_recording
-from kvtop.ui.widgets import EventLog, HelpScreen, TierPanel
+from kvtop.ui.testing import BUSY_RECORDING, FROZEN_NOW, fleet_session, session_from_recording
+from kvtop.ui.widgets import EventLog, HelpScreen, HitRatePanel, Panel, PriorityPanel, SourcesPanel, TierPanel
 
 
 @pytest.fixture(autouse=True)
@@ -328,3 +328,212 @@ async def test_several_sources_and_the_s_key() -> None:
         assert header.data.source_label.startswith("2/2 node-b")
         assert _gpu_panel(app).data != first
     assert [m.source for m in hook.of(KvtopApp.SourceChanged)] == ["node-b/0/busy"]
+
+
+# ---------------------------------------------------------------------------------------------- fleet view
+
+FLEET_KEYS = ["node-a/0/chat", "node-b/1/chat", "node-c/0/batch"]
+
+
+def _sources_panel(app: KvtopApp) -> SourcesPanel:
+    return app.screen.query_one(SourcesPanel)
+
+
+async def test_one_source_shows_no_sources_table() -> None:
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert not app.screen.has_class("-fleet")
+        assert not _sources_panel(app).display
+        assert app.screen.query_one(PriorityPanel).display
+
+
+async def test_three_sources_show_the_table_and_its_aggregate_row() -> None:
+    session = fleet_session()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.screen.has_class("-fleet")
+        panel = _sources_panel(app)
+        assert panel.display and not app.screen.query_one(PriorityPanel).display
+        d = panel.data
+        assert [r.key for r in d.rows] == FLEET_KEYS and d.selected == 0
+        models = [session.models[k] for k in FLEET_KEYS]
+        total = d.total
+        # The aggregate from the models themselves: sums of blocks and rates; total hits / total lookups.
+        assert total.sources == 3
+        assert total.gpu_in_use == sum(m.gpu.in_use_blocks for m in models)
+        assert total.gpu_capacity == 3 * 256
+        assert total.host_cached == sum(m.host.cached_blocks for m in models)
+        hits, lookups = sum(m.hit_rate.hits for m in models), sum(m.hit_rate.lookups for m in models)
+        assert (total.hits, total.lookups) == (hits, lookups)
+        assert total.hit_cumulative == pytest.approx(hits / lookups)
+        assert total.hit_cumulative != pytest.approx(sum(m.hit_rate.cumulative for m in models) / 3, abs=1e-4)
+        assert total.requests_per_s == pytest.approx(sum(m.rates.requests_per_s for m in models))
+        assert total.offloaded_per_s == pytest.approx(sum(m.rates.offloaded_per_s for m in models))
+        assert total.ttft_p99_s == max(r.ttft_p99_s for r in d.rows)
+        text = panel.text()
+        lines = text.splitlines()
+        assert "TTFT p99" in lines[0] and "GPU use/cch/cap" in lines[0]
+        assert lines[1].startswith(" ▶ node-a/0/chat")
+        all_line = next(ln for ln in lines if ln.startswith(" Σ all"))
+        assert f"{total.gpu_in_use}/{total.gpu_cached}/768" in all_line
+        assert f"{total.hit_cumulative * 100:.1f}%" in all_line
+        assert "max of the sources'" in panel.border_subtitle
+
+
+async def test_s_picks_the_source_and_highlights_its_row() -> None:
+    session = fleet_session()
+    hook = Messages()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        await pilot.pause()
+        for i, key in enumerate(FLEET_KEYS[1:] + FLEET_KEYS[:1], start=1):
+            await pilot.press("s")
+            await pilot.pause()
+            panel = _sources_panel(app)
+            assert panel.data.selected == i % 3
+            marked = [ln for ln in panel.text().splitlines() if ln.startswith(" ▶")]
+            assert len(marked) == 1 and marked[0].startswith(f" ▶ {key}")
+            gpu = session.models[key].gpu
+            assert _gpu_panel(app).data.state == gpu  # the big panels show the selected source
+            assert app.screen.query_one("#header").data.source_label.endswith(key)
+    assert [m.source for m in hook.of(KvtopApp.SourceChanged)] == FLEET_KEYS[1:] + FLEET_KEYS[:1]
+
+
+async def test_source_statuses_go_to_the_table_and_offline_ones_leave_the_aggregate() -> None:
+    session = fleet_session()
+    session.status.update({"node-a/0/chat": "online", "node-b/1/chat": "online", "node-c/0/batch": "offline"})
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        d = _sources_panel(app).data
+        assert [r.status for r in d.rows] == ["online", "online", "offline"]
+        assert d.total.sources == 2
+        assert d.total.hits == sum(session.models[k].hit_rate.hits for k in FLEET_KEYS[:2])
+        assert _sources_panel(app).has_class("-warn")
+        assert "2 of 3" in _sources_panel(app).text()
+        # Per-source statuses are in the table, not badges in the header.
+        assert app.screen.query_one("#header").data.sources == ()
+        # The MQTT link going down marks every source that was not offline "disconnected".
+        session.status["mqtt"] = "disconnected: connection refused; retrying (every 5 s)"
+        app.refresh_view()
+        await pilot.pause()
+        assert [r.status for r in _sources_panel(app).data.rows] == ["disconnected", "disconnected", "offline"]
+
+
+async def test_the_sources_table_follows_new_records_at_most_once_a_second() -> None:
+    session = fleet_session()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        before = _sources_panel(app).data
+        rec = next(r for r in _records() if r.kind == "request")
+        for i, source in enumerate((SourceId("node-b", 1, "chat"), SourceId("node-a", 0, "chat"))):
+            key = source.key()
+            session.emit(make("request", dict(rec.data, request_id=10_000 + i), source=source,
+                              time=session.models[key].now + 0.5))
+        app.refresh_view()
+        mid = _sources_panel(app).data
+        # Within the second only the selected source's row (node-a, the one the big panels show) follows.
+        assert mid.rows[1] is before.rows[1] and mid.rows[2] is before.rows[2]
+        assert mid.rows[0].requests_per_s != before.rows[0].requests_per_s
+        app.fleet_refresh_s = 0.0
+        app.refresh_view()
+        after = _sources_panel(app).data
+        assert after.rows[1] != before.rows[1]
+        assert after.rows[2] is before.rows[2]  # a source that folded nothing is not read again
+
+
+@pytest.mark.parametrize("size", [(80, 24), (40, 12)])
+async def test_the_fleet_view_keeps_small_screens_whole(size: tuple[int, int]) -> None:
+    app = build_app(fleet_session(), Settings(), run_session=False)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        panel = _sources_panel(app)
+        assert panel.display and panel.region.bottom <= size[1]
+        text = panel.text()
+        if size == (40, 12):
+            assert text.strip().startswith("3 sources") and panel.region.height == 1
+        else:
+            assert "▶ node-a/0/chat" in text and "Σ all" in text
+        # Every panel that is shown lies within the screen, none overlapping another.
+        shown = [w for w in app.screen.query(Panel) if w.display and w.region.height]
+        for w in shown:
+            assert w.region.right <= size[0] and w.region.bottom <= size[1], w
+        for i, w in enumerate(shown):
+            for v in shown[i + 1:]:
+                assert not w.region.overlaps(v.region), (w, v)
+
+
+# ---------------------------------------------------------------------------------------------- what-if
+
+def _hit_text(app: KvtopApp) -> str:
+    return app.screen.query_one(HitRatePanel).text()
+
+
+async def test_what_if_line_shows_the_sessions_estimate() -> None:
+    session = session_from_recording()
+    est = session.what_if()
+    assert est["host_x2_hit_rate"] is not None
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        expected = f"what-if host x2: {est['host_x2_hit_rate'] * 100:.0f}% · x4: {est['host_x4_hit_rate'] * 100:.0f}%"
+        assert expected in _hit_text(app)
+
+
+async def test_what_if_line_reads_what_the_session_says() -> None:
+    session = session_from_recording()
+    answers = iter([{"host_x2_hit_rate": None, "host_x4_hit_rate": None},
+                    {"host_x2_hit_rate": 0.523, "host_x4_hit_rate": 0.6149}])
+    session.what_if = lambda: next(answers)  # type: ignore[method-assign]
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        assert "what-if host x2: ? · x4: ?" in _hit_text(app)  # unknown until known, never 0%
+        # The estimate is read again once the model's clock has moved a second on.
+        last = session.model.now
+        session.emit(make("stats", {"iter": 10**6, "numActiveRequests": 0}, source=session.source, time=last + 1.5))
+        app.refresh_view()
+        await pilot.pause()
+        assert "what-if host x2: 52% · x4: 61%" in _hit_text(app)
+
+
+async def test_what_if_only_for_the_sessions_own_source() -> None:
+    app = build_app(fleet_session(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert "what-if host x2:" in _hit_text(app)
+        await pilot.press("s")
+        await pilot.pause()
+        assert "what-if" not in _hit_text(app)
+
+
+class StandInSession:
+    """Only what the screen reads: a model and no ``what_if``."""
+
+    def __init__(self, model: TierModel):
+        self.model = model
+        self.models = {"x/0/y": model}
+        self.meta: dict[str, Any] = {}
+        self.log: list[Any] = []
+        self.status: dict[str, str] = {}
+        self.started_at = FROZEN_NOW - 10
+
+    async def run(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+
+async def test_no_what_if_line_without_the_estimate() -> None:
+    model = TierModel()
+    for r in _records()[:800]:
+        model.apply(r)
+    app = build_app(StandInSession(model), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        text = _hit_text(app)
+        assert "what-if" not in text and "total" in text

@@ -19,7 +19,13 @@ from kvtop.records import SourceId, make, read_jsonl  # noqa: E402
 from kvtop.session import Session  # noqa: E402
 from kvtop.ui import app as app_module  # noqa: E402
 from kvtop.ui.app import build_app  # noqa: E402
-from kvtop.ui.testing import BUSY_RECORDING, FROZEN_NOW, FROZEN_STARTED_AT, session_from_recording  # noqa: E402
+from kvtop.ui.testing import (  # noqa: E402
+    BUSY_RECORDING,
+    FROZEN_NOW,
+    FROZEN_STARTED_AT,
+    fleet_session,
+    session_from_recording,
+)
 
 SIZES = {"120x40": (120, 40), "80x24": (80, 24), "40x12": (40, 12)}
 THEMES = ("dark", "light", "high-contrast")
@@ -89,3 +95,12 @@ def test_unknown_host_tier(snap_compare) -> None:
 
     app = build_app(session, Settings("dark"), run_session=False)
     assert snap_compare(app, terminal_size=(80, 24), run_before=settle)
+
+
+@pytest.mark.parametrize("size", list(SIZES))
+def test_fleet(snap_compare, size: str) -> None:
+    """Three sources (one offline, left out of the aggregate), the second picked with `s`: the sources table."""
+    session = fleet_session()
+    session.status.update({"node-a/0/chat": "online", "node-b/1/chat": "online", "node-c/0/batch": "offline"})
+    app = build_app(session, Settings("dark"), run_session=False)
+    assert snap_compare(app, press=["s"], terminal_size=SIZES[size])

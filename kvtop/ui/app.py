@@ -9,7 +9,9 @@ enough to delay input or the fold.
 
 What the screen reads from the session: ``model`` / ``models`` (TierModel per source), ``meta``, ``started_at``,
 ``log``, ``status``, ``requests_in_flight`` and ``driver`` (when a workload driver runs), ``run()``, ``stop()``,
-``reset_window()``. From each TierModel: ``gpu``, ``host``, ``moves``, ``hit_rate``, ``rates``, ``history()``,
+``reset_window()``, ``what_if()`` (optional: the 2x / 4x host line). With 2+ sources that have data, a sources
+table (kvtop.fleet: one row each and the aggregate) takes the per-priority and memory panels' place.
+From each TierModel: ``gpu``, ``host``, ``moves``, ``hit_rate``, ``rates``, ``history()``,
 ``history_step_s``, ``window_s``, ``cached_by_priority``, ``hit_rate_by_priority``, ``requests``, ``gpus``,
 ``gpu_error``, ``host_memory``, ``quality``, ``bad_records``, ``last_bad_reason``, ``records_applied``,
 ``now``, ``meta``, ``tokens_per_block``, ``bytes_per_block``.
@@ -34,9 +36,11 @@ from textual.screen import Screen
 from textual.widgets import Footer
 from textual.worker import Worker
 
+from kvtop.fleet import FleetRow, combine, source_row, source_status
 from kvtop.ui.themes import DEFAULT_THEME, PREFERRED_ORDER, VARIABLE_DEFAULTS, ThemeError, load_theme, load_themes
 from kvtop.ui.widgets import (
     EventLog,
+    FleetData,
     GpuMemoryRow,
     HeaderBar,
     HeaderData,
@@ -52,6 +56,7 @@ from kvtop.ui.widgets import (
     PriorityPanel,
     RequestData,
     RequestPanel,
+    SourcesPanel,
     TierData,
     TierPanel,
 )
@@ -65,6 +70,10 @@ STALE_AFTER_S = 5.0      # no record for this long: the header says so (an engin
 SPARK_POINTS = 120       # history points kept for sparklines: 2 minutes at the model's 1 s step
 WIDE = (110, 34)         # the full layout from this size up (120x40 is the reference)
 COMPACT = (60, 20)       # below either: one- and two-line panels (40x12 must stay whole)
+# The sources table reads every source's model (~0.15 ms each, the TTFT percentiles most of it): at most once a
+# second, so 64 busy sources cost ~10 ms a second (1% of a core), not 40 ms at the 0.25 s refresh. A change of
+# the source set, the selection or a status shows at once.
+FLEET_REFRESH_S = 1.0
 
 
 def layout_for(width: int, height: int) -> str:
@@ -87,6 +96,8 @@ class DashboardScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
         with Vertical(id="bottom"):  # docked widgets on one edge overlap: the log and the keys share one dock
+            # Full width under both columns (its columns need ~110 cells); shown only with 2+ sources (-fleet).
+            yield SourcesPanel(id="sources")
             yield EventLog(id="events")
             yield Footer(compact=True)
             yield KeyHints(id="keys")
@@ -190,6 +201,13 @@ class KvtopApp(App[int]):
         self._quality: Any = None
         self._req_key: tuple[Any, ...] | None = None
         self._req: Any = None
+        self.fleet_refresh_s = FLEET_REFRESH_S
+        self._fleet_rows: dict[str, tuple[tuple[Any, ...], FleetRow]] = {}  # key -> (model version, row)
+        self._fleet_key: tuple[Any, ...] | None = None
+        self._fleet_at = float("-inf")
+        self._fleet_shown = False
+        self._whatif_key: tuple[Any, ...] | None = None
+        self._whatif: tuple[float | None, float | None] | None = None
 
     # ------------------------------------------------------------------------------------------ themes
 
@@ -239,8 +257,9 @@ class KvtopApp(App[int]):
             "host": screen.query_one("#tier-host", TierPanel), "prio": screen.query_one(PriorityPanel),
             "hit": screen.query_one(HitRatePanel), "moves": screen.query_one(MovesPanel),
             "requests": screen.query_one(RequestPanel), "memory": screen.query_one(MemoryPanel),
-            "events": screen.query_one(EventLog),
+            "events": screen.query_one(EventLog), "sources": screen.query_one(SourcesPanel),
         }
+        self._dashboard = screen
         self._feed_log()  # the session's earlier lines first, so the log reads in time order
         for err in self._theme_errors:
             self.note("warn", err)
@@ -302,6 +321,7 @@ class KvtopApp(App[int]):
         if self.paused:
             self._panels["header"].show(self._header(now, *self.current_model(), self._quality))
             return
+        self._refresh_fleet()
         key, model = self.current_model()
         version = (id(model), getattr(model, "records_applied", None), getattr(model, "bad_records", None))
         if version == self._shown_version and not self._force:
@@ -326,7 +346,7 @@ class KvtopApp(App[int]):
         history = self._history(model)
         rates = model.rates
         self._panels["hit"].show(HitData(model.hit_rate, tuple(h.hit_rate for h in history),
-                                         getattr(model, "window_s", None)))
+                                         getattr(model, "window_s", None), self._what_if(model)))
         moves = model.moves
         self._panels["moves"].show(MovesData(rates, moves, tuple(
             (h.offloaded_per_s, h.onboarded_per_s, h.evicted_gpu_per_s, h.evicted_host_per_s) for h in history),
@@ -339,6 +359,62 @@ class KvtopApp(App[int]):
         self.last_refresh_cost_s = time.perf_counter() - t0
         if self.on_refreshed is not None:
             self.on_refreshed(time.monotonic(), model.now, self.last_refresh_cost_s)
+
+    def _what_if(self, model: Any) -> tuple[float | None, float | None] | None:
+        """``session.what_if()``'s 2x / 4x host hit rates, for the session's own source only (the estimate is
+        folded from its records alone); None hides the line. Read at most once per second of model time: its
+        cost grows with the host pool (a walk over up to 3 x host-capacity ghost ranks; 0.12 ms at 227 blocks)."""
+        what_if = getattr(self.session, "what_if", None)
+        if what_if is None or model is not getattr(self.session, "model", None):
+            return None
+        key = (id(model), None if model.now is None else int(model.now))
+        if key != self._whatif_key:
+            self._whatif_key = key
+            try:
+                est = what_if() or {}
+            except Exception:  # an estimate that fails shows "?", never takes the screen down
+                est = {}
+            self._whatif = (est.get("host_x2_hit_rate"), est.get("host_x4_hit_rate"))
+        return self._whatif
+
+    def _refresh_fleet(self) -> None:
+        """The sources table: shown (the screen's ``-fleet`` class) while 2+ sources have data."""
+        sources = self._sources()
+        fleet = len(sources) > 1
+        if fleet != self._fleet_shown:
+            self._fleet_shown = fleet
+            screen = getattr(self, "_dashboard", None)
+            if screen is not None:
+                screen.set_class(fleet, "-fleet")  # restyles the screen: only when it changes
+            self._fleet_key = None
+        if not fleet:
+            return
+        status = getattr(self.session, "status", None) or {}
+        selected = self.source_index % len(sources)
+        statuses = tuple(source_status(k, status) for k, _ in sources)
+        key = (tuple(k for k, _ in sources), selected, statuses)
+        t = time.monotonic()
+        cache = self._fleet_rows
+        if key == self._fleet_key and t - self._fleet_at < self.fleet_refresh_s:
+            # Between full reads only the selected row follows its model, at the refresh rate, so that it agrees
+            # with the big panels that show the same source.
+            panel = self._panels["sources"]
+            k, model = sources[selected]
+            if self._fleet_row(k, model, statuses[selected]) is not panel.data.rows[selected]:
+                rows = [cache[k][1] for k, _ in sources]
+                panel.show(FleetData(tuple(rows), combine(rows), selected))
+            return
+        self._fleet_key, self._fleet_at = key, t
+        rows = [self._fleet_row(k, model, st) for (k, model), st in zip(sources, statuses)]
+        self._panels["sources"].show(FleetData(tuple(rows), combine(rows), selected))
+
+    def _fleet_row(self, key: str, model: Any, status: str | None) -> FleetRow:
+        """A source's row, read again only when its model folded something since (or its status changed)."""
+        version = (id(model), getattr(model, "records_applied", None), getattr(model, "bad_records", None), status)
+        hit = self._fleet_rows.get(key)
+        if hit is None or hit[0] != version:
+            hit = self._fleet_rows[key] = (version, source_row(key, model, status))
+        return hit[1]
 
     def _watch_freshness(self, now: float) -> None:
         if self._last_change_at is None:
@@ -365,7 +441,8 @@ class KvtopApp(App[int]):
         status = getattr(self.session, "status", None) or {}
         for name, st in list(status.items()):
             # "done" is said by the producer itself (e.g. "replay finished"); "ok" only after a problem.
-            self._on_change(f"status:{name}", None if st == "done" else st, "info" if st == "ok" else "warn",
+            bad = st in ("offline", "failed", "error") or str(st).startswith("disconnected")
+            self._on_change(f"status:{name}", None if st == "done" else st, "warn" if bad else "info",
                             lambda v, n=name: f"{n}: {v}")
 
     def _on_increase(self, key: str, value: int, level: str, text: Callable[[int], str]) -> None:
@@ -429,7 +506,10 @@ class KvtopApp(App[int]):
         if q is not None and q.host_without_events:
             flags.append("host unknown")
         status = getattr(self.session, "status", None) or {}
-        sources = tuple((n, s) for n, s in status.items() if s not in ("ok", "done"))
+        # Statuses of sources (their keys) are in the sources table's status column, not in the header.
+        models = getattr(self.session, "models", None) or {}
+        sources = tuple((n, s) for n, s in status.items()
+                        if s not in ("ok", "done") and not (self._fleet_shown and n in models))
         nsrc = len(self._sources())
         label = f"{self.source_index % nsrc + 1}/{nsrc} {key}" if nsrc > 1 else None
         simulated = bool(meta.get("simulated")) or meta.get("engine") == "sim"
@@ -527,6 +607,7 @@ class KvtopApp(App[int]):
         if reset is not None:
             reset()
         self._hist_key = None
+        self._fleet_key = None
         self._force = True
         self.post_message(self.WindowReset())
         self.refresh_view()
@@ -551,6 +632,7 @@ class KvtopApp(App[int]):
             return
         self.source_index = (self.source_index + 1) % len(sources)
         self._hist_key = None
+        self._fleet_key = None
         self._force = True
         self.post_message(self.SourceChanged(sources[self.source_index][0]))
         self.refresh_view()

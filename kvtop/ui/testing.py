@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kvtop.records import RecordError, SourceId, read_jsonl
+from kvtop.records import RecordError, SourceId, make, read_jsonl
 from kvtop.session import Session
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,4 +36,32 @@ def session_from_recording(path: str | os.PathLike[str] = BUSY_RECORDING, *, upt
     return session
 
 
-__all__ = ["BUSY_RECORDING", "FROZEN_NOW", "FROZEN_STARTED_AT", "REPO", "session_from_recording"]
+# The fleet fixture: three sources from the busy recording, each a different stretch of it (the whole 8 s, the
+# first 5 s, the first 3 s) moved in time so that all three end together, as live engines would.
+FLEET_SOURCES = ((SourceId(host="node-a", rank=0, run="chat"), None),
+                 (SourceId(host="node-b", rank=1, run="chat"), 5.0),
+                 (SourceId(host="node-c", rank=0, run="batch"), 3.0))
+
+
+def fleet_session(path: str | os.PathLike[str] = BUSY_RECORDING, *, started_at: float = FROZEN_STARTED_AT,
+                  sources: tuple[tuple[SourceId, float | None], ...] = FLEET_SOURCES) -> Session:
+    """A Session watching several sources (``FLEET_SOURCES``: the first is the session's own); not run."""
+    records = []
+    for rec in read_jsonl(path):
+        if isinstance(rec, RecordError):
+            raise rec
+        records.append(rec)
+    t0, t_end = records[0].time, records[-1].time
+    session = Session(source=sources[0][0])
+    for source, upto in sources:
+        shift = 0.0 if upto is None else (t_end - t0) - upto
+        for rec in records:
+            if upto is not None and rec.time - t0 > upto:
+                break
+            session.emit(make(rec.kind, rec.data, source=source, time=rec.time + shift))
+    session.started_at = started_at
+    return session
+
+
+__all__ = ["BUSY_RECORDING", "FLEET_SOURCES", "FROZEN_NOW", "FROZEN_STARTED_AT", "REPO", "fleet_session",
+           "session_from_recording"]

@@ -17,7 +17,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from rich.cells import cell_len, set_cell_size
@@ -511,6 +511,9 @@ class HitData:
     hit: Any                            # kvtop.tiers.HitRate
     history: tuple[float | None, ...]   # hit rate per history step, oldest first
     window_s: float | None
+    # Live what-if (kvtop.report.whatif): the hit rate with a 2x and a 4x host cache, each None until known;
+    # None as a whole hides the line (a session without the estimate, or another source shown).
+    what_if: tuple[float | None, float | None] | None = None
 
 
 # 3x3 box-drawing glyphs for the big hit-rate figure (the back of the room reads these, not the small digits).
@@ -567,7 +570,12 @@ class HitRatePanel(Panel):
             label = [f"  over {win}", "  blocks reused /", "  blocks looked up"]
             lines += [line_of((b, S_FIG), (lab, S_DIM)) for b, lab in zip(big, label)]
         lines += [row(win, h.window, h.window_gpu, h.window_host), row("total", h.cumulative, h.gpu, h.host)]
-        if height >= 3:
+        if d.what_if is not None and height >= 3:
+            # Before the sparkline: where the panel has one line to spare (80x24), the estimate gets it.
+            x2, x4 = d.what_if
+            lines.append(line_of(("what-if ", S_DIM), ("host x2: ", S_CACHED), (fmt.pct(x2, digits=0), S_FIG),
+                                  (" · ", S_DIM), ("x4: ", S_CACHED), (fmt.pct(x4, digits=0), S_FIG)))
+        if height >= len(lines) + 1:
             spark_w = max(width - 8, 1)
             lines.append(line_of((fmt.sparkline(d.history, spark_w, top=1.0), S_SPARK),
                                   (f" {min(len(d.history), spark_w):>3}s", S_DIM)))
@@ -674,6 +682,129 @@ class PriorityPanel(Panel):
                 parts += [("▮" * n, S_CACHED), " " * (bar_w - n)]
             parts.append((_pad(fmt.pct(hit, unknown="", digits=0), 9), S_DIM))
             lines.append(line_of(*parts))
+        return _lines(lines, width, height)
+
+
+# ------------------------------------------------------------------------------------------------ sources
+
+@dataclass(frozen=True)
+class FleetData:
+    rows: tuple[Any, ...]           # kvtop.fleet.FleetRow per source with data, in the order `s` steps through
+    total: Any                      # kvtop.fleet.FleetRow: the aggregate ("all")
+    selected: int                   # the row the big panels show
+
+
+STATUS_STYLE = {"online": S_OK, "ok": S_OK, "offline": S_WARN, "disconnected": S_ERR, "error": S_ERR,
+                "failed": S_ERR}
+
+
+class SourcesPanel(Panel):
+    """Every attached source side by side, one row each, and the fleet's aggregate row ("all").
+
+    Shown only while two or more sources have sent data (the screen's ``-fleet`` class). Columns drop right to
+    left by ``DROP`` order where the panel is narrow; the selected source (``s``) is marked and bold. More
+    sources than lines: a window of rows around the selected one, and how many are left out.
+    """
+
+    # (header, width, cell) in display order; cells are read off a kvtop.fleet.FleetRow.
+    COLUMNS: ClassVar[tuple[tuple[str, int, str], ...]] = (
+        ("status", 12, "status"), ("GPU use/cch/cap", 17, "gpu"), ("host cch/cap", 13, "host"),
+        ("hit win", 7, "hit_window"), ("all", 6, "hit_cumulative"), ("off/s", 7, "offloaded_per_s"),
+        ("on/s", 6, "onboarded_per_s"), ("req/s", 6, "requests_per_s"), ("TTFT p99", 9, "ttft"))
+    # Which columns go first when the panel is narrow (80x24 keeps source, GPU, host, hit and req/s).
+    DROP = ("status", "ttft", "onboarded_per_s", "offloaded_per_s", "hit_cumulative", "requests_per_s", "host")
+    KEY_MIN, KEY_MAX = 10, 24
+    SUBTITLE = "all: sums · hit = hits / lookups · TTFT p99 = max of the sources'"
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.border_title = "Sources"
+        self.border_subtitle = self.SUBTITLE
+
+    def show(self, data: Any) -> bool:
+        changed = super().show(data)
+        if changed:
+            title = f"Sources · {len(data.rows)}"
+            if self.border_title != title:  # a title change repaints the whole panel: only when it changed
+                self.border_title = title
+            self.state = "warn" if any(r.status in ("offline", "disconnected", "error", "failed")
+                                       for r in data.rows) else "ok"
+        return changed
+
+    @staticmethod
+    def _cell(row: Any, what: str) -> tuple[str, str]:
+        if what == "status":
+            return (row.status or "?", STATUS_STYLE.get(row.status or "", S_DIM))
+        if what == "gpu":
+            return (f"{fmt.count(row.gpu_in_use)}/{fmt.count(row.gpu_cached)}/{fmt.count(row.gpu_capacity)}",
+                    S_FIG)
+        if what == "host":
+            return (f"{fmt.count(row.host_cached)}/{fmt.count(row.host_capacity)}", S_FIG)
+        if what in ("hit_window", "hit_cumulative"):
+            return (fmt.pct(getattr(row, what)), S_FIG)
+        if what == "ttft":
+            return (fmt.seconds_ms(row.ttft_p99_s), S_FIG)
+        return (fmt.rate(getattr(row, what)), S_FIG)
+
+    def _columns(self, width: int, key_w: int, show_status: bool) -> list[tuple[str, int, str]]:
+        cols = [c for c in self.COLUMNS if show_status or c[2] != "status"]
+        drop = list(self.DROP)
+        while cols and 2 + key_w + sum(w + 1 for _, w, _ in cols) > width and drop:
+            what = drop.pop(0)
+            cols = [c for c in cols if c[2] != what]
+        return cols
+
+    def _row(self, row: Any, cols: list[tuple[str, int, str]], key_w: int, mark: str, key_style: str,
+             status: tuple[str, str] | None = None) -> Line:
+        key = row.key if len(row.key) <= key_w else "…" + row.key[-(key_w - 1):]
+        parts: list[Any] = [(mark, "bold $primary"), (key.ljust(key_w), key_style)]
+        for _, w, what in cols:
+            text, style = status if what == "status" and status is not None else self._cell(row, what)
+            if what == "status":
+                parts += [" ", (text.ljust(w - 1), style)]
+            else:
+                parts += [" ", (_pad(text, w), style)]
+        return line_of(*parts)
+
+    def build(self) -> Line | list[Line]:
+        d: FleetData | None = self.data
+        width, height = self.inner
+        if d is None or height <= 0:
+            return BLANK
+        n = len(d.rows)
+        t = d.total
+        if height == 1:
+            sel = d.rows[d.selected] if 0 <= d.selected < n else None
+            return _fit(line_of((f"{n} sources ", "bold"), ("all hit ", S_DIM), (fmt.pct(t.hit_window, digits=0),
+                                 S_FIG), ("/", S_DIM), (fmt.pct(t.hit_cumulative, digits=0), S_FIG),
+                                 (" req/s ", S_DIM), (fmt.rate(t.requests_per_s), S_FIG),
+                                 *([("  ▶", "bold $primary"), (sel.key, "bold")] if sel else [])), width)
+        key_w = min(max([self.KEY_MIN, *(len(r.key) for r in d.rows)]), self.KEY_MAX)
+        cols = self._columns(width, key_w, show_status=any(r.status for r in d.rows))
+        header = line_of(("  " + "source".ljust(key_w), S_DIM),
+                         *[(" " + (h.ljust(w - 1) if what == "status" else _pad(h, w)), S_DIM)
+                           for h, w, what in cols])
+        room = max(height - 2, 0)  # the header and the "all" row
+        start, stop = 0, n
+        more = ""
+        if n > room:
+            # One line says how many are left out, where there are lines for more than the selected source.
+            shown = room - 1 if room > 2 else room
+            start = min(max(d.selected - shown // 2, 0), max(n - shown, 0))
+            stop = start + shown
+            more = f"… {n - shown} more sources (s: next)" if shown < room else ""
+        lines: list[Line] = [header]
+        for i in range(start, stop):
+            selected = i == d.selected
+            lines.append(self._row(d.rows[i], cols, key_w, "▶ " if selected else "  ",
+                                   "bold $primary" if selected else "bold"))
+        if more and room:
+            lines.append(styled("  " + more, S_DIM))
+        # Offline sources are left out of the aggregate: its status cell says how many it counts.
+        counted = ("", S_DIM) if t.sources == n else (f"{t.sources} of {n}", S_WARN)
+        if t.sources != n and not any(what == "status" for _, _, what in cols):
+            t = replace(t, key=f"all {t.sources}/{n}")  # no status column to say it in
+        lines.append(self._row(t, cols, key_w, "Σ ", "bold", counted))
         return _lines(lines, width, height)
 
 
@@ -941,6 +1072,9 @@ HELP_TEXT = """\
 [b]Hit rate[/]  reused prompt blocks / prompt blocks looked up, over the window and since start;
   GPU + host = total, where a host hit is a block onboarded from host memory.
 [b]Moves[/]  offload: GPU→host on eviction; onboard: host→GPU on reuse; evict: dropped from a tier.
+[b]What-if[/]  the hit rate with a 2x / 4x host cache, estimated from the blocks this run dropped.
+[b]Sources[/]  (2+ attached) one row each, ▶ the one shown. [b]all[/]: sums of blocks and rates,
+  hit rate = total hits / total lookups, TTFT p99 = max of the sources'; offline ones left out.
 
 [dim]esc or ? closes this help[/]
 """
@@ -969,4 +1103,4 @@ class HelpScreen(ModalScreen[None]):
 __all__ = ["EventLog", "KeyHints", "GpuMemoryRow",
            "HeaderBar", "HeaderData", "HelpScreen", "HitData",
            "HitRatePanel", "MemoryData", "MemoryPanel", "MovesData", "MovesPanel", "Panel", "PriorityData",
-           "PriorityPanel", "RequestData", "RequestPanel", "TierData", "TierPanel"]
+           "PriorityPanel", "RequestData", "RequestPanel", "FleetData", "SourcesPanel", "TierData", "TierPanel"]

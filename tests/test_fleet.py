@@ -1,0 +1,133 @@
+"""kvtop.fleet: the sources table's rows and its aggregate, on hand-made TensorRT-LLM 1.2 records whose sums are
+worked out here by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvtop.fleet import FleetRow, aggregate, combine, source_row, source_status
+from kvtop.records import SourceId, make
+from kvtop.session import Session
+from kvtop.tiers import TierModel
+
+T0 = 1764430000.0
+A = SourceId(host="node-a", rank=0, run="chat")
+B = SourceId(host="node-b", rank=1, run="chat")
+C = SourceId(host="node-c", rank=0, run="batch")
+
+
+def stats(it: int, free: int, reused: int, missed: int, maximum: int) -> dict[str, Any]:
+    """A TensorRT-LLM 1.2 ``get_stats`` entry, reduced to what the fold reads."""
+    return {"iter": it, "numActiveRequests": 1, "numQueuedRequests": 0, "numCompletedRequests": 0,
+            "kvCacheStats": {"maxNumBlocks": maximum, "freeNumBlocks": free, "usedNumBlocks": maximum - free,
+                             "tokensPerBlock": 32, "allocTotalBlocks": reused + missed, "allocNewBlocks": missed,
+                             "reusedBlocks": reused, "missedBlocks": missed}}
+
+
+def created(gpu: int, host: int) -> dict[str, Any]:
+    return {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [gpu, host]},
+            "window_size": 4096}
+
+
+def request(rid: int, ttft: float) -> dict[str, Any]:
+    return {"request_id": rid, "ok": True, "prompt_tokens": 320, "output_tokens": 16, "ttft_s": ttft,
+            "e2e_s": ttft + 0.1}
+
+
+def emit_fleet(session: Session) -> None:
+    """Three sources over 2 s. Hits / lookups since start: A 30/40, B 10/100, C 5/10; over the window (the 2 s
+    after the first records): A 20/20, B 10/50, C 0/0. Requests: A two (TTFT 0.1, 0.2 s), B one (0.5 s)."""
+    session.emit(make("kv_event", created(100, 50), A, T0))
+    session.emit(make("stats", stats(0, 80, 10, 10, 150), A, T0))
+    session.emit(make("kv_event", created(200, 0), B, T0))
+    session.emit(make("stats", stats(0, 190, 0, 50, 200), B, T0))
+    session.emit(make("stats", stats(0, 20, 5, 5, 64), C, T0))  # stats only: no events, host unknown
+    session.emit(make("request", request(1, 0.1), A, T0 + 1))
+    session.emit(make("request", request(2, 0.2), A, T0 + 1))
+    session.emit(make("request", request(3, 0.5), B, T0 + 1))
+    session.emit(make("stats", stats(1, 60, 30, 10, 150), A, T0 + 2))
+    session.emit(make("stats", stats(1, 150, 10, 90, 200), B, T0 + 2))
+    session.emit(make("stats", stats(1, 20, 5, 5, 64), C, T0 + 2))
+
+
+@pytest.fixture
+def session() -> Session:
+    s = Session(source=A)
+    emit_fleet(s)
+    return s
+
+
+def test_rows_read_each_source(session: Session) -> None:
+    a = source_row("node-a/0/chat", session.models["node-a/0/chat"], "online")
+    assert (a.gpu_capacity, a.gpu_in_use, a.host_capacity) == (100, 40, 50)
+    assert (a.hits, a.lookups) == (30, 40)
+    assert a.hit_cumulative == pytest.approx(0.75)
+    assert a.hit_window == pytest.approx(1.0)           # 20 of 20 since the window's base at T0
+    assert a.requests_per_s == pytest.approx(1.0)       # 2 requests over 2 s
+    assert a.ttft_p99_s == pytest.approx(0.2, abs=0.01)
+    assert a.status == "online"
+    c = source_row("node-c/0/batch", session.models["node-c/0/batch"])
+    assert c.host_cached is None and c.gpu_cached is None       # no KV events: unknown, not 0
+    assert c.offloaded_per_s is None and c.ttft_p99_s is None   # moves from events, none seen; no requests
+
+
+def test_aggregate_sums_blocks_and_rates_and_divides_total_hits_by_total_lookups(session: Session) -> None:
+    models = {k: m for k, m in session.models.items() if k != "node-c/0/batch"}
+    agg = aggregate(models)
+    assert agg["sources"] == 2
+    assert agg["gpu_capacity"] == 300 and agg["gpu_in_use"] == 40 + 50
+    assert agg["host_capacity"] == 50
+    assert (agg["hits"], agg["lookups"]) == (40, 140)
+    # Total hits / total lookups, not the mean of 0.75 and 0.1 (0.425).
+    assert agg["hit_cumulative"] == pytest.approx(40 / 140)
+    # Window: (10 + 5) hits/s over (10 + 25) lookups/s, not the mean of 1.0 and 0.2 (0.6).
+    assert agg["hit_window"] == pytest.approx(15 / 35)
+    assert agg["requests_per_s"] == pytest.approx(1.5)
+    assert agg["offloaded_per_s"] == 0 and agg["onboarded_per_s"] == 0
+    # TTFT p99: the largest of the sources' p99s (B's single 0.5 s request).
+    assert agg["ttft_p99_s"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_figure_unknown_for_one_source_is_unknown_for_all(session: Session) -> None:
+    agg = aggregate(session.models)
+    assert agg["sources"] == 3
+    assert agg["host_cached"] is None and agg["gpu_cached"] is None
+    assert agg["offloaded_per_s"] is None
+    # C's maxNumBlocks (1.2: GPU + host) does not say how it splits: its GPU capacity, and so the fleet's, is "?".
+    assert agg["gpu_capacity"] is None
+    assert (agg["hits"], agg["lookups"]) == (45, 150)
+    assert agg["ttft_p99_s"] == pytest.approx(0.5, abs=0.01)    # C has no requests: the max of the others
+
+
+def test_offline_sources_keep_their_row_but_leave_the_aggregate(session: Session) -> None:
+    session.status.update({"node-a/0/chat": "online", "node-b/1/chat": "offline"})
+    agg = aggregate(session.models, session.status)
+    assert agg["sources"] == 2
+    assert (agg["hits"], agg["lookups"]) == (35, 50)            # A and C
+    row = source_row("node-b/1/chat", session.models["node-b/1/chat"],
+                     source_status("node-b/1/chat", session.status))
+    assert row.status == "offline" and row.hits == 10
+
+
+def test_source_status() -> None:
+    status = {"node-a/0/chat": "online", "node-b/1/chat": "offline", "mqtt": "connected to mqtt://broker"}
+    assert source_status("node-a/0/chat", status) == "online"
+    assert source_status("node-z/0/x", status) is None
+    assert source_status("node-a/0/chat", None) is None
+    status["mqtt"] = "disconnected: connection refused; retrying (every 5 s)"
+    assert source_status("node-a/0/chat", status) == "disconnected"
+    assert source_status("node-b/1/chat", status) == "offline"  # its last will stands
+
+
+def test_combine_of_nothing_is_unknown() -> None:
+    total = combine([])
+    assert total.sources == 0 and total.hit_cumulative is None and total.gpu_in_use is None
+    assert total.ttft_p99_s is None
+
+
+def test_rows_are_json() -> None:
+    row = source_row("x", TierModel())
+    assert isinstance(row, FleetRow)
+    assert row.to_json()["key"] == "x" and row.to_json()["gpu_capacity"] is None
