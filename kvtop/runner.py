@@ -205,6 +205,14 @@ def summary(session: Session) -> dict[str, Any]:
                            "scenario": session.meta.get("scenario")}
     out.update(session.model.summary())
     out["what_if"] = session.what_if()
+    if len(session.models) > 1:  # attached to a fleet: every source and the aggregate row the dashboard shows
+        from kvtop.fleet import aggregate, source_row, source_status
+
+        out["fleet"] = {
+            "sources": [source_row(k, m, source_status(k, session.status)).to_json()
+                        for k, m in session.models.items()],
+            "all": aggregate(session.models, session.status),
+        }
     return out
 
 

@@ -44,3 +44,24 @@ def test_replay_of_a_missing_file_is_one_line(capsys: pytest.CaptureFixture[str]
     assert cli.main(["replay", str(tmp_path / "nope.jsonl"), "--headless"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such recording" in err[0]
+
+
+def test_replay_of_a_fleet_sums_sources_in_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Three nodes' streams in one recording: one TierModel each, and the aggregate row the dashboard shows."""
+    single = _summary(capsys, ["replay", str(BUSY), "--speed", "0", "--headless", "--json"])
+    fleet = tmp_path / "fleet.jsonl"
+    lines = BUSY.read_text().splitlines()
+    with fleet.open("w") as out:
+        for node in ("node-a", "node-b", "node-c"):
+            for line in lines:
+                rec = json.loads(line)
+                rec["source"] = {"host": node, "rank": 0, "run": "chat"}
+                out.write(json.dumps(rec) + "\n")
+    s = _summary(capsys, ["replay", str(fleet), "--speed", "0", "--headless", "--json"])
+    rows = {r["key"]: r for r in s["fleet"]["sources"]}
+    assert sorted(rows) == ["node-a/0/chat", "node-b/0/chat", "node-c/0/chat"]
+    total = s["fleet"]["all"]
+    assert total["gpu_capacity"] == 3 * single["tiers"]["gpu"]["capacity_blocks"]
+    assert total["host_cached"] == 3 * single["tiers"]["host"]["cached_blocks"]
+    assert total["hits"] == 3 * single["hit_rate"]["hits"]
+    assert total["hit_cumulative"] == pytest.approx(single["hit_rate"]["cumulative"])  # a ratio of sums

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvtop.records import Record, RecordError, SourceId, decode
+from kvtop.records import Record, RecordError, SourceId, read_jsonl
 from kvtop.session import Session
 
 # Emit what is due, then sleep at least this long: 20 wake-ups a second. A record waits at most 50 ms (a fifth of a
@@ -33,14 +33,11 @@ YIELD_EVERY = 500       # at --speed 0, give the loop a turn every 500 records (
 
 
 def _records(path: Path, bad: list[str]) -> Iterator[Record]:
-    with path.open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                yield decode(raw)
-            except RecordError as exc:
-                bad.append(str(exc.at_line(lineno)))
+    for item in read_jsonl(path):
+        if isinstance(item, RecordError):
+            bad.append(str(item))  # read_jsonl's errors carry their line numbers
+        else:
+            yield item
 
 
 class Replay:
