@@ -589,9 +589,11 @@ class KvtopApp(App[int]):
     # ------------------------------------------------------------------------------------------ actions
 
     def watch_paused(self, paused: bool) -> None:
+        # Show the change with the keypress, not at the next timer tick (up to 0.25 s later): the PAUSED badge
+        # on pause (a snapshot under load caught the screen before the tick), fresh figures on resume.
         if not paused:
             self._force = True
-            self.refresh_view()
+        self.refresh_view()
 
     def watch_show_events(self, shown: bool) -> None:
         panel = self._panels.get("events")
