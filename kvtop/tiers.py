@@ -1543,6 +1543,17 @@ class TierModel:
                     if n:
                         key = None if prio == _UNKNOWN_PRIORITY else prio
                         per[key] = per.get(key, 0) + n
+            # The fold's map may still hold blocks TensorRT-LLM detached without an event (partial reuse); the
+            # tier's cached count is clamped to its pool, so the split is scaled to that total (largest
+            # remainders), never showing more cached blocks than the pool has. Flagged by cached_approximate.
+            cap = (self.gpu if level == GPU else self.host).cached_blocks
+            total = sum(per.values())
+            if cap is not None and total > cap:
+                shares = {k: n * cap / total for k, n in per.items()}
+                scaled = {k: int(v) for k, v in shares.items()}
+                for k in sorted(shares, key=lambda k: shares[k] - scaled[k], reverse=True)[:cap - sum(scaled.values())]:
+                    scaled[k] += 1
+                out[name] = {k: v for k, v in scaled.items() if v}
         return out
 
     @property

@@ -801,3 +801,17 @@ def test_host_records_in_the_host_sources_spelling() -> None:
                                                                                         512 << 30, 10 << 30)
     m.apply(Record("gpu", {"index": -1, "error": "no NVIDIA driver: NVMLError_LibraryNotFound"}, time=2.0))
     assert m.gpu_error is not None and m.gpus == {} and m.bad_records == 0
+
+
+def test_cached_by_priority_never_exceeds_the_clamped_tier_count() -> None:
+    """Blocks TensorRT-LLM detached silently stay in the fold's map until an event proves them gone; the tier's
+    cached count is clamped to its pool, and the per-priority split is scaled to that clamped total."""
+    m = TierModel()
+    m.apply_kv_event({"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [4, 0]}})
+    blocks = [{"type": "stored_block", "block_hash": 100 + i, "tokens": [], "cache_level": 0,
+               "priority": 80 if i < 2 else 35} for i in range(6)]
+    m.apply_kv_event({"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": blocks}})
+    assert m.gpu.cached_blocks == 4
+    split = m.cached_by_priority["gpu"]
+    assert sum(split.values()) == 4
+    assert split == {35: 3, 80: 1}  # 4 x (4/6, 2/6) = (2.67, 1.33): largest remainder goes to 35
