@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import faulthandler
+
 # ---------------------------------------------------------------------------------------------- MQTT broker
 # A real broker on 127.0.0.1 at a free port: mosquitto when it is on PATH (.ci/run installs it), else the
 # embeddable amqtt broker (pip install amqtt) run in a subprocess, so tests can stop, restart and kill it like
@@ -158,3 +160,14 @@ def mqtt_broker_auth(tmp_path: Path) -> Iterator[MqttBroker]:
         yield broker
     finally:
         broker.kill()
+
+
+# ---------------------------------------------------------------------------------------------- hang guard
+@pytest.fixture(autouse=True)
+def _fail_instead_of_hanging() -> Iterator[None]:
+    """A dead engine thread would leave generate()/result() waiting forever: a test still running after 90 s
+    ends the run with every thread's traceback instead (pytest-timeout is not a dependency; the slowest test
+    takes ~20 s on the 2-core CI machine)."""
+    faulthandler.dump_traceback_later(90, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()

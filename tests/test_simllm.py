@@ -8,7 +8,6 @@ hard-coded.
 from __future__ import annotations
 
 import asyncio
-import faulthandler
 import re
 import threading
 import time
@@ -50,15 +49,6 @@ REQ_KEYS = {"id", "stage", "contextPrefillPosition", "numGeneratedTokens", "avgN
             "reusedBlocksPerRequest", "missedBlocksPerRequest", "kvCacheHitRatePerRequest"}
 STAGES = {"QUEUED", "CONTEXT_IN_PROGRESS", "GENERATION_IN_PROGRESS", "GENERATION_COMPLETE"}
 TIMESTAMP = re.compile(r"^\d\d-\d\d-\d{4} \d\d:\d\d:\d\d\.\d{6}$")  # "04-07-2025 20:33:17.747028"
-
-
-@pytest.fixture(autouse=True)
-def _fail_instead_of_hanging() -> Iterator[None]:
-    """A dead engine thread would leave generate()/result() waiting forever: end the run with every thread's
-    traceback instead (pytest-timeout is not a dependency)."""
-    faulthandler.dump_traceback_later(90, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture

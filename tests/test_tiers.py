@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,27 +83,8 @@ def fold(*events: dict[str, Any], model: TierModel | None = None) -> TierModel:
 # ------------------------------------------------------------------------------------------------ stats, verbatim
 
 # trtllm-kv.md 1.5: the docs' /metrics example, verbatim but for the "..." (not JSON) that ends it.
-DOCS_EXAMPLE = """
-    [
-        {
-            "gpuMemUsage": 76665782272,
-            "iter": 154,
-            "iterLatencyMS": 7.00688362121582,
-            "kvCacheStats": {
-                "allocNewBlocks": 3126,
-                "allocTotalBlocks": 3126,
-                "cacheHitRate": 0.00128,
-                "freeNumBlocks": 101253,
-                "maxNumBlocks": 101256,
-                "missedBlocks": 3121,
-                "reusedBlocks": 4,
-                "tokensPerBlock": 32,
-                "usedNumBlocks": 3
-            },
-            "numActiveRequests": 1
-        }
-    ]
-"""
+# trtllm-kv.md 1.5, verbatim from the trtllm-serve docs (less its "..." line, not JSON)
+DOCS_EXAMPLE = (Path(__file__).parent / "data" / "trtllm_serve_metrics_example.json").read_text()
 
 
 def test_docs_example_alone_gives_free_and_hit_rate_but_not_a_capacity_it_cannot_know() -> None:

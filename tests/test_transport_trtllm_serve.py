@@ -9,6 +9,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,27 +19,7 @@ from kvtop.sources.trtllm_serve import EVENTS, HINTS, PERF, STATS, TrtllmServeSo
 from kvtop.tiers import TierModel
 
 # trtllm-kv.md 1.5, verbatim from TensorRT-LLM's trtllm-serve docs, less its "..." line (not JSON).
-METRICS_EXAMPLE = json.loads("""
-    [
-        {
-            "gpuMemUsage": 76665782272,
-            "iter": 154,
-            "iterLatencyMS": 7.00688362121582,
-            "kvCacheStats": {
-                "allocNewBlocks": 3126,
-                "allocTotalBlocks": 3126,
-                "cacheHitRate": 0.00128,
-                "freeNumBlocks": 101253,
-                "maxNumBlocks": 101256,
-                "missedBlocks": 3121,
-                "reusedBlocks": 4,
-                "tokensPerBlock": 32,
-                "usedNumBlocks": 3
-            },
-            "numActiveRequests": 1
-        }
-    ]
-""")
+METRICS_EXAMPLE = json.loads((Path(__file__).parent / "data" / "trtllm_serve_metrics_example.json").read_text())
 # trtllm-kv.md 2.2 shapes (KVCacheEventSerializer, 1.x), a pool of 101256 GPU blocks and no host pool.
 EVENTS_EXAMPLE = [
     {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [101256, 0]}, "window_size": 4096},

@@ -5,7 +5,6 @@ tokens h*512+k), and the driver (closed loop never above its concurrency, open l
 from __future__ import annotations
 
 import asyncio
-import faulthandler
 import json
 import time
 from collections import Counter
@@ -45,15 +44,6 @@ def sim_retention(spec: RetentionSpec) -> KvCacheRetentionConfig:
 
 def sim_sampling(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n)
-
-
-@pytest.fixture(autouse=True)
-def _fail_instead_of_hanging() -> Iterator[None]:
-    """A dead engine thread would leave generate()/result() waiting forever: end the run with every thread's
-    traceback instead (pytest-timeout is not a dependency)."""
-    faulthandler.dump_traceback_later(90, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.fixture
