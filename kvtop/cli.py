@@ -74,7 +74,9 @@ def _cli_values(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kvtop", description="top for the KV cache tiers of LLM inference engines (TensorRT-LLM)")
+    p = _Parser(prog="kvtop", description="top for the KV cache tiers of LLM inference engines (TensorRT-LLM)",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="other commands (each with --help):\n" + __doc__.split("\n\n")[1].rstrip())
     p.add_argument("--version", action="version", version=f"kvtop {__version__}")
     _add_run_options(p)
     return p
