@@ -134,20 +134,20 @@ def _convert(f: Any, raw: Any) -> Any:
         if kind in ("pos_float", "nonneg_float", "fraction", "float_or_none", "pos_float_or_none"):
             if isinstance(raw, str) and raw.strip().lower() in ("none", "") and kind.endswith("_or_none"):
                 return None
-            value = float(raw)
-            if value != value or value in (float("inf"), float("-inf")):
+            number = float(raw)
+            if number != number or number in (float("inf"), float("-inf")):
                 raise SettingsError(opt, f"must be a finite number, got {raw!r}")
-            if kind in ("pos_float", "pos_float_or_none") and value <= 0:
+            if kind in ("pos_float", "pos_float_or_none") and number <= 0:
                 raise SettingsError(opt, f"must be > 0, got {raw!r}")
-            if kind in ("nonneg_float", "float_or_none") and value < 0:
+            if kind in ("nonneg_float", "float_or_none") and number < 0:
                 raise SettingsError(opt, f"must be >= 0, got {raw!r}")
-            if kind == "fraction" and not 0 < value < 1:
+            if kind == "fraction" and not 0 < number < 1:
                 raise SettingsError(opt, f"must be a fraction between 0 and 1 (exclusive), got {raw!r}")
-            return value
-        value = str(raw)
-        if choices and value not in choices:
-            raise SettingsError(opt, f"must be one of {', '.join(choices)}, got {value!r}")
-        return value
+            return number
+        text = str(raw)
+        if choices and text not in choices:
+            raise SettingsError(opt, f"must be one of {', '.join(choices)}, got {text!r}")
+        return text
     except SettingsError:
         raise
     except (TypeError, ValueError) as exc:

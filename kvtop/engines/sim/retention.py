@@ -67,19 +67,22 @@ class TokenRangeRetentionConfig:
         object.__setattr__(self, "duration_ms", _duration_ms(duration_ms, "duration_ms"))
 
 
+_TokenRange = TokenRangeRetentionConfig  # the nested name below shadows the class inside KvCacheRetentionConfig
+
+
 class KvCacheRetentionConfig:
     """Per-request retention: prompt token ranges, and a priority/duration for decode blocks."""
 
     TokenRangeRetentionConfig = TokenRangeRetentionConfig
 
-    def __init__(self, token_range_retention_configs: list[TokenRangeRetentionConfig] | None = None,
+    def __init__(self, token_range_retention_configs: list[_TokenRange] | None = None,
                  decode_retention_priority: int = DEFAULT_PRIORITY,
                  decode_duration_ms: timedelta | int | None = None,
                  transfer_mode: KvCacheTransferMode = KvCacheTransferMode.DRAM,
                  directory: str | None = None):
         ranges = sorted(token_range_retention_configs or [], key=lambda r: r.token_start)
         for i, r in enumerate(ranges):
-            if not isinstance(r, TokenRangeRetentionConfig):
+            if not isinstance(r, _TokenRange):
                 raise ValueError(f"token_range_retention_configs[{i}]: must be a TokenRangeRetentionConfig")
             if r.token_end is None and i != len(ranges) - 1:
                 raise ValueError("token_range_retention_configs: only the last range may have token_end=None")
@@ -108,7 +111,10 @@ class KvCacheRetentionConfig:
         ranges = self.token_range_retention_configs
         ri = 0
         for start in range(0, seq_len, tokens_per_block):
-            while ri < len(ranges) and ranges[ri].token_end is not None and ranges[ri].token_end <= start:
+            while ri < len(ranges):
+                end = ranges[ri].token_end
+                if end is None or end > start:
+                    break
                 ri += 1
             if ri < len(ranges) and ranges[ri].token_start <= start:
                 out.append((ranges[ri].priority, ranges[ri].duration_ms))
