@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtop.engines.models import read_json_object
+
 __all__ = [
     "BLOCK_COPY_LATENCY_US",
     "BUILTIN_GPUS",
@@ -217,14 +219,7 @@ def save_profile(profile: GpuProfile, path: str | Path) -> None:
 def load_profile(path: str | Path) -> GpuProfile:
     """Read a profile JSON written by `save_profile`. Missing or wrong fields raise ValueError naming them."""
     p = Path(path).expanduser()
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read GPU profile {p}: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"GPU profile {p} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"GPU profile {p}: expected a JSON object, got {type(data).__name__}")
+    data = read_json_object(p, f"GPU profile {p}")
     version = data.get("kvtop_gpu_profile", _PROFILE_VERSION)
     if version != _PROFILE_VERSION:
         raise ValueError(f"GPU profile {p}: format version {version!r}, this kvtop reads {_PROFILE_VERSION}")

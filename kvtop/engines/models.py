@@ -302,15 +302,22 @@ def model_from_config(cfg: dict[str, Any], name: str, source: str = "config.json
                       tie_word_embeddings=tied)
 
 
-def _load_config_file(path: Path) -> ModelShape:
+def read_json_object(path: Path, label: str) -> dict[str, Any]:
+    """A JSON file that must hold one object (a model's config.json, a GPU profile); ValueError naming ``label``
+    for a file that cannot be read, is not JSON, or holds something else."""
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc}") from exc
+        raise ValueError(f"cannot read {label}: {exc}") from exc
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+        raise ValueError(f"{label} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{label}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _load_config_file(path: Path) -> ModelShape:
+    cfg = read_json_object(path, str(path))
     name = cfg.get("_name_or_path") or path.parent.name or str(path)
     return model_from_config(cfg, str(name), source=str(path))
 
