@@ -171,3 +171,22 @@ def _fail_instead_of_hanging() -> Iterator[None]:
     faulthandler.dump_traceback_later(90, exit=True)
     yield
     faulthandler.cancel_dump_traceback_later()
+
+
+# ---------------------------------------------------------------------------------------------- dashboard clock
+@pytest.fixture
+def frozen_ui_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The dashboard's uptime and log times from a fixed clock, in UTC whatever the machine's zone, so snapshots
+    and pilot tests see the same screen everywhere (harlequin freezes its clock the same way). Imported lazily:
+    only the UI tests may pull in Textual."""
+    import time
+
+    from kvtop.ui import app as app_module
+    from kvtop.ui.testing import FROZEN_NOW
+
+    monkeypatch.setattr(app_module, "wall_clock", lambda: FROZEN_NOW)
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,22 +12,12 @@ from textual.message import Message
 from kvtop.records import SourceId, make, read_jsonl
 from kvtop.session import Session
 from kvtop.tiers import TierModel
-from kvtop.ui import app as app_module
 from kvtop.ui.app import KvtopApp, build_app, layout_for
 from kvtop.ui.demo import build_replay_session
 from kvtop.ui.testing import BUSY_RECORDING, FROZEN_NOW, fleet_session, session_from_recording
 from kvtop.ui.widgets import EventLog, HelpScreen, HitRatePanel, Panel, PriorityPanel, SourcesPanel, TierPanel
 
-
-@pytest.fixture(autouse=True)
-def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Uptime and log times from a fixed clock, in UTC (harlequin freezes its clock the same way)."""
-    monkeypatch.setattr(app_module, "wall_clock", lambda: FROZEN_NOW)
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
 
 
 class Settings:

@@ -6,9 +6,6 @@ every SVG in ``tests/__snapshots__/test_ui_snapshots/`` before committing them.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
-
 import pytest
 
 pytest.importorskip("pytest_textual_snapshot", reason="pip install pytest-textual-snapshot==1.1.0")
@@ -17,7 +14,6 @@ from textual.pilot import Pilot  # noqa: E402
 
 from kvtop.records import SourceId, make, read_jsonl  # noqa: E402
 from kvtop.session import Session  # noqa: E402
-from kvtop.ui import app as app_module  # noqa: E402
 from kvtop.ui.app import build_app  # noqa: E402
 from kvtop.ui.testing import (  # noqa: E402
     BUSY_RECORDING,
@@ -31,15 +27,7 @@ SIZES = {"120x40": (120, 40), "80x24": (80, 24), "40x12": (40, 12)}
 THEMES = ("dark", "light", "high-contrast")
 
 
-@pytest.fixture(autouse=True)
-def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Uptime 0:01:23 and log times from a fixed clock, in UTC, whatever the machine's zone."""
-    monkeypatch.setattr(app_module, "wall_clock", lambda: FROZEN_NOW)
-    monkeypatch.setenv("TZ", "UTC")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
 
 
 class Settings:
