@@ -45,7 +45,7 @@ from array import array
 from bisect import bisect_right, insort
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain
+from itertools import chain, zip_longest
 from typing import Any, overload
 
 from kvtop.engines.sim.retention import DEFAULT_PRIORITY, MAX_PRIORITY, KvCacheRetentionConfig
@@ -291,17 +291,14 @@ class TokenRuns(Sequence[int]):
 class _Block:
     """``KVCacheBlock``: an identity (id, key, tree links, priority) bound to a memory slot of one tier."""
 
-    __slots__ = ("id", "primary", "key", "is_full", "hash", "prev", "prev_in_seq", "children", "refs",
-                 "priority", "duration_ms", "queued")
+    __slots__ = ("id", "primary", "key", "hash", "prev", "children", "refs", "priority", "duration_ms", "queued")
 
     def __init__(self, block_id: int, primary: bool):
         self.id = block_id
         self.primary = primary
         self.key = b""  # encoded token ids (see encode_key); empty until the block holds tokens
-        self.is_full = False
         self.hash = 0
         self.prev: _Block | None = None          # parent in the radix tree (the root for first blocks)
-        self.prev_in_seq: _Block | None = None   # previous block of the sequence that last added it
         self.children: dict[bytes, _Block] = {}
         self.refs = 0
         self.priority = DEFAULT_PRIORITY
@@ -712,7 +709,8 @@ class BlockManager:
             return False, 0, None
         block = root.children.get(key)
         if block is not None:
-            return not block.is_full, _key_token_count(key), block
+            num_tokens = _key_token_count(key)  # an exact match: the block's key is this key
+            return num_tokens < self.tokens_per_block, num_tokens, block
         if self.enable_partial_reuse:
             best_n, best = 0, None
             # Only a child starting with the same first id can match a token; skipping the others with a C-level
@@ -753,7 +751,6 @@ class BlockManager:
 
     def _add_to_seq(self, seq: _Sequence, block: _Block) -> None:
         block.refs += 1
-        block.prev_in_seq = seq.blocks[-1] if seq.blocks else None
         seq.blocks.append(block)
 
     # ------------------------------------------------------------------------------------------- public API
@@ -812,7 +809,6 @@ class BlockManager:
                     # takes the whole key of this prompt block (1.2 sets key and hash right after the copy).
                     match = self._get_free_block(match.priority, match.duration_ms)
                     match.key = key
-                    match.is_full = key_tokens == tpb
                     self._set_hash(match, seq.blocks[-1].hash if seq.blocks else 0)
                 else:
                     if match.in_tree():
@@ -841,18 +837,21 @@ class BlockManager:
                     self._take_free_blocks(1, prio if prio is not None else DEFAULT_PRIORITY, dur, blocks)
         finally:
             # _add_to_seq, then the key and hash of each block taken (also when the pool ran dry part-way)
-            events = self._events_enabled
-            prev = blocks[first_new - 1] if first_new else None
-            for i, block in enumerate(blocks[first_new:], bi):
-                key = keys[i] if i < num_keys else b""
-                block.refs += 1
-                block.prev_in_seq = prev
-                block.key = key
-                block.is_full = i < num_full
-                if events:
+            # (a taken block was free, so it had no reference)
+            new_blocks = blocks[first_new:]
+            if self._events_enabled:
+                prev = blocks[first_new - 1] if first_new else None
+                for i, block in enumerate(new_blocks, bi):
+                    key = keys[i] if i < num_keys else b""
+                    block.refs = 1
+                    block.key = key
                     block.hash = block_key_hash(decode_key(key), prev.hash if prev is not None else 0)
-                prev = block
-            self.missed_blocks += len(blocks) - first_new
+                    prev = block
+            else:
+                for block, key in zip_longest(new_blocks, keys[bi:bi + len(new_blocks)], fillvalue=b""):
+                    block.refs = 1
+                    block.key = key
+            self.missed_blocks += len(new_blocks)
         self.reused_tokens += matched_tokens
         self.total_input_tokens += length
         return matched_tokens
@@ -1016,9 +1015,7 @@ class BlockManager:
         for i, block in enumerate(stored, first_new):
             key = keys[i]
             block.key = key
-            block.is_full = i < num_full
             block.prev = search
-            block.prev_in_seq = search
             if search.children.setdefault(key, block) is not block:
                 on_path = False  # (cannot happen on the sequence's own path: its blocks have no such children)
             elif on_path:
