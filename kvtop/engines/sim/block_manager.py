@@ -364,9 +364,10 @@ class _EvictionPolicy:
 
     def __init__(self, blocks: list[_Block], sizes: tuple[int, int], offload_min_priority: int,
                  clock_ms: Callable[[], float]):
-        # Queues map block id -> block in release order (OrderedDict: O(1) removal from the middle when a
-        # reused block is claimed, O(1) pop from the front when one is evicted).
-        self.queues: list[list[OrderedDict[int, _Block]]] = [
+        # Queues hold blocks in release order (OrderedDict: O(1) removal from the middle when a reused block is
+        # claimed, O(1) pop from the front when one is evicted). Keyed by the block itself, whose hash is its
+        # address: an int id key meant touching one more cold object per queue operation (~4% of a replay).
+        self.queues: list[list[OrderedDict[_Block, None]]] = [
             [OrderedDict() for _ in range(MAX_PRIORITY + 1)] for _ in range(2)]
         self.nonempty: list[list[int]] = [[], []]  # sorted priorities whose queue is non-empty, per level
         self.num_free = [0, 0]
@@ -384,7 +385,7 @@ class _EvictionPolicy:
         q = self.queues[level][prio]
         if not q:
             insort(self.nonempty[level], prio)
-        q[block.id] = block
+        q[block] = None
         block.queued = _PLACES[level][prio]
         self.num_free[level] += 1
 
@@ -393,7 +394,7 @@ class _EvictionPolicy:
             return False
         level, prio = block.queued  # the stored place, not the block's current tier or priority
         q = self.queues[level][prio]
-        del q[block.id]
+        del q[block]
         if not q:
             self.nonempty[level].remove(prio)
         self.num_free[level] -= 1
@@ -634,7 +635,7 @@ class BlockManager:
                     raise NoFreeBlockError("no free block in the GPU (primary) pool")
                 prio = primary_prios[0]
                 queue = primary_queues[prio]
-                block = queue.popitem(False)[1]  # positional: no keyword parsing
+                block = queue.popitem(False)[0]  # positional: no keyword parsing
                 if not queue:
                     del primary_prios[0]
                 block.queued = None
@@ -645,7 +646,7 @@ class BlockManager:
                 elif can_offload and prio >= offload_min_priority:
                     block.duration_ms = None  # the claim before the offload keeps the priority, drops the duration
                     host_queue = host_queues[host_prios[0]]
-                    target = host_queue.popitem(False)[1]  # positional: no keyword parsing
+                    target = host_queue.popitem(False)[0]  # positional: no keyword parsing
                     if not host_queue:
                         del host_prios[0]
                     target.queued = None
@@ -663,7 +664,7 @@ class BlockManager:
                     queue = host_queues[prio]
                     if not queue:
                         insort(host_prios, prio)
-                    queue[block.id] = block
+                    queue[block] = None
                     block.queued = host_places[prio]
                     block = target
                     from_host = True
@@ -907,7 +908,7 @@ class BlockManager:
             queue = queues[level][prio]
             if not queue:
                 insort(nonempty[level], prio)
-            queue[block.id] = block
+            queue[block] = None
             block.queued = _PLACES[level][prio]
             released[level] += 1
             if block.duration_ms is not None and prio != DEFAULT_PRIORITY:
