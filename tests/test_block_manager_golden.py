@@ -410,7 +410,7 @@ class _PathCheckingBlockManager(BlockManager):
     def _store_blocks(self, seq: Any, keys: list[bytes], num_full: int) -> None:
         node = self._root
         for i in range(min(seq.tree_prefix, len(keys), len(seq.blocks))):
-            node = node.children.get(keys[i])
+            node = node.child(keys[i])
             assert node is seq.blocks[i], (i, seq.tree_prefix)
         super()._store_blocks(seq, keys, num_full)
 
