@@ -403,6 +403,47 @@ def test_same_log_as_the_unoptimized_implementation(case: str, id_offset: int) -
     assert run_block_manager_workload(case, 4, as_runs=True, id_offset=id_offset) == expected
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_compacting_the_free_queues_changes_nothing(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The free queues delete lazily (stale entries) and compact past a slack: with a slack below any count, every
+    claim from the middle compacts its level, and the log must still be the frozen implementation's."""
+    import kvtop.engines.sim.block_manager as block_manager
+
+    compactions = []
+    original = block_manager._EvictionPolicy._compact
+
+    def counting_compact(policy: Any, level: int) -> None:
+        compactions.append(level)
+        original(policy, level)
+        assert policy.stale[level] == 0
+        assert all(entry[1].qstamp == entry[0] for q in policy.queues[level] for entry in q)
+
+    monkeypatch.setattr(block_manager, "STALE_ENTRIES_SLACK", -(1 << 40))
+    monkeypatch.setattr(block_manager._EvictionPolicy, "_compact", counting_compact)
+    expected = run_block_manager_workload(case, 5, bm_class=_baseline_block_manager())
+    assert run_block_manager_workload(case, 5) == expected
+    # without reuse only expiring timed priorities take blocks from the middle of a queue
+    assert len(compactions) >= (10 if CASES[case]["bm"].get("enable_block_reuse", True) else 1), compactions
+
+
+def test_stale_entries_stay_bounded() -> None:
+    """One shared prefix reused 20,000 times: each reuse claims its blocks from the middle of a free queue (a stale
+    entry each); compaction keeps the deques within the slack of the live blocks."""
+    import kvtop.engines.sim.block_manager as block_manager
+
+    bm = BlockManager(64, 32, tokens_per_block=4)
+    prefix = list(range(40))  # 10 blocks, stored on release, reused by every next request
+    for rid in range(20_000):
+        assert bm.add_sequence(rid, prefix + [10_000 + rid]) == (40 if rid else 0)
+        bm.remove_sequence(rid)
+    policy = bm._policy
+    for level in (0, 1):
+        entries = sum(len(q) for q in policy.queues[level])
+        assert entries == policy.num_free[level] + policy.stale[level]
+        assert policy.stale[level] <= policy.num_free[level] + block_manager.STALE_ENTRIES_SLACK
+    assert bm.num_free_blocks(0) == 64 and bm.reused_blocks == 19_999 * 10
+
+
 class _PathCheckingBlockManager(BlockManager):
     """Checks, before every store, what lets the store skip the start of its walk: the sequence's first
     ``tree_prefix`` blocks are exactly what a walk from the root along its keys finds."""
