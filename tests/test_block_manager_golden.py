@@ -419,6 +419,15 @@ def test_compacting_the_free_queues_changes_nothing(case: str, monkeypatch: pyte
         for q in policy.queues[level]:
             items = list(q)
             assert all(block.qstamp is stamp for stamp, block in zip(items[::2], items[1::2]))
+        # what lets a block's queue be found from the block: a free block's tier and priority are its queue's
+        for lvl in (0, 1):
+            for prio, q in enumerate(policy.queues[lvl]):
+                items = list(q)
+                live = [block for stamp, block in zip(items[::2], items[1::2]) if block.qstamp is stamp]
+                assert all(block.priority == prio and block.primary == (lvl == 0) for block in live)
+            assert policy.num_free[lvl] == sum(
+                1 for q in policy.queues[lvl] for stamp, block in zip(list(q)[::2], list(q)[1::2])
+                if block.qstamp is stamp)
 
     monkeypatch.setattr(block_manager, "STALE_ENTRIES_SLACK", -(1 << 40))
     monkeypatch.setattr(block_manager._EvictionPolicy, "_compact", counting_compact)

@@ -291,8 +291,7 @@ class TokenRuns(Sequence[int]):
 class _Block:
     """``KVCacheBlock``: an identity (id, key, tree links, priority) bound to a memory slot of one tier."""
 
-    __slots__ = ("id", "primary", "key", "hash", "prev", "children", "refs", "priority", "duration_ms", "queued",
-                 "qstamp")
+    __slots__ = ("id", "primary", "key", "hash", "prev", "children", "refs", "priority", "duration_ms", "qstamp")
 
     def __init__(self, block_id: int, primary: bool):
         self.id = block_id
@@ -309,8 +308,9 @@ class _Block:
         self.refs = 0
         self.priority = DEFAULT_PRIORITY
         self.duration_ms: int | None = None
-        self.queued: tuple[int, int] | None = None  # (cache level, priority) of the free queue holding it
-        self.qstamp = -1  # the stamp of its live entry in that queue (see _EvictionPolicy); -1 when not queued
+        # The stamp of its live entry in the free queue of its tier and priority (see _EvictionPolicy); -1 when it
+        # is in no free queue.
+        self.qstamp = -1
 
     @property
     def level(self) -> int:
@@ -401,9 +401,6 @@ class _Sequence:
 # A level's free queues are compacted when their stale entries outnumber the live ones by this much.
 STALE_ENTRIES_SLACK = 1024
 
-# One shared (cache level, priority) tuple per free queue, so queueing a block allocates nothing.
-_PLACES = tuple(tuple((level, prio) for prio in range(MAX_PRIORITY + 1)) for level in (PRIMARY, SECONDARY))
-
 
 class _EvictionPolicy:
     """``LRUEvictionPolicy``: 101 FIFO queues per cache level, lowest priority and oldest release first.
@@ -418,8 +415,10 @@ class _EvictionPolicy:
     as a (stamp, block) tuple was one more cold object: two items instead, 5% of a replay).
 
     Invariants the block manager's inlined fast paths rely on (``_take_free_blocks``, ``remove_sequence``):
-    a block is live in at most one queue, the one ``block.queued`` names, and that queue's priority is the
-    block's ``priority``; ``nonempty[level]`` lists, sorted, exactly the priorities whose deque is non-empty (live
+    a block is free iff its ``qstamp`` is not -1, and then it is live in exactly one queue, the one of its tier
+    and priority: neither changes while a block is free (the tier changes only for blocks just taken, as offload
+    victims and targets, onboarded blocks and their victims; the priority only on claiming and on expiry, after
+    the block left its queue). ``nonempty[level]`` lists, sorted, exactly the priorities whose deque is non-empty (live
     or stale entries); ``num_free[level]`` is the number of live entries of the level, ``stale[level]`` of stale
     ones. Stamps only grow (``stamp`` is the next one). The containers are never replaced, only mutated, so the
     block manager may hold references to them.
@@ -452,15 +451,13 @@ class _EvictionPolicy:
         q.append(block)
         block.qstamp = stamp
         self.stamp = stamp + 1
-        block.queued = _PLACES[level][prio]
         self.num_free[level] += 1
 
     def _remove(self, block: _Block) -> bool:
-        if block.queued is None:
+        if block.qstamp == -1:
             return False
-        level = block.queued[0]  # the stored place, not the block's current tier
+        level = PRIMARY if block.primary else SECONDARY
         block.qstamp = -1  # its entry goes stale
-        block.queued = None
         self.num_free[level] -= 1
         stale = self.stale[level] + 1
         self.stale[level] = stale
@@ -727,7 +724,6 @@ class BlockManager:
         # An offload takes a host block and queues another: the host's free count cannot change in this batch.
         can_offload = self.onboard_blocks and num_free[SECONDARY] > 0
         events = self._events_enabled
-        host_places = _PLACES[SECONDARY]
         append = taken.append
         taken_before = len(taken)
         new_blocks = offloaded = silent_offloads = evicted = evicted_host = 0
@@ -746,7 +742,6 @@ class BlockManager:
                     policy.stale[PRIMARY] -= 1
                     prio, block = policy.pop_front(PRIMARY)
                 block.qstamp = -1
-                block.queued = None
                 if expiry:
                     expiry.pop(block.id, None)
                 if not block.key:
@@ -762,7 +757,6 @@ class BlockManager:
                         policy.stale[SECONDARY] -= 1
                         target = policy.pop_front(SECONDARY)[1]
                     target.qstamp = -1
-                    target.queued = None
                     if expiry:
                         expiry.pop(target.id, None)
                     block.primary, target.primary = False, True  # swap memory slots
@@ -781,7 +775,6 @@ class BlockManager:
                     queue.append(block)
                     block.qstamp = stamp
                     stamp += 1
-                    block.queued = host_places[prio]
                     block = target
                     from_host = True
                 # the block now holds a GPU slot whichever way it came
@@ -1035,7 +1028,6 @@ class BlockManager:
             queue.append(block)
             block.qstamp = stamp
             stamp += 1
-            block.queued = _PLACES[level][prio]
             released[level] += 1
             if block.duration_ms is not None and prio != DEFAULT_PRIORITY:
                 policy.start_expiry(block)
