@@ -90,22 +90,30 @@ def _has_data(model: Any) -> bool:
             or model.host_memory is not None or model.hit_rate.lookups > 0)
 
 
+class Column(Vertical):
+    """A column of panels that its panels cover whole (#left, #right, the bottom dock): Textual paints it as blank
+    lines without styling them (``BLANK``), since the compositor renders every widget under a repaint, and the
+    columns' own lines, hidden under the panels, cost as much to style as a panel's."""
+
+    BLANK = True
+
+
 class DashboardScreen(Screen[None]):
     """The one screen. Its class (``-wide`` / ``-medium`` / ``-compact``) follows its size (kvtop.tcss)."""
 
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
-        with Vertical(id="bottom"):  # docked widgets on one edge overlap: the log and the keys share one dock
+        with Column(id="bottom"):  # docked widgets on one edge overlap: the log and the keys share one dock
             # Full width under both columns (its columns need ~110 cells); shown only with 2+ sources (-fleet).
             yield SourcesPanel(id="sources")
             yield EventLog(id="events")
             yield Footer(compact=True)
             yield KeyHints(id="keys")
-        with Vertical(id="left"):
+        with Column(id="left"):
             yield TierPanel(id="tier-gpu")
             yield TierPanel(id="tier-host")
             yield PriorityPanel(id="priorities")
-        with Vertical(id="right"):
+        with Column(id="right"):
             yield HitRatePanel(id="hit")
             yield MovesPanel(id="moves")
             yield RequestPanel(id="requests")

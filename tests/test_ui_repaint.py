@@ -1,0 +1,88 @@
+"""The repaint economy of the dashboard (BENCHMARKS.md, "Dashboard cost"): what it skips must never show on screen.
+
+A screen that was updated refresh by refresh (only the changed lines repainted, the unchanged panels' strips handed
+to the compositor again) must look exactly like a screen drawn once, fresh, from the same data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvtop.records import SourceId, read_jsonl
+from kvtop.session import Session
+from kvtop.ui.app import KvtopApp, build_app
+from kvtop.ui.testing import BUSY_RECORDING, FROZEN_STARTED_AT
+from kvtop.ui.widgets import Panel
+
+pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
+
+
+class Settings:
+    refresh = 0.25
+    theme = "dark"
+    duration = None
+
+
+def _session() -> Session:
+    session = Session(source=SourceId(host="sim", rank=0, run="busy"))
+    session.started_at = FROZEN_STARTED_AT
+    return session
+
+
+def _screen(app: KvtopApp) -> str:
+    """The whole screen as the compositor would draw it from scratch (every widget's render_lines)."""
+    return app.export_screenshot()
+
+
+async def _fresh_screen(session: Session, size: tuple[int, int]) -> str:
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("e")  # the log differs by the keys pressed: compared without it
+        await pilot.pause()
+        return _screen(app)
+
+
+@pytest.mark.parametrize("size", [(120, 40), (80, 24)])
+async def test_a_screen_updated_refresh_by_refresh_matches_a_fresh_one(size: tuple[int, int]) -> None:
+    records = list(read_jsonl(BUSY_RECORDING))
+    session = _session()
+    cut = len(records) // 3
+    for r in records[:cut]:
+        session.emit(r)
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=size) as pilot:
+        await pilot.press("e")
+        await pilot.pause()
+        first = _screen(app)
+        step = max((len(records) - cut) // 12, 1)
+        for i in range(cut, len(records), step):
+            for r in records[i:i + step]:
+                session.emit(r)
+            app.refresh_view()
+            await pilot.pause()
+            if i == cut + 5 * step:
+                for _ in range(3):  # a round of themes half way: every strip restyled, then back to dark
+                    await pilot.press("t")
+                    await pilot.pause()
+        live = _screen(app)
+    assert live != first  # the data moved on...
+    assert live == await _fresh_screen(session, size)  # ...and what was repainted adds up to the whole
+
+
+async def test_an_unchanged_panel_hands_the_compositor_its_last_strips() -> None:
+    session = _session()
+    records = list(read_jsonl(BUSY_RECORDING))
+    for r in records:
+        session.emit(r)
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        memory: Panel = app.screen.query_one("#memory", Panel)
+        region: Any = memory.size.region
+        strips = memory.render_lines(region)
+        assert memory.render_lines(region) is strips  # nothing changed: no restyling of 8 lines
+        memory.refresh()
+        again = memory.render_lines(region)
+        assert again is not strips and again == strips  # marked dirty: rendered again, to the same
