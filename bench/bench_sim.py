@@ -164,6 +164,39 @@ def bench_trace(limit: int | None, cwd: Path = ROOT) -> dict[str, Any]:
     return {"command": " ".join(["python"] + cmd[1:]), "process_wall_s": wall, "result": json.loads(out)}
 
 
+def make_hour_trace(path: Path, copies: int = 3) -> dict[str, int]:
+    """The synthetic trace ``copies`` times over, one copy after the other: each copy's hash ids shifted past the
+    previous copies' (so nothing is shared between copies, as in a different hour of traffic) and its timestamps
+    past theirs. A stand-in for the one-hour production trace of the brief (12k requests, ~145M prompt tokens)."""
+    lines = [json.loads(line) for line in TRACE.read_text().splitlines() if line.strip()]
+    max_hash = max((h for r in lines for h in r["hash_ids"]), default=0) + 1
+    span_ms = max(r["timestamp"] for r in lines) + 1_000
+    requests = tokens = 0
+    with path.open("w") as f:
+        for k in range(copies):
+            for r in lines:
+                f.write(json.dumps({**r, "timestamp": r["timestamp"] + k * span_ms,
+                                    "hash_ids": [h + k * max_hash for h in r["hash_ids"]]}) + "\n")
+                requests += 1
+                tokens += r["input_length"]
+    return {"requests": requests, "prompt_tokens": tokens}
+
+
+def bench_hour_trace() -> dict[str, Any]:
+    """Replay the three-times-over trace in a child process; wall time and the child's peak RSS."""
+    import resource
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "hour.jsonl"
+        shape = make_hour_trace(path)
+        cmd = [sys.executable, "-m", "kvtop", "sim", "--trace", str(path), "--host-cache", "64GB", "--json"]
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
+        wall = time.perf_counter() - t0
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+    return {**shape, "process_wall_s": wall, "peak_rss_mib": peak_kib / 1024, "result": json.loads(out)}
+
+
 def bench_trace_at(rev: str, limit: int | None) -> dict[str, Any]:
     """The same replay on a temporary worktree of ``rev``."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,8 +216,19 @@ def main() -> None:
     p.add_argument("--trace-limit", type=int, default=None, help="replay only the first N trace requests")
     p.add_argument("--trace-baseline", metavar="REV", default=None,
                    help="also replay on a worktree of REV (842a6f7: before the speed work) and compare")
+    p.add_argument("--hour", action="store_true",
+                   help="only the one-hour stand-in: the trace 3 times over (12k requests, 184M prompt tokens)")
     a = p.parse_args()
     import platform
+
+    if a.hour:
+        hour = bench_hour_trace()
+        run = hour["result"]["runs"][0]
+        print(f"one-hour stand-in: {hour['requests']} requests, {hour['prompt_tokens']:,} prompt tokens; "
+              f"wall_seconds {run['wall_seconds']:.1f} (process {hour['process_wall_s']:.1f} s), "
+              f"peak RSS {hour['peak_rss_mib']:.0f} MiB; offloaded {run['offloaded_blocks']:,}, "
+              f"onboarded {run['onboarded_blocks']:,}, hit rate {run['cache_hit_rate']:.4f}")
+        return
 
     print(f"python {platform.python_version()}, processor {platform.processor() or platform.machine()!r}")
     print(f"{'mix':40} {'ops':>8} {'blocks':>8} {'ops/s':>10} {'base ops/s':>10} {'blocks/s':>10} "
