@@ -3,7 +3,8 @@
 On a shared machine one replay's wall time moves by +-20% with the neighbours' load, more than one optimisation
 step saves. Running the revisions side by side, each on its own core, exposes them to the same load, and the best
 of several runs per revision is compared. Each revision's ``kvtop/`` is taken with ``git archive`` (no worktree,
-nothing in this checkout changes); ``WORKTREE`` stands for this checkout's files as they are.
+nothing in this checkout changes); ``WORKTREE`` stands for this checkout's files as they are, and a directory
+holding a ``kvtop/`` for that copy (for a machine without this repository's history).
 
     python bench/bench_sim_ab.py 7a6fa92 HEAD WORKTREE --runs 6
 """
@@ -29,8 +30,9 @@ TRACE = Path(os.environ.get("KVTOP_TRACE", ROOT.parent / "shared" / "traces" / "
 
 def export(rev: str, into: Path) -> None:
     """``kvtop/`` of ``rev`` (or of this checkout for WORKTREE) into ``into``."""
-    if rev == "WORKTREE":
-        shutil.copytree(ROOT / "kvtop", into / "kvtop", ignore=shutil.ignore_patterns("__pycache__"))
+    source = ROOT if rev == "WORKTREE" else Path(rev) if (Path(rev) / "kvtop").is_dir() else None
+    if source is not None:
+        shutil.copytree(source / "kvtop", into / "kvtop", ignore=shutil.ignore_patterns("__pycache__"))
         return
     archive = subprocess.run(["git", "archive", rev, "kvtop"], cwd=ROOT, check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
@@ -49,7 +51,8 @@ def replay(tree: Path, core: int | None, limit: int | None) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("revs", nargs="+", help="git revisions, or WORKTREE for this checkout as it is")
+    p.add_argument("revs", nargs="+", help="git revisions, WORKTREE for this checkout as it is, or directories "
+                                           "holding a kvtop/")
     p.add_argument("--runs", type=int, default=6, help="replays per revision (the best is compared)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N trace requests")
     p.add_argument("--serial", action="store_true", help="one replay at a time, alternating (a machine with few cores)")
