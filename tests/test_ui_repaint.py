@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from textual.geometry import Region
 
 from kvtop.records import SourceId, read_jsonl
 from kvtop.session import Session
@@ -80,9 +81,15 @@ async def test_an_unchanged_panel_hands_the_compositor_its_last_strips() -> None
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         memory: Panel = app.screen.query_one("#memory", Panel)
-        region: Any = memory.size.region
+        region: Any = memory.outer_size.region  # the compositor asks for the whole panel, border and all
         strips = memory.render_lines(region)
         assert memory.render_lines(region) is strips  # nothing changed: no restyling of 8 lines
         memory.refresh()
         again = memory.render_lines(region)
         assert again is not strips and again == strips  # marked dirty: rendered again, to the same
+        memory.refresh(Region(0, 1, 10, 1))  # one content row marked, as update_lines does
+        once_more = memory.render_lines(region)
+        made = [y for y, (a, b) in enumerate(zip(again, once_more)) if a is not b]
+        assert made == [2]  # that row alone is made again (under the top border)...
+        assert once_more == again  # ...exactly as Textual drew it
+

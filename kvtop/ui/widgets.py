@@ -144,6 +144,8 @@ class Panel(Widget):
         self._content_width = 0
         self._blank_style: RichStyle | None = None
         self._rendered: tuple[Region, tuple[Any, ...], list[Strip]] | None = None
+        self._dirty_rows: set[int] = set()
+        self._frame: tuple[Any, ...] | None = None  # (top, height, left cell, right cell, background, width)
 
     def watch_state(self, old: str, new: str) -> None:
         self.remove_class(f"-{old}", update=False)  # one restyle for the swap, not two
@@ -218,29 +220,92 @@ class Panel(Widget):
         self._rich_styles.clear()
         self._blank_style = None
         self._rendered = None
+        self._frame = None
 
     def _set_dirty(self, *regions: Region) -> None:
-        # Textual's one way of marking a widget's lines for repainting (a refresh, a resize, a restyle, a theme):
-        # the strips render_lines last returned are stale from here.
-        self._rendered = None
+        # Textual's one way of marking a widget's lines for repainting (a refresh, a resize, a restyle, a theme).
+        # Regions (content rows) come from update_lines' refresh: only those rows of the last strips are stale;
+        # anything else (no region) makes them all stale.
+        if regions and self._rendered is not None:
+            rows = self._dirty_rows
+            for region in regions:
+                rows.update(range(region.y, region.bottom))
+        else:
+            self._rendered = None
+            self._frame = None
         super()._set_dirty(*regions)
 
     def render_lines(self, crop: Region) -> list[Strip]:
-        """The panel's strips, border and all; the last ones again while nothing marked the panel dirty.
+        """The panel's strips, border and all: the last ones again while nothing marked the panel dirty, and only
+        the changed content rows made afresh when update_lines marked some.
 
         Textual's compositor renders every widget that overlaps the bounding box of a repaint, and a busy refresh
         changes lines in most panels, so each refresh visited every panel on the screen, restyling (from cache,
         but line by line, with the colour filter) the unchanged panels as well: a third of the compositor's time.
+        A changed row is framed here (``_framed``: the border cells Textual drew, around the row's strip, through
+        the app's colour filters), not through Textual's general line styling (border, padding, tint, opacity,
+        outline and hatch, looked up per line): that path is kept for full repaints, and for any panel whose rows
+        it did not draw exactly as ``_framed`` does (checked on every full repaint, in ``_learn_frame``).
         """
         if not _CACHE_RENDERS:
             return super().render_lines(crop)
         filters = tuple(self.app.get_line_filters())
         rendered = self._rendered
         if rendered is not None and rendered[0] == crop and rendered[1] == filters:
-            return rendered[2]
+            rows = self._dirty_rows
+            if not rows:
+                return rendered[2]
+            frame = self._frame
+            if frame is not None:
+                strips = rendered[2].copy()
+                top, height = frame[0], frame[1]
+                for row in rows:
+                    if 0 <= row < height:
+                        strips[row + top] = self._framed(row, filters, frame)
+                rows.clear()
+                self._rendered = (crop, filters, strips)
+                return strips
         strips = super().render_lines(crop)
+        self._dirty_rows.clear()
         self._rendered = (crop, filters, strips)
+        self._frame = self._learn_frame(crop, filters, strips)
         return strips
+
+    def _framed(self, row: int, filters: tuple[Any, ...], frame: tuple[Any, ...]) -> Strip:
+        """Content row ``row`` as the compositor wants it: the border cells around the row's strip, filtered."""
+        _top, _height, left, right, background, width = frame
+        segments = list(self.render_line(row))
+        for line_filter in filters:
+            segments = line_filter.apply(segments, background)
+        if left is not None:
+            segments.insert(0, left)
+            segments.append(right)
+        return Strip(segments, width)
+
+    def _learn_frame(self, crop: Region, filters: tuple[Any, ...], strips: list[Strip]) -> tuple[Any, ...] | None:
+        """The border cells of the rows Textual just drew, if ``_framed`` makes every content row exactly as it
+        did (same segments, same styles); None keeps Textual's path for this panel until its next restyle."""
+        size = self.outer_size
+        if crop != size.region or len(strips) != size.height:
+            return None
+        top = self.content_region.y - self.region.y
+        height = self.content_size.height
+        if height <= 0 or top < 0 or top + height > len(strips):
+            return None
+        background = self.background_colors[1]
+        first = list(strips[top])
+        inner = len(list(self.render_line(0)))
+        if len(first) == inner + 2:
+            left, right = first[0], first[-1]
+        elif len(first) == inner:
+            left = right = None
+        else:
+            return None
+        frame = (top, height, left, right, background, size.width)
+        for row in range(height):
+            if list(self._framed(row, filters, frame)) != list(strips[top + row]):
+                return None
+        return frame
 
     def render_line(self, y: int) -> Strip:
         strip = self._strips.get(y)
