@@ -45,7 +45,7 @@ from array import array
 from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain, zip_longest
+from itertools import chain
 from typing import Any, overload
 
 from kvtop.engines.sim.retention import DEFAULT_PRIORITY, MAX_PRIORITY, KvCacheRetentionConfig
@@ -324,18 +324,18 @@ class _Block:
         children = self.children
         if children is None:
             return None
-        if type(children) is dict:
+        if isinstance(children, dict):
             return children.get(key)
-        return children if children.key == key else None  # type: ignore[union-attr]
+        return children if children.key == key else None
 
     def child_items(self) -> list[tuple[bytes, _Block]]:
         """(key, block) of the children in insertion order."""
         children = self.children
         if children is None:
             return []
-        if type(children) is dict:
+        if isinstance(children, dict):
             return list(children.items())
-        return [(children.key, children)]  # type: ignore[union-attr]
+        return [(children.key, children)]
 
     def add_child(self, key: bytes, block: _Block) -> _Block:
         """``children.setdefault(key, block)``: the child now under ``key``."""
@@ -343,11 +343,11 @@ class _Block:
         if children is None:
             self.children = block
             return block
-        if type(children) is dict:
+        if isinstance(children, dict):
             return children.setdefault(key, block)
-        if children.key == key:  # type: ignore[union-attr]
-            return children  # type: ignore[return-value]
-        self.children = {children.key: children, key: block}  # type: ignore[union-attr, dict-item]
+        if children.key == key:
+            return children
+        self.children = {children.key: children, key: block}
         return block
 
     def remove_child(self, key: bytes) -> None:
@@ -355,11 +355,11 @@ class _Block:
         children = self.children
         if children is None:
             return
-        if type(children) is dict:
+        if isinstance(children, dict):
             children.pop(key, None)
             if not children:
                 self.children = None
-        elif children.key == key:  # type: ignore[union-attr]
+        elif children.key == key:
             self.children = None
 
 
@@ -426,7 +426,7 @@ class _EvictionPolicy:
 
     def __init__(self, blocks: list[_Block], sizes: tuple[int, int], offload_min_priority: int,
                  clock_ms: Callable[[], float]):
-        self.queues: list[list[deque[tuple[int, _Block]]]] = [
+        self.queues: list[list[deque[Any]]] = [  # items alternate: stamp (int), block
             [deque() for _ in range(MAX_PRIORITY + 1)] for _ in range(2)]
         self.nonempty: list[list[int]] = [[], []]  # sorted priorities whose deque is non-empty, per level
         self.num_free = [0, 0]
@@ -964,9 +964,11 @@ class BlockManager:
                     block.hash = block_key_hash(decode_key(key), prev.hash if prev is not None else 0)
                     prev = block
             else:
-                for block, key in zip_longest(new_blocks, keys[bi:bi + len(new_blocks)], fillvalue=b""):
+                new_keys = keys[bi:bi + len(new_blocks)]
+                new_keys += [b""] * (len(new_blocks) - len(new_keys))  # blocks past the keys: the empty key
+                for block, fresh_key in zip(new_blocks, new_keys):
                     block.refs = 1
-                    block.key = key
+                    block.key = fresh_key
             self.missed_blocks += len(new_blocks)
         self.reused_tokens += matched_tokens
         self.total_input_tokens += length
