@@ -47,7 +47,7 @@ S_ERR = "bold $error"
 S_OK = "$success"
 
 # A line is a tuple of (text, style) pairs: built with line_of(), compared as a tuple (so a line whose text or
-# colours changed repaints, and one that did not is skipped), painted by Panel._strip. Building Textual Content
+# colours changed repaints, and one that did not is skipped), painted by Panel._segments. Building Textual Content
 # objects instead cost 3x as much per refresh (Content.assemble, cell lengths, span bookkeeping).
 Line = tuple[tuple[str, str], ...]
 BLANK: Line = ()
@@ -73,9 +73,23 @@ def styled(text: str, style: str) -> Line:
     return ((text, style),) if text else BLANK
 
 
+_WIDTHS: dict[str, int] = {}  # the cell width of each non-ASCII text drawn lately: bars, sparklines, arrows
+
+
 def cells(ln: Line) -> int:
-    # ASCII is one cell a character; rich's cell_len (a table lookup per character) only for the rest.
-    return sum(len(text) if text.isascii() else cell_len(text) for text, _ in ln)
+    # ASCII is one cell a character; rich's cell_len (a table lookup per character) only for the rest, once per text.
+    n = 0
+    for text, _ in ln:
+        if text.isascii():
+            n += len(text)
+            continue
+        w = _WIDTHS.get(text)
+        if w is None:
+            if len(_WIDTHS) >= 4096:
+                _WIDTHS.clear()
+            w = _WIDTHS[text] = cell_len(text)
+        n += w
+    return n
 
 
 def _pad(text: str, width: int, right: bool = True) -> str:
@@ -138,11 +152,11 @@ class Panel(Widget):
         self.data: Any = None
         self._lines: list[Line] = []
         self._strips: dict[int, Strip] = {}
-        self._rich_styles: dict[str, RichStyle] = {}
+        self._rich_styles: dict[str | None, RichStyle] = {}
         self._built_size: tuple[int, int] = (0, 0)
         self._inner: tuple[int, int] | None = None
         self._content_width = 0
-        self._blank_style: RichStyle | None = None
+        self._filtered_styles: dict[str | None, RichStyle] = {}
         self._rendered: tuple[Region, tuple[Any, ...], list[Strip]] | None = None
         self._dirty_rows: set[int] = set()
         self._frame: tuple[Any, ...] | None = None  # (top, height, left cell, right cell, background, width)
@@ -218,7 +232,7 @@ class Panel(Widget):
         # Colours come from the theme: a new theme (or a new class) restyles every line.
         self._strips.clear()
         self._rich_styles.clear()
-        self._blank_style = None
+        self._filtered_styles.clear()
         self._rendered = None
         self._frame = None
 
@@ -272,11 +286,10 @@ class Panel(Widget):
         return strips
 
     def _framed(self, row: int, filters: tuple[Any, ...], frame: tuple[Any, ...]) -> Strip:
-        """Content row ``row`` as the compositor wants it: the border cells around the row's strip, filtered."""
-        _top, _height, left, right, background, width = frame
-        segments = list(self.render_line(row))
-        for line_filter in filters:
-            segments = line_filter.apply(segments, background)
+        """Content row ``row`` as the compositor wants it: the border cells around the row's segments, in styles
+        already through the app's colour filters (resolved once per style string, as for ``render_line``)."""
+        _top, _height, left, right, _background, width = frame
+        segments, _ = self._segments(self._line(row), self._filtered_styles, frame, filters)
         if left is not None:
             segments.insert(0, left)
             segments.append(right)
@@ -302,6 +315,7 @@ class Panel(Widget):
         else:
             return None
         frame = (top, height, left, right, background, size.width)
+        self._filtered_styles.clear()
         for row in range(height):
             if list(self._framed(row, filters, frame)) != list(strips[top + row]):
                 return None
@@ -310,40 +324,57 @@ class Panel(Widget):
     def render_line(self, y: int) -> Strip:
         strip = self._strips.get(y)
         if strip is None:
-            width, height = self.inner
-            if (width, height) != self._built_size:
-                self._lines, self._built_size = self._build_lines(width, height), (width, height)
-                self._strips.clear()
-            strip = self._strip(self._lines[y] if y < len(self._lines) else BLANK)
-            self._strips[y] = strip
+            segments, length = self._segments(self._line(y), self._rich_styles)
+            strip = self._strips[y] = Strip(segments, length)
         return strip
 
-    def _strip(self, ln: Line) -> Strip:
-        """One line to a Strip, each style string resolved once per theme (``$kv-figure bold`` through the
+    def _line(self, y: int) -> Line:
+        width, height = self.inner
+        if (width, height) != self._built_size:
+            self._lines, self._built_size = self._build_lines(width, height), (width, height)
+            self._strips.clear()
+        return self._lines[y] if y < len(self._lines) else BLANK
+
+    def _segments(self, ln: Line, cache: dict[str | None, RichStyle], frame: tuple[Any, ...] | None = None,
+                  filters: tuple[Any, ...] = ()) -> tuple[list[Segment], int]:
+        """One line's segments, each style string resolved once per theme (``$kv-figure bold`` through the
         stylesheet's variables, on the panel's own background). Textual's general path (Content to strips)
         measured 0.85 ms a line; this is ~15 us.
 
-        The strip is padded to the content width here, with the blank style Textual would pad it with: a
+        The line is padded to the content width here, with the blank style Textual would pad it with: a
         shorter strip makes Textual copy it into a new padded one on every repaint (``adjust_cell_length``,
         13% of the dashboard's CPU in a profile of the busy replay)."""
-        cache = self._rich_styles
         segments = []
         for text, style in ln:
             rich = cache.get(style)
             if rich is None:
-                base = self.visual_style
-                rich = cache[style] = (base + self.app.stylesheet.parse_style(style) if style else base).rich_style
+                rich = cache[style] = self._resolve(style, frame, filters)
             segments.append(Segment(text, rich))
         length = cells(ln)
         pad = self._content_width - length
         if pad > 0:
-            blank = self._blank_style
+            blank = cache.get(None)
             if blank is None:
-                base_background, background = self.background_colors
-                blank = self._blank_style = TextualStyle(background=base_background + background).rich_style
+                blank = cache[None] = self._resolve(None, frame, filters)
             segments.append(Segment(" " * pad, blank))
             length += pad
-        return Strip(segments, length)
+        return segments, length
+
+    def _resolve(self, style: str | None, frame: tuple[Any, ...] | None, filters: tuple[Any, ...]) -> RichStyle:
+        """A style string as a rich style on this panel (None: the blank that pads a line), and with a frame,
+        through the app's line filters as Textual filters each segment (``_learn_frame`` checks it did)."""
+        if style is None:
+            base_background, background = self.background_colors
+            rich = TextualStyle(background=base_background + background).rich_style
+        else:
+            base = self.visual_style
+            rich = (base + self.app.stylesheet.parse_style(style) if style else base).rich_style
+        if frame is not None:
+            segments = [Segment(" ", rich)]
+            for line_filter in filters:
+                segments = line_filter.apply(segments, frame[4])
+            rich = segments[0].style
+        return rich
 
     @property
     def inner(self) -> tuple[int, int]:
