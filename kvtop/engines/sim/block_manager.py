@@ -118,6 +118,9 @@ def _token_mix(token: int) -> int:
 # Token ids must be in [-2^63, 2^63) (TensorRT-LLM's are int32); others raise OverflowError.
 
 _ID_BYTES = 8
+# The empty key (a block that holds no tokens yet), one object: the allocation loop tests for it by identity, without
+# reading the key (every empty key is this object; CPython has one empty bytes object anyway).
+_NO_KEY = b""
 _RUN_KEY_BYTES = 2 * _ID_BYTES + 1
 _MIN_ID, _MAX_ID = -(1 << 63), (1 << 63) - 1
 _pack_run = struct.Struct("qqx").pack  # (first id, count) and the zero byte that makes 17
@@ -145,7 +148,7 @@ def encode_key(tokens: Sequence[int]) -> bytes:
         if not _MIN_ID <= tokens[0] <= _MAX_ID - n + 1:
             raise OverflowError("token ids must fit in signed 64 bits")
         return _pack_run(tokens[0], n)
-    return _pack_ids(tokens) if n else b""
+    return _pack_ids(tokens) if n else _NO_KEY
 
 
 def _key_ids(key: bytes) -> Sequence[int]:
@@ -296,7 +299,7 @@ class _Block:
     def __init__(self, block_id: int, primary: bool):
         self.id = block_id
         self.primary = primary
-        self.key = b""  # encoded token ids (see encode_key); empty until the block holds tokens
+        self.key = _NO_KEY  # encoded token ids (see encode_key); empty until the block holds tokens
         self.hash = 0
         self.prev: _Block | None = None          # parent in the radix tree (the root for first blocks)
         # The blocks stored under this one, by key: None (a leaf), the only child itself, or a dict (two or more
@@ -724,6 +727,7 @@ class BlockManager:
         # An offload takes a host block and queues another: the host's free count cannot change in this batch.
         can_offload = self.onboard_blocks and num_free[SECONDARY] > 0
         events = self._events_enabled
+        no_key = _NO_KEY
         append = taken.append
         taken_before = len(taken)
         new_blocks = offloaded = silent_offloads = evicted = evicted_host = 0
@@ -744,7 +748,7 @@ class BlockManager:
                 block.qstamp = -1
                 if expiry:
                     expiry.pop(block.id, None)
-                if not block.key:
+                if block.key is no_key:
                     new_blocks += 1
                 elif can_offload and prio >= offload_min_priority:
                     block.duration_ms = None  # the claim before the offload keeps the priority, drops the duration
@@ -781,7 +785,7 @@ class BlockManager:
                 if block.children is not None:
                     self._free_children(block, SECONDARY if from_host else None)
                 elif block.prev is not None:  # a leaf: _free_children without the recursion
-                    if block.key:
+                    if block.key is not no_key:
                         if events:
                             self._enqueue_removed(block)
                         if from_host:
@@ -910,7 +914,7 @@ class BlockManager:
         search: _Block | None = self._root
         bi = 0
         while search is not None and bi < num_blocks:
-            key = keys[bi] if bi < num_keys else b""
+            key = keys[bi] if bi < num_keys else _NO_KEY
             key_tokens = tpb if bi < num_full else tail_tokens if bi < num_keys else 0
             prio, dur = per_block[bi] if per_block is not None else (None, None)
             partial, num_matched, match = self._find_matching(search, key)
@@ -958,14 +962,14 @@ class BlockManager:
             if self._events_enabled:
                 prev = blocks[first_new - 1] if first_new else None
                 for i, block in enumerate(new_blocks, bi):
-                    key = keys[i] if i < num_keys else b""
+                    key = keys[i] if i < num_keys else _NO_KEY
                     block.refs = 1
                     block.key = key
                     block.hash = block_key_hash(decode_key(key), prev.hash if prev is not None else 0)
                     prev = block
             else:
                 new_keys = keys[bi:bi + len(new_blocks)]
-                new_keys += [b""] * (len(new_blocks) - len(new_keys))  # blocks past the keys: the empty key
+                new_keys += [_NO_KEY] * (len(new_blocks) - len(new_keys))  # blocks past the keys: the empty key
                 for block, fresh_key in zip(new_blocks, new_keys):
                     block.refs = 1
                     block.key = fresh_key
@@ -1014,28 +1018,34 @@ class BlockManager:
         # The eviction policy's release, inlined (hundreds of blocks per trace request); see _EvictionPolicy for
         # the invariants.
         policy = self._policy
-        queues, nonempty = policy.queues, policy.nonempty
-        released = [0, 0]  # per level, added to num_free once
-        stamp = policy.stamp
+        primary_queues, host_queues = policy.queues
+        primary_prios, host_prios = policy.nonempty
+        first_stamp = stamp = policy.stamp
+        released_host = 0  # the primary count is the rest: one stamp per block released
         for block in reversed(seq.blocks):
-            block.refs -= 1
-            if block.refs:
+            refs = block.refs - 1
+            block.refs = refs
+            if refs:
                 continue
-            level = PRIMARY if block.primary else SECONDARY
             prio = block.priority
-            queue = queues[level][prio]
-            if not queue:
-                insort(nonempty[level], prio)
+            if block.primary:
+                queue = primary_queues[prio]
+                if not queue:
+                    insort(primary_prios, prio)
+            else:
+                queue = host_queues[prio]
+                if not queue:
+                    insort(host_prios, prio)
+                released_host += 1
             queue.append(stamp)
             queue.append(block)
             block.qstamp = stamp
             stamp += 1
-            released[level] += 1
             if block.duration_ms is not None and prio != DEFAULT_PRIORITY:
                 policy.start_expiry(block)
         policy.stamp = stamp
-        policy.num_free[PRIMARY] += released[PRIMARY]
-        policy.num_free[SECONDARY] += released[SECONDARY]
+        policy.num_free[PRIMARY] += stamp - first_stamp - released_host
+        policy.num_free[SECONDARY] += released_host
 
     def refresh(self) -> int:
         """``refreshBlocks``: timed priorities that have expired fall back to 35. Returns how many expired."""
