@@ -239,8 +239,9 @@ class SimEngineCore:
         failed_in_decode: list[SimRequest] = []
         decode_contexts: list[int] = []  # per generation request, the positions its new token attends to
         for r in gen:
+            out = r.output_ids
             try:
-                add_token(r.request_id, r.output_ids[-1])
+                add_token(r.request_id, out[-1])
             except NoFreeBlockError as exc:
                 # Admission reserves every block a request needs to finish, so this is a safety net;
                 # TensorRT-LLM would throw here too. The request fails, the run goes on.
@@ -250,10 +251,13 @@ class SimEngineCore:
                 self._fail(r, f"out of KV cache blocks during decode: {exc}")
                 continue
             # add_token allocated a block iff the tokens with KV filled their last block (kv_blocks mirrors it)
-            if r.kv_tokens % tpb == 0:
+            kv_tokens = r.kv_tokens  # = prompt + generated - 1: the positions the fed token attends to
+            if kv_tokens % tpb == 0:
                 r.kv_blocks += 1
-            r.kv_tokens += 1
-            decode_contexts.append(r.num_prompt_tokens + len(r.output_ids) - 1)
+            r.kv_tokens = kv_tokens + 1
+            decode_contexts.append(kv_tokens)
+            # the token this forward pass produces (_emit_token inlined; its time is set below, once known)
+            out.append(GENERATED_TOKEN_BASE | (hash((r.digest, len(out))) & _GENERATED_TOKEN_MASK))
         for r in failed_in_decode:
             gen.remove(r)
         prefill_items = [(n, r.context_done) for r, n in chunks]
@@ -275,16 +279,14 @@ class SimEngineCore:
                 self._emit_token(r, now)
                 if len(r.output_ids) >= r.max_tokens:
                     finished.append(r)
-        # _emit_token, inlined: one per generated token (595k in the synthetic trace)
+        # the rest of _emit_token for the tokens appended above (595k in the synthetic trace)
         for r in gen:
-            out = r.output_ids
-            out.append(GENERATED_TOKEN_BASE | (hash((r.digest, len(out))) & _GENERATED_TOKEN_MASK))
             if r.first_token_s is None:
                 r.first_token_s = now
             r.last_token_s = now
             if r.on_token:
                 r.on_token(r)
-            if len(out) >= r.max_tokens:
+            if len(r.output_ids) >= r.max_tokens:
                 finished.append(r)
         for r in finished:
             bm.remove_sequence(r.request_id, final_tokens=r.output_ids[-1:])
