@@ -156,6 +156,8 @@ class Panel(Widget):
         self._built_size: tuple[int, int] = (0, 0)
         self._inner: tuple[int, int] | None = None
         self._content_width = 0
+        self._row_x = 0          # a panel row, border to border, in content coordinates (update_lines' regions)
+        self._row_width = 0
         self._filtered_styles: dict[str | None, RichStyle] = {}
         self._rendered: tuple[Region, tuple[Any, ...], list[Strip]] | None = None
         self._dirty_rows: set[int] = set()
@@ -217,7 +219,9 @@ class Panel(Widget):
                 if start < 0:
                     start = y
             elif start >= 0:
-                regions.append(Region(0, start, width + 2, y - start))  # a region per run of changed lines
+                # A region per run of changed lines, border cells included: Textual writes a span that covers a
+                # panel's row whole as it is, and crops the row first (a new strip) when the span stops short.
+                regions.append(Region(self._row_x, start, self._row_width, y - start))
                 start = -1
         if regions:
             self.refresh(*regions)
@@ -386,6 +390,8 @@ class Panel(Widget):
             size = self.content_size
             inner = self._inner = (max(size.width - 2, 0), size.height)
             self._content_width = size.width
+            self._row_x = self.region.x - self.content_region.x
+            self._row_width = self.outer_size.width
         return inner
 
 
