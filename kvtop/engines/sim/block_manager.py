@@ -732,10 +732,8 @@ class BlockManager:
         taken_before = len(taken)
         new_blocks = offloaded = silent_offloads = evicted = evicted_host = 0
         try:
-            for i in range(count):
+            for _ in range(min(count, free_primary)):
                 from_host = False  # True when the block is an offload target: its host data is what gets dropped
-                if i >= free_primary:
-                    raise NoFreeBlockError("no free block in the GPU (primary) pool")
                 prio = primary_prios[0]
                 queue = primary_queues[prio]
                 entry_stamp = queue.popleft()
@@ -769,9 +767,8 @@ class BlockManager:
                         silent_offloads += 1
                     elif events:
                         self._enqueue_updated(block, (PRIMARY, SECONDARY), None)
-                    # release: now in the host queue, same priority, no duration so no expiry; num_free[SECONDARY]
-                    # lost the target and gains this block
-                    prio = block.priority
+                    # release: now in the host queue, same priority (prio: its queue's), no duration so no expiry;
+                    # num_free[SECONDARY] lost the target and gains this block
                     queue = host_queues[prio]
                     if not queue:
                         insort(host_prios, prio)
@@ -802,6 +799,8 @@ class BlockManager:
                 block.priority = priority
                 block.duration_ms = duration_ms
                 append(block)
+            if count > free_primary:
+                raise NoFreeBlockError("no free block in the GPU (primary) pool")
         finally:
             policy.stamp = stamp
             # the counts of the blocks taken, added once (nothing in the loop reads them)
