@@ -36,7 +36,10 @@ def export(rev: str, into: Path) -> None:
         return
     archive = subprocess.run(["git", "archive", rev, "kvtop"], cwd=ROOT, check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4 / 3.10.12: refuse links and paths out of ``into``
+            tar.extractall(into, filter="data")
+        else:
+            tar.extractall(into)  # git archive of this repository's own tree
 
 
 def replay(tree: Path, core: int | None, limit: int | None) -> float:
