@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtop.records import Record, SourceId, make
+from kvtop.stopsignal import StopSignal
 
 StatusCallback = Callable[[str, str], None]  # (name, message), like the sources' on_error / on_status
 SAMPLE_S = 1.0  # GPU/host memory once a second: NVML's PCIe counters alone cost ~20 ms per GPU per sample
@@ -58,9 +59,7 @@ class WatchHandle:
         self.prometheus_port: int | None = None
         self.lock = threading.Lock()  # held while a record is folded and fanned out
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop_event: asyncio.Event | None = None
-        self._stopped = False
+        self._stop = StopSignal()
         self._started = threading.Event()
         self._sinks: list[Callable[[Record], None]] = []
         self._on_status: StatusCallback | None = None
@@ -99,11 +98,7 @@ class WatchHandle:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop polling, drain once more, flush the recorder, say "offline" on MQTT, stop Prometheus. Idempotent."""
-        self._stopped = True
-        loop, event = self._loop, self._stop_event
-        if loop is not None and event is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(event.set)
+        self._stop.stop()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if self.recorder is not None:
@@ -202,10 +197,7 @@ def _thread_main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: floa
 
 
 async def _main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: float, sample_memory: bool) -> None:
-    handle._loop = asyncio.get_running_loop()
-    handle._stop_event = stop = asyncio.Event()
-    if handle._stopped:
-        stop.set()
+    stop = handle._stop.bind()
     handle._started.set()
     source = handle.source
     meta = engine_meta(llm)

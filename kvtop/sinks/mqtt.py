@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections import deque
 from typing import Any
@@ -45,6 +44,7 @@ from kvtop.sources.mqtt import (
     parse_mqtt_url,
     topic_for,
 )
+from kvtop.stopsignal import StopSignal
 
 QOS = {"meta": 1, "request": 1, "stats": 0, "gpu": 0, "host": 0, "kv_event": 0}
 # 10,000 records is ~9 s of a busy engine (an iteration-stats dict every ~10 ms plus ~1,000 events/s): a broker
@@ -121,11 +121,8 @@ class MqttPublisher:
         self._metas: dict[SourceId, Record] = {}
         self._metas_dirty: set[SourceId] = set()
         self._topics: dict[tuple[SourceId, str], str] = {}
-        self._stopped = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
-        self._wake: asyncio.Event | None = None
-        self._stop_event: asyncio.Event | None = None
+        self._stop = StopSignal()
+        self._wake: asyncio.Event | None = None  # a record or meta to send (an event of the run's loop)
         self._dropped_reported = 0
         self._dropped_reported_at = 0.0
 
@@ -149,10 +146,7 @@ class MqttPublisher:
         wake = self._wake
         if wake is None or wake.is_set():
             return
-        if threading.get_ident() == self._loop_thread:
-            wake.set()
-        elif self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(wake.set)
+        self._stop.set(wake)
 
     @property
     def queued(self) -> int:
@@ -162,26 +156,13 @@ class MqttPublisher:
 
     def stop(self) -> None:
         """Ask :meth:`run` to flush, say "offline" and return. Safe from any thread."""
-        self._stopped = True
-        loop, event = self._loop, self._stop_event
-        if loop is None or event is None or loop.is_closed():
-            return
-        if threading.get_ident() == self._loop_thread:
-            event.set()
-            if self._wake is not None:
-                self._wake.set()
-        else:
-            loop.call_soon_threadsafe(event.set)
-            if self._wake is not None:
-                loop.call_soon_threadsafe(self._wake.set)
+        self._stop.stop(self._wake)
 
     async def run(self) -> None:
         import aiomqtt  # here, not at import time: kvtop's import stays light
 
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
+        stop_event = self._stop.bind()
         self._wake = asyncio.Event()
-        self._stop_event = asyncio.Event()
         if self._queue or self._metas_dirty:
             self._wake.set()
         status_topic = topic_for(self.url.prefix, self.source, STATUS)
@@ -201,7 +182,7 @@ class MqttPublisher:
                 try:
                     await self._connected(client)
                 finally:
-                    if self._stopped:
+                    if self._stop.requested:
                         await self._goodbye(client, status_topic)
             finally:
                 self.connected = False
@@ -211,7 +192,7 @@ class MqttPublisher:
             self._status(f"{message}; retrying (every {BACKOFF_MAX_S:g} s at most), keeping the newest "
                          f"{self.max_queue:,} records meanwhile")
 
-        await keep_connected(self.url, client, session, stopped=lambda: self._stopped, stop_event=self._stop_event,
+        await keep_connected(self.url, client, session, stopped=lambda: self._stop.requested, stop_event=stop_event,
                              lost=lost)
 
     async def _goodbye(self, client: Any, status_topic: str) -> None:
@@ -247,10 +228,10 @@ class MqttPublisher:
 
     async def _send_loop(self, client: Any) -> None:
         assert self._wake is not None
-        while not self._stopped:
+        while not self._stop.requested:
             await self._wake.wait()
             self._wake.clear()
-            if self._stopped:
+            if self._stop.requested:
                 return
             started = time.monotonic()
             await self._send_round(client)

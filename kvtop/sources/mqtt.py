@@ -34,6 +34,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from kvtop.records import KINDS, Record, RecordError, SourceId, decode_payload
+from kvtop.stopsignal import StopSignal
 
 PASSWORD_ENV = "KVTOP_MQTT_PASSWORD"
 TOPIC_ROOT = ("kvtop", "v1")
@@ -299,16 +300,13 @@ class MqttSubscriber:
         self.connects = 0
         self.gaps: list[float] = []  # seconds without a broker, one per reconnect
         self.sources: dict[str, str] = {}  # source key -> "online" | "offline"
-        self._stopped = False
-        self._stop_event: asyncio.Event | None = None
+        self._stop = StopSignal()
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def stop(self) -> None:
-        """Ask :meth:`run` to return (from the loop's thread; other threads: ``loop.call_soon_threadsafe``)."""
-        self._stopped = True
-        if self._stop_event is not None:
-            self._stop_event.set()
+        """Ask :meth:`run` to return. Safe from the loop's thread or any other thread, before or during run."""
+        self._stop.stop()
 
     async def records(self) -> AsyncIterator[Record]:
         """Every record, as an async iterator (runs :meth:`run` underneath; ends after :meth:`stop`).
@@ -336,8 +334,8 @@ class MqttSubscriber:
     async def run(self) -> None:
         import aiomqtt  # here, not at import: `import kvtop.sources.mqtt` for URL checks stays light
 
-        self._stop_event = asyncio.Event()
-        if self._stopped:
+        stop_event = self._stop.bind()
+        if self._stop.requested:
             return
         first_try = time.monotonic()
         lost_at: float | None = None  # monotonic time a connection that was up dropped; None otherwise
@@ -368,13 +366,14 @@ class MqttSubscriber:
             finally:
                 self.connected = False
 
-        await keep_connected(self.url, client, session, stopped=lambda: self._stopped, stop_event=self._stop_event,
+        await keep_connected(self.url, client, session, stopped=lambda: self._stop.requested, stop_event=stop_event,
                              lost=lambda message: self._status("mqtt", f"{message}; retrying (every "
                                                                        f"{BACKOFF_MAX_S:g} s at most)"))
 
     async def _consume(self, client: Any) -> None:
         """Handle messages until the connection drops (raises MqttError) or :meth:`stop` (returns)."""
-        assert self._stop_event is not None
+        stop_event = self._stop.event
+        assert stop_event is not None
 
         async def pump() -> None:
             async for message in client.messages:
@@ -382,7 +381,7 @@ class MqttSubscriber:
 
         # One task for the whole connection (not one per message: ~25 us each at 500 messages/s adds up).
         task = asyncio.ensure_future(pump())
-        stop_wait = asyncio.ensure_future(self._stop_event.wait())
+        stop_wait = asyncio.ensure_future(stop_event.wait())
         try:
             await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
         finally:

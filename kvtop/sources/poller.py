@@ -34,13 +34,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvtop.records import Record, RecordError, SourceId, make, parse_engine_dict
+from kvtop.stopsignal import StopSignal
 
 Sink = Callable[[Record], None]
 ErrorCallback = Callable[[str, str], None]
@@ -132,25 +132,18 @@ class EnginePoller:
             _Stream("kv_events", "kv_event", "get_kv_cache_events_async", "get_kv_cache_events",
                     name=f"{name}.kv_events"),
         )
-        self._stopped = False
-        self._stop_event: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread: int | None = None
+        self._stop = StopSignal()
         self._poll_task: asyncio.Task[PollResult] | None = None
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
         """Poll until :meth:`stop` (or cancellation). Returns promptly after stop, even mid-poll."""
-        self._loop = asyncio.get_running_loop()
-        self._loop_thread = threading.get_ident()
-        self._stop_event = asyncio.Event()
-        if self._stopped:
-            self._stop_event.set()
+        stop_event = self._stop.bind()
         try:
-            while not self._stopped:
+            while not self._stop.requested:
                 poll = self._poll_task = asyncio.ensure_future(self.poll_once())
-                stop_wait = asyncio.ensure_future(self._stop_event.wait())
+                stop_wait = asyncio.ensure_future(stop_event.wait())
                 try:
                     await asyncio.wait({poll, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
                 finally:
@@ -160,7 +153,7 @@ class EnginePoller:
                 poll.result()  # re-raises a sink's exception; engine failures never get here
                 delay = self._next_delay()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stop_event.wait(), timeout=delay)
+                    await asyncio.wait_for(stop_event.wait(), timeout=delay)
         finally:
             task, self._poll_task = self._poll_task, None
             if task is not None and not task.done():
@@ -170,18 +163,11 @@ class EnginePoller:
 
     def stop(self) -> None:
         """Ask :meth:`run` to return. Safe from the loop's thread or any other thread, before or during run."""
-        self._stopped = True
-        loop, event = self._loop, self._stop_event
-        if loop is None or event is None or loop.is_closed():
-            return
-        if threading.get_ident() == self._loop_thread:
-            event.set()
-        else:
-            loop.call_soon_threadsafe(event.set)
+        self._stop.stop()
 
     @property
     def stopped(self) -> bool:
-        return self._stopped
+        return self._stop.requested
 
     def _next_delay(self) -> float:
         # A healthy stream is due again at once, so the poll comes after one interval; when every stream is

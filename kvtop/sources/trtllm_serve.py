@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvtop.records import Record, RecordError, SourceId, make, parse_engine_dict
+from kvtop.stopsignal import StopSignal
 
 Sink = Callable[[Record], None]
 Callback = Callable[[str, str], None]  # (name, message)
@@ -151,23 +152,19 @@ class TrtllmServeSource:
         self._failures = 0
         self._started = time.monotonic()
         self._busy_events = 0  # this poll's events other than "created"
-        self._stopped = False
-        self._stop_event: asyncio.Event | None = None
+        self._stop = StopSignal()
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def stop(self) -> None:
-        self._stopped = True
-        if self._stop_event is not None:
-            self._stop_event.set()
+        """Ask :meth:`run` to return. Safe from the loop's thread or any other thread, before or during run."""
+        self._stop.stop()
 
     async def run(self) -> None:
-        self._stop_event = asyncio.Event()
-        if self._stopped:
-            return
-        while not self._stopped:
+        stop_event = self._stop.bind()
+        while not self._stop.requested:
             poll = asyncio.ensure_future(self.poll_once())
-            stop_wait = asyncio.ensure_future(self._stop_event.wait())
+            stop_wait = asyncio.ensure_future(stop_event.wait())
             try:
                 await asyncio.wait({poll, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -179,7 +176,7 @@ class TrtllmServeSource:
             delay = self.interval_s if self.reachable else min(self.interval_s * 2.0 ** self._failures,
                                                                 MAX_BACKOFF_S)
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stop_event.wait(), timeout=delay)
+                await asyncio.wait_for(stop_event.wait(), timeout=delay)
 
     # ------------------------------------------------------------------------------------------ one poll
 
