@@ -459,12 +459,12 @@ class _PathCheckingBlockManager(BlockManager):
     """Checks, before every store, what lets the store skip the start of its walk: the sequence's first
     ``tree_prefix`` blocks are exactly what a walk from the root along its keys finds."""
 
-    def _store_blocks(self, seq: Any, keys: list[bytes], num_full: int) -> None:
+    def _store_blocks(self, seq: Any, keys: list[bytes]) -> None:
         node = self._root
         for i in range(min(seq.tree_prefix, len(keys), len(seq.blocks))):
             node = node.child(keys[i])
             assert node is seq.blocks[i], (i, seq.tree_prefix)
-        super()._store_blocks(seq, keys, num_full)
+        super()._store_blocks(seq, keys)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

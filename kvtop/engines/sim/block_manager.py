@@ -994,8 +994,7 @@ class BlockManager:
         """``storeContextBlocks``: put the full prompt blocks into the reuse tree (after prefill)."""
         seq = self._seq(request_id)
         if self.enable_block_reuse:
-            self._store_blocks(seq, self._block_keys(seq, seq.num_tokens - 1, False),
-                               (seq.num_tokens - 1) // self.tokens_per_block)
+            self._store_blocks(seq, self._block_keys(seq, seq.num_tokens - 1, False))
 
     def remove_sequence(self, request_id: Any, final_tokens: Sequence[int] = ()) -> None:
         """``removeSequence``: store every block for reuse (a partial last one too), then release, last first.
@@ -1011,8 +1010,7 @@ class BlockManager:
         seq.generated.extend(final_tokens)
         seq.num_tokens = seq.prompt_len + len(seq.generated)
         if self.enable_block_reuse:
-            self._store_blocks(seq, self._block_keys(seq, seq.num_tokens - 1, True),
-                               (seq.num_tokens - 1) // self.tokens_per_block)
+            self._store_blocks(seq, self._block_keys(seq, seq.num_tokens - 1, True))
         del self._seqs[request_id]
         # The eviction policy's release, inlined (hundreds of blocks per trace request); see _EvictionPolicy for
         # the invariants.
@@ -1117,12 +1115,12 @@ class BlockManager:
         except KeyError:
             raise ValueError(f"request {request_id!r} is not in the KV cache manager") from None
 
-    def _store_blocks(self, seq: _Sequence, keys: list[bytes], num_full: int) -> None:
+    def _store_blocks(self, seq: _Sequence, keys: list[bytes]) -> None:
         """``storeBlocks``: walk the tree along ``keys``; from the first miss on, insert the sequence's blocks.
 
-        Keys are never empty (``_block_keys`` makes none), so every one is looked up until the first miss; the
-        first ``num_full`` are full blocks, a last one past them is partial. The walk starts past the sequence's
-        known path (``_Sequence.tree_prefix``), where looking up would find the blocks already known.
+        Keys are never empty (``_block_keys`` makes none), so every one is looked up until the first miss (a key
+        holds whether its block is full: its token count). The walk starts past the sequence's known path
+        (``_Sequence.tree_prefix``), where looking up would find the blocks already known.
         """
         blocks = seq.blocks
         count = min(len(keys), len(blocks))
