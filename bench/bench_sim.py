@@ -26,12 +26,13 @@ import argparse
 import gc
 import importlib.util
 import json
+import os
 import random
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,8 @@ from kvtop.engines.sim.block_manager import TokenRuns  # noqa: E402
 from kvtop.engines.sim.retention import KvCacheRetentionConfig  # noqa: E402
 from kvtop.workload.trace import read_trace  # noqa: E402
 
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"  # the project's shared/ beside the repo
+# the project's shared/ beside the repository; KVTOP_TRACE for a copy elsewhere (the lent GPU host has no shared/)
+TRACE = Path(os.environ.get("KVTOP_TRACE", ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"))
 
 
 def _load_baseline() -> Any:
@@ -154,14 +156,18 @@ def bench_block_manager(num_trace_requests: int, repeat: int) -> list[dict[str, 
     return rows
 
 
-def bench_trace(limit: int | None, cwd: Path = ROOT) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "kvtop", "sim", "--trace", str(TRACE), "--host-cache", "64GB", "--json"]
+def bench_trace(limit: int | None, cwd: Path = ROOT, trace: Path = TRACE,
+                prefix: Sequence[str] = ()) -> dict[str, Any]:
+    """``kvtop sim --trace`` in a child process (run in ``cwd``, whose ``kvtop/`` it imports; ``prefix`` such as
+    ``taskset -c 3`` in front): its JSON result and the process's wall time."""
+    cmd = [*prefix, sys.executable, "-m", "kvtop", "sim", "--trace", str(trace), "--host-cache", "64GB", "--json"]
     if limit:
         cmd += ["--limit", str(limit)]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True).stdout
     wall = time.perf_counter() - t0
-    return {"command": " ".join(["python"] + cmd[1:]), "process_wall_s": wall, "result": json.loads(out)}
+    shown = [*prefix, "python", *cmd[len(prefix) + 1:]]
+    return {"command": " ".join(shown), "process_wall_s": wall, "result": json.loads(out)}
 
 
 def make_hour_trace(path: Path, copies: int = 3) -> dict[str, int]:
@@ -189,12 +195,9 @@ def bench_hour_trace() -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "hour.jsonl"
         shape = make_hour_trace(path)
-        cmd = [sys.executable, "-m", "kvtop", "sim", "--trace", str(path), "--host-cache", "64GB", "--json"]
-        t0 = time.perf_counter()
-        out = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True).stdout
-        wall = time.perf_counter() - t0
+        run = bench_trace(None, trace=path)
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
-    return {**shape, "process_wall_s": wall, "peak_rss_mib": peak_kib / 1024, "result": json.loads(out)}
+    return {**shape, **run, "peak_rss_mib": peak_kib / 1024}
 
 
 def bench_trace_at(rev: str, limit: int | None) -> dict[str, Any]:

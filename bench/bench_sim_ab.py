@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tarfile
 import tempfile
 import threading
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-TRACE = Path(os.environ.get("KVTOP_TRACE", ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"))
+from bench_sim import ROOT, TRACE, bench_trace  # this directory is on sys.path when a script here runs
 
 
 def export(rev: str, into: Path) -> None:
@@ -43,13 +40,8 @@ def export(rev: str, into: Path) -> None:
 
 
 def replay(tree: Path, core: int | None, limit: int | None) -> float:
-    cmd = [sys.executable, "-m", "kvtop", "sim", "--trace", str(TRACE), "--host-cache", "64GB", "--json"]
-    if limit:
-        cmd += ["--limit", str(limit)]
-    if core is not None:
-        cmd = ["taskset", "-c", str(core), *cmd]
-    out = subprocess.run(cmd, cwd=tree, check=True, capture_output=True, text=True).stdout
-    return float(json.loads(out)["runs"][0]["wall_seconds"])
+    prefix = ["taskset", "-c", str(core)] if core is not None else []
+    return float(bench_trace(limit, cwd=tree, prefix=prefix)["result"]["runs"][0]["wall_seconds"])
 
 
 def main() -> None:
