@@ -9,11 +9,12 @@ reconnect backoff), so without ``StopSignal``'s ``call_soon_threadsafe`` the sto
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from conftest import free_port  # a port nothing listens on: connections are refused
 
 from kvtop.records import SourceId
 from kvtop.sinks.mqtt import MqttPublisher
@@ -24,12 +25,6 @@ from kvtop.stopsignal import StopSignal
 
 SRC = SourceId(host="h", rank=0, run="r")
 PROMPT_S = 0.5  # a stop from another thread must end run() within this (the waits below are >= 2 s)
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed again when this returns: connections are refused
 
 
 def _stop_from_another_thread(part: Any, ready: Callable[[], bool], settle_s: float) -> float:
@@ -103,20 +98,20 @@ def test_engine_poller() -> None:
 
 
 def test_trtllm_serve_source_backing_off_from_an_unreachable_server() -> None:
-    source = TrtllmServeSource(f"http://127.0.0.1:{_closed_port()}", interval_s=5.0, sink=lambda r: None,
+    source = TrtllmServeSource(f"http://127.0.0.1:{free_port()}", interval_s=5.0, sink=lambda r: None,
                                timeout_s=1.0)
     took = _stop_from_another_thread(source, lambda: source.reachable is False, 0.3)  # now waiting 5-10 s
     assert took < PROMPT_S, took
 
 
 def test_mqtt_subscriber_retrying_a_broker_that_is_down() -> None:
-    subscriber = MqttSubscriber(f"mqtt://127.0.0.1:{_closed_port()}", sink=lambda r: None)
+    subscriber = MqttSubscriber(f"mqtt://127.0.0.1:{free_port()}", sink=lambda r: None)
     # backoff 0.25, 0.5, 1, then 2 s: after 2 s of retries it waits 2 s at a time
     took = _stop_from_another_thread(subscriber, lambda: subscriber._stop.event is not None, 2.0)
     assert took < PROMPT_S, took
 
 
 def test_mqtt_publisher_retrying_a_broker_that_is_down() -> None:
-    publisher = MqttPublisher(f"mqtt://127.0.0.1:{_closed_port()}", SRC)
+    publisher = MqttPublisher(f"mqtt://127.0.0.1:{free_port()}", SRC)
     took = _stop_from_another_thread(publisher, lambda: publisher._stop.event is not None, 2.0)
     assert took < PROMPT_S, took  # (never connected: no goodbye to flush)
