@@ -85,11 +85,16 @@ __all__ = [
     "Rates",
     "Requests",
     "TierModel",
+    "TIER_LABELS",
     "TierState",
 ]
 
 GPU = 0
 HOST = 1
+DISK = 2
+# A tier's name -> the label the dashboard, the report and the text summary show. Tiers are a list (GPU, host,
+# disk when the engine has one), so a sink draws what ``TierModel.tiers`` holds rather than two fixed panels.
+TIER_LABELS = {"gpu": "GPU", "host": "Host", "disk": "Disk"}
 _U64 = 1 << 64
 _I64_MIN = -(1 << 63)
 _MAX_PRIORITY = 100
@@ -124,6 +129,11 @@ class TierState:
     tokens_per_block: int | None = None
     bytes_per_block: int | None = None
     cached_approximate: bool = False
+
+    @property
+    def label(self) -> str:
+        """What a person reads: "GPU", "Host", "Disk" (the name itself for a tier kvtop has no label for)."""
+        return TIER_LABELS.get(self.name, self.name)
 
     def bytes(self, blocks: int | None) -> int | None:
         if blocks is None or self.bytes_per_block is None:
@@ -1240,7 +1250,7 @@ class TierModel:
 
     def _apply_meta(self, data: dict[str, Any]) -> None:
         checked: dict[str, Any] = {}
-        for key in ("bytes_per_block", "tokens_per_block", "primary_blocks", "secondary_blocks"):
+        for key in ("bytes_per_block", "tokens_per_block", "primary_blocks", "secondary_blocks", "disk_blocks"):
             if key in data:
                 checked[key] = _count(data[key], key)
         for key in ("engine", "engine_version", "model", "gpu"):
@@ -1472,6 +1482,27 @@ class TierModel:
         return TierState("host", cap, in_use, cached, free, tpb, bpb, self.cached_approximate)
 
     @property
+    def disk(self) -> TierState | None:
+        """The third tier (TensorRT-LLM's disk cache), or ``None`` when the engine has none."""
+        cap = self.meta.get("disk_blocks")
+        if not isinstance(cap, int) or cap <= 0:
+            return None
+        return TierState("disk", cap, None, None, None, self.tokens_per_block, self.bytes_per_block, False)
+
+    @property
+    def tiers(self) -> list[TierState]:
+        """Every tier the engine has, fastest first: GPU, host, then disk when there is one.
+
+        The host tier is listed even when its pool is 0 blocks (1.0-1.2 users mostly run without one, and the
+        dashboard says so); the disk tier only when the engine has it.
+        """
+        out = [self.gpu, self.host]
+        disk = self.disk
+        if disk is not None:
+            out.append(disk)
+        return out
+
+    @property
     def moves(self) -> Moves:
         if self._it_moves_seen:
             return Moves(self._it_offloaded, self._it_onboarded, self._ev_evicted[GPU],
@@ -1618,7 +1649,7 @@ class TierModel:
 
     def summary(self) -> dict[str, Any]:
         """Everything above as one JSON-able dict (``kvtop --headless --json`` prints it)."""
-        gpu, host = self.gpu, self.host
+        tiers = self.tiers
         hr = self.hit_rate
         req = self.requests
         by_prio = self.cached_by_priority
@@ -1630,7 +1661,7 @@ class TierModel:
             "time": self.now,
             "tokens_per_block": self.tokens_per_block,
             "bytes_per_block": self.bytes_per_block,
-            "tiers": {"gpu": gpu.to_json(), "host": host.to_json()},
+            "tiers": {t.name: t.to_json() for t in tiers},
             "hit_rate": {"cumulative": hr.cumulative, "gpu": hr.gpu, "host": hr.host, "window": hr.window,
                          "window_gpu": hr.window_gpu, "window_host": hr.window_host, "hits": hr.hits,
                          "lookups": hr.lookups, "host_hits": hr.host_hits,
