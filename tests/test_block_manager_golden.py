@@ -339,7 +339,35 @@ ENGINE_GOLDEN: dict[int, str] = {
     3: "62865ef368aa327357538a1d238d62ff",
 }
 
-# The first 300 requests of the synthetic Mooncake trace at 32 tokens per block, Qwen3-8B on H200 sizing
+# The in-repo slice of the synthetic Mooncake trace (tests/data/mooncake_slice.jsonl, 499 requests, see its NOTICE) at
+# 32 tokens per block, Qwen3-8B on H200 sizing (25,054 GPU blocks) and an 8 GB host cache (1,695 blocks), where the
+# recursive freeChildren overflowed the stack. Computed with this replay after the fix, and checked equal to the
+# frozen pre-optimization block manager (bench/sim_baseline_block_manager.py) run in a thread with a 512 MB stack
+# and a recursion limit of 100,000 (the frozen copy is recursive still).
+TRACE_SLICE = Path(__file__).resolve().parent / "data" / "mooncake_slice.jsonl"
+TRACE_SLICE_8GB: dict[str, Any] = {
+    "host_cache_bytes": 8000000000,
+    "primary_blocks": 25054,
+    "secondary_blocks": 1695,
+    "requests": 499,
+    "failed": 0,
+    "reused_blocks": 3392,
+    "missed_blocks": 224608,
+    "cache_hit_rate": 0.01487719298245614,
+    "offloaded_blocks": 202734,
+    "onboarded_blocks": 608,
+    "reused_tokens": 108544,
+    "input_tokens": 7288597,
+    "ttft_p50_s": 89.72041784353769,
+    "ttft_p99_s": 165.4374654742876,
+    "simulated_seconds": 822.8511541328558,
+    "busy_seconds": 295.95015413285523,
+    "iterations": 2147,
+    "failures": [],
+}
+
+# The bigger check, where the project's shared folder is beside the repository (optional: tests must pass on a fresh
+# clone). The first 300 requests of the synthetic Mooncake trace at 32 tokens per block, Qwen3-8B on H200 sizing
 # (25,054 GPU blocks) and a 64 GB host cache (13,563 blocks), as the unoptimized replay counted them.
 TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 TRACE_300: dict[str, Any] = {
@@ -497,7 +525,7 @@ def test_token_ids_out_of_64_bits_are_rejected() -> None:
         bm.add_sequence(2, [-(1 << 63) - 1, 2, 3, 4, 5])
 
 
-def trace_300_counters() -> dict[str, Any]:
+def trace_counters(path: Path, limit: int | None, host: int) -> dict[str, Any]:
     from kvtop.engines.gpus import resolve_gpu
     from kvtop.engines.models import resolve_model
     from kvtop.engines.sim.offline import TraceRunConfig, run_trace
@@ -505,15 +533,23 @@ def trace_300_counters() -> dict[str, Any]:
     from kvtop.workload.trace import read_trace
 
     model, gpu = resolve_model("Qwen/Qwen3-8B"), resolve_gpu("H200")
-    host = 64_000_000_000
     cfg = TraceRunConfig(model, gpu, 32, primary_blocks(model, gpu, 32), secondary_blocks(model, 32, host), host)
-    result = run_trace(read_trace(TRACE, limit=300), cfg)
+    result = run_trace(read_trace(path, limit=limit), cfg)
     for volatile in ("wall_seconds",):
         result.pop(volatile)
     return result
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="the shared synthetic trace is not on this machine")
+def trace_300_counters() -> dict[str, Any]:
+    return trace_counters(TRACE, 300, 64_000_000_000)
+
+
+def test_trace_slice_replay_counters_unchanged() -> None:
+    """Runs on a fresh clone: the shipped slice, at the host size where the recursive detach died."""
+    assert trace_counters(TRACE_SLICE, None, 8_000_000_000) == TRACE_SLICE_8GB
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="the shared synthetic trace is not beside the repository")
 def test_trace_replay_counters_unchanged() -> None:
     assert trace_300_counters() == TRACE_300
 
@@ -533,5 +569,6 @@ if __name__ == "__main__":
     for seed in SEEDS:
         print(f'    {seed}: "{digest(run_engine_workload(seed))}",')
     print("}")
+    print("TRACE_SLICE_8GB =", repr(trace_counters(TRACE_SLICE, None, 8_000_000_000)))
     if TRACE.exists():
         print("TRACE_300 =", repr(trace_300_counters()))
