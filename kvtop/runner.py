@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtop.engines import trtllm as trtllm_engine
+from kvtop.engines.meta import meta_from_llm
 from kvtop.engines.models import resolve_model
 from kvtop.records import SourceId, make
 from kvtop.session import Session
@@ -76,7 +77,7 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
                   sample_gpu: bool = True) -> Session:
     """Everything a driven run needs, wired into one Session. ``engine`` may be injected (tests)."""
     try:
-        shape = resolve_model(settings.model)
+        resolve_model(settings.model)  # a bad --model fails here, before an engine is built
     except ValueError as exc:
         raise RunError(f"--model: {exc}") from None
     choice = choice or (EngineChoice("sim", "injected engine") if engine is not None else choose_engine(settings))
@@ -90,11 +91,10 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
     if hasattr(engine, "describe"):
         meta = dict(engine.describe())
     else:
-        tpb = settings.tokens_per_block
-        meta = {"engine": "trtllm", "engine_version": getattr(choice.module, "__version__", "unknown"),
-                "model": settings.model, "gpu": None, "tokens_per_block": tpb,
-                "bytes_per_block": shape.kv_bytes_per_block(tpb), "host_cache_bytes": settings.host_cache,
-                "secondary_blocks": int(settings.host_cache / shape.kv_bytes_per_token / tpb), "simulated": False}
+        # The LLM's own args first (what TensorRT-LLM resolved), kvtop's settings where it says nothing.
+        meta = meta_from_llm(engine, model=settings.model, tokens_per_block=settings.tokens_per_block,
+                             host_cache_bytes=int(settings.host_cache),
+                             engine_version=getattr(choice.module, "__version__", "unknown"))
     meta["simulated"] = choice.kind == "sim"
     meta["sim_reason"] = choice.reason if choice.kind == "sim" else None
     meta["scenario"] = settings.scenario

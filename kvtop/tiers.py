@@ -1250,7 +1250,8 @@ class TierModel:
 
     def _apply_meta(self, data: dict[str, Any]) -> None:
         checked: dict[str, Any] = {}
-        for key in ("bytes_per_block", "tokens_per_block", "primary_blocks", "secondary_blocks", "disk_blocks"):
+        for key in ("bytes_per_block", "tokens_per_block", "primary_blocks", "secondary_blocks", "disk_blocks",
+                    "kv_bytes_per_token", "host_cache_bytes", "disk_cache_bytes"):
             if key in data:
                 checked[key] = _count(data[key], key)
         for key in ("engine", "engine_version", "model", "gpu"):
@@ -1396,8 +1397,25 @@ class TierModel:
 
     @property
     def bytes_per_block(self) -> int | None:
+        """``meta``'s ``bytes_per_block``, else its ``kv_bytes_per_token`` times the tokens per block (a server's
+        meta knows the model but not the block size, which its stats' ``tokensPerBlock`` then gives)."""
         bpb = self.meta.get("bytes_per_block")
-        return bpb if isinstance(bpb, int) and bpb > 0 else None
+        if isinstance(bpb, int) and bpb > 0:
+            return bpb
+        per_token, tpb = self.meta.get("kv_bytes_per_token"), self.tokens_per_block
+        if isinstance(per_token, int) and per_token > 0 and tpb is not None:
+            return per_token * tpb
+        return None
+
+    def _meta_blocks(self, blocks_key: str, bytes_key: str) -> int | None:
+        """A pool's size in blocks from ``meta``: given in blocks, or in bytes once the block size is known."""
+        n = self.meta.get(blocks_key)
+        if isinstance(n, int):
+            return n
+        size, bpb = self.meta.get(bytes_key), self.bytes_per_block
+        if isinstance(size, int) and size >= 0 and bpb is not None:
+            return size // bpb
+        return None
 
     def _created_capacity(self, level: int) -> int | None:
         caps = [p.capacity[level] for p in self._pools.values() if p.capacity is not None]
@@ -1411,7 +1429,8 @@ class TierModel:
         created = self._created_capacity(level)
         if created is not None:
             return created, "created"
-        meta = self.meta.get("primary_blocks" if level == GPU else "secondary_blocks")
+        meta = self.meta.get("primary_blocks") if level == GPU else self._meta_blocks("secondary_blocks",
+                                                                                     "host_cache_bytes")
         if isinstance(meta, int):
             return meta, "meta"
         # 1.0-1.2: maxNumBlocks = primary + secondary, so either one gives the other.
@@ -1429,7 +1448,8 @@ class TierModel:
         created = self._created_capacity(level)
         if created is not None:
             return created, "created"
-        meta = self.meta.get("primary_blocks" if level == GPU else "secondary_blocks")
+        meta = self.meta.get("primary_blocks") if level == GPU else self._meta_blocks("secondary_blocks",
+                                                                                     "host_cache_bytes")
         return (meta, "meta") if isinstance(meta, int) else (None, None)
 
     def _cached(self, level: int) -> int:
@@ -1484,7 +1504,7 @@ class TierModel:
     @property
     def disk(self) -> TierState | None:
         """The third tier (TensorRT-LLM's disk cache), or ``None`` when the engine has none."""
-        cap = self.meta.get("disk_blocks")
+        cap = self._meta_blocks("disk_blocks", "disk_cache_bytes")
         if not isinstance(cap, int) or cap <= 0:
             return None
         return TierState("disk", cap, None, None, None, self.tokens_per_block, self.bytes_per_block, False)

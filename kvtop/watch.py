@@ -165,23 +165,16 @@ def watch(llm: Any, publish: str | None = None, record: str | os.PathLike[str] |
 
 def engine_meta(llm: Any) -> dict[str, Any]:
     """The ``meta`` record for an engine: its own ``describe()`` (SimLLM), else what a TensorRT-LLM ``LLM``'s
-    ``args`` tell (read defensively: field names move between releases)."""
+    ``args`` tell, through the one builder every real-engine path uses (:func:`kvtop.engines.meta.meta_from_llm`)."""
     describe = getattr(llm, "describe", None)
     if callable(describe):
         with contextlib.suppress(Exception):
             return dict(describe())
-    args = getattr(llm, "args", None)
-    kvc = getattr(args, "kv_cache_config", None)
+    from kvtop.engines.meta import meta_from_llm
+
     trt = sys.modules.get("tensorrt_llm")  # only if the user imported it: never import it here (seconds, GPU)
-    meta: dict[str, Any] = {"engine": "trtllm", "engine_version": getattr(trt, "__version__", None),
-                            "model": str(getattr(args, "model", None) or "") or None, "simulated": False}
-    host_cache = getattr(kvc, "host_cache_size", None)
-    if isinstance(host_cache, int):
-        meta["host_cache_bytes"] = host_cache
-    tpb = getattr(kvc, "tokens_per_block", None) or getattr(args, "tokens_per_block", None)
-    if isinstance(tpb, int) and tpb > 0:
-        meta["tokens_per_block"] = tpb
-    return meta
+    version = getattr(trt, "__version__", None)
+    return meta_from_llm(llm, engine_version=version if isinstance(version, str) else None)
 
 
 # ---------------------------------------------------------------------------------------------- the thread

@@ -46,8 +46,32 @@ SAMPLING_FIELDS = frozenset({
 })
 
 
+# KvCacheConfig on TensorRT-LLM's main (llm_args.py at 0004396720054fd8e205cbf616f21f0b57c6b412, the 1.3+ line):
+# 1.2's fields less ``onboard_blocks`` (onboarding is always on there), plus the disk tier and the V2 manager's.
+KV_CACHE_CONFIG_FIELDS_MAIN = (KV_CACHE_CONFIG_FIELDS_1_2 - {"onboard_blocks"}) | frozenset({
+    "disk_cache_size", "disk_cache_path", "kv_events_config", "iteration_stats_interval",
+    "mamba_ssm_stochastic_rounding", "mamba_ssm_philox_rounds", "mamba_state_cache_interval", "mamba_state_config",
+    "use_kv_cache_manager_v2", "enable_swa_scratch_reuse", "kv_cache_event_hash_algo", "max_util_for_resume",
+    "enable_kv_pool_rebalance", "kv_pool_rebalance_min_sampled_kv_caches", "kv_pool_rebalance_cooldown_secs",
+    "kv_pool_rebalance_target_ratio_update_interval", "kv_pool_rebalance_ratio_threshold",
+    "kv_pool_rebalance_moving_average_decay", "kv_pool_rebalance_check_interval", "disk_prefetch_num_reqs",
+    "fp8_context_mla_kv_len_cap", "pool_ratio", "avg_seq_len", "block_reuse_config",
+})
+# Defaults kvtop may read back (llm_args.py): what an unset field reads as on the pydantic model.
+KV_CACHE_CONFIG_DEFAULTS = {"dtype": "auto", "tokens_per_block": 32, "host_cache_size": None,
+                            "disk_cache_size": None, "enable_block_reuse": True}
+# Attribute names kvtop reads that no TensorRT-LLM has, on purpose: ``describe`` tells the simulator apart.
+PROBES = frozenset({"describe"})
+unknown_reads: list[str] = []  # every read of an attribute the stand-in's TensorRT-LLM class does not have
+
+
 class StrictRecorder:
+    """Accepts exactly ``FIELDS`` as keywords (pydantic ``extra="forbid"``) and reads back as attributes; reading any
+    other attribute is recorded in ``unknown_reads`` (and raises AttributeError, as on the real object)."""
+
     FIELDS: frozenset[str] = frozenset()
+    DEFAULTS: dict[str, Any] = {}
+    ATTRS: frozenset[str] = frozenset()  # attributes the real class has beyond its fields
     instances: list[StrictRecorder]
 
     def __init__(self, **kwargs: Any):
@@ -59,6 +83,15 @@ class StrictRecorder:
         self.kwargs = kwargs
         type(self).instances.append(self)
 
+    def __getattr__(self, name: str) -> Any:  # only for names not set on the instance or its class
+        if name.startswith("__") or name in ("kwargs",):
+            raise AttributeError(name)
+        if name in self.FIELDS:
+            return self.kwargs.get(name, self.DEFAULTS.get(name))
+        if name not in self.ATTRS:
+            unknown_reads.append(f"{type(self).__name__}.{name}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
 
 def stand_in() -> types.ModuleType:
     """A fresh recording ``tensorrt_llm`` module with ``LLM``, ``SamplingParams`` and ``llmapi``."""
@@ -67,16 +100,29 @@ def stand_in() -> types.ModuleType:
 
     class KvCacheConfig(StrictRecorder):
         FIELDS = KV_CACHE_CONFIG_FIELDS_1_2
+        DEFAULTS = KV_CACHE_CONFIG_DEFAULTS
+        # A name a newer release has reads as missing here, as on a real 1.2 (kvtop reads those defensively);
+        # a name no release has is recorded.
+        ATTRS = KV_CACHE_CONFIG_FIELDS_MAIN
+        instances: list[StrictRecorder] = []
+        # pydantic v2's class attribute listing the fields (build_llm reads it to leave out what a release lacks)
+        model_fields = dict.fromkeys(KV_CACHE_CONFIG_FIELDS_1_2)
+
+    class LlmArgs(StrictRecorder):  # TorchLlmArgs: what LLM.args is
+        FIELDS = LLM_FIELDS_1_2
         instances: list[StrictRecorder] = []
 
     class LLM(StrictRecorder):
         FIELDS = LLM_FIELDS_1_2
         instances: list[StrictRecorder] = []
+        ATTRS = frozenset({"args", "_hf_model_dir", "shut_down"})  # llm.py: BaseLLM's, and the stand-in's own
 
         def __init__(self, model: Any = None, **kwargs: Any):
             if model is None:
                 raise TypeError("LLM() missing 1 required argument: 'model'")
             super().__init__(model=model, **kwargs)
+            self.args = LlmArgs(model=model, **kwargs)
+            self._hf_model_dir = None  # the model loader's checkpoint directory; None for a built-in name here
             self.shut_down = False
 
         def shutdown(self) -> None:

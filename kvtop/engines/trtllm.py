@@ -16,6 +16,7 @@ import importlib
 import importlib.util
 import os
 import shutil
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
@@ -78,6 +79,12 @@ def build_llm(settings: Any, trtllm: ModuleType | None = None) -> Any:
         kv_kwargs["max_tokens"] = int(settings.gpu_cache_tokens)
     else:
         kv_kwargs["free_gpu_memory_fraction"] = float(settings.gpu_cache_fraction)
+    # ``onboard_blocks`` is gone from KvCacheConfig on TensorRT-LLM's main (1.3+: llm_args.py at 0004396, onboarding
+    # is always on there) and its pydantic model forbids unknown names, so it is passed only where the class has it
+    # (``model_fields``, pydantic v2's field table). Every other name stays: a release without it should say so.
+    fields = getattr(llmapi.KvCacheConfig, "model_fields", None)
+    if isinstance(fields, Mapping) and "onboard_blocks" not in fields:
+        del kv_kwargs["onboard_blocks"]
     kv_cache_config = llmapi.KvCacheConfig(**kv_kwargs)
     return mod.LLM(model=settings.model, kv_cache_config=kv_cache_config,
                    max_batch_size=int(settings.max_batch_size), max_num_tokens=int(settings.max_num_tokens),

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from kvtop.engines.meta import real_engine_meta
 from kvtop.records import Record, RecordError, SourceId, make, parse_engine_dict
 from kvtop.stopsignal import StopSignal
 
@@ -246,8 +247,11 @@ class TrtllmServeSource:
         if isinstance(models, dict) and isinstance(models.get("data"), list) and models["data"]:
             first = models["data"][0]
             model = first.get("id") if isinstance(first, dict) else None
-        return {"engine": "trtllm", "engine_version": version.get("version") if isinstance(version, dict) else None,
-                "model": model, "attached": f"trtllm-serve {self.base}", "simulated": False}
+        # The model id is what the server was started with (a hub name or a path on the server): the block size
+        # comes from its shape; the tokens per block from the first stats (kvCacheStats.tokensPerBlock).
+        return real_engine_meta(model=model if isinstance(model, str) else None,
+                                engine_version=version.get("version") if isinstance(version, dict) else None,
+                                attached=f"trtllm-serve {self.base}")
 
     # ------------------------------------------------------------------------------------------ items
 
