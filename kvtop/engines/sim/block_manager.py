@@ -437,8 +437,13 @@ class _EvictionPolicy:
         self.stamp = 0
         self.offload_min_priority = offload_min_priority
         self.clock_ms = clock_ms
+        # Timed priorities: (expiration ms, release stamp, block), smallest first. TensorRT-LLM stamps a release with
+        # steady_clock::now() in nanoseconds (releaseBlock), so blocks released in the same simulated millisecond
+        # with the same duration still expire in release order: the release's queue stamp stands for those
+        # nanoseconds (stamps grow with every release). Exact ties of the nanosecond stamps, which
+        # ExpiringBlockComparator breaks by pointer, do not happen: each release reads the clock anew.
         self.expiry_heap: list[tuple[float, int, _Block]] = []
-        self.expiry: dict[int, float] = {}  # block id -> its live expiration (heap entries may be stale)
+        self.expiry: dict[int, int] = {}  # block id -> the release stamp of its live heap entry (others are stale)
         for block in blocks[:sizes[PRIMARY] + sizes[SECONDARY]]:  # primary blocks first, then secondary
             self.push(block)
 
@@ -508,11 +513,12 @@ class _EvictionPolicy:
             self.start_expiry(block)
 
     def start_expiry(self, block: _Block) -> None:
-        """A released block with a timed priority: it falls back to 35 ``duration_ms`` from now."""
+        """A released block with a timed priority (just queued: ``qstamp`` is its release's stamp): it falls back
+        to 35 ``duration_ms`` from now; ties expire in release order."""
         assert block.duration_ms is not None
-        expiration = self.clock_ms() + block.duration_ms
-        self.expiry[block.id] = expiration
-        heapq.heappush(self.expiry_heap, (expiration, block.id, block))
+        stamp = block.qstamp
+        self.expiry[block.id] = stamp
+        heapq.heappush(self.expiry_heap, (self.clock_ms() + block.duration_ms, stamp, block))
 
     def claim(self, block: _Block, priority: int | None = None, duration_ms: int | None = None) -> None:
         if self._remove(block):
@@ -529,14 +535,14 @@ class _EvictionPolicy:
         now = self.clock_ms()
         expired = 0
         while heap:
-            expiration, block_id, block = heap[0]
-            if self.expiry.get(block_id) != expiration:
-                heapq.heappop(heap)  # stale entry: claimed, or re-released with a new expiration
+            expiration, stamp, block = heap[0]
+            if self.expiry.get(block.id) != stamp:
+                heapq.heappop(heap)  # stale entry: claimed, or released again since
                 continue
             if expiration > now:
                 break
             heapq.heappop(heap)
-            del self.expiry[block_id]
+            del self.expiry[block.id]
             if self._remove(block):
                 block.priority = DEFAULT_PRIORITY
                 self.push(block)
