@@ -467,32 +467,50 @@ async def test_what_if_line_shows_the_sessions_estimate() -> None:
     app = build_app(session, Settings(), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        expected = f"what-if host x2: {est['host_x2_hit_rate'] * 100:.0f}% · x4: {est['host_x4_hit_rate'] * 100:.0f}%"
+        # The run's own rate over the estimate's span first, then the estimates: one span, one definition.
+        expected = (f"what-if all {est['hit_rate'] * 100:.0f}% → host×2 {est['host_x2_hit_rate'] * 100:.0f}% "
+                    f"×4 {est['host_x4_hit_rate'] * 100:.0f}%")
         assert expected in _hit_text(app)
+        assert est["hit_rate"] <= est["host_x2_hit_rate"] <= est["host_x4_hit_rate"]
 
 
 async def test_what_if_line_reads_what_the_session_says() -> None:
     session = session_from_recording()
-    answers = iter([{"host_x2_hit_rate": None, "host_x4_hit_rate": None},
-                    {"host_x2_hit_rate": 0.523, "host_x4_hit_rate": 0.6149}])
+    answers = iter([{"host_x2_hit_rate": None, "host_x4_hit_rate": None, "hit_rate": None},
+                    {"host_x2_hit_rate": 0.523, "host_x4_hit_rate": 0.6149, "hit_rate": 0.41,
+                     "host_capacity_blocks": 227}])
     session.what_if = lambda: next(answers)  # type: ignore[method-assign]
     app = build_app(session, Settings(), run_session=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        assert "what-if host x2: ? · x4: ?" in _hit_text(app)  # unknown until known, never 0%
+        assert "what-if all ? → host×2 ? ×4 ?" in _hit_text(app)  # unknown until known, never 0%
         # The estimate is read again once the model's clock has moved a second on.
         last = session.model.now
         session.emit(make("stats", {"iter": 10**6, "numActiveRequests": 0}, source=session.source, time=last + 1.5))
         app.refresh_view()
         await pilot.pause()
-        assert "what-if host x2: 52% · x4: 61%" in _hit_text(app)
+        assert "what-if all 41% → host×2 52% ×4 61%" in _hit_text(app)
+
+
+async def test_what_if_with_no_host_cache_says_what_twice_zero_means() -> None:
+    """Host cache 0: an x2 estimate would be of nothing (it once read above the actual hit rate, from another
+    span); the line says so instead of showing a figure."""
+    session = session_from_recording()
+    session.what_if = lambda: {"host_x2_hit_rate": 0.31, "host_x4_hit_rate": 0.31, "hit_rate": 0.31,  # type: ignore[method-assign]
+                               "host_capacity_blocks": 0}
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        text = _hit_text(app)
+        assert "what-if no host cache: x2 of 0 is 0" in text
+        assert "×2" not in text
 
 
 async def test_what_if_only_for_the_sessions_own_source() -> None:
     app = build_app(fleet_session(), Settings(), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        assert "what-if host x2:" in _hit_text(app)
+        assert "what-if all" in _hit_text(app)
         await pilot.press("s")
         await pilot.pause()
         assert "what-if" not in _hit_text(app)

@@ -92,3 +92,42 @@ def test_fleet(snap_compare, size: str) -> None:
     session.status.update({"node-a/0/chat": "online", "node-b/1/chat": "online", "node-c/0/batch": "offline"})
     app = build_app(session, Settings("dark"), run_session=False)
     assert snap_compare(app, press=["s"], terminal_size=SIZES[size])
+
+
+def test_stale(snap_compare, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running session whose records stopped 8 s ago: the amber "no data 8s" alarm (the only one of the three
+    states that is an alarm)."""
+    from kvtop.ui import app as app_module
+
+    async def later(pilot: Pilot) -> None:
+        await pilot.pause()
+        monkeypatch.setattr(app_module, "wall_clock", lambda: FROZEN_NOW + 8)
+        pilot.app.refresh_view()
+        await pilot.pause()
+
+    app = build_app(_session(), Settings("dark"), run_session=False)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=later)
+
+
+def test_finished(snap_compare, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay that reached its end, 30 s later: FINISHED with its reason, final figures, no stale alarm."""
+    from kvtop.ui import app as app_module
+
+    session = _session()
+    session.add_producer("replay", lambda: None)  # type: ignore[arg-type,return-value]
+    session.status["replay"] = "done"
+
+    async def later(pilot: Pilot) -> None:
+        await pilot.pause()
+        monkeypatch.setattr(app_module, "wall_clock", lambda: FROZEN_NOW + 30)
+        pilot.app.refresh_view()
+        await pilot.pause()
+
+    app = build_app(session, Settings("dark"), run_session=False)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=later)
+
+
+def test_paused(snap_compare) -> None:
+    """Paused over a running engine: PAUSED (not an alarm colour), the frozen time, the key footer."""
+    app = build_app(_session(), Settings("dark"), run_session=False)
+    assert snap_compare(app, press=["p"], terminal_size=(120, 40))

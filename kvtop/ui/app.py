@@ -59,6 +59,8 @@ from kvtop.ui.widgets import (
     SourcesPanel,
     TierData,
     TierPanel,
+    WhatIfData,
+    tier_label,
 )
 
 # The clock the screen reads for uptime and log times. A module attribute so that tests freeze it (an autouse
@@ -82,6 +84,14 @@ def layout_for(width: int, height: int) -> str:
     if width >= WIDE[0] and height >= WIDE[1]:
         return "wide"
     return "medium"
+
+
+def tier_states(model: Any) -> list[Any]:
+    """A model's tiers in order, GPU first (TierModel.tiers where the fold has it: GPU, host, then disk)."""
+    tiers = getattr(model, "tiers", None)
+    if callable(tiers):
+        tiers = tiers()
+    return list(tiers) if tiers else [model.gpu, model.host]
 
 
 def _has_data(model: Any) -> bool:
@@ -215,7 +225,9 @@ class KvtopApp(App[int]):
         self._fleet_at = float("-inf")
         self._fleet_shown = False
         self._whatif_key: tuple[Any, ...] | None = None
-        self._whatif: tuple[float | None, float | None] | None = None
+        self._whatif: WhatIfData | None = None
+        self._finished: str | None = None        # why the session ended, once it has (finished_reason)
+        self._paused_at: float | None = None     # the model time the frozen figures show
 
     # ------------------------------------------------------------------------------------------ themes
 
@@ -261,8 +273,8 @@ class KvtopApp(App[int]):
     def dashboard_mounted(self, screen: DashboardScreen) -> None:
         """Wire the panels and start the session and the refresh timer (the screen's widgets exist now)."""
         self._panels = {
-            "header": screen.query_one(HeaderBar), "gpu": screen.query_one("#tier-gpu", TierPanel),
-            "host": screen.query_one("#tier-host", TierPanel), "prio": screen.query_one(PriorityPanel),
+            "header": screen.query_one(HeaderBar), "tiers": list(screen.query(TierPanel)),
+            "prio": screen.query_one(PriorityPanel),
             "hit": screen.query_one(HitRatePanel), "moves": screen.query_one(MovesPanel),
             "requests": screen.query_one(RequestPanel), "memory": screen.query_one(MemoryPanel),
             "events": screen.query_one(EventLog), "sources": screen.query_one(SourcesPanel),
@@ -291,12 +303,18 @@ class KvtopApp(App[int]):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the screen stays up to show what happened
+            self._finished = self._finished or f"stopped: {type(exc).__name__}"
             self.note("error", f"session stopped: {type(exc).__name__}: {exc}")
         else:
+            self._finished = self._finished or "session finished"
             self.note("info", "session finished; the screen keeps its last figures (q quits)")
+        self.refresh_view()
 
     def _duration_reached(self) -> None:
-        self.note("info", f"--duration {getattr(self.settings, 'duration', '?')} s reached")
+        duration = getattr(self.settings, "duration", "?")
+        self._finished = f"--duration {duration:g} s reached" if isinstance(duration, (int, float)) else \
+            f"--duration {duration} s reached"
+        self.note("info", f"--duration {duration} s reached")
         self.session.stop()
 
     def note(self, level: str, text: str) -> None:
@@ -327,7 +345,11 @@ class KvtopApp(App[int]):
         now = wall_clock()
         self._feed_log()
         if self.paused:
-            self._panels["header"].show(self._header(now, *self.current_model(), self._quality))
+            # The figures stay frozen; the header still knows whether records arrive (a paused screen over a
+            # running engine is not stale), and whether the session finished meanwhile.
+            key, model = self.current_model()
+            self._track_freshness(now, model)
+            self._panels["header"].show(self._header(now, key, model, self._quality))
             return
         self._refresh_fleet()
         key, model = self.current_model()
@@ -343,14 +365,9 @@ class KvtopApp(App[int]):
         q = self._quality = model.quality
         self._watch_model(now, model, q)
         self._panels["header"].show(self._header(now, key, model, q))
-        gpu, host = model.gpu, model.host
-        self._panels["gpu"].show(TierData("GPU", "HBM", gpu))
-        host_note = None
-        if host.capacity_blocks is None:
-            host_note = "host pool size unknown (no created event or meta yet)"
-        elif host.capacity_blocks and host.cached_blocks is None:
-            host_note = "no KV events: host occupancy unknown (enable event_buffer_max_size)"
-        self._panels["host"].show(TierData("host", "pinned DRAM", host, host_note))
+        tiers = tier_states(model)
+        gpu, host = tiers[0], tiers[1] if len(tiers) > 1 else model.host
+        self._show_tiers(tiers)
         history = self._history(model)
         rates = model.rates
         self._panels["hit"].show(HitData(model.hit_rate, tuple(h.hit_rate for h in history),
@@ -368,10 +385,31 @@ class KvtopApp(App[int]):
         if self.on_refreshed is not None:
             self.on_refreshed(time.monotonic(), model.now, self.last_refresh_cost_s)
 
-    def _what_if(self, model: Any) -> tuple[float | None, float | None] | None:
-        """``session.what_if()``'s 2x / 4x host hit rates, for the session's own source only (the estimate is
-        folded from its records alone); None hides the line. Read at most once per second of model time: its
-        cost grows with the host pool (a walk over up to 3 x host-capacity ghost ranks; 0.12 ms at 227 blocks)."""
+    def _show_tiers(self, tiers: list[Any]) -> None:
+        """A TierPanel per tier, in the model's order (GPU, host, then disk where the engine has one): a tier
+        the screen has no panel for yet gets one, mounted under the last."""
+        panels: list[TierPanel] = self._panels["tiers"]
+        while len(panels) < len(tiers):
+            name = str(getattr(tiers[len(panels)], "name", f"tier{len(panels)}")).lower()
+            panel = TierPanel(id=f"tier-{name}")
+            self._dashboard.query_one("#left").mount(panel, after=panels[-1])
+            panels.append(panel)
+            self._dashboard.set_class(len(panels) > 2, "-tiers3")
+        for panel, st in zip(panels, tiers):
+            label, medium = tier_label(str(getattr(st, "name", "")))
+            note = None
+            if label != "GPU":
+                if st.capacity_blocks is None:
+                    note = f"{label} pool size unknown (no created event or meta yet)"
+                elif st.capacity_blocks and st.cached_blocks is None:
+                    note = f"no KV events: {label} occupancy unknown (enable event_buffer_max_size)"
+            panel.show(TierData(label, medium, st, note))
+
+    def _what_if(self, model: Any) -> WhatIfData | None:
+        """``session.what_if()``'s hit rate and its 2x / 4x host estimates (one span, one definition), for the
+        session's own source only (the estimate is folded from its records alone); None hides the line. Read at
+        most once per second of model time: its cost grows with the host pool (a walk over up to 3 x
+        host-capacity ghost ranks; 0.12 ms at 227 blocks)."""
         what_if = getattr(self.session, "what_if", None)
         if what_if is None or model is not getattr(self.session, "model", None):
             return None
@@ -382,7 +420,9 @@ class KvtopApp(App[int]):
                 est = what_if() or {}
             except Exception:  # an estimate that fails shows "?", never takes the screen down
                 est = {}
-            self._whatif = (est.get("host_x2_hit_rate"), est.get("host_x4_hit_rate"))
+            host = est.get("host_capacity_blocks")
+            self._whatif = WhatIfData(est.get("hit_rate"), est.get("host_x2_hit_rate"), est.get("host_x4_hit_rate"),
+                                      host if isinstance(host, int) else None)
         return self._whatif
 
     def _refresh_fleet(self) -> None:
@@ -428,8 +468,8 @@ class KvtopApp(App[int]):
         if self._last_change_at is None:
             self._last_change_at = now
 
-    def _watch_model(self, now: float, model: Any, q: Any) -> None:
-        """Data freshness and quality changes, turned into log lines once each."""
+    def _track_freshness(self, now: float, model: Any) -> None:
+        """When a record last arrived (the fold's count of them moved): what the stale badge measures."""
         records = getattr(model, "records_applied", 0) + getattr(model, "bad_records", 0)
         if records != self._last_records or self._last_change_at is None:
             if self._seen.get("stale") and self._last_records >= 0:
@@ -437,6 +477,25 @@ class KvtopApp(App[int]):
             self._seen["stale"] = False
             self._last_records = records
             self._last_change_at = now
+
+    def finished_reason(self) -> str | None:
+        """Why no more data will come, or None while the session runs: its run ended (``--duration``, an
+        error, the producers done), or every producer it reported on has finished (a replay that reached its end:
+        the session itself waits for q)."""
+        if self._finished is not None:
+            return self._finished
+        status = getattr(self.session, "status", None) or {}
+        producers = [n for n, _ in getattr(self.session, "_producers", ())] or list(status)
+        states = [status.get(n) for n in producers]
+        if states and all(st in ("done", "failed") for st in states):
+            if "replay" in producers and status.get("replay") == "done":
+                return "replay finished"
+            return "producers finished" if all(st == "done" for st in states) else "producers stopped"
+        return None
+
+    def _watch_model(self, now: float, model: Any, q: Any) -> None:
+        """Data freshness and quality changes, turned into log lines once each."""
+        self._track_freshness(now, model)
         self._on_increase("dropped", q.events_dropped, "warn",
                           lambda n: f"{n} KV events dropped (event buffer overflowed): counts are approximate "
                                     "from here on; raise event_buffer_max_size")
@@ -497,7 +556,8 @@ class KvtopApp(App[int]):
         meta.update(getattr(model, "meta", None) or {})
         started = getattr(self.session, "started_at", None)
         stale = None
-        if self._last_change_at is not None and now - self._last_change_at >= STALE_AFTER_S:
+        finished = self.finished_reason()
+        if finished is None and self._last_change_at is not None and now - self._last_change_at >= STALE_AFTER_S:
             stale = now - self._last_change_at
             if not self._seen.get("stale"):
                 self._seen["stale"] = True
@@ -528,6 +588,7 @@ class KvtopApp(App[int]):
             bytes_per_block=model.bytes_per_block or meta.get("bytes_per_block"),
             uptime_s=None if started is None else now - float(started), data_time=model.now,
             paused=self.paused, stale_s=None if stale is None else float(int(stale)), flags=tuple(flags),
+            finished=finished, paused_at=self._paused_at if self.paused else None,
             sources=sources, source_label=label)
 
     def _history(self, model: Any) -> tuple[Any, ...]:
@@ -609,6 +670,8 @@ class KvtopApp(App[int]):
             panel.set_class(not shown, "-hidden")
 
     def action_pause(self) -> None:
+        if not self.paused:
+            self._paused_at = self.shown_data_time
         self.paused = not self.paused
         self.post_message(self.PauseToggled(self.paused))
 

@@ -33,6 +33,8 @@ from textual.style import Style as TextualStyle
 from textual.widget import Widget
 from textual.widgets import Static
 
+from kvtop.occupancy import cells as bar_cells
+from kvtop.occupancy import occupancy
 from kvtop.ui import format as fmt
 
 # Styles, as theme variables: themes/*.toml set them (kvtop/ui/themes.py fills in any a theme leaves out).
@@ -414,6 +416,8 @@ class HeaderData:
     flags: tuple[str, ...]         # data-quality notes, short ("≈ counts", "events dropped 12")
     sources: tuple[tuple[str, str], ...]  # (name, status) for the ones that are not "ok"/"done"
     source_label: str | None       # "2/3 host/0/run" when several sources are attached
+    finished: str | None = None    # why no more data comes ("replay finished", "--duration 30 s reached")
+    paused_at: float | None = None  # paused: the data time of the frozen figures
 
 
 class HeaderBar(Panel):
@@ -429,7 +433,11 @@ class HeaderBar(Panel):
         badge: list[Any] = []
         if d.simulated:
             badge = [(" SIM ", "bold reverse $kv-sim-badge"), " "]
-        paused = [(" PAUSED ", "bold reverse $warning"), " "] if d.paused else []
+        # Three states, three looks: paused (the screen froze, the engine goes on), finished (no more data will
+        # come, the figures are final) and stale (data should come and has not: the only alarm of the three).
+        paused = [(" PAUSED ", "bold reverse $primary"), " "] if d.paused else []
+        if d.finished:
+            paused = [*paused, (" FINISHED ", "bold reverse $success"), " "]
         up = fmt.duration(d.uptime_s)
         clock = time.strftime("%H:%M:%S", time.localtime(d.data_time)) if d.data_time is not None else "--:--:--"
         block = []
@@ -438,6 +446,18 @@ class HeaderBar(Panel):
         if d.bytes_per_block is not None:
             block.append(f"{fmt.nbytes(d.bytes_per_block)}/blk")
         status: list[Any] = []
+        state_long: list[Any] = []
+        state_short: list[Any] = []
+        if d.finished:
+            state_short = [(d.finished, "$success"), " "]
+            state_long = [(d.finished, "$success"), (" · final figures · q quits ", S_DIM)]
+        elif d.paused:
+            frozen = time.strftime("%H:%M:%S", time.localtime(d.paused_at)) if d.paused_at is not None else "?"
+            ahead = (d.data_time - d.paused_at if d.data_time is not None and d.paused_at is not None else None)
+            state_short = [("frozen ", S_DIM), (frozen, "bold"), " "]
+            state_long = [(f"frozen at {frozen}", S_DIM),
+                          (f" · engine goes on, +{ahead:.0f} s" if ahead else " · engine goes on", S_DIM),
+                          (" · p resumes ", S_DIM)]
         if d.stale_s is not None:
             status += [(f" no data {d.stale_s:.0f}s ", "bold reverse $warning"), " "]
         for name, st in d.sources:
@@ -450,8 +470,8 @@ class HeaderBar(Panel):
             short_model = model.split("/")[-1]
             pieces: list[Line] = [line_of(("kvtop ", "bold $primary"), *paused, *badge, (short_model, S_FIG)),
                                      line_of(("  up ", S_DIM), (up, S_FIG))]
-            if status:
-                pieces.append(line_of("  ", *status))
+            if status or state_short:
+                pieces.append(line_of("  ", *state_short, *status))
             pieces += [line_of(("  data ", S_DIM), (clock, "bold")),
                        line_of(("  on ", S_DIM), (d.gpu or "?", "bold"))]
             if block:
@@ -465,11 +485,11 @@ class HeaderBar(Panel):
                          (d.gpu or "GPU ?", "bold"), ("  ·  ", S_DIM), engine,
                          *([("  ·  ", S_DIM), (d.source_label, "bold")] if d.source_label else []))
         right = line_of(("data ", S_DIM), (clock, "bold"), ("   up ", S_DIM), (up, S_FIG))
-        line2_left: list[Any] = []
+        # The state and the alarms first: where the line is cut, it is the simulator's reason that goes.
+        line2_left: list[Any] = [*state_long, *status]
+        line2_left += [(" · ".join(block) or "block size ?", "bold"), "  "]
         if d.simulated:
-            line2_left += [("simulated: ", S_DIM), (d.sim_reason or "built-in simulator", "$kv-sim-badge"),
-                           ("  ·  ", S_DIM)]
-        line2_left += [(" · ".join(block) or "block size ?", "bold"), "  ", *status]
+            line2_left += [("simulated: ", S_DIM), (d.sim_reason or "built-in simulator", "$kv-sim-badge")]
         line2 = line_of(*line2_left)
         gap = width - cells(line2) - cells(right)
         if gap >= 1:
@@ -485,25 +505,33 @@ class HeaderBar(Panel):
 
 @dataclass(frozen=True)
 class TierData:
-    label: str                 # "GPU" / "host"
+    label: str                 # "GPU" / "host" / "disk"
     medium: str                # "HBM" / "pinned DRAM"
     state: Any                 # kvtop.tiers.TierState
     note: str | None = None    # why a tier is unknown or absent, in words
 
 
-class TierPanel(Panel):
-    """One tier's blocks: two bands (held by requests; holding reusable KV) and the exact counts under them.
+# A tier's name (TierState.name) -> its label and medium on screen; a tier kvtop does not know keeps its own name.
+TIER_LABELS: dict[str, tuple[str, str]] = {"gpu": ("GPU", "HBM"), "host": ("host", "pinned DRAM"),
+                                           "disk": ("disk", "file / NVMe")}
 
-    Why two bands and not one three-part bar: on the GPU a running request holds blocks that are also cached
-    (its reused and stored prompt blocks), so "in use" and "cached" overlap and "free" (TensorRT-LLM's: held by
-    no request) contains cached blocks too. Splitting one bar into in use / cached / empty would need the size of
-    that overlap, which neither the stats nor the events give; the two bands show exactly what is known.
+
+def tier_label(name: str) -> tuple[str, str]:
+    return TIER_LABELS.get(name.lower(), (name, ""))
+
+
+class TierPanel(Panel):
+    """One tier as one stacked bar, in use | cached and idle | empty, whose parts never overlap and add up to the
+    pool (kvtop.occupancy), with the exact counts beside it.
+
+    TensorRT-LLM's own counts overlap (a running request holds blocks that are also cached; its "free" counts the
+    cached-and-idle blocks): its "free" is shown as what it is, cached idle + empty (the bracket beside those two
+    rows), and the help says so. The headline is the number that moves: the GPU's share in use (its cached share
+    sits near 100% on any busy engine), the host's share cached (nothing stays in use on the host in 1.0-1.2).
     """
 
-    ROWS = (("in use", "in_use_blocks", S_IN_USE), ("cached", "cached_blocks", S_CACHED),
-            ("free", "free_blocks", S_FREE))
-    GPU_HINT = "free = held by no request: empty, or cached and evictable"
-    HOST_HINT = "blocks offloaded on GPU eviction, kept for reuse"
+    GPU_HINT = "TensorRT-LLM's free = cached idle + empty"
+    HOST_HINT = "offloaded on GPU eviction, kept for reuse"
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -540,7 +568,7 @@ class TierPanel(Panel):
         if d is None:
             return
         st = d.state
-        title = f"{d.label} tier · {d.medium}"
+        title = f"{d.label} tier · {d.medium}" if d.medium else f"{d.label} tier"
         if st.capacity_blocks is None:
             subtitle = "capacity unknown"
         elif st.capacity_blocks == 0:
@@ -550,7 +578,7 @@ class TierPanel(Panel):
             tok = st.capacity_tokens
             if tok is not None:
                 parts.append(f"{fmt.count(tok)} tok")
-            parts.append(fmt.nbytes(st.capacity_bytes, "? B"))
+            parts.append(fmt.gib(st.capacity_bytes, "?") + " GiB")
             subtitle = " · ".join(parts)
         # A title change repaints the whole panel (its border): only when it really changed.
         if self.border_title != title:
@@ -558,37 +586,40 @@ class TierPanel(Panel):
         if self.border_subtitle != subtitle:
             self.border_subtitle = subtitle
 
-    def _band(self, part: int | None, whole: int | None, width: int, style: str) -> Line:
-        if part is None or whole is None:
+    def _rows(self) -> tuple[tuple[str, str, int | None], ...]:
+        """(name, style, blocks) for the three parts, in bar order."""
+        d: TierData = self.data
+        o = occupancy(d.state)
+        idle_name = "cached idle" if d.label == "GPU" else "cached"
+        return (("in use", S_IN_USE, o.in_use), (idle_name, S_CACHED, o.cached_idle), ("empty", S_FREE, o.empty))
+
+    def _headline(self, short: bool = False) -> Line:
+        """GPU: the share in use; other tiers: the share cached (what moves there)."""
+        d: TierData = self.data
+        o = occupancy(d.state)
+        cap = o.capacity
+        if d.label == "GPU":
+            part, word = o.in_use, "in use" if not short else "use"
+        else:
+            part, word = o.cached_idle, "cached"
+        frac = part / cap if part is not None and cap else None
+        return line_of((_pad(fmt.pct(frac, digits=0), 4), S_FIG), (f" {word}", S_DIM))
+
+    def _bar(self, width: int) -> Line:
+        """The stacked bar: in use | cached idle | empty, cells adding up to ``width``. Unknown parts are drawn
+        dotted: with no KV events the GPU's free blocks cannot be split into cached and empty."""
+        d: TierData = self.data
+        o = occupancy(d.state)
+        cap = o.capacity
+        if cap is None or o.in_use is None:
             text = " unknown "
             side = max(width - len(text), 0)
             return line_of(("╌" * (side // 2), S_DIM), (text, S_DIM), ("╌" * (side - side // 2), S_DIM))
-        n = fmt.cells(part, whole, width)
-        return line_of(("█" * n, style), ("█" * (width - n), S_FREE))
-
-    def _halfblock_bar(self, width: int) -> Line:
-        """Both bands in one row: the top half of each cell is held / free, the bottom half cached / not."""
-        st = self.data.state
-        cap = st.capacity_blocks
-        if cap is None or st.in_use_blocks is None:
-            return self._band(None, None, width, S_IN_USE)
-        used = fmt.cells(st.in_use_blocks, cap, width)
-        # Cached unknown (no KV events): the bottom half stays empty rather than drawn as "none cached".
-        cached = None if st.cached_blocks is None else fmt.cells(st.cached_blocks, cap, width)
-        parts: list[tuple[str, str]] = []
-        run_style, run_len = "", 0
-        for i in range(width):
-            top = S_IN_USE if i < used else S_FREE
-            style = top if cached is None else f"{top} on {S_CACHED if i < cached else S_FREE}"
-            if style == run_style:
-                run_len += 1
-            else:
-                if run_len:
-                    parts.append(("▀" * run_len, run_style))
-                run_style, run_len = style, 1
-        if run_len:
-            parts.append(("▀" * run_len, run_style))
-        return line_of(*parts)
+        if o.cached_idle is None or o.empty is None:
+            used, rest = bar_cells((o.in_use, cap - o.in_use), cap, width)
+            return line_of(("█" * used, S_IN_USE), ("░" * rest, S_DIM))
+        a, b, c = bar_cells((o.in_use, o.cached_idle, o.empty), cap, width)
+        return line_of(("█" * a, S_IN_USE), ("█" * b, S_CACHED), ("█" * c, S_FREE))
 
     def build(self) -> Line | list[Line]:
         d: TierData | None = self.data
@@ -599,55 +630,64 @@ class TierPanel(Panel):
         if st.capacity_blocks == 0:
             return _lines([line_of((f"{d.label}: ", "bold"), (d.note or "no host tier (host_cache_size = 0)",
                                                                   S_DIM))], width, height)
-        cap = st.capacity_blocks
-        approx = "≈" if st.cached_approximate else " "
+        o = occupancy(st)
+        cap = o.capacity
+        approx = st.cached_approximate or not o.exact
+        rows = self._rows()
         if height <= 2:
-            # Compact: "GPU ▀▀▀▀▀▀▀▀▀ 25%" / "use 64 · cch 225 · free 192".
+            # Compact: "GPU ████████████ 25% use" / "use 64 · idle 161 · empty 31".
             label = f"{d.label:<4} "
-            pct = fmt.pct(st.in_use_blocks / cap if cap and st.in_use_blocks is not None else None, digits=0)
-            bar_w = max(width - len(label) - 5, 1)
-            line1 = line_of((label, "bold"), self._halfblock_bar(bar_w), " ", (_pad(pct, 4), S_FIG))
-            line2 = line_of(("█", S_IN_USE), " use ", (fmt.count(st.in_use_blocks), S_FIG),
-                             ("  █", S_CACHED), " cached ", (fmt.count(st.cached_blocks) + approx.strip(), S_FIG),
-                             ("  █", S_FREE), " free ", (fmt.count(st.free_blocks), S_FIG))
-            return _lines([line1, line2], width, height)
+            head = self._headline(short=True)
+            bar_w = max(width - len(label) - cells(head) - 1, 1)
+            line1 = line_of((label, "bold"), self._bar(bar_w), " ", head)
+            short = {"in use": "use", "cached idle": "idle", "cached": "cached", "empty": "empty"}
+            parts: list[Any] = []
+            for name, style, blocks in rows:
+                parts += [("█", style), f" {short[name]} ", (fmt.count(blocks), S_FIG),
+                          ("≈" if approx and name.startswith("cached") and blocks is not None else "", S_WARN), "  "]
+            return _lines([line1, line_of(*parts[:-1])], width, height)
 
-        # The table: label, blocks, tokens, GiB, % of capacity; columns drop right to left when narrow.
-        show_tokens = width >= 44
-        show_gib = width >= 34
-        lines: list[Line] = []
-        full = height >= 7
-        if full:
-            bar_w = max(width - 14, 4)
-            for (name, attr, style) in self.ROWS[:2]:
-                part = getattr(st, attr)
-                frac = part / cap if part is not None and cap else None
-                lines.append(line_of((f"{name:<7}", style if style != S_FREE else S_DIM),
-                                      self._band(part, cap, bar_w, style), " ", (_pad(fmt.pct(frac, digits=0), 5),
-                                                                                   S_FIG)))
-            if height >= 8:
-                lines.append(BLANK)
-            header = f"{'':9}{'blocks':>8}" + (f"{'tokens':>9}" if show_tokens else "") + \
-                     (f"{'GiB':>8}" if show_gib else "") + f"{'':>7}"
+        # The rows: name, blocks, %, GiB, tokens; columns drop right to left when narrow.
+        show_tokens = width >= 60
+        show_gib = width >= 44
+        name_w = 12 if width >= 40 else 11
+        head = self._headline()
+        lines: list[Line] = [line_of(self._bar(max(width - cells(head) - 1, 1)), " ", head)]
+        if height >= 7:
+            header = f"{'':{name_w + 2}}{'blocks':>6}{'%':>5}" + (f"{'GiB':>7}" if show_gib else "") + \
+                     (f"{'tokens':>9}" if show_tokens else "")
             lines.append(styled(header, S_DIM))
-        else:
-            lines.append(line_of(self._halfblock_bar(max(width - 6, 1)), " ",
-                                  (_pad(fmt.pct(st.in_use_blocks / cap if cap and st.in_use_blocks is not None
-                                                else None, digits=0), 5), S_FIG)))
-        for name, attr, style in self.ROWS:
-            blocks = getattr(st, attr)
+        free = o.free
+        for i, (name, style, blocks) in enumerate(rows):
             unknown = blocks is None
-            parts: list[Any] = [("█ ", style), (f"{name:<7}", "bold")]
-            parts.append((_pad("unknown" if unknown else fmt.count(blocks), 8), S_DIM if unknown else S_FIG))
-            if show_tokens:
-                parts.append(_pad(fmt.count(st.tokens(blocks), "?"), 9))
+            parts = [("█ ", style), (f"{name:<{name_w}}", "bold"),
+                     (_pad("?" if unknown else fmt.count(blocks), 6), S_DIM if unknown else S_FIG),
+                     (_pad(fmt.pct(blocks / cap if cap and blocks is not None else None, digits=0), 5), S_DIM)]
             if show_gib:
-                parts.append(_pad(fmt.gib(st.bytes(blocks), "?"), 8))
-            if cap and blocks is not None:
-                parts.append((_pad(fmt.pct(blocks / cap, digits=0), 6), S_DIM))
-            if attr == "cached_blocks" and st.cached_approximate and blocks is not None:
-                parts.append((" ≈", S_WARN))
+                parts.append(_pad(fmt.gib(st.bytes(blocks), "?"), 7))
+            if show_tokens:
+                parts.append((_pad(fmt.count(st.tokens(blocks), "?"), 9), S_DIM))
+            # "≈" once, on the cached row (empty is the rest of "free", so it is as approximate).
+            parts.append((" ≈", S_WARN) if i == 1 and approx and not unknown else "  ")
+            if i == 1 and d.label == "GPU":
+                # TensorRT-LLM's "free" is these two rows together: a bracket says so.
+                parts += [(" ┐ ", S_DIM), ("free" if width < 60 else "TensorRT-LLM's free", S_DIM)]
+            elif i == 2 and d.label == "GPU":
+                parts += [(" ┘ ", S_DIM), (fmt.count(free), S_FIG),
+                          (f" {fmt.pct(free / cap if cap and free is not None else None, digits=0)}"
+                           if width >= 60 else "", S_DIM)]
             lines.append(line_of(*parts))
+        if o.cached_idle is None and height > len(lines):
+            why = d.note or "no KV events: cached vs empty unknown"
+            lines.append(styled(why, S_WARN))
+        if height >= 8 and len(lines) < height - 1:
+            tree = st.cached_blocks
+            if tree is not None:
+                idle = o.cached_idle or 0
+                lines.append(line_of(("reuse tree ", S_DIM), (fmt.count(tree), S_FIG),
+                                     (" blocks (cached, idle or held)" if d.label == "GPU" else " blocks", S_DIM),
+                                     *([(f" · idle {fmt.count(idle)}-{fmt.count(idle + o.slack)}", S_DIM)]
+                                       if o.slack else [])))
         if len(lines) < height:
             hint = d.note or (self.GPU_HINT if d.label == "GPU" else self.HOST_HINT)
             lines.append(styled(hint, S_WARN if d.note else S_DIM))
@@ -657,13 +697,24 @@ class TierPanel(Panel):
 # ------------------------------------------------------------------------------------------------ hit rate
 
 @dataclass(frozen=True)
+class WhatIfData:
+    """The what-if line's figures, all over the same span (since the estimate began watching) and by the same
+    definition (kvCacheStats reused / (reused + missed)), so that the actual one and the estimates compare."""
+
+    actual: float | None              # this run's hit rate over that span
+    host_x2: float | None             # with a host cache twice as large (None until known)
+    host_x4: float | None
+    host_blocks: int | None = None    # the host pool the multiples are of (0: no host cache)
+
+
+@dataclass(frozen=True)
 class HitData:
     hit: Any                            # kvtop.tiers.HitRate
     history: tuple[float | None, ...]   # hit rate per history step, oldest first
     window_s: float | None
-    # Live what-if (kvtop.report.whatif): the hit rate with a 2x and a 4x host cache, each None until known;
-    # None as a whole hides the line (a session without the estimate, or another source shown).
-    what_if: tuple[float | None, float | None] | None = None
+    # Live what-if (kvtop.report.whatif); None hides the line (a session without the estimate, or another
+    # source shown).
+    what_if: WhatIfData | None = None
 
 
 # 3x3 box-drawing glyphs for the big hit-rate figure (the back of the room reads these, not the small digits).
@@ -722,9 +773,16 @@ class HitRatePanel(Panel):
         lines += [row(win, h.window, h.window_gpu, h.window_host), row("total", h.cumulative, h.gpu, h.host)]
         if d.what_if is not None and height >= 3:
             # Before the sparkline: where the panel has one line to spare (80x24), the estimate gets it.
-            x2, x4 = d.what_if
-            lines.append(line_of(("what-if ", S_DIM), ("host x2: ", S_CACHED), (fmt.pct(x2, digits=0), S_FIG),
-                                  (" · ", S_DIM), ("x4: ", S_CACHED), (fmt.pct(x4, digits=0), S_FIG)))
+            w = d.what_if
+            if w.host_blocks == 0:
+                # Twice no host cache is still none: the estimate has nothing to say, and says why.
+                lines.append(line_of(("what-if ", S_DIM), ("no host cache: ", S_CACHED),
+                                     ("x2 of 0 is 0", S_DIM)))
+            else:
+                # The run's own rate first, over the estimate's span (since start), then the estimates beside it.
+                lines.append(line_of(("what-if all ", S_DIM), (fmt.pct(w.actual, digits=0), S_FIG),
+                                     (" → host×2 ", S_CACHED), (fmt.pct(w.host_x2, digits=0), S_FIG),
+                                     (" ×4 ", S_CACHED), (fmt.pct(w.host_x4, digits=0), S_FIG)))
         if height >= len(lines) + 1:
             spark_w = max(width - 8, 1)
             lines.append(line_of((fmt.sparkline(d.history, spark_w, top=1.0), S_SPARK),
@@ -1213,16 +1271,21 @@ HELP_TEXT = """\
   [b]e[/]  event log       [b]s[/]  next source (when several are attached)
   [b]?[/]  this help       [b]ctrl+p[/]  command palette
 
-[b]Tiers[/] (TensorRT-LLM's meanings, exactly)
-  [$kv-in-use]█[/] [b]in use[/]  blocks held by running requests
-  [$kv-cached]█[/] [b]cached[/]  blocks holding reusable KV (on the GPU some are also in use)
-  [$kv-free]█[/] [b]free[/]    blocks held by no request: empty, or cached and evictable
-  [$warning]≈[/] cached counts may be an upper bound (TensorRT-LLM 1.2 detaches some blocks silently)
+[b]Tiers[/]  one bar per tier; its parts never overlap and add up to the pool
+  [$kv-in-use]█[/] [b]in use[/]       held by running requests (TensorRT-LLM: capacity - freeNumBlocks)
+  [$kv-cached]█[/] [b]cached idle[/]  reusable KV held by no request: the first to be evicted or offloaded
+  [$kv-free]█[/] [b]empty[/]        held by no request, nothing reusable in it
+  TensorRT-LLM's [b]free[/] (freeNumBlocks) = cached idle + empty (the ┐┘ bracket); its [b]cached[/]
+  (the reuse tree) = cached idle + the cached blocks requests hold ("reuse tree" line).
+  GPU headline: % in use. Host headline: % cached (host blocks are never held in 1.0-1.2).
+  [$warning]≈[/] the cached/empty split is an estimate (held blocks taken as cached first), or TensorRT-LLM 1.2
+  may have detached a cached block silently: an upper bound.
 
 [b]Hit rate[/]  reused prompt blocks / prompt blocks looked up, over the window and since start;
   GPU + host = total, where a host hit is a block onboarded from host memory.
 [b]Moves[/]  offload: GPU→host on eviction; onboard: host→GPU on reuse; evict: dropped from a tier.
-[b]What-if[/]  the hit rate with a 2x / 4x host cache, estimated from the blocks this run dropped.
+[b]What-if[/]  "all 38% → host×2 42% ×4 45%": this run's hit rate since start, then the hit rate it would
+  have had with a 2x / 4x host cache (estimated from the blocks it dropped), same span, same blocks.
 [b]Sources[/]  (2+ attached) one row each, ▶ the one shown. [b]all[/]: sums of blocks and rates,
   hit rate = total hits / total lookups, TTFT p99 = max of the sources'; offline ones left out.
 
@@ -1253,4 +1316,5 @@ class HelpScreen(ModalScreen[None]):
 __all__ = ["EventLog", "KeyHints", "GpuMemoryRow",
            "HeaderBar", "HeaderData", "HelpScreen", "HitData",
            "HitRatePanel", "MemoryData", "MemoryPanel", "MovesData", "MovesPanel", "Panel", "PriorityData",
-           "PriorityPanel", "RequestData", "RequestPanel", "FleetData", "SourcesPanel", "TierData", "TierPanel"]
+           "PriorityPanel", "RequestData", "RequestPanel", "FleetData", "SourcesPanel", "TierData", "TierPanel",
+           "WhatIfData", "tier_label"]

@@ -1,0 +1,239 @@
+"""The tier bars (one stacked bar per tier whose parts add up to the pool) and the header's three states
+(paused, finished, stale), on the committed busy recording with the UI's clock under the test's control."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvtop.occupancy import cells, occupancy
+from kvtop.records import make
+from kvtop.tiers import TierState
+from kvtop.ui import app as app_module
+from kvtop.ui.app import STALE_AFTER_S, build_app
+from kvtop.ui.testing import FROZEN_NOW, session_from_recording
+from kvtop.ui.widgets import HeaderBar, TierPanel
+
+pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
+
+
+class Settings:
+    refresh = 0.25
+    theme = "dark"
+    duration = None
+
+
+# ---------------------------------------------------------------------------------------------- the split
+
+@given(cap=st.integers(1, 10_000), used=st.integers(0, 10_000), cached=st.integers(0, 10_000))
+def test_the_three_parts_never_overlap_and_add_up_to_the_pool(cap: int, used: int, cached: int) -> None:
+    used, cached = min(used, cap), min(cached, cap)
+    o = occupancy(TierState("gpu", cap, used, cached, cap - used))
+    assert o.in_use is not None and o.cached_idle is not None and o.empty is not None
+    assert min(o.in_use, o.cached_idle, o.empty) >= 0
+    assert o.in_use + o.cached_idle + o.empty == cap
+    assert o.cached_idle + o.empty == o.free == cap - used          # TensorRT-LLM's "free"
+    # The true idle count lies in [cached_idle, cached_idle + slack], whatever the overlap of held and cached.
+    assert max(cached - used, 0) == o.cached_idle and o.cached_idle + o.slack == min(cached, cap - used)
+    assert o.exact == (o.slack == 0)
+
+
+def test_a_full_reuse_tree_splits_exactly() -> None:
+    # The busy recording's GPU at its end: 256 blocks, 64 held, the tree covering 225 (TensorRT-LLM: free 192).
+    o = occupancy(TierState("gpu", 256, 64, 225, 192))
+    assert (o.in_use, o.cached_idle, o.empty, o.free, o.slack) == (64, 161, 31, 192, 31)
+    full = occupancy(TierState("gpu", 256, 64, 256, 192))
+    assert (full.in_use, full.cached_idle, full.empty, full.exact) == (64, 192, 0, True)
+    host = occupancy(TierState("host", 227, 0, 200, 227))
+    assert (host.in_use, host.cached_idle, host.empty, host.exact) == (0, 200, 27, True)
+
+
+def test_unknown_stays_unknown() -> None:
+    no_events = occupancy(TierState("gpu", 256, 64, None, 192))
+    assert (no_events.in_use, no_events.cached_idle, no_events.empty) == (64, None, None)
+    assert occupancy(TierState("host", None, None, None, None)).capacity is None
+
+
+@given(parts=st.lists(st.integers(0, 1000), min_size=3, max_size=3), width=st.integers(3, 200))
+def test_bar_cells_add_up_to_the_width(parts: list[int], width: int) -> None:
+    total = sum(parts)
+    out = cells(tuple(parts), total, width)
+    if total == 0:
+        assert out == (0, 0, 0)
+        return
+    assert sum(out) == width and min(out) >= 0
+    for p, n in zip(parts, out):
+        if p == 0:
+            assert n == 0
+        else:
+            assert n >= 1   # a part that exists is seen (3 parts, >= 3 cells)
+
+
+# ---------------------------------------------------------------------------------------------- tier panels
+
+def _panel(app: Any, name: str) -> TierPanel:
+    return app.screen.query_one(f"#tier-{name}", TierPanel)
+
+
+async def test_tier_panels_show_one_bar_and_trtllms_free_beside_it() -> None:
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        gpu = _panel(app, "gpu").text()
+        # The busy recording ends with 64 GPU blocks held, 225 in the reuse tree, TensorRT-LLM free 192.
+        assert "25% in use" in gpu.splitlines()[0]
+        assert "in use          64  25%" in gpu
+        assert "cached idle    161  63%" in gpu
+        assert "empty           31  12%" in gpu
+        assert "┘ 192 75%" in gpu and "TensorRT-LLM's free" in gpu
+        assert "reuse tree 225 blocks" in gpu
+        host = _panel(app, "host").text()
+        assert "100% cached" in host.splitlines()[0]
+        assert "cached         227 100%" in host and "empty            0   0%" in host
+
+
+async def test_at_80x24_the_host_headline_is_its_cached_share() -> None:
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        first = _panel(app, "host").text().splitlines()[0]
+        assert first.rstrip().endswith("100% cached")
+        assert " 0%" not in first
+        gpu = _panel(app, "gpu").text()
+        assert gpu.splitlines()[0].rstrip().endswith("25% in use")
+        assert "┐ free" in gpu and "┘ 192" in gpu
+
+
+async def test_a_third_tier_gets_its_own_panel() -> None:
+    """A model whose ``tiers`` lists GPU, host and disk: three bars, the disk one under the host one."""
+    session = session_from_recording()
+    model = session.model
+    disk = TierState("disk", 1000, 0, 400, 1000, 32, 4718592)
+
+    class ThreeTiers:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(model, name)
+
+        @property
+        def tiers(self) -> list[TierState]:
+            return [model.gpu, model.host, disk]
+
+    session.model = ThreeTiers()  # type: ignore[assignment]
+    session.models = {}
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        panels = list(app.screen.query(TierPanel))
+        assert [p.id for p in panels] == ["tier-gpu", "tier-host", "tier-disk"]
+        text = panels[2].text()
+        assert "40% cached" in text.splitlines()[0]
+        assert panels[2].border_title == "disk tier · file / NVMe"
+
+
+# ---------------------------------------------------------------------------------------------- states
+
+class Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _header(app: Any) -> Any:
+    return app.screen.query_one(HeaderBar)
+
+
+def _feed(session: Any, dt: float) -> None:
+    last = session.model.now
+    session.emit(make("stats", {"iter": 10**6 + int(last), "numActiveRequests": 1}, source=session.source,
+                      time=last + dt))
+
+
+async def test_pausing_over_a_running_engine_raises_no_stale_alarm(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(FROZEN_NOW)
+    monkeypatch.setattr(app_module, "wall_clock", clock)
+    session = session_from_recording()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("p")
+        for _ in range(12):     # 12 s paused while the engine goes on sending a record a second
+            clock.t += 1.0
+            _feed(session, 1.0)
+            app.refresh_view()
+        await pilot.pause()
+        d = _header(app).data
+        assert d.paused and d.stale_s is None and d.finished is None
+        text = _header(app).text()
+        assert "PAUSED" in text and "no data" not in text and "engine goes on, +12 s" in text
+        # The engine stops too: after STALE_AFTER_S without a record the alarm is real, paused or not.
+        clock.t += STALE_AFTER_S + 3
+        app.refresh_view()
+        assert _header(app).data.stale_s == STALE_AFTER_S + 3
+
+
+async def test_a_running_session_without_records_goes_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(FROZEN_NOW)
+    monkeypatch.setattr(app_module, "wall_clock", clock)
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        clock.t += 8
+        app.refresh_view()
+        await pilot.pause()
+        assert _header(app).data.stale_s == 8.0
+        assert " no data 8s " in _header(app).text() and "FINISHED" not in _header(app).text()
+
+
+async def test_a_finished_replay_is_finished_not_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(FROZEN_NOW)
+    monkeypatch.setattr(app_module, "wall_clock", clock)
+    session = session_from_recording()
+    session.add_producer("replay", lambda: None)  # type: ignore[arg-type,return-value]
+    session.status["replay"] = "done"
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        clock.t += 30
+        app.refresh_view()
+        await pilot.pause()
+        d = _header(app).data
+        assert d.finished == "replay finished" and d.stale_s is None
+        text = _header(app).text()
+        assert "FINISHED" in text and "replay finished" in text and "no data" not in text
+
+
+async def test_duration_reached_is_finished_not_stale(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock(FROZEN_NOW)
+    monkeypatch.setattr(app_module, "wall_clock", clock)
+
+    class Short(Settings):
+        duration = 0.3
+
+    session = session_from_recording()
+    app = build_app(session, Short(), run_session=True)   # no producers: run() waits for stop(), which --duration calls
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(0.8)
+        clock.t += 20
+        app.refresh_view()
+        await pilot.pause()
+        d = _header(app).data
+        assert d.finished == "--duration 0.3 s reached" and d.stale_s is None
+        assert "no data" not in _header(app).text()
+
+
+async def test_hiding_the_event_log_keeps_the_key_footer() -> None:
+    from textual.widgets import Footer
+
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("e")
+        await pilot.pause()
+        footer = app.screen.query_one(Footer)
+        widget, _ = app.screen.get_widget_at(2, 23)    # what the screen's last line shows
+        assert widget is footer or footer in widget.ancestors
