@@ -70,7 +70,7 @@ def build_sim_engine(settings: Settings) -> Any:
                         event_buffer_max_size=trtllm_engine.EVENT_BUFFER_SIZE)
     return SimLLM(settings.model, kv_cache_config=kvc, max_batch_size=settings.max_batch_size,
                   max_num_tokens=settings.max_num_tokens, enable_iter_perf_stats=True, return_perf_metrics=True,
-                  gpu=settings.gpu, speed=settings.speed)
+                  gpu=settings.gpu, speed=settings.speed, trtllm_version=settings.trtllm_version)
 
 
 def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoice | None = None,

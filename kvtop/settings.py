@@ -66,6 +66,9 @@ class Settings:
     decode_priority: int = _opt(35, "retention priority for generated blocks (0-100)", kind="priority")
     seed: int = _opt(0, "workload random seed", kind="int")
     speed: float = _opt(1.0, "simulator pacing: 1 = real time, 0 = as fast as possible", kind="nonneg_float")
+    trtllm_version: str = _opt("1.2", "simulator: which TensorRT-LLM's iteration stats to emit: 1.2 (kvCacheStats "
+                                      "only) or 1.3 (adds the per-window kvCacheIterationStats)",
+                               choices=("1.2", "1.3"))
     refresh: float = _opt(0.25, "screen and poll refresh interval in seconds", kind="pos_float")
     theme: str = _opt("dark", "dashboard theme: dark, light, high-contrast, or a theme file")
     headless: bool = _opt(False, "run without the screen and print a summary", kind="bool")

@@ -312,6 +312,7 @@ class Quality:
     stats_restarts: int = 0
     host_without_events: bool = False    # a host pool is configured but no event stream: host occupancy unknown
     capacity_source: str | None = None   # where the GPU capacity came from: stats, created, meta, derived
+    stats_schema: str | None = None      # which TensorRT-LLM's stats shape: 1.0-1.2, 1.3, 1.3+ V2 (see TierModel)
     stats_max_includes_host: bool | None = None  # 1.0-1.2 semantics of maxNumBlocks, when it can be told
 
     def to_json(self) -> dict[str, Any]:
@@ -587,6 +588,9 @@ class TierModel:
         self._it_onboarded = 0
         self._it_host_dropped = 0
         self._it_moves_seen = False
+        self._stats_schema: str | None = None     # which TensorRT-LLM's stats shape the numbers come from
+        self._level_tiers: list[str] | None = None  # kvCacheLevelTiers (V2): the tier of each cache level
+        self._level_hits: dict[int, int] = {}     # reused blocks per cache level (V2 lifecycles), warm-up excluded
         self._stats_completed = 0
         self._in_flight: int | None = None
         self._ctx_tokens = 0
@@ -1129,7 +1133,7 @@ class TierModel:
             for key in ("maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock", "allocTotalBlocks",
                         "allocNewBlocks", "reusedBlocks", "missedBlocks"):
                 kvv[key] = _count(kv.get(key), f"kvCacheStats.{key}")
-        it_iter = self._iteration_stats(d.get("kvCacheIterationStats"))
+        it_iter, schema, level_tiers, level_hits = self._kv_iteration(d, kv is not None)
         iteration = _count(d.get("iter"), "iter")
         completed = _count(d.get("numCompletedRequests"), "numCompletedRequests")
         active = _count(d.get("numActiveRequests"), "numActiveRequests")
@@ -1194,6 +1198,13 @@ class TierModel:
                 self._free_num_blocks = kvv["freeNumBlocks"]
             if kvv["tokensPerBlock"]:
                 self._stats_tpb = kvv["tokensPerBlock"]
+        if schema is not None:
+            self._stats_schema = schema
+        if level_tiers is not None:
+            self._level_tiers = level_tiers
+        if level_hits is not None and not was_warm:
+            for i, n in enumerate(level_hits):
+                self._level_hits[i] = self._level_hits.get(i, 0) + n
         if it_iter is not None:
             self._it = it_iter
             if any(k in it_iter for k in ("iterOffloadBlocks", "iterOnboardBlocks", "iterHostDroppedBlocks")):
@@ -1218,30 +1229,98 @@ class TierModel:
         if pinned is not None:
             self._pinned_mem_usage = pinned
 
-    def _iteration_stats(self, raw: Any) -> dict[str, int] | None:
+    def _kv_iteration(self, d: dict[str, Any], has_kv: bool) -> tuple[dict[str, int] | None, str | None,
+                                                                      list[str] | None, list[int] | None]:
+        """The newer stats' views, summed: (gauges and counters, which schema, tier names per cache level,
+        reused blocks per cache level this iteration). Checked whole before anything changes.
+
+        TensorRT-LLM 1.3 with the V1 manager: ``kvCacheIterationStats`` per window holds everything
+        (tensorrt_llm/executor/stats_serialization.py). With the V2 manager (tensorrt_llm/_torch/pyexecutor/
+        kv_cache_stats.py, ``append_kv_cache_iteration_stats``) the window view drops the cold tiers and a pool
+        shared by windows reads 0 there, so, as TensorRT-LLM's own Prometheus collector does
+        (tensorrt_llm/metrics/collector.py): GPU gauges and move counters from
+        ``kvCacheIterationStatsByPoolGroup``, cold (host + disk, summed over cold levels) gauges from
+        ``kvCacheIterationStatsByColdPoolGroup``, reuse from the attention lifecycles (else the windows), and
+        the tier of each cache level from ``kvCacheLevelTiers``.
+        """
+        windows = self._iteration_stats(d.get("kvCacheIterationStats"))
+        by_pool = d.get("kvCacheIterationStatsByPoolGroup")
+        if by_pool is None:
+            if windows is None:
+                return None, ("1.0-1.2" if has_kv else None), None, None
+            return windows, "1.3", None, None
+        pools = self._iteration_stats(by_pool, "kvCacheIterationStatsByPoolGroup", by_key=True) or {}
+        cold = self._iteration_stats(d.get("kvCacheIterationStatsByColdPoolGroup"),
+                                     "kvCacheIterationStatsByColdPoolGroup", by_key=True)
+        out = {k: v for k, v in pools.items() if not k.startswith("secondary")}
+        for k, v in (cold or {}).items():
+            if k.startswith("secondary"):
+                out[k] = v
+        reuse_keys = ("iterReusedBlocks", "iterMissedBlocks")
+        lifecycles = d.get("kvCacheIterationStatsByLifecycle")
+        level_hits: list[int] | None = None
+        if isinstance(lifecycles, dict) and lifecycles:
+            for k in reuse_keys:
+                out[k] = 0
+            for lid, lc in lifecycles.items():
+                where = f"kvCacheIterationStatsByLifecycle.{lid}"
+                if not isinstance(lc, dict):
+                    raise _Bad(where, f"must be an object, got {_describe(lc)}")
+                if lc.get("kind", "attention") != "attention":
+                    continue
+                for k in reuse_keys:
+                    out[k] += _count(lc.get(k), f"{where}.{k}") or 0
+                for k in ("iterFullReusedBlocksByLevel", "iterPartialReusedBlocksByLevel"):
+                    per = lc.get(k)
+                    if per is None:
+                        continue
+                    if not isinstance(per, list) or len(per) > 8:
+                        raise _Bad(f"{where}.{k}", f"must be a list of counts per cache level, got {_describe(per)}")
+                    level_hits = level_hits or []
+                    for i, v in enumerate(per):
+                        n = _count(v, f"{where}.{k}[{i}]") or 0
+                        if i >= len(level_hits):
+                            level_hits.append(0)
+                        level_hits[i] += n
+        elif windows is not None:
+            for k in reuse_keys:
+                if k in windows:
+                    out[k] = windows[k]
+        tiers = d.get("kvCacheLevelTiers")
+        level_tiers: list[str] | None = None
+        if tiers is not None:
+            if not isinstance(tiers, list) or len(tiers) > 8 or not all(isinstance(t, str) for t in tiers):
+                raise _Bad("kvCacheLevelTiers", f"must be a list of tier names, got {_describe(tiers)}")
+            level_tiers = [t.lower() for t in tiers]
+        return out, "1.3+ V2", level_tiers, level_hits
+
+    def _iteration_stats(self, raw: Any, name: str = "kvCacheIterationStats",
+                         by_key: bool = False) -> dict[str, int] | None:
         """Newer TensorRT-LLM's ``kvCacheIterationStats``: ``{"<window>": {...}}`` (or one flat dict, or a list):
         gauges and per-iteration counters summed over windows."""
         if raw is None:
             return None
-        if isinstance(raw, dict) and "primaryMaxNumBlocks" in raw:
+        if isinstance(raw, dict) and "primaryMaxNumBlocks" in raw and not by_key:
             windows: list[tuple[str, Any]] = [("", raw)]
         elif isinstance(raw, dict):
             windows = [(f".{k}", v) for k, v in raw.items()]
         elif isinstance(raw, list):
             windows = [(f"[{i}]", v) for i, v in enumerate(raw)]
         else:
-            raise _Bad("kvCacheIterationStats", f"must be an object, got {_describe(raw)}")
+            raise _Bad(name, f"must be an object, got {_describe(raw)}")
         out: dict[str, int] = {}
         for where, w in windows:
             if not isinstance(w, dict):
-                raise _Bad(f"kvCacheIterationStats{where}", f"must be an object, got {_describe(w)}")
+                raise _Bad(f"{name}{where}", f"must be an object, got {_describe(w)}")
             for key, v in w.items():
                 if not (key.startswith("primary") or key.startswith("secondary") or key.startswith("iter")):
                     continue
                 if key == "iterCacheHitRate":
-                    _number(v, f"kvCacheIterationStats{where}.{key}")
+                    _number(v, f"{name}{where}.{key}")
                     continue
-                n = _count(v, f"kvCacheIterationStats{where}.{key}")
+                if key.endswith("ByLevel"):
+                    continue
+                n = _count(v, f"{name}{where}.{key}")
                 if n is not None:
                     out[key] = out.get(key, 0) + n
         return out
@@ -1421,9 +1500,23 @@ class TierModel:
         caps = [p.capacity[level] for p in self._pools.values() if p.capacity is not None]
         return sum(caps) if caps else None
 
+    @property
+    def _cold_merged(self) -> bool:
+        """True when the stats' ``secondary*`` gauges are host and disk together (the V2 manager sums every cold
+        level into them, kv_cache_stats.py ``_build_stats``), so neither tier's share can be read from them."""
+        return self._stats_schema == "1.3+ V2" and self.disk is not None
+
     def _capacity(self, level: int) -> tuple[int | None, str | None]:
         it = self._it
         key = "primaryMaxNumBlocks" if level == GPU else "secondaryMaxNumBlocks"
+        if level == HOST and self._cold_merged:
+            host_meta = self._meta_blocks("secondary_blocks", "host_cache_bytes")
+            if host_meta is not None:
+                return host_meta, "meta"
+            disk = self._meta_blocks("disk_blocks", "disk_cache_bytes")
+            if it is not None and key in it and disk is not None:
+                return max(it[key] - disk, 0), "derived"
+            return None, None
         if it is not None and key in it:
             return it[key], "stats"
         created = self._created_capacity(level)
@@ -1484,6 +1577,8 @@ class TierModel:
         tpb, bpb = self.tokens_per_block, self.bytes_per_block
         free: int | None
         in_use: int | None
+        if self._cold_merged:
+            return TierState("host", cap, None, None, None, tpb, bpb, False)
         if it is not None and "secondaryFreeNumBlocks" in it:
             free = it["secondaryFreeNumBlocks"]
             in_use = max(cap - free, 0) if cap is not None else None
@@ -1503,11 +1598,50 @@ class TierModel:
 
     @property
     def disk(self) -> TierState | None:
-        """The third tier (TensorRT-LLM's disk cache), or ``None`` when the engine has none."""
+        """The third tier (TensorRT-LLM's disk cache: ``KvCacheConfig.disk_cache_size``, V2 manager only), or
+        ``None`` when the engine has none. Known from ``meta`` (the configured size) or from the stats'
+        ``kvCacheLevelTiers`` naming a "disk" level. Its occupancy is unknown: the V2 stats sum it with the host's
+        (see ``cold``); its capacity is the configured size, or the cold pools' total less the host's."""
         cap = self._meta_blocks("disk_blocks", "disk_cache_bytes")
-        if not isinstance(cap, int) or cap <= 0:
+        named = self._level_tiers is not None and "disk" in self._level_tiers
+        if not (isinstance(cap, int) and cap > 0) and not named:
             return None
+        if not (isinstance(cap, int) and cap > 0):
+            it = self._it
+            host = self._meta_blocks("secondary_blocks", "host_cache_bytes")
+            cap = (max(it["secondaryMaxNumBlocks"] - host, 0)
+                   if it is not None and "secondaryMaxNumBlocks" in it and host is not None else None)
         return TierState("disk", cap, None, None, None, self.tokens_per_block, self.bytes_per_block, False)
+
+    @property
+    def cold(self) -> TierState | None:
+        """Host and disk together, as the V2 manager's stats report them (``secondary*`` of
+        ``kvCacheIterationStatsByColdPoolGroup``, summed over cold levels); ``None`` unless they are merged."""
+        it = self._it
+        if not self._cold_merged or it is None or "secondaryMaxNumBlocks" not in it:
+            return None
+        cap = it["secondaryMaxNumBlocks"]
+        free = it.get("secondaryFreeNumBlocks")
+        used = it.get("secondaryUsedNumBlocks", None if free is None else max(cap - free, 0))
+        return TierState("cold", cap, used, None, free, self.tokens_per_block, self.bytes_per_block, False)
+
+    @property
+    def stats_schema(self) -> str | None:
+        """Which TensorRT-LLM's iteration stats the numbers come from, told from the data itself: "1.0-1.2"
+        (``kvCacheStats`` only), "1.3" (``kvCacheIterationStats`` per window, V1 manager), "1.3+ V2"
+        (the pool-group views of the V2 manager), or None before any stats."""
+        return self._stats_schema
+
+    @property
+    def hits_by_tier(self) -> dict[str, int]:
+        """Reused blocks per serving tier, warm-up excluded, where the stats say it (V2 lifecycles'
+        ``iter{Full,Partial}ReusedBlocksByLevel``, levels named by ``kvCacheLevelTiers``); else empty."""
+        names = self._level_tiers or ["gpu", "host", "disk"]
+        out: dict[str, int] = {}
+        for level, n in sorted(self._level_hits.items()):
+            name = names[level] if level < len(names) else f"level{level}"
+            out[name] = out.get(name, 0) + n
+        return out
 
     @property
     def tiers(self) -> list[TierState]:
@@ -1660,7 +1794,7 @@ class TierModel:
             stats_restarts=self._stats_restarts,
             host_without_events=bool(host_cap) and not self._events_seen and "secondaryFreeNumBlocks" not in (
                 self._it or {}),
-            capacity_source=cap_src, stats_max_includes_host=includes)
+            capacity_source=cap_src, stats_max_includes_host=includes, stats_schema=self._stats_schema)
 
     @property
     def fold_entries(self) -> int:
@@ -1682,6 +1816,9 @@ class TierModel:
             "tokens_per_block": self.tokens_per_block,
             "bytes_per_block": self.bytes_per_block,
             "tiers": {t.name: t.to_json() for t in tiers},
+            "stats_schema": self.stats_schema,
+            "cold": None if self.cold is None else self.cold.to_json(),
+            "hits_by_tier": self.hits_by_tier,
             "hit_rate": {"cumulative": hr.cumulative, "gpu": hr.gpu, "host": hr.host, "window": hr.window,
                          "window_gpu": hr.window_gpu, "window_host": hr.window_host, "hits": hr.hits,
                          "lookups": hr.lookups, "host_hits": hr.host_hits,

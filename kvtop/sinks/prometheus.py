@@ -132,8 +132,16 @@ class _StateCollector(Collector):
                                                    "blocks x bytes per block"))}
         for source, model in models:
             lv = _labels(source)
-            for tier in TIERS:
-                t = _get(model, tier)
+            # Every tier the model has (GPU, host, and disk where the engine has one), by TierState.name; a model
+            # read from a summary dict (fleet) or an older one without .tiers falls back to the two named ones.
+            tiers = _get(model, "tiers")
+            if isinstance(tiers, Mapping):
+                tier_list = [(name, t) for name, t in tiers.items()]
+            elif isinstance(tiers, (list, tuple)):
+                tier_list = [(str(_get(t, "name")), t) for t in tiers]
+            else:
+                tier_list = [(name, _get(model, name)) for name in TIERS]
+            for tier, t in tier_list:
                 for state in BLOCK_STATES:
                     v = _number(_get(t, f"{state}_blocks"))
                     if v is not None:  # unknown stays absent, never 0 (a host pool with no events)

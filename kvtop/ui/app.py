@@ -589,7 +589,7 @@ class KvtopApp(App[int]):
             uptime_s=None if started is None else now - float(started), data_time=model.now,
             paused=self.paused, stale_s=None if stale is None else float(int(stale)), flags=tuple(flags),
             finished=finished, paused_at=self._paused_at if self.paused else None,
-            sources=sources, source_label=label)
+            sources=sources, source_label=label, stats_schema=getattr(q, "stats_schema", None))
 
     def _history(self, model: Any) -> tuple[Any, ...]:
         # history() walks up to 600 samples (0.28 ms); its points change once per history step, so it is read

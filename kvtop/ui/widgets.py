@@ -418,6 +418,7 @@ class HeaderData:
     source_label: str | None       # "2/3 host/0/run" when several sources are attached
     finished: str | None = None    # why no more data comes ("replay finished", "--duration 30 s reached")
     paused_at: float | None = None  # paused: the data time of the frozen figures
+    stats_schema: str | None = None  # which TensorRT-LLM's stats the numbers come from: 1.0-1.2, 1.3, 1.3+ V2
 
 
 class HeaderBar(Panel):
@@ -445,6 +446,8 @@ class HeaderBar(Panel):
             block.append(f"{d.tokens_per_block} tok/blk")
         if d.bytes_per_block is not None:
             block.append(f"{fmt.nbytes(d.bytes_per_block)}/blk")
+        if d.stats_schema not in (None, "1.0-1.2"):  # 1.0-1.2 is what every count assumes unless said
+            block.append(f"stats {d.stats_schema}")
         status: list[Any] = []
         state_long: list[Any] = []
         state_short: list[Any] = []

@@ -26,6 +26,7 @@ from kvtop.engines.gpus import GpuProfile
 from kvtop.engines.models import ModelShape
 from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, TokenRuns
 from kvtop.engines.sim.cost import CostModel
+from kvtop.engines.sim.iteration_stats import STATS_VERSIONS, IterationStatsV13
 from kvtop.engines.sim.retention import KvCacheRetentionConfig
 
 GENERATED_TOKEN_BASE = 1 << 30  # generated ids live in [2^30, 2^31): never a tokenizer id nor a trace token
@@ -84,7 +85,8 @@ class SimEngineCore:
     def __init__(self, model: ModelShape, gpu: GpuProfile, block_manager: BlockManager, *,
                  max_batch_size: int = 2048, max_num_tokens: int = 8192, max_seq_len: int = 40960,
                  enable_iter_perf_stats: bool = True, enable_iter_req_stats: bool = False,
-                 max_stats_len: int = 1000, gpu_mem_usage_bytes: int = 0, epoch_s: float = 0.0):
+                 max_stats_len: int = 1000, gpu_mem_usage_bytes: int = 0, epoch_s: float = 0.0,
+                 trtllm_version: str = "1.2"):
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size: must be > 0, got {max_batch_size}")
         if max_num_tokens <= 0:
@@ -102,6 +104,12 @@ class SimEngineCore:
         self.stats: deque[dict[str, Any]] = deque(maxlen=max_stats_len)  # drain-once, oldest dropped
         self.gpu_mem_usage_bytes = gpu_mem_usage_bytes
         self.epoch_s = epoch_s  # wall-clock time of simulated time 0, for the stats' timestamp strings
+        # 1.3 adds kvCacheIterationStats to every stats dict (iteration_stats.py says where the shape comes from)
+        if trtllm_version not in STATS_VERSIONS:
+            raise ValueError(f"trtllm_version: must be one of {', '.join(STATS_VERSIONS)}, got {trtllm_version!r}")
+        self.trtllm_version = trtllm_version
+        self._kv_iter = (IterationStatsV13(block_manager, model.kv_bytes_per_block(self.tpb))
+                         if trtllm_version == "1.3" else None)
         self.now_s = 0.0
         self.iteration = 0
         self.waiting: deque[SimRequest] = deque()
@@ -360,6 +368,8 @@ class SimEngineCore:
             },
             "specDecodingStats": None,
         }
+        if self._kv_iter is not None:
+            stats["kvCacheIterationStats"] = self._kv_iter.take()
         if self.enable_iter_req_stats:
             stats["requestStats"] = [self._request_stats(r) for r in [*self.running, *finished]]
         return stats

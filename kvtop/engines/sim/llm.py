@@ -253,7 +253,8 @@ class SimLLM:
                  max_batch_size: int = 2048, max_num_tokens: int = 8192, max_seq_len: int | None = None,
                  enable_iter_perf_stats: bool = False, enable_iter_req_stats: bool = False,
                  return_perf_metrics: bool = False, gpu: str | GpuProfile = "H200", speed: float = 1.0,
-                 tokenizer: Tokenizer | str | None = None, max_stats_len: int = 1000, **unsupported: Any):
+                 tokenizer: Tokenizer | str | None = None, max_stats_len: int = 1000, trtllm_version: str = "1.2",
+                 **unsupported: Any):
         if unsupported:
             # TensorRT-LLM's args are strict pydantic models: an unknown name is an error, not a silent no-op.
             raise TypeError(f"SimLLM: unsupported argument(s): {', '.join(sorted(unsupported))}")
@@ -287,7 +288,9 @@ class SimLLM:
                                    max_num_tokens=max_num_tokens, max_seq_len=self.max_seq_len,
                                    enable_iter_perf_stats=enable_iter_perf_stats,
                                    enable_iter_req_stats=enable_iter_req_stats, max_stats_len=max_stats_len,
-                                   gpu_mem_usage_bytes=gpu_mem, epoch_s=time.time())
+                                   gpu_mem_usage_bytes=gpu_mem, epoch_s=time.time(),
+                                   trtllm_version=trtllm_version)
+        self.trtllm_version = trtllm_version
         if isinstance(tokenizer, str) or tokenizer is None:
             self.tokenizer: Tokenizer = load_tokenizer(self.model.name, self.model.vocab_size,
                                                         prefer_hf=tokenizer == "auto")
@@ -309,7 +312,7 @@ class SimLLM:
         """What kvtop's ``meta`` record says about this engine."""
         return {
             "engine": ENGINE_NAME,
-            "engine_version": ENGINE_VERSION,
+            "engine_version": ENGINE_VERSION.replace("1.2", self.trtllm_version),
             "model": self.model.name,
             "gpu": self.gpu.name,
             "tokens_per_block": self.tokens_per_block,

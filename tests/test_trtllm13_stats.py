@@ -1,0 +1,206 @@
+"""TensorRT-LLM after 1.2: the newer iteration stats folded directly, the version told from the data.
+
+- 1.3 with the V1 manager: ``kvCacheIterationStats`` per window (tensorrt_llm/executor/stats_serialization.py,
+  ``kv_cache_iteration_stats_to_dict``). The simulator emits it with ``trtllm_version="1.3"``; from stats alone
+  (no event stream) the host tier's size, free and in-use blocks and every offload and onboard are exact,
+  checked against the simulator's own counters.
+- The V2 manager: the pool-group, cold-pool-group and lifecycle views and ``kvCacheLevelTiers``
+  (tensorrt_llm/_torch/pyexecutor/kv_cache_stats.py, ``append_kv_cache_iteration_stats``). The payload below is
+  what that function writes for the ``_snapshot()`` of TensorRT-LLM's own unit test of kv_cache_stats.py
+  (levels gpu/host/disk, two attention windows sharing pool group 0, an SSM lifecycle in pool group 1), worked out
+  by hand from ``KVCacheV2IterationStatsSnapshot.build_report`` and checked against the values that test asserts
+  (pool 0 used 12, cold max 18 / used 11, window 32 hit rate 0.75, lifecycle 0 full-by-level [2, 0, 0]).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+
+from kvtop.records import make
+from kvtop.tiers import TierModel
+
+
+def _zero_window(**kv: Any) -> dict[str, Any]:
+    keys = ("primaryMaxNumBlocks", "primaryFreeNumBlocks", "primaryUsedNumBlocks", "primaryEvictableNumBlocks",
+            "primaryPeakFreeNumBlocks", "primaryPeakUsedNumBlocks", "primaryPeakEvictableNumBlocks",
+            "iterAllocTotalBlocks", "iterAllocNewBlocks", "iterReusedBlocks", "iterFullReusedBlocks",
+            "iterPartialReusedBlocks", "iterMissedBlocks", "iterCacheHitRate", "iterGenAllocBlocks",
+            "iterOnboardBlocks", "iterOnboardBytes", "iterOffloadBlocks", "iterOffloadBytes",
+            "iterIntraDeviceCopyBlocks", "iterIntraDeviceCopyBytes", "iterHostDroppedBlocks", "iterHostDroppedBytes")
+    out: dict[str, Any] = dict.fromkeys(keys, 0)
+    out["iterCacheHitRate"] = 0.0
+    out.update(kv)
+    return out
+
+
+def _pool(pid: int, slot: int, windows: list[int], **kv: Any) -> dict[str, Any]:
+    w = _zero_window(**kv)
+    for k in ("iterReusedBlocks", "iterFullReusedBlocks", "iterPartialReusedBlocks", "iterMissedBlocks",
+              "iterCacheHitRate"):
+        del w[k]  # KV_CACHE_ITERATION_STATS_POOL_GROUP_KEYS has no reuse keys
+    return {"poolGroupId": pid, "slotSize": [slot], "windowSizes": windows, **w}
+
+
+V2_STATS: dict[str, Any] = {
+    "iter": 7, "numCompletedRequests": 0, "numActiveRequests": 2, "numQueuedRequests": 0,
+    "kvCacheIterationStats": {
+        "32": _zero_window(iterAllocNewBlocks=2, iterReusedBlocks=3, iterMissedBlocks=1, iterCacheHitRate=0.75),
+        "64": _zero_window(iterAllocNewBlocks=4, iterReusedBlocks=2, iterMissedBlocks=2, iterCacheHitRate=0.5),
+    },
+    "iterSuspendedRequests": 2, "iterResumedRequests": 1, "iterDiskPrefetchBlocks": 7,
+    "iterCachedTokensByLevel": [12, 8, 0], "kvCacheLevelTiers": ["gpu", "host", "disk"],
+    "kvCacheIterationStatsByPoolGroup": {
+        "0": _pool(0, 4096, [32, 64], primaryMaxNumBlocks=20, primaryFreeNumBlocks=8, primaryUsedNumBlocks=12,
+                   primaryEvictableNumBlocks=3, primaryPeakFreeNumBlocks=18, primaryPeakUsedNumBlocks=14,
+                   primaryPeakEvictableNumBlocks=7, iterAllocNewBlocks=6),
+        "1": _pool(1, 2048, [], primaryMaxNumBlocks=10, primaryFreeNumBlocks=6, primaryUsedNumBlocks=4,
+                   primaryEvictableNumBlocks=1, primaryPeakFreeNumBlocks=9, primaryPeakUsedNumBlocks=5,
+                   primaryPeakEvictableNumBlocks=2, iterOnboardBlocks=1, iterOnboardBytes=2048),
+    },
+    "kvCacheIterationStatsByColdPoolGroup": {
+        "0": {"coldPoolGroupId": 0, "slotSize": [4096], "windowSizes": [32, 64], "secondaryMaxNumBlocks": 18,
+              "secondaryFreeNumBlocks": 7, "secondaryUsedNumBlocks": 11, "secondaryEvictableNumBlocks": 4,
+              "secondaryPeakFreeNumBlocks": 14, "secondaryPeakUsedNumBlocks": 13,
+              "secondaryPeakEvictableNumBlocks": 6},
+    },
+    "kvCacheIterationStatsByLifecycle": {
+        "0": {"lifeCycleId": 0, "poolGroupId": 0, "windowSize": 32, "kind": "attention", "iterReusedBlocks": 3,
+              "iterFullReusedBlocks": 0, "iterPartialReusedBlocks": 0, "iterMissedBlocks": 1,
+              "iterCacheHitRate": 0.75, "iterFullReusedBlocksByLevel": [2, 0, 0],
+              "iterPartialReusedBlocksByLevel": [0, 1, 0]},
+        "1": {"lifeCycleId": 1, "poolGroupId": 0, "windowSize": 64, "kind": "attention", "iterReusedBlocks": 2,
+              "iterFullReusedBlocks": 0, "iterPartialReusedBlocks": 0, "iterMissedBlocks": 2,
+              "iterCacheHitRate": 0.5},
+        "2": {"lifeCycleId": 2, "poolGroupId": 1, "windowSize": None, "kind": "ssm", "snapshotStats": {
+            "iterSnapshotLookups": 5, "iterSnapshotHits": 3, "iterSnapshotMisses": 2, "iterSnapshotHitRate": 0.6,
+            "iterReusedTokens": 24, "iterUnreusedTokens": 16, "iterAlignedSnapshotHits": 2,
+            "iterUnalignedSnapshotHits": 1}},
+    },
+}
+
+
+def test_v2_views_fold_into_three_tiers() -> None:
+    m = TierModel()
+    m.apply(make("meta", {"engine": "trtllm", "tokens_per_block": 32, "bytes_per_block": 4096, "disk_blocks": 11},
+                 time=1.0))
+    m.apply(make("stats", copy.deepcopy(V2_STATS), time=2.0))
+    assert m.bad_records == 0, m.last_bad_reason
+    assert m.stats_schema == "1.3+ V2"
+    # GPU from the pool groups (the windows read 0 for a shared pool): 20 + 10 blocks, 8 + 6 free
+    assert (m.gpu.capacity_blocks, m.gpu.free_blocks, m.gpu.in_use_blocks) == (30, 14, 16)
+    assert [t.name for t in m.tiers] == ["gpu", "host", "disk"]
+    # host + disk are one sum in the stats: the disk's configured 11 blocks leave 7 for the host; shares unknown
+    assert (m.host.capacity_blocks, m.host.free_blocks, m.host.in_use_blocks) == (7, None, None)
+    assert (m.disk is not None and m.disk.capacity_blocks) == 11
+    cold = m.cold
+    assert cold is not None and (cold.capacity_blocks, cold.in_use_blocks, cold.free_blocks) == (18, 11, 7)
+    # reuse from the attention lifecycles: 3 + 2 of 8 lookups; the onboard from pool group 1
+    assert (m.hit_rate.hits, m.hit_rate.lookups) == (5, 8)
+    assert m.moves.onboarded_blocks == 1 and m.moves.source == "stats"
+    assert m.hits_by_tier == {"gpu": 2, "host": 1, "disk": 0}
+    s = m.summary()
+    assert s["stats_schema"] == "1.3+ V2" and s["cold"]["capacity_blocks"] == 18
+    assert s["tiers"]["disk"]["capacity_bytes"] == 11 * 4096 and s["quality"]["stats_schema"] == "1.3+ V2"
+
+
+def test_v2_disk_named_by_the_stats_alone() -> None:
+    m = TierModel()
+    m.apply(make("meta", {"engine": "trtllm", "secondary_blocks": 7}, time=1.0))
+    m.apply(make("stats", copy.deepcopy(V2_STATS), time=2.0))
+    disk = m.disk
+    assert disk is not None and disk.capacity_blocks == 18 - 7  # the cold total less the host's pool
+    assert [t.name for t in m.tiers] == ["gpu", "host", "disk"]
+
+
+def test_v2_malformed_views_are_one_bad_record() -> None:
+    m = TierModel()
+    bad = copy.deepcopy(V2_STATS)
+    bad["kvCacheIterationStatsByLifecycle"]["0"]["iterFullReusedBlocksByLevel"] = [2, -1, 0]
+    m.apply(make("stats", bad, time=1.0))
+    assert m.bad_records == 1
+    assert "iterFullReusedBlocksByLevel[1]" in (m.last_bad_reason or "")
+    assert m.gpu.capacity_blocks is None  # nothing of the bad record was folded
+    m.apply(make("stats", {"iter": 8, "kvCacheLevelTiers": "gpu,host"}, time=2.0))
+    assert m.bad_records == 1  # kvCacheLevelTiers is only read with the V2 views
+
+
+def test_schema_is_told_from_the_data() -> None:
+    m = TierModel()
+    assert m.stats_schema is None
+    m.apply(make("stats", {"iter": 1, "kvCacheStats": {"maxNumBlocks": 10, "freeNumBlocks": 10}}, time=1.0))
+    assert m.stats_schema == "1.0-1.2"
+    m.apply(make("stats", {"iter": 2, "kvCacheStats": {"maxNumBlocks": 10, "freeNumBlocks": 10},
+                           "kvCacheIterationStats": {"64": {"primaryMaxNumBlocks": 8, "primaryFreeNumBlocks": 8,
+                                                            "secondaryMaxNumBlocks": 2,
+                                                            "secondaryFreeNumBlocks": 2}}}, time=2.0))
+    assert m.stats_schema == "1.3" and m.host.capacity_blocks == 2
+
+
+# ---------------------------------------------------------------------------------------------- the simulator
+
+async def _drive(llm: Any, users: int = 24) -> None:
+    from kvtop.engines.sim import SamplingParams
+
+    system = list(range(1000, 2600))
+    for rnd in range(3):  # the same users again: their earlier prompts come back from the host tier
+        outs = [llm.generate_async(system + [30_000 + 700 * u + t for t in range(600)], SamplingParams(max_tokens=4))
+                for u in range(users)]
+        await asyncio.gather(*(o.aresult() for o in outs))
+        del rnd
+
+
+def _run(version: str) -> tuple[TierModel, Any]:
+    from kvtop.engines.sim import KvCacheConfig, SimLLM
+
+    llm = SimLLM("Qwen/Qwen3-8B", kv_cache_config=KvCacheConfig(host_cache_size=3 * 2**30, max_tokens=8192,
+                                                                 event_buffer_max_size=0),
+                 enable_iter_perf_stats=True, speed=0, trtllm_version=version)
+    try:
+        asyncio.run(_drive(llm))
+        m = TierModel()
+        m.apply(make("meta", {k: v for k, v in llm.describe().items()
+                              if k not in ("primary_blocks", "secondary_blocks")}, time=0.0))
+        for i, st in enumerate(llm.get_stats(timeout=0)):
+            m.apply(make("stats", st, time=1.0 + i))
+        return m, llm
+    finally:
+        llm.shutdown()
+
+
+def test_13_stats_alone_give_exact_host_counts() -> None:
+    m, llm = _run("1.3")
+    bm = llm.block_manager
+    assert m.bad_records == 0, m.last_bad_reason
+    assert m.stats_schema == "1.3"
+    assert bm.offloaded_blocks > 100 and bm.onboarded_blocks > 10  # the run moved blocks both ways
+    host = m.host
+    # No events, no pool sizes in meta: all from the stats, equal to the simulator's truth.
+    assert host.capacity_blocks == bm.secondary_blocks
+    assert host.free_blocks == bm.num_free_blocks(1)
+    assert host.in_use_blocks == bm.secondary_blocks - bm.num_free_blocks(1)
+    assert m.gpu.capacity_blocks == bm.primary_blocks and m.gpu.free_blocks == bm.num_free_blocks(0)
+    assert (m.moves.offloaded_blocks, m.moves.onboarded_blocks) == (bm.offloaded_blocks, bm.onboarded_blocks)
+    assert m.moves.source == "stats"
+    assert m.quality.host_without_events is False
+    assert m.summary()["engine_version"] == "TensorRT-LLM 1.3 (simulated by kvtop)"
+
+
+def test_12_stats_alone_leave_the_host_unknown() -> None:
+    m, llm = _run("1.2")
+    assert m.stats_schema == "1.0-1.2"
+    assert m.host.free_blocks is None and m.host.in_use_blocks is None
+    assert m.moves.offloaded_blocks == 0 and m.moves.source == "events"  # no events: moves unseen
+    # the pool's size is known (meta's host_cache_bytes / bytes_per_block), its occupancy is not: said so
+    assert m.host.capacity_blocks == llm.block_manager.secondary_blocks
+    assert m.quality.host_without_events is True
+
+
+def test_sim_refuses_an_unknown_version() -> None:
+    from kvtop.engines.sim import SimLLM
+
+    with pytest.raises(ValueError, match="trtllm_version"):
+        SimLLM("Qwen/Qwen3-8B", trtllm_version="1.4", speed=0)
