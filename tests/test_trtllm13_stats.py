@@ -204,3 +204,74 @@ def test_sim_refuses_an_unknown_version() -> None:
 
     with pytest.raises(ValueError, match="trtllm_version"):
         SimLLM("Qwen/Qwen3-8B", trtllm_version="1.4", speed=0)
+
+
+# ---------------------------------------------------------------------------------------------- three tiers
+
+def _three_tier_recording(path: Any) -> None:
+    """A run of a V2-manager engine with a disk cache: meta (as the meta builder writes it for
+    ``KvCacheConfig(host_cache_size=..., disk_cache_size=...)``) and five iterations of V2 stats."""
+    from kvtop.engines.meta import real_engine_meta
+    from kvtop.records import SourceId, encode
+
+    src = SourceId(host="node-a", rank=0, run="disk")
+    bpb = 147456 * 32
+    meta = real_engine_meta(model="Qwen/Qwen3-8B", tokens_per_block=32, host_cache_bytes=7 * bpb,
+                            disk_cache_bytes=11 * bpb, engine_version="1.3.0rc5")
+    lines = [encode(make("meta", meta, src, 1000.0))]
+    for i in range(5):
+        st = copy.deepcopy(V2_STATS)
+        st["iter"] = 7 + i
+        st["kvCacheIterationStatsByColdPoolGroup"]["0"]["secondaryFreeNumBlocks"] = 7 - i
+        st["kvCacheIterationStatsByColdPoolGroup"]["0"]["secondaryUsedNumBlocks"] = 11 + i
+        lines.append(encode(make("stats", st, src, 1001.0 + i)))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_three_tier_run_in_json_report_and_dashboard(tmp_path: Any) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from kvtop.report.report import build_report
+
+    rec = tmp_path / "disk.jsonl"
+    _three_tier_recording(rec)
+    bpb = 147456 * 32
+    # JSON: kvtop replay --headless --json
+    out = subprocess.run([sys.executable, "-m", "kvtop", "replay", str(rec), "--speed", "0", "--headless", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert list(summary["tiers"]) == ["gpu", "host", "disk"]
+    assert summary["tiers"]["disk"]["capacity_bytes"] == 11 * bpb
+    assert summary["tiers"]["host"]["capacity_blocks"] == 7
+    assert summary["cold"]["in_use_blocks"] == 15 and summary["stats_schema"] == "1.3+ V2"
+    # report: a disk column and the tiers of the run
+    result = build_report([rec], tmp_path / "report")
+    run = result["runs"][0]
+    assert run["disk_blocks"] == 11 and list(run["tiers"]) == ["gpu", "host", "disk"]
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert "<th>disk blocks</th>" in page and "and disk (TensorRT-LLM's disk cache)" in page
+
+
+async def test_a_three_tier_run_on_the_dashboard(tmp_path: Any) -> None:
+    from kvtop.ui.app import build_app
+    from kvtop.ui.testing import session_from_recording
+    from kvtop.ui.widgets import HeaderBar, TierPanel
+
+    class Settings:
+        refresh = 0.25
+        theme = "dark"
+        duration = None
+
+    rec = tmp_path / "disk.jsonl"
+    _three_tier_recording(rec)
+    session = session_from_recording(rec, started_at=1000.0)
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        panels = list(app.screen.query(TierPanel))
+        assert [p.id for p in panels] == ["tier-gpu", "tier-host", "tier-disk"]
+        header = app.screen.query_one(HeaderBar).text()
+        assert "stats 1.3+ V2" in header

@@ -152,6 +152,11 @@ def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
         "host_cache_bytes": run.meta.get("host_cache_bytes"),
         "gpu_blocks": s["tiers"]["gpu"]["capacity_blocks"],
         "host_blocks": s["tiers"]["host"]["capacity_blocks"],
+        "disk_blocks": (s["tiers"].get("disk") or {}).get("capacity_blocks"),
+        # every tier the run had (GPU, host, disk where there was one), in order, with its size
+        "tiers": {name: {"capacity_blocks": t["capacity_blocks"], "capacity_bytes": t["capacity_bytes"]}
+                  for name, t in s["tiers"].items()},
+        "stats_schema": s.get("stats_schema"),
         "duration_s": run.duration_s,
         "requests_completed": completed,
         "requests_failed": failed,
@@ -506,17 +511,25 @@ def _page(runs: Sequence[RunData], images: dict[str, Path]) -> str:
              "in these colours in every chart. Hit rates are block-based (TensorRT-LLM's reusedBlocks / "
              "(reused + missed)); the what-if columns estimate the hit rate with a 2x / 4x larger host cache "
              "from the run's own evictions.</p>", "<h2>Summary</h2><table><tr>"]
-    parts += [f"<th>{html.escape(h)}</th>" for h, _, _ in _TABLE]
+    # A disk tier (TensorRT-LLM's disk cache) gets its column only where a run had one.
+    table = list(_TABLE)
+    if any(r.summary.get("disk_blocks") is not None for r in runs):
+        table.insert(4, ("disk blocks", "disk_blocks", "int"))
+        parts[-2] = parts[-2].replace("</span> and <span class='host'>host (pinned DRAM)</span>, ",
+                                      "</span>, <span class='host'>host (pinned DRAM)</span> and disk "
+                                      "(TensorRT-LLM's disk cache), ")
+    parts += [f"<th>{html.escape(h)}</th>" for h, _, _ in table]
     parts.append("</tr>")
     for run in runs:
         s = dict(run.summary)
         s["wi2"] = s["what_if"].get("host_x2_hit_rate")
         s["wi4"] = s["what_if"].get("host_x4_hit_rate")
-        parts.append("<tr>" + "".join(f"<td>{_fmt(s.get(k), kind)}</td>" for _, k, kind in _TABLE) + "</tr>")
+        parts.append("<tr>" + "".join(f"<td>{_fmt(s.get(k), kind)}</td>" for _, k, kind in table) + "</tr>")
     parts.append("</table>")
     for run in runs:
         meta = ", ".join(f"{k}={v}" for k, v in run.meta.items() if k in (
-            "engine_version", "model", "gpu", "tokens_per_block", "primary_blocks", "secondary_blocks"))
+            "engine_version", "model", "gpu", "tokens_per_block", "primary_blocks", "secondary_blocks",
+            "disk_blocks"))
         parts.append(f"<p><b>{html.escape(run.name)}</b> ({html.escape(str(run.path))}, {run.records:,} records"
                      f"{'; ' + html.escape(meta) if meta else ''})</p>")
         if run.bad_lines:
