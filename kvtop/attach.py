@@ -1,6 +1,7 @@
 """``kvtop attach URL`` and ``kvtop replay FILE``: the same dashboard (or headless summary) on records that come
-from elsewhere: an MQTT broker (``mqtt://``, ``mqtts://``), a running ``trtllm-serve`` (``http://host:port``), or
-a recording (``FILE.jsonl``)."""
+from elsewhere: an MQTT broker (``mqtt://``, ``mqtts://``), a running ``trtllm-serve`` (``http://host:port``), the
+KV event stream of vLLM, SGLang or Dynamo (``zmq://``, ``vllm://``, ``sglang://``: kvtop/sources/kv_events_zmq.py),
+or a recording (``FILE.jsonl``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ class _Parser(argparse.ArgumentParser):
 def _parser(command: str) -> argparse.ArgumentParser:
     p = _Parser(prog=f"kvtop {command}")
     if command == "attach":
-        p.add_argument("url", help="mqtt://[user@]host[:port]/prefix, mqtts://..., http://host:port, or FILE.jsonl")
+        p.add_argument("url", help="mqtt://[user@]host[:port]/prefix, mqtts://..., http://host:port (trtllm-serve), "
+                                   "zmq://host:5557[?replay=tcp://host:5558] (vLLM/SGLang KV events), "
+                                   "vllm://host:8000, sglang://host:30000, or FILE.jsonl")
         p.add_argument("--run", default=None, help="MQTT: only this run")
         p.add_argument("--mqtt-password-file", default=None,
                        help="MQTT password file (or KVTOP_MQTT_PASSWORD); never on the command line")
@@ -61,6 +64,14 @@ def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: 
     session = Session(source=SourceId(host=target, rank=0, run=run or ""), warmup_requests=warmup_requests,
                       meta={"attached_to": target})
     lowered = target.lower()
+    if command == "attach" and lowered.startswith(("zmq://", "vllm://", "sglang://")):
+        from kvtop.sources.kv_events_zmq import ZmqUrlError, attach_stream
+
+        try:
+            attach_stream(session, target, run=run, interval_s=max(interval_s, 0.5))
+        except ZmqUrlError as exc:
+            raise SettingsError("URL", str(exc)) from None
+        return session
     if command == "replay" or (not lowered.startswith(("mqtt://", "mqtts://", "http://", "https://"))):
         path = Path(target)
         if not path.exists():

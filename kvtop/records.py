@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
-KINDS = ("meta", "stats", "kv_event", "gpu", "host", "request")
+# kv_batch: one message of the engines' common KV event stream (vLLM, SGLang, Dynamo; kvtop/kv_stream.py);
+# metrics: an engine's Prometheus samples, verbatim; summary: another kvtop's fold of a source (kvtop agent).
+KINDS = ("meta", "stats", "kv_event", "gpu", "host", "request", "kv_batch", "metrics", "summary")
 
 # Required keys of each kind's data, with the type each must have. Only what the fold depends on is
 # required; everything else is carried verbatim.
@@ -41,6 +43,9 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "gpu": {"index": (int,)},
     "host": {},
     "request": {"request_id": (int, str), "ok": (bool,)},
+    "kv_batch": {"seq": (int,), "events": (list,)},
+    "metrics": {"engine": (str,), "samples": (list,)},
+    "summary": {"tiers": (dict,)},
 }
 _EVENT_TYPES = ("created", "stored", "removed", "updated")
 

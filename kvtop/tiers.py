@@ -105,6 +105,7 @@ _UNKNOWN_PRIORITY = _MAX_PRIORITY + 1   # bucket for blocks whose priority no ev
 _PRUNE_FACTOR = 2
 _PRUNE_SLACK = 1024
 _PRUNE_UNKNOWN_CAP = 1 << 18
+STREAM_KINDS = ("kv_batch", "metrics", "summary")  # folded by kvtop/kv_stream.py
 _MAX_GPUS = 64  # gpu records keep one entry per device index; more than this is a malformed stream
 _NO_WINDOW = object()  # a window_size no event has
 _NO_ID = object()      # an event id no event has (no number equals it, so the first event takes the slow path)
@@ -629,6 +630,10 @@ class TierModel:
         self.gpu_error: str | None = None
         self._host_mem: HostMemory | None = None
 
+        # the engines' common KV event stream (vLLM, SGLang, Dynamo), their metrics, agent summaries:
+        # kvtop/kv_stream.py, created on the first such record
+        self._stream: Any = None
+
         # bad input
         self.bad_records = 0
         self.last_bad_reason: str | None = None
@@ -654,6 +659,8 @@ class TierModel:
             self.apply_kv_event(data, t)
         elif kind == "stats":
             self.apply_stats(data, t)
+        elif kind in STREAM_KINDS:
+            self._apply_stream(kind, data, t)
         elif kind in ("meta", "gpu", "host", "request"):
             if not self._tick(t):
                 return
@@ -677,7 +684,26 @@ class TierModel:
                 return
             self.records_applied += 1
         else:
-            self._bad("kind", f"must be one of meta, stats, kv_event, gpu, host, request, got {_describe(kind)}")
+            self._bad("kind", f"must be one of meta, stats, kv_event, gpu, host, request, "
+                              f"{', '.join(STREAM_KINDS)}, got {_describe(kind)}")
+
+    def _apply_stream(self, kind: str, data: Any, t: Any) -> None:
+        """A ``kv_batch``, ``metrics`` or ``summary`` record: folded by kvtop/kv_stream.py into this model."""
+        if not self._tick(t):
+            return
+        if not isinstance(data, dict):
+            self._bad("data", f"must be an object, got {_describe(data)}")
+            return
+        if self._stream is None:
+            from kvtop.kv_stream import StreamFold
+
+            self._stream = StreamFold(self)
+        try:
+            self._stream.apply(kind, data)
+        except Exception as exc:  # never into the consumer; name what broke
+            self._bad("data", f"{type(exc).__name__}: {exc}")
+            return
+        self.records_applied += 1
 
     def apply_records(self, records: Iterable[Record]) -> None:
         for r in records:
@@ -805,7 +831,8 @@ class TierModel:
 
     @property
     def _events_seen(self) -> bool:
-        return self._eid_next is not _NO_ID or bool(self._next_eid)
+        return self._eid_next is not _NO_ID or bool(self._next_eid) or (
+            self._stream is not None and self._stream.events_seen)
 
     def _pool_for(self, window: Any, rank: Any) -> _Pool:
         key = window if rank is None else (rank, window)
@@ -1550,7 +1577,8 @@ class TierModel:
 
     @property
     def counts_approximate(self) -> bool:
-        return bool(self._approx_ranks) or self._unknown_hashes > 0 or self._pruned > 0
+        return bool(self._approx_ranks) or self._unknown_hashes > 0 or self._pruned > 0 or (
+            self._stream is not None and self._stream.approximate)
 
     @property
     def cached_approximate(self) -> bool:
@@ -1558,6 +1586,8 @@ class TierModel:
 
     @property
     def gpu(self) -> TierState:
+        if self._stream is not None:
+            return self._stream.tier_state("gpu")  # type: ignore[no-any-return]
         cap, _ = self._capacity(GPU)
         it = self._it
         free = it["primaryFreeNumBlocks"] if it is not None and "primaryFreeNumBlocks" in it else self._free_num_blocks
@@ -1572,6 +1602,8 @@ class TierModel:
 
     @property
     def host(self) -> TierState:
+        if self._stream is not None:
+            return self._stream.tier_state("host")  # type: ignore[no-any-return]
         cap, _ = self._capacity(HOST)
         it = self._it
         tpb, bpb = self.tokens_per_block, self.bytes_per_block
@@ -1602,6 +1634,8 @@ class TierModel:
         ``None`` when the engine has none. Known from ``meta`` (the configured size) or from the stats'
         ``kvCacheLevelTiers`` naming a "disk" level. Its occupancy is unknown: the V2 stats sum it with the host's
         (see ``cold``); its capacity is the configured size, or the cold pools' total less the host's."""
+        if self._stream is not None and "disk" in self._stream.tiers_present():
+            return self._stream.tier_state("disk")  # type: ignore[no-any-return]  # vLLM STORAGE, SGLang DISK
         cap = self._meta_blocks("disk_blocks", "disk_cache_bytes")
         named = self._level_tiers is not None and "disk" in self._level_tiers
         if not (isinstance(cap, int) and cap > 0) and not named:
@@ -1636,6 +1670,8 @@ class TierModel:
     def hits_by_tier(self) -> dict[str, int]:
         """Reused blocks per serving tier, warm-up excluded, where the stats say it (V2 lifecycles'
         ``iter{Full,Partial}ReusedBlocksByLevel``, levels named by ``kvCacheLevelTiers``); else empty."""
+        if self._stream is not None and self._stream.hit_tokens:
+            return self._stream.hits_by_tier()  # type: ignore[no-any-return]  # from the engine's /metrics
         names = self._level_tiers or ["gpu", "host", "disk"]
         out: dict[str, int] = {}
         for level, n in sorted(self._level_hits.items()):
@@ -1848,6 +1884,7 @@ class TierModel:
                     "total_bytes": self._host_mem.total_bytes, "pinned_pool_bytes": self._host_mem.pinned_pool_bytes},
             },
             "quality": self.quality.to_json(),
+            "stream": None if self._stream is None else self._stream.to_json(),
             "bad_records": self.bad_records,
             "last_bad_reason": self.last_bad_reason,
         }

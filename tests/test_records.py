@@ -51,6 +51,15 @@ DATA: dict[str, dict[str, Any]] = {
     "host": {"available_bytes": 1 << 40, "rss_bytes": 123456789},
     "request": {"request_id": "r-1", "ok": True, "ttft_s": 0.125, "e2e_s": 1.5, "prompt_tokens": 8192,
                 "reused_blocks": 250, "block_hash": 2**63},
+    # the engines' common KV event stream (kvtop/kv_stream.py): one message, hashes u64 as vLLM sends them
+    "kv_batch": {"seq": 7, "ts": 1764430000.5, "rank": 0, "topic": "kv-events",
+                 "events": [{"type": "BlockStored", "block_hashes": [15760518052499183552, MAX_U64],
+                             "parent_block_hash": None, "block_size": 16, "medium": "GPU", "num_tokens": 32}]},
+    "metrics": {"engine": "vllm", "url": "http://h:8000/metrics",
+                "samples": [["vllm:cache_config_info", {"num_gpu_blocks": "2048", "block_size": "16"}, 1.0],
+                            ["vllm:prefix_cache_queries_total", {"engine": "0"}, float(MAX_U64)]]},
+    "summary": {"seq": 3, "tiers": {"gpu": {"capacity_blocks": 2048, "cached_blocks": 100}},
+                "totals": {"hits": 5, "lookups": MAX_U64}},
 }
 
 
@@ -172,10 +181,10 @@ def test_non_finite_time_is_rejected(literal: str) -> None:
 
 def test_unknown_kind_lists_the_known_ones() -> None:
     obj = envelope("host")
-    obj["kind"] = "metrics"
+    obj["kind"] = "telemetry"  # ("metrics" was the example until it became a kind: engine /metrics samples)
     err = error_of(obj)
     assert err.field == "kind"
-    assert "'metrics'" in err.problem
+    assert "'telemetry'" in err.problem
     for k in KINDS:
         assert k in err.problem
 

@@ -1,0 +1,739 @@
+"""The engines' common KV event stream (vLLM, SGLang, TensorRT-LLM's streaming path, Dynamo's mocker): the wire
+decoder, and the fold of its records into a :class:`kvtop.tiers.TierModel`.
+
+Wire format (read from vLLM 0.33's ``vllm/distributed/kv_events.py``, SGLang 0.5.23's
+``sglang/srt/disaggregation/kv_events.py`` and Dynamo's ``docs/integrations/kv-events-custom-engines.md``;
+shared/engines-kv-events.md has the details; this decoder is kvtop's own):
+
+- a ZMQ multipart message ``[topic, seq, payload]``: ``seq`` is 8 bytes big-endian, per publisher process (it
+  restarts at 0 with the engine); a replay answer may lack the topic frame (vLLM before PR #45177);
+- ``payload`` is msgpack ``[ts, [event, ...], dp_rank]`` (``dp_rank`` may be missing or nil);
+- an event is a map with ``type`` ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` (vLLM since PR #42892,
+  SGLang, the mocker), or, from older vLLM, a positional array ``["BlockStored", block_hashes, parent_block_hash,
+  token_ids, block_size, lora_id, medium, lora_name, ...]`` / ``["BlockRemoved", block_hashes, medium]`` /
+  ``["AllBlocksCleared"]``;
+- block hashes are unsigned 64-bit ints (vLLM's default), signed ones (wrapped), or raw digests as bytes (vLLM with
+  ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``), which become the u64 that vLLM's own conversion gives
+  (``int.from_bytes(digest, "big") & (2**64 - 1)``, the digest's last 8 bytes), so both encodings agree;
+- ``medium`` names the tier: ``GPU``/``CPU``/``STORAGE`` (vLLM, sometimes lowercase: LMCache legacy, Mooncake),
+  ``GPU``/``CPU_PINNED``/``DISK``/``EXTERNAL`` (SGLang); missing or nil is the GPU (the mocker never sends it).
+
+Records (what crosses a process boundary, design.md): one ``kv_batch`` record per message, ``data`` =
+``{"seq", "ts", "rank", "topic", "events": [...], "replayed"}``. Each event keeps the engine's own field names and
+``medium`` verbatim (a recording stays a bug report), with two changes: positional events become maps (same
+names), and ``token_ids`` is replaced by ``num_tokens`` (the tokens are the user's prompts, ~90% of a batch's
+bytes; kvtop's MQTT publisher leaves them out of TensorRT-LLM events for the same reason). Non-scalar fields kvtop
+does not read (``extra_keys``: multimodal hashes and cache salts) are dropped too.
+
+A new record kind rather than TensorRT-LLM's ``kv_event`` shape, because the two models of a tier differ: in
+TensorRT-LLM a block lives in one tier at a time (``updated`` moves it), while vLLM's and SGLang's offload tiers
+keep *copies*: a ``CPU`` BlockStored does not take the block off the GPU, which announces its own BlockRemoved
+later. Translating one into the other would count every offload's GPU removal as a host eviction.
+
+The fold (:class:`StreamFold`, one per TierModel, i.e. per source and rank) keeps, per tier, the set of live
+block hashes with a reference count (a hash may be announced twice: vLLM's offloading docs ask consumers to
+refcount, as Dynamo's router does), and counts moves into the TierModel's own counters, so rates, history, the
+fleet table and every sink work unchanged:
+
+- a host (``CPU``) store is an offload; a disk store is counted in the stream's own counters;
+- a GPU store of a hash that a lower tier holds is an onboard (the block was loaded, not recomputed);
+- a removal of a live hash is an eviction from its tier; of a hash the fold never saw, an unknown removal.
+
+What it cannot know: an engine announces nothing for blocks it held before kvtop attached, and vLLM 0.33 has no
+state snapshot (vllm#40363, PRs #50134/#57789 open). So unless the first batch seen has ``seq`` 0 (kvtop saw the
+publisher from its start, or replayed from 0), every count is *since attach* (``since_attach``), and removals of
+older blocks are unknown. A sequence gap that replay could not fill, or a publisher restart (``seq`` going back),
+is counted; a restart clears the fold (a new engine process has an empty cache) and, with ``seq`` 0, makes it
+exact again.
+
+Capacities and hits are not in the stream: ``metrics`` records (``kvtop.sources.engine_metrics``: the engine's
+Prometheus samples, verbatim) supply them where the engine exports them: ``vllm:cache_config_info``,
+``vllm:kv_offload_config_info``, ``vllm:prompt_tokens_cached_by_source_total``, SGLang's ``sglang:*``, Dynamo's
+frontend and KVBM. Hits arrive in tokens and are folded as blocks (tokens // tokens per block).
+
+``summary`` records (``kvtop agent``) carry another kvtop's fold of a source, folded here as gauges and totals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvtop.tiers import TierModel, TierState
+
+__all__ = [
+    "MEDIUM_TIERS",
+    "Batch",
+    "StreamFold",
+    "WireError",
+    "decode_frames",
+    "decode_payload",
+    "normalize_event",
+    "tier_of",
+]
+
+_U64 = 1 << 64
+_MASK = _U64 - 1
+EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+# Positional field order of older vLLM's array-encoded events (vLLM before PR #42892; PR #42892's description shows
+# ``["BlockStored", hashes, parent, tokens, 64, null, "GPU", null, [["mm_hash1", 50]]]``).
+_POSITIONAL = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
+                    "lora_name", "extra_keys", "group_idx"),
+    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
+    "AllBlocksCleared": (),
+}
+# Token lists: the user's prompt; replaced by their count.
+_TOKEN_FIELDS = ("token_ids", "lookahead_token_ids")
+_MAX_EVENTS = 100_000  # one engine step's batch; a message claiming more is not a KV event batch
+_MAX_HASHES = 1_000_000
+
+# medium (case-folded) -> kvtop tier. shared/engines-kv-events.md section 5.
+MEDIUM_TIERS: dict[str, str] = {
+    "gpu": "gpu",
+    "cpu": "host", "cpu_pinned": "host",
+    "storage": "disk", "disk": "disk",
+    "external": "external",
+}
+TIERS = ("gpu", "host", "disk", "external")
+
+
+class WireError(ValueError):
+    """A message that is not a KV event batch; ``field`` says where, ``problem`` what."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One decoded message: ``events`` normalized (see the module doc), ``bad_events`` skipped ones."""
+
+    topic: str
+    seq: int
+    ts: float | None
+    rank: int | None
+    events: list[dict[str, Any]]
+    bad_events: int = 0
+    first_bad: str | None = None
+
+    def record_data(self, replayed: bool = False) -> dict[str, Any]:
+        data: dict[str, Any] = {"seq": self.seq, "ts": self.ts, "rank": self.rank, "topic": self.topic,
+                                "events": self.events}
+        if replayed:
+            data["replayed"] = True
+        if self.bad_events:
+            data["bad_events"] = self.bad_events
+        return data
+
+
+def tier_of(medium: Any) -> str | None:
+    """The kvtop tier of an event's ``medium`` (None/missing: the GPU); ``None`` for a medium kvtop does not know."""
+    if medium is None or medium == "":
+        return "gpu"
+    if not isinstance(medium, str):
+        return None
+    return MEDIUM_TIERS.get(medium.strip().lower())
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _hash(value: Any, path: str) -> int:
+    if value.__class__ is int:
+        if -(1 << 63) <= value < _U64:
+            return value & _MASK
+    elif isinstance(value, (bytes, bytearray)) and value:
+        return int.from_bytes(value, "big") & _MASK
+    raise WireError(path, f"must be a 64-bit integer or a digest, got {_describe(value)}")
+
+
+def _scalar(value: Any) -> bool:
+    # What a JSON record can carry verbatim (records are encoded with allow_nan=False: no inf, no NaN)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, (bool, int, str))
+
+
+def normalize_event(raw: Any, path: str = "event") -> dict[str, Any]:
+    """One event (map or positional array) as kvtop keeps it; :class:`WireError` naming what is wrong."""
+    if isinstance(raw, (list, tuple)):
+        if not raw or not isinstance(raw[0], str):
+            raise WireError(f"{path}[0]", f"must be the event type, got {_describe(raw[:1])}")
+        etype: Any = raw[0]
+        names = _POSITIONAL.get(etype)
+        if names is None:
+            raise WireError(f"{path}[0]", f"must be one of {', '.join(EVENT_TYPES)}, got {_describe(etype)}")
+        fields: dict[Any, Any] = dict(zip(names, raw[1:]))
+    elif isinstance(raw, Mapping):
+        etype = raw.get("type")
+        if etype not in _POSITIONAL:
+            raise WireError(f"{path}.type", f"must be one of {', '.join(EVENT_TYPES)}, got {_describe(etype)}")
+        fields = dict(raw)
+        fields.pop("type", None)
+    else:
+        raise WireError(path, f"must be a map or an array, got {type(raw).__name__}")
+    out: dict[str, Any] = {"type": etype}
+    if etype != "AllBlocksCleared":
+        hashes = fields.get("block_hashes")
+        if not isinstance(hashes, (list, tuple)):
+            raise WireError(f"{path}.block_hashes", f"must be a list, got {_describe(hashes)}")
+        if len(hashes) > _MAX_HASHES:
+            raise WireError(f"{path}.block_hashes", f"has {len(hashes)} hashes (at most {_MAX_HASHES})")
+        out["block_hashes"] = [_hash(h, f"{path}.block_hashes[{i}]") for i, h in enumerate(hashes)]
+        medium = fields.get("medium")
+        if medium is not None and not isinstance(medium, str):
+            raise WireError(f"{path}.medium", f"must be a string, got {_describe(medium)}")
+        out["medium"] = medium
+    if etype == "BlockStored":
+        parent = fields.get("parent_block_hash")
+        out["parent_block_hash"] = None if parent is None else _hash(parent, f"{path}.parent_block_hash")
+        size = fields.get("block_size")
+        if size is not None and (size.__class__ is not int or size <= 0):
+            raise WireError(f"{path}.block_size", f"must be a positive integer, got {_describe(size)}")
+        out["block_size"] = size
+        tokens = fields.get("token_ids")
+        if isinstance(tokens, (list, tuple)):
+            out["num_tokens"] = len(tokens)
+    group = fields.get("group_idx")
+    if group is not None and (group.__class__ is not int or group < 0):
+        raise WireError(f"{path}.group_idx", f"must be a non-negative integer, got {_describe(group)}")
+    for key, value in fields.items():
+        if key in out or key in _TOKEN_FIELDS or not isinstance(key, str):
+            continue
+        if _scalar(value):
+            out[key] = value
+    return out
+
+
+def decode_payload(payload: bytes, *, topic: str = "", seq: int = 0) -> Batch:
+    """The msgpack body ``[ts, [events], dp_rank]``; a bad event is skipped and counted, a bad body raises."""
+    import msgpack
+
+    try:
+        body = msgpack.unpackb(payload, raw=False, strict_map_key=False, unicode_errors="replace")
+    except Exception as exc:  # ExtraData, FormatError, StackError, ValueError...: all "not msgpack"
+        raise WireError("payload", f"not msgpack ({type(exc).__name__}: {str(exc)[:60]})") from None
+    if isinstance(body, Mapping):  # tolerated: a map envelope {"ts", "events", "data_parallel_rank"}
+        ts, events = body.get("ts"), body.get("events")
+        rank = body.get("data_parallel_rank", body.get("attn_dp_rank", body.get("dp_rank")))
+    elif isinstance(body, (list, tuple)) and len(body) >= 2:
+        ts, events = body[0], body[1]
+        rank = body[2] if len(body) > 2 else None
+    else:
+        raise WireError("payload", f"must be [ts, [events], dp_rank], got {_describe(body)}")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts)):
+        raise WireError("payload.ts", f"must be a number, got {_describe(ts)}")
+    if not isinstance(events, (list, tuple)):
+        raise WireError("payload.events", f"must be a list, got {_describe(events)}")
+    if len(events) > _MAX_EVENTS:
+        raise WireError("payload.events", f"has {len(events)} events (at most {_MAX_EVENTS})")
+    if rank is not None and (rank.__class__ is not int or rank < 0):
+        raise WireError("payload.dp_rank", f"must be a non-negative integer, got {_describe(rank)}")
+    out: list[dict[str, Any]] = []
+    bad = 0
+    first_bad: str | None = None
+    for i, raw in enumerate(events):
+        try:
+            out.append(normalize_event(raw, f"events[{i}]"))
+        except WireError as exc:
+            bad += 1
+            first_bad = first_bad or str(exc)
+    return Batch(topic, seq, None if ts is None else float(ts), rank, out, bad, first_bad)
+
+
+def _clean_topic(raw: bytes) -> str:
+    # Strings from outside reach a terminal: control characters out, length bounded.
+    text = raw[:200].decode("utf-8", "replace")
+    return "".join(ch if ch.isprintable() else "?" for ch in text)
+
+
+def decode_frames(frames: Sequence[bytes]) -> Batch:
+    """A live message ``[topic, seq, payload]`` (or a replayed ``[seq, payload]``)."""
+    if len(frames) == 3:
+        topic, seq_b, payload = frames
+    elif len(frames) == 2:
+        topic, (seq_b, payload) = b"", frames
+    else:
+        raise WireError("message", f"must have 3 frames [topic, seq, payload], got {len(frames)}")
+    if len(seq_b) != 8:
+        raise WireError("seq", f"must be 8 bytes (big-endian), got {len(seq_b)}")
+    return decode_payload(bytes(payload), topic=_clean_topic(bytes(topic)), seq=int.from_bytes(seq_b, "big"))
+
+
+# ============================================================================================== the fold
+
+def _count(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value >= 0:
+        return int(value)
+    return None
+
+
+class _Counter:
+    """A cumulative engine counter turned into kvtop's deltas (a counter going back = the engine restarted)."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+
+    def delta(self, value: float | None) -> float:
+        if value is None:
+            return 0.0
+        last = self.last
+        self.last = value
+        if last is None:
+            return 0.0  # the first scrape is the baseline: counts are since attach
+        return value - last if value >= last else value
+
+
+class StreamFold:
+    """The common stream's state for one source (see the module doc). Lives inside a TierModel."""
+
+    def __init__(self, model: TierModel):
+        self.model = model
+        # tier -> {(group, hash): refcount}
+        self.live: dict[str, dict[tuple[int, int], int]] = {t: {} for t in TIERS}
+        self.tier_tpb: dict[str, int] = {}        # tokens per block per tier (the events' block_size)
+        self.batches = 0
+        self.events = 0
+        self.first_seq: int | None = None
+        self.next_seq: int | None = None
+        self.lost_batches = 0                     # from seq gaps replay did not fill
+        self.replayed_batches = 0
+        self.restarts = 0
+        self.duplicates = 0                       # stores of a hash already live (refcounted)
+        self.unknown_removals = 0                 # removals of hashes stored before kvtop attached
+        self.unknown_media: dict[str, int] = {}
+        self.bad_events = 0
+        self.since_attach = True
+        self.stored = dict.fromkeys(TIERS, 0)     # new hashes per tier
+        self.removed = dict.fromkeys(TIERS, 0)
+        self.onboarded_from = {"host": 0, "disk": 0, "external": 0}
+        self.clears = 0
+        # metrics
+        self.metrics_engine: str | None = None
+        self.metrics_scrapes = 0
+        self.capacity: dict[str, int] = {}        # tier -> blocks, from metrics
+        self.in_use: dict[str, int] = {}          # tier -> blocks held by requests, from metrics
+        self.used_gauge: dict[str, int] = {}      # tier -> resident blocks from an engine gauge (SGLang host)
+        self.capacity_tokens: dict[str, int] = {}
+        self.used_tokens: dict[str, int] = {}
+        self.in_use_fraction: float | None = None
+        self._counters: dict[str, _Counter] = {}
+        self.hit_tokens: dict[str, float] = {}     # serving tier -> hit tokens since attach
+        self.lookup_tokens = 0.0
+        self._hits_written = 0
+        self._lookups_written = 0
+        self._host_hits_written = 0
+        self.metric_moves = {"offloaded": 0.0, "onboarded": 0.0}
+        self.extra: dict[str, float] = {}          # other engine gauges worth showing (KVBM hit rates)
+        # summary (from an agent)
+        self.summary: dict[str, Any] | None = None
+        self.summary_seq: int | None = None
+        self.summaries = 0
+        self.summaries_lost = 0
+        self._sum_last: dict[str, int] = {}
+
+    # ------------------------------------------------------------------------------------------ batches
+
+    def apply(self, kind: str, data: Mapping[str, Any]) -> None:
+        if kind == "kv_batch":
+            self.apply_batch(data)
+        elif kind == "metrics":
+            self.apply_metrics(data)
+        elif kind == "summary":
+            self.apply_summary(data)
+
+    def _seq(self, seq: int, replayed: bool) -> None:
+        if self.first_seq is None:
+            self.first_seq = seq
+            self.since_attach = seq != 0
+        elif self.next_seq is not None:
+            if seq > self.next_seq:
+                self.lost_batches += seq - self.next_seq
+            elif seq < self.next_seq:
+                # seq went back: the publisher restarted (a new engine process has an empty cache)
+                self.restarts += 1
+                self._clear_all()
+                self.since_attach = seq != 0
+        self.next_seq = seq + 1
+        if replayed:
+            self.replayed_batches += 1
+
+    def _clear_all(self) -> None:
+        for live in self.live.values():
+            live.clear()
+
+    def apply_batch(self, data: Mapping[str, Any]) -> None:
+        seq = data.get("seq")
+        events = data.get("events")
+        if seq.__class__ is not int or seq < 0:
+            raise ValueError(f"seq: must be a non-negative integer, got {_describe(seq)}")
+        if not isinstance(events, list):
+            raise ValueError(f"events: must be a list, got {_describe(events)}")
+        self._seq(seq, bool(data.get("replayed")))
+        self.batches += 1
+        bad = data.get("bad_events")
+        if isinstance(bad, int) and bad > 0:
+            self.bad_events += bad
+        m = self.model
+        for ev in events:
+            if not isinstance(ev, Mapping):
+                self.bad_events += 1
+                continue
+            etype = ev.get("type")
+            if etype == "AllBlocksCleared":
+                # vLLM's reset_prefix_cache, SGLang's flush_cache, a worker restart: nothing is cached any more.
+                # Like Dynamo's router, every tier of this source is dropped; the fold is exact from here on.
+                self._clear_all()
+                self.clears += 1
+                self.since_attach = False
+                self.events += 1
+                continue
+            hashes = ev.get("block_hashes")
+            if etype not in ("BlockStored", "BlockRemoved") or not isinstance(hashes, list):
+                self.bad_events += 1
+                continue
+            medium = ev.get("medium")
+            tier = tier_of(medium)
+            if tier is None:
+                name = str(medium)[:40]
+                self.unknown_media[name] = self.unknown_media.get(name, 0) + 1
+                continue
+            group = ev.get("group_idx")
+            g = group if group.__class__ is int else 0
+            live = self.live[tier]
+            self.events += 1
+            if etype == "BlockStored":
+                size = ev.get("block_size")
+                if size.__class__ is int and size > 0:
+                    self.tier_tpb[tier] = size
+                for h in hashes:
+                    if h.__class__ is not int:
+                        self.bad_events += 1
+                        continue
+                    key = (g, h)
+                    n = live.get(key)
+                    if n:
+                        live[key] = n + 1
+                        self.duplicates += 1
+                        continue
+                    live[key] = 1
+                    self.stored[tier] += 1
+                    if tier == "host":
+                        m._ev_offloaded += 1
+                    elif tier == "gpu":
+                        for lower in ("host", "disk", "external"):
+                            if key in self.live[lower]:
+                                m._ev_onboarded += 1
+                                self.onboarded_from[lower] += 1
+                                break
+            else:
+                for h in hashes:
+                    key = (g, h)
+                    n = live.get(key) if h.__class__ is int else None
+                    if not n:
+                        self.unknown_removals += 1
+                        if tier in ("gpu", "host"):
+                            m._ev_evicted_unknown += 1
+                        continue
+                    if n > 1:
+                        live[key] = n - 1
+                        continue
+                    del live[key]
+                    self.removed[tier] += 1
+                    if tier == "gpu":
+                        m._ev_evicted[0] += 1
+                    elif tier == "host":
+                        m._ev_evicted[1] += 1
+
+    # ------------------------------------------------------------------------------------------ metrics
+
+    def _delta(self, name: str, value: float | None) -> float:
+        c = self._counters.get(name)
+        if c is None:
+            c = self._counters[name] = _Counter()
+        return c.delta(value)
+
+    def apply_metrics(self, data: Mapping[str, Any]) -> None:
+        samples = data.get("samples")
+        if not isinstance(samples, list):
+            raise ValueError(f"samples: must be a list, got {_describe(samples)}")
+        engine = data.get("engine")
+        self.metrics_engine = engine if isinstance(engine, str) else None
+        self.metrics_scrapes += 1
+        # name -> [(labels, value)]
+        by: dict[str, list[tuple[Mapping[str, Any], float]]] = {}
+        for s in samples:
+            if not isinstance(s, (list, tuple)) or len(s) != 3:
+                continue
+            name, labels, value = s
+            if not isinstance(name, str) or not isinstance(labels, Mapping):
+                continue
+            if labels.get("tp_rank") not in (None, "0"):
+                continue  # SGLang: every TP rank reports the same logical count; read one
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                continue
+            by.setdefault(name, []).append((labels, float(value)))
+
+        def total(name: str, **match: str) -> float | None:
+            rows = by.get(name)
+            if not rows:
+                return None
+            picked = [v for labels, v in rows if all(str(labels.get(k)) == w for k, w in match.items())]
+            return sum(picked) if picked else None
+
+        def label(name: str, key: str) -> int | None:
+            for labels, _v in by.get(name, ()):
+                raw = labels.get(key)
+                try:
+                    n = int(float(str(raw)))
+                except (TypeError, ValueError):
+                    continue
+                if n >= 0:
+                    return n
+            return None
+
+        m = self.model
+        # --- tokens per block and capacities
+        tpb = label("vllm:cache_config_info", "block_size")
+        if tpb is None:
+            v = total("dynamo_frontend_model_kv_cache_block_size")
+            tpb = int(v) if v else None
+        if tpb:
+            self.tier_tpb.setdefault("gpu", tpb)
+        gpu_blocks = label("vllm:cache_config_info", "num_gpu_blocks")
+        if gpu_blocks is None:
+            v = total("dynamo_frontend_model_total_kv_blocks")
+            gpu_blocks = int(v) if v is not None else None
+        if gpu_blocks is not None:
+            self.capacity["gpu"] = gpu_blocks
+        cpu_chunks = label("vllm:kv_offload_config_info", "cpu_num_chunks")
+        if cpu_chunks is not None:
+            self.capacity["host"] = cpu_chunks
+        elif (tok := label("vllm:kv_offload_config_info", "cpu_kv_cache_size_tokens")) is not None:
+            self.capacity_tokens["host"] = tok
+        for name, tier in (("sglang:max_total_num_tokens", "gpu"), ("sglang:hicache_host_total_tokens", "host")):
+            v = total(name)
+            if v is not None:
+                self.capacity_tokens[tier] = int(v)
+        v = total("sglang:hicache_host_used_tokens")
+        if v is not None:
+            self.used_tokens["host"] = int(v)
+        usage = total("vllm:kv_cache_usage_perc")
+        if usage is None:
+            usage = total("sglang:token_usage")
+        if usage is not None and 0.0 <= usage <= 1.0:
+            self.in_use_fraction = usage
+        # --- hits (tokens), by the tier that served them
+        lookups = total("vllm:prefix_cache_queries_total")
+        if lookups is None:
+            lookups = total("sglang:prompt_tokens_total")
+        if lookups is None:
+            lookups = total("dynamo_frontend_input_sequence_tokens_sum")
+        hit_parts: dict[str, float | None] = {}
+        if "vllm:prompt_tokens_cached_by_source_total" in by:
+            for src in ("device", "host", "disk", "p2p", "external_unspecified"):
+                hit_parts[f"vllm:{src}"] = total("vllm:prompt_tokens_cached_by_source_total", source=src)
+        elif "sglang:cached_tokens_total" in by:
+            for src in ("device", "host", "storage", "total"):
+                hit_parts[f"sglang:{src}"] = total("sglang:cached_tokens_total", cache_source=src)
+        elif "vllm:prefix_cache_hits_total" in by:
+            hit_parts["vllm:device"] = total("vllm:prefix_cache_hits_total")
+        elif "dynamo_frontend_cached_tokens_sum" in by:
+            hit_parts["dynamo:device"] = total("dynamo_frontend_cached_tokens_sum")
+        tiers_of = {"device": "gpu", "host": "host", "disk": "disk", "storage": "disk", "p2p": "external",
+                    "external_unspecified": "external", "total": "gpu"}
+        for name, value in hit_parts.items():
+            d = self._delta(name, value)
+            tier = tiers_of[name.split(":", 1)[1]]
+            self.hit_tokens[tier] = self.hit_tokens.get(tier, 0.0) + d
+        self.lookup_tokens += self._delta("lookups", lookups)
+        # --- moves from Dynamo KVBM (blocks): they win over the events' moves, like newer TensorRT-LLM's stats
+        d2h = total("kvbm_offload_blocks_d2h")
+        h2d = total("kvbm_onboard_blocks_h2d")
+        if d2h is not None or h2d is not None:
+            self.metric_moves["offloaded"] += self._delta("kvbm:d2h", d2h)
+            self.metric_moves["onboarded"] += self._delta("kvbm:h2d", h2d)
+            m._it_moves_seen = True
+            m._it_offloaded = int(self.metric_moves["offloaded"])
+            m._it_onboarded = int(self.metric_moves["onboarded"])
+        for name in ("kvbm_host_cache_hit_rate", "kvbm_disk_cache_hit_rate", "vllm:kv_offload_cpu_cache_usage_perc"):
+            v = total(name)
+            if v is not None:
+                self.extra[name] = v
+        self._write_hits()
+
+    def _write_hits(self) -> None:
+        """Hit tokens since attach -> the TierModel's block counters (hits, lookups, host hits)."""
+        tpb = self._tpb("gpu")
+        if not tpb:
+            return  # held until the block size is known (the first BlockStored or cache_config_info)
+        m = self.model
+        hits = int(sum(self.hit_tokens.values()) // tpb)
+        lookups = int(self.lookup_tokens // tpb)
+        host = int(self.hit_tokens.get("host", 0.0) // tpb)
+        dh, dl, dhh = hits - self._hits_written, lookups - self._lookups_written, host - self._host_hits_written
+        self._hits_written, self._lookups_written, self._host_hits_written = hits, lookups, host
+        if dh > 0:
+            m._reuse_seen = True
+        if m._warming:
+            m._warm_hits += dh
+            m._warm_lookups += dl
+            m._ev_warm_host_hits += dhh
+            m._st_warm_host_hits += dhh
+        else:
+            m._hits += dh
+            m._lookups += dl
+            # Host hits from the engine's own counter; written to both of the TierModel's host-hit sources (it
+            # reads one of them, never their sum), and the events' onboards never add to them.
+            m._ev_host_hits += dhh
+            m._st_host_hits += dhh
+
+    # ------------------------------------------------------------------------------------------ summaries
+
+    def apply_summary(self, data: Mapping[str, Any]) -> None:
+        tiers = data.get("tiers")
+        if not isinstance(tiers, Mapping):
+            raise ValueError(f"tiers: must be an object, got {_describe(tiers)}")
+        seq = data.get("seq")
+        if seq.__class__ is int:
+            if self.summary_seq is not None and seq > self.summary_seq + 1:
+                self.summaries_lost += seq - self.summary_seq - 1
+            self.summary_seq = seq
+        self.summaries += 1
+        self.summary = dict(data)
+        totals = data.get("totals")
+        if not isinstance(totals, Mapping):
+            totals = {}
+        m = self.model
+        d: dict[str, int] = {}
+        for key in ("hits", "lookups", "host_hits", "offloaded", "onboarded", "evicted_gpu", "evicted_host",
+                    "evicted_unknown", "completed", "failed"):
+            v = _count(totals.get(key))
+            if v is None:
+                continue
+            last = self._sum_last.get(key)
+            self._sum_last[key] = v
+            # The first summary is the baseline (rates need two); a total going back is an agent restart.
+            d[key] = 0 if last is None else (v - last if v >= last else v)
+        m._hits += d.get("hits", 0)
+        m._lookups += d.get("lookups", 0)
+        m._ev_host_hits += d.get("host_hits", 0)
+        m._st_host_hits += d.get("host_hits", 0)
+        m._ev_offloaded += d.get("offloaded", 0)
+        m._ev_onboarded += d.get("onboarded", 0)
+        m._ev_evicted[0] += d.get("evicted_gpu", 0)
+        m._ev_evicted[1] += d.get("evicted_host", 0)
+        m._ev_evicted_unknown += d.get("evicted_unknown", 0)
+        m._completed += d.get("completed", 0)
+        m._failed += d.get("failed", 0)
+        if d.get("hits"):
+            m._reuse_seen = True
+        tpb = _count(data.get("tokens_per_block"))
+        if tpb:
+            self.tier_tpb.setdefault("gpu", tpb)
+
+    # ------------------------------------------------------------------------------------------ read side
+
+    @property
+    def events_seen(self) -> bool:
+        return self.batches > 0 or (self.summary is not None and bool(self.summary.get("events_seen")))
+
+    @property
+    def approximate(self) -> bool:
+        if self.summary is not None:
+            return bool(self.summary.get("approximate"))
+        return self.since_attach or self.lost_batches > 0 or self.unknown_removals > 0
+
+    def cached(self, tier: str) -> int:
+        return len(self.live[tier])
+
+    def _tpb(self, tier: str) -> int | None:
+        # A tier's own block size, else the GPU's, else any tier's (SGLang's host pages are its GPU pages)
+        tpb = self.tier_tpb
+        return tpb.get(tier) or tpb.get("gpu") or next(iter(tpb.values()), None) or self.model.tokens_per_block
+
+    def _from_tokens(self, tokens: int | None, tier: str) -> int | None:
+        tpb = self._tpb(tier)
+        if tokens is None or not tpb:
+            return None
+        return tokens // tpb
+
+    def tier_state(self, tier: str) -> TierState:
+        from kvtop.tiers import TierState
+
+        m = self.model
+        tpb = self._tpb(tier)
+        bpb = m.bytes_per_block
+        if self.summary is not None:
+            s = self.summary.get("tiers", {}).get(tier)
+            if not isinstance(s, Mapping):
+                return TierState(tier, None, None, None, None, tpb, bpb, False)
+            return TierState(tier, _count(s.get("capacity_blocks")), _count(s.get("in_use_blocks")),
+                             _count(s.get("cached_blocks")), _count(s.get("free_blocks")), tpb, bpb,
+                             bool(s.get("cached_approximate")))
+        cap = self.capacity.get(tier)
+        if cap is None:
+            cap = self._from_tokens(self.capacity_tokens.get(tier), tier)
+        if cap is None:
+            meta = m.meta.get({"gpu": "primary_blocks", "host": "secondary_blocks"}.get(tier, ""))
+            cap = meta if isinstance(meta, int) else None
+        cached: int | None = None
+        gauge = self._from_tokens(self.used_tokens.get(tier), tier)
+        if gauge is not None:
+            cached = gauge  # the engine's own residency gauge (SGLang's host tier) beats a since-attach count
+        elif self.batches > 0:
+            cached = self.cached(tier)
+        if cached is not None and cap is not None:
+            cached = min(cached, cap)
+        in_use: int | None = None
+        if tier == "gpu" and self.in_use_fraction is not None and cap is not None:
+            in_use = round(self.in_use_fraction * cap)
+        free = cap - in_use if cap is not None and in_use is not None else None
+        return TierState(tier, cap, in_use, cached, free, tpb, bpb, self.approximate and gauge is None)
+
+    def tiers_present(self) -> list[str]:
+        """Tiers beyond GPU and host that this source has (disk, external), for the summary."""
+        out = []
+        for tier in ("disk", "external"):
+            if self.live[tier] or self.stored[tier] or tier in self.capacity or tier in self.capacity_tokens or (
+                    self.summary is not None and tier in self.summary.get("tiers", {})):
+                out.append(tier)
+        return out
+
+    def hits_by_tier(self) -> dict[str, int]:
+        """Hit blocks since attach per serving tier (the engine's token counters // tokens per block)."""
+        tpb = self._tpb("gpu")
+        return {t: int(v // tpb) for t, v in sorted(self.hit_tokens.items())} if tpb else {}
+
+    def to_json(self) -> dict[str, Any]:
+        tpb = self._tpb("gpu")
+        hits_by_tier = self.hits_by_tier()
+        return {
+            "since_attach": self.since_attach if self.summary is None else bool(self.summary.get("since_attach")),
+            "batches": self.batches, "events": self.events, "first_seq": self.first_seq,
+            "last_seq": None if self.next_seq is None else self.next_seq - 1,
+            "lost_batches": self.lost_batches, "replayed_batches": self.replayed_batches,
+            "publisher_restarts": self.restarts, "clears": self.clears, "duplicates": self.duplicates,
+            "unknown_removals": self.unknown_removals, "unknown_media": dict(self.unknown_media),
+            "bad_events": self.bad_events,
+            "stored_blocks": dict(self.stored), "removed_blocks": dict(self.removed),
+            "onboarded_from": dict(self.onboarded_from),
+            "metrics_engine": self.metrics_engine, "metrics_scrapes": self.metrics_scrapes,
+            "hit_blocks_by_tier": hits_by_tier, "lookup_blocks": int(self.lookup_tokens // tpb) if tpb else None,
+            "engine_gauges": dict(self.extra),
+            "summaries": self.summaries, "summaries_lost": self.summaries_lost,
+        }

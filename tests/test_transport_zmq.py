@@ -1,0 +1,283 @@
+"""``kvtop attach zmq://``: a real pyzmq publisher on 127.0.0.1 (tests/kv_publisher.py, written from the documented
+format) into kvtop's subscriber, its replay client and the fold; and the vllm:// URL with a real HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from kv_publisher import Publisher, removed, stored
+
+from kvtop.attach import build_attach_session
+from kvtop.settings import SettingsError
+from kvtop.sources.kv_events_zmq import ZmqUrlError, parse_stream_url
+
+
+async def _until(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.02)
+
+
+async def _attached(url: str):
+    session = build_attach_session(url, command="attach", run="t")
+    task = asyncio.ensure_future(session.run())
+    src = session.zmq_source
+    # the SUB socket joins asynchronously (ZMQ's slow joiner): wait until it is connected
+    await asyncio.sleep(0.3)
+    return session, task, src
+
+
+async def _stop(session, task) -> None:
+    session.stop()
+    await asyncio.wait_for(task, 5)
+
+
+def _model(session):
+    (model,) = [m for k, m in session.models.items()]
+    return model
+
+
+async def test_live_stream_folds_per_tier_with_maps_and_arrays():
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(pub.url)
+        pub.send([stored([1, 2, 3, 4])])                                  # seq 0: kvtop sees from the start
+        pub.send([stored([1, 2], medium="CPU", array=True)])              # legacy positional form
+        pub.send([removed([3, 4])])
+        await _until(lambda: session.records >= 4)                        # meta + 3 batches
+        m = _model(session)
+        assert (m.gpu.cached_blocks, m.host.cached_blocks) == (2, 2)
+        assert (m.moves.offloaded_blocks, m.moves.evicted_gpu_blocks) == (2, 2)
+        s = m.summary()["stream"]
+        assert s["since_attach"] is False and s["batches"] == 3 and s["lost_batches"] == 0
+        assert list(session.models) == [f"127.0.0.1:{pub.port}/0/t"]
+        assert m.meta["engine"] == "vllm-format" and m.meta["tokens_per_block"] == 16
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_gap_is_filled_from_replay_with_a_dealer_socket():
+    pub = Publisher()
+    try:
+        session, task, src = await _attached(pub.url)
+        pub.send([stored([1])])
+        for h in (2, 3, 4):
+            pub.send([stored([h])], drop=True)                            # lost on the way, kept for replay
+        pub.send([stored([5])])
+        await _until(lambda: _model(session).summary()["stream"]["batches"] == 5 if session.models else False)
+        m = _model(session)
+        s = m.summary()["stream"]
+        # every batch of the answer came back (a REQ socket would have had only the first)
+        assert s["replayed_batches"] == 3 and s["lost_batches"] == 0 and m.gpu.cached_blocks == 5
+        assert src.stats()[0]["gaps"] == 1 and src.stats()[0]["lost"] == 0 and pub.replay_requests == 1
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_late_attacher_rebuilds_from_replay_when_the_buffer_has_seq_0():
+    pub = Publisher()
+    try:
+        for h in range(10):
+            pub.send([stored([h])], drop=True)                            # before kvtop attached
+        session, task, src = await _attached(pub.url)
+        pub.send([removed([0])])
+        await _until(lambda: bool(session.models) and _model(session).summary()["stream"]["batches"] == 11)
+        m = _model(session)
+        assert m.summary()["stream"]["since_attach"] is False and m.gpu.cached_blocks == 9
+        assert m.summary()["stream"]["unknown_removals"] == 0
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_late_attacher_without_replay_says_since_attach_and_counts_gaps():
+    pub = Publisher(replay=False)
+    try:
+        for h in range(10):
+            pub.send([stored([h])], drop=True)
+        session, task, src = await _attached(pub.url)
+        pub.send([removed([0]), stored([100])])                          # seq 10
+        pub.send([stored([101])], drop=True)                              # seq 11: lost, no replay
+        pub.send([stored([102])])                                         # seq 12
+        await _until(lambda: bool(session.models) and _model(session).summary()["stream"]["batches"] == 2)
+        s = _model(session).summary()
+        assert s["stream"]["since_attach"] is True and s["stream"]["lost_batches"] == 1
+        assert s["stream"]["unknown_removals"] == 1 and s["tiers"]["gpu"]["cached_blocks"] == 2
+        assert s["tiers"]["gpu"]["cached_approximate"] is True
+        assert any("since attach" in text for _, _, text in session.log)
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_bad_messages_are_counted_and_the_stream_goes_on():
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(pub.url)
+        pub.send_raw([b"kv-events", (0).to_bytes(8, "big"), b"\xc1not msgpack"])
+        pub.send_raw([b"kv-events", b"\x00"])                             # 2 frames, not an 8-byte seq
+        pub.send_raw([b"kv-events", (0).to_bytes(8, "big"), b"\x93\x01\x02\x03"])  # [1, 2, 3]: events not a list
+        pub.send([stored([7]), {"type": "Bogus"}])
+        await _until(lambda: bool(session.models) and _model(session).summary()["stream"]["batches"] == 1)
+        assert src.bad == 3 and src.stats()[0]["received"] == 1
+        m = _model(session)
+        assert m.gpu.cached_blocks == 1 and m.summary()["stream"]["bad_events"] == 1
+        assert session.status[f"zmq tcp://127.0.0.1:{pub.port}"] == "error"
+        assert any("not msgpack" in text for _, _, text in session.log)
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_restarted_publisher_is_noticed():
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(pub.url)
+        pub.send([stored([1, 2])])
+        pub.send([stored([3])])
+        await _until(lambda: bool(session.models) and _model(session).summary()["stream"]["batches"] == 2)
+        pub.send([stored([9])], seq=0)                                    # a new engine process
+        await _until(lambda: _model(session).summary()["stream"]["batches"] == 3)
+        m = _model(session)
+        assert m.summary()["stream"]["publisher_restarts"] == 1 and m.gpu.cached_blocks == 1
+        assert src.stats()[0]["restarts"] == 1
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_data_parallel_ranks_are_separate_sources():
+    pubs = [Publisher(replay=False) for _ in range(2)]
+    try:
+        session, task, src = await _attached(f"zmq://127.0.0.1:{pubs[0].port}")
+        assert len(src.ranks) == 1
+        await _stop(session, task)
+    finally:
+        for p in pubs:
+            p.close()
+    # ranks=N subscribes to consecutive ports; the batch's dp rank names the source
+    url = parse_stream_url("zmq://10.0.0.1:5557?ranks=4&replay=5600")
+    assert url.events == tuple(f"tcp://10.0.0.1:{5557 + r}" for r in range(4))
+    assert url.replay == tuple(f"tcp://10.0.0.1:{5600 + r}" for r in range(4))
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(pub.url)
+        pub.send([stored([1])], rank=0)
+        pub.send([stored([2, 3])], rank=3)
+        await _until(lambda: len(session.models) == 2)
+        await _until(lambda: sum(m.summary()["stream"]["batches"] for m in session.models.values()) == 2)
+        cached = {k: m.gpu.cached_blocks for k, m in session.models.items()}
+        assert cached == {f"127.0.0.1:{pub.port}/0/t": 1, f"127.0.0.1:{pub.port}/3/t": 2}
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+@pytest.mark.parametrize("url,match", [
+    ("zmq://host", "no port"),
+    ("zmq://host:5557?bogus=1", "unknown option 'bogus'"),
+    ("zmq://host:5557?replay=udp://x:1", "replay"),
+    ("zmq://host:5557?ranks=0", "ranks"),
+    ("zmq://host:5557?metrics=ftp://x", "metrics"),
+    ("zmq://host:5557?events=tcp://x:1", "events="),
+])
+def test_bad_urls_say_what_to_write(url, match):
+    with pytest.raises(ZmqUrlError, match=match):
+        parse_stream_url(url)
+    with pytest.raises(SettingsError, match=match):
+        build_attach_session(url, command="attach")
+
+
+class _Engine(http.server.BaseHTTPRequestHandler):
+    """A vLLM-like HTTP server: /metrics text, /server_info with the publisher's config (SGLang-style)."""
+
+    metrics = ""
+    info: dict = {}
+
+    def do_GET(self):  # noqa: N802
+        if self.path == "/metrics":
+            body, ctype = self.metrics.encode(), "text/plain"
+        elif self.path == "/server_info":
+            body, ctype = json.dumps(self.info).encode(), "application/json"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def engine_http():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+async def test_vllm_url_finds_the_advertised_stream_and_scrapes_metrics(engine_http):
+    from test_kv_stream import VLLM_METRICS
+
+    pub = Publisher()
+    try:
+        _Engine.info = {"kv_events_config": json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{pub.port}",
+                                                        "replay_endpoint": f"tcp://*:{pub.replay_port}",
+                                                        "topic": "kv-events"})}
+        _Engine.metrics = VLLM_METRICS.replace("{queries}", "0").replace("{device}", "0").replace("{host}", "0")
+        port = engine_http.server_address[1]
+        url = parse_stream_url(f"sglang://127.0.0.1:{port}",
+                               discover=__import__("kvtop.sources.engine_metrics", fromlist=["x"]).discover_events)
+        assert url.events == (f"tcp://127.0.0.1:{pub.port}",) and url.topic == "kv-events"
+        assert url.replay == (f"tcp://127.0.0.1:{pub.replay_port}",)
+        session, task, src = await _attached(f"vllm://127.0.0.1:{port}")
+        pub.send([stored([1, 2])])
+        await _until(lambda: bool(session.models) and _model(session).gpu.capacity_blocks == 2048)
+        _Engine.metrics = VLLM_METRICS.replace("{queries}", "320").replace("{device}", "160").replace("{host}", "0")
+        await _until(lambda: _model(session).hit_rate.lookups == 20, timeout=10)
+        m = _model(session)
+        assert m.hit_rate.cumulative == pytest.approx(0.5) and m.gpu.cached_blocks == 2
+        assert m.summary()["stream"]["metrics_engine"] == "vllm"
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+def test_headless_json_says_since_attach(tmp_path):
+    pub = Publisher(replay=False)
+    try:
+        for h in range(3):
+            pub.send([stored([h])], drop=True)
+
+        def feed() -> None:
+            time.sleep(1.5)
+            pub.send([stored([50, 51])])
+
+        t = threading.Thread(target=feed)
+        t.start()
+        out = subprocess.run([sys.executable, "-m", "kvtop", "attach", pub.url, "--headless", "--json",
+                              "--duration", "3"], capture_output=True, text=True, timeout=60)
+        t.join()
+    finally:
+        pub.close()
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    text = json.dumps(summary)
+    assert '"since_attach": true' in text and '"cached_blocks": 2' in text
