@@ -131,3 +131,10 @@ def test_paused(snap_compare) -> None:
     """Paused over a running engine: PAUSED (not an alarm colour), the frozen time, the key footer."""
     app = build_app(_session(), Settings("dark"), run_session=False)
     assert snap_compare(app, press=["p"], terminal_size=(120, 40))
+
+
+def test_200x60_uses_the_room(snap_compare) -> None:
+    """200x60: tier share histories, longer sparklines, per-priority GiB and hit split, the sources table for
+    one source, a 14-line event log."""
+    app = build_app(_session(), Settings("dark"), run_session=False)
+    assert snap_compare(app, terminal_size=(200, 60))

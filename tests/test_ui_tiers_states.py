@@ -237,3 +237,81 @@ async def test_hiding_the_event_log_keeps_the_key_footer() -> None:
         footer = app.screen.query_one(Footer)
         widget, _ = app.screen.get_widget_at(2, 23)    # what the screen's last line shows
         assert widget is footer or footer in widget.ancestors
+
+
+# ---------------------------------------------------------------------------------------------- failures
+
+async def test_failed_requests_say_why_in_the_panel_the_log_and_the_help() -> None:
+    from kvtop.ui.widgets import EventLog, HelpScreen, RequestPanel
+
+    session = session_from_recording()
+    last = session.model.now
+    # An engine's error text with a screen-clearing escape and a clipboard write in it: shown without them.
+    for i, err in enumerate(["prompt longer than max_seq_len (9000 > 8192)",
+                             "out of KV blocks\x1b[2J\x1b]52;c;aGk=\x07 after 3 retries\n(request 7)"]):
+        session.emit(make("request", {"request_id": 10_000 + i, "ok": False, "error": err, "prompt_tokens": 9000},
+                          source=session.source, time=last + 0.1 * (i + 1)))
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        panel = app.screen.query_one(RequestPanel).text()
+        assert "failed 2" in panel and "out of KV blocks after 3 retries (request 7)"[:20] in panel
+        assert "\x1b" not in panel and "\x07" not in panel
+        log = "\n".join(line.text for line in app.screen.query_one(EventLog).lines)
+        assert "2 requests failed: out of KV blocks after 3 retries (request 7)" in log
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        help_text = str(app.screen.query_one("#help-text").render())
+        assert "Last error (2 failed): out of KV blocks after 3 retries (request 7)" in help_text
+        assert "\x1b" not in help_text
+
+
+def test_clean_strips_escapes_and_controls() -> None:
+    from kvtop.ui.format import clean
+
+    assert clean("a\x1b[31mred\x1b[0m b\x1b]0;title\x07c\x00d\x7f\x9b2Je\tf\r\ng") == "ared bcde f  g"
+    assert len(clean("x" * 1000, limit=50)) == 50
+
+
+async def test_200x60_uses_the_room() -> None:
+    from kvtop.ui.widgets import EventLog, HitRatePanel, PriorityPanel, SourcesPanel
+
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(200, 60)) as pilot:
+        await pilot.pause()
+        assert app.screen.has_class("-xl") and app.screen.has_class("-wide")
+        assert app.spark_points == 600
+        assert app.screen.query_one(SourcesPanel).display              # the table, for one source
+        assert app.screen.query_one(PriorityPanel).display
+        assert app.screen.query_one(EventLog).region.height == 14
+        prio = app.screen.query_one(PriorityPanel).text()
+        assert "GiB GPU" in prio and "hit host" in prio
+        # Priority 80: 136 GPU blocks of 4.5 MiB = 0.60 GiB, its requests' hits all from the GPU (72%).
+        row80 = next(line for line in prio.splitlines() if line.strip().startswith("80"))
+        assert "0.60" in row80 and row80.count("72%") == 2
+        assert "in use %" in _panel(app, "gpu").text() and "cached %" in _panel(app, "host").text()
+        assert "8s" in app.screen.query_one(HitRatePanel).text()
+        await pilot.resize_terminal(120, 40)
+        await pilot.pause()
+        assert not app.screen.has_class("-xl") and app.spark_points == 120
+        assert not app.screen.query_one(SourcesPanel).display
+
+
+async def test_the_palettes_screenshot_goes_to_the_working_directory(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+                                                                     ) -> None:
+    from kvtop.ui.widgets import EventLog
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "no-home"))   # no ~/Downloads anywhere
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert titles.count("Screenshot") == 1
+        path = app.action_screenshot_here()
+        await pilot.pause()
+        assert path is not None and path.startswith(str(tmp_path)) and path.endswith(".svg")
+        assert (tmp_path / path.split("/")[-1]).read_text().startswith("<svg")
+        log = "\n".join(line.text for line in app.screen.query_one(EventLog).lines)
+        assert f"screenshot saved: {path}" in log

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -37,6 +38,8 @@ from textual.widgets import Footer
 from textual.worker import Worker
 
 from kvtop.fleet import FleetRow, combine, source_row, source_status
+from kvtop.occupancy import occupancy
+from kvtop.ui import format as fmt
 from kvtop.ui.themes import DEFAULT_THEME, PREFERRED_ORDER, VARIABLE_DEFAULTS, ThemeError, load_theme, load_themes
 from kvtop.ui.widgets import (
     EventLog,
@@ -70,6 +73,8 @@ wall_clock: Callable[[], float] = time.time
 DEFAULT_REFRESH_S = 0.25
 STALE_AFTER_S = 5.0      # no record for this long: the header says so (an engine with no requests is quiet too)
 SPARK_POINTS = 120       # history points kept for sparklines: 2 minutes at the model's 1 s step
+XL_SPARK_POINTS = 600    # 200x60: the model's whole history (600 steps), the sparklines are ~170 cells wide
+XL = (180, 50)           # from this size up the wide layout uses the room (200x60 is the reference)
 WIDE = (110, 34)         # the full layout from this size up (120x40 is the reference)
 COMPACT = (60, 20)       # below either: one- and two-line panels (40x12 must stay whole)
 # The sources table reads every source's model (~0.15 ms each, the TTFT percentiles most of it): at most once a
@@ -81,6 +86,8 @@ FLEET_REFRESH_S = 1.0
 def layout_for(width: int, height: int) -> str:
     if width < COMPACT[0] or height < COMPACT[1]:
         return "compact"
+    if width >= XL[0] and height >= XL[1]:
+        return "xl"
     if width >= WIDE[0] and height >= WIDE[1]:
         return "wide"
     return "medium"
@@ -140,8 +147,12 @@ class DashboardScreen(Screen[None]):
 
     def apply_layout(self, width: int, height: int) -> None:
         mode = layout_for(width, height)
-        for name in ("wide", "medium", "compact"):
-            self.set_class(name == mode, f"-{name}")
+        # -xl is the wide layout and more (kvtop.tcss): both classes, so every wide rule still applies.
+        for name in ("wide", "medium", "compact", "xl"):
+            self.set_class(name == mode or (name == "wide" and mode == "xl"), f"-{name}")
+        app = self.app
+        if isinstance(app, KvtopApp):
+            app.layout_changed(mode)
 
 
 class KvtopApp(App[int]):
@@ -227,6 +238,10 @@ class KvtopApp(App[int]):
         self._whatif_key: tuple[Any, ...] | None = None
         self._whatif: WhatIfData | None = None
         self._finished: str | None = None        # why the session ended, once it has (finished_reason)
+        self.spark_points = SPARK_POINTS
+        self.xl = False
+        self._tier_hist: dict[tuple[int, str], deque[float | None]] = {}
+        self._tier_hist_step: dict[tuple[int, str], int] = {}
         self._paused_at: float | None = None     # the model time the frozen figures show
 
     # ------------------------------------------------------------------------------------------ themes
@@ -296,6 +311,19 @@ class KvtopApp(App[int]):
         self.refresh_view()
         self.set_interval(self.refresh_s, self.refresh_view, name="refresh")
 
+
+    def layout_changed(self, mode: str) -> None:
+        """The screen's layout: 200x60 (xl) keeps the sparklines' whole history and shows the sources table
+        even for one source."""
+        xl = mode == "xl"
+        points = XL_SPARK_POINTS if xl else SPARK_POINTS
+        if points != self.spark_points or xl != self.xl:
+            self.spark_points, self.xl = points, xl
+            self._hist_key = None
+            self._fleet_key = None
+            self._force = True
+            if self._panels:   # a resize, not the first layout (the panels are wired after it)
+                self.refresh_view()
 
     async def _run_session(self) -> None:
         try:
@@ -395,15 +423,32 @@ class KvtopApp(App[int]):
             self._dashboard.query_one("#left").mount(panel, after=panels[-1])
             panels.append(panel)
             self._dashboard.set_class(len(panels) > 2, "-tiers3")
+        model = self.current_model()[1]
+        step = None if model.now is None else int(model.now / (getattr(model, "history_step_s", 1.0) or 1.0))
         for panel, st in zip(panels, tiers):
             label, medium = tier_label(str(getattr(st, "name", "")))
+            history = self._tier_history(model, st, label, step)
             note = None
             if label != "GPU":
                 if st.capacity_blocks is None:
                     note = f"{label} pool size unknown (no created event or meta yet)"
                 elif st.capacity_blocks and st.cached_blocks is None:
                     note = f"no KV events: {label} occupancy unknown (enable event_buffer_max_size)"
-            panel.show(TierData(label, medium, st, note))
+            panel.show(TierData(label, medium, st, note, history))
+
+    def _tier_history(self, model: Any, st: Any, label: str, step: int | None) -> tuple[float | None, ...]:
+        """The tier's headline share (GPU in use, others cached) once per history step, for the 200x60 layout's
+        sparkline under each bar; kept for every layout so that a resize shows the past, not a blank."""
+        key = (id(model), label)
+        hist = self._tier_hist.get(key)
+        if hist is None:
+            hist = self._tier_hist[key] = deque(maxlen=XL_SPARK_POINTS)
+        if step is not None and self._tier_hist_step.get(key) != step:
+            self._tier_hist_step[key] = step
+            o = occupancy(st)
+            part = o.in_use if label == "GPU" else o.cached_idle
+            hist.append(part / o.capacity if part is not None and o.capacity else None)
+        return tuple(hist)[-self.spark_points:] if self.xl else ()
 
     def _what_if(self, model: Any) -> WhatIfData | None:
         """``session.what_if()``'s hit rate and its 2x / 4x host estimates (one span, one definition), for the
@@ -428,7 +473,9 @@ class KvtopApp(App[int]):
     def _refresh_fleet(self) -> None:
         """The sources table: shown (the screen's ``-fleet`` class) while 2+ sources have data."""
         sources = self._sources()
-        fleet = len(sources) > 1
+        fleet = len(sources) > 1 or self.xl   # 200x60 has room for the table even with one source
+        if len(sources) == 1:
+            sources = [(self._own_key(), sources[0][1])]
         if fleet != self._fleet_shown:
             self._fleet_shown = fleet
             screen = getattr(self, "_dashboard", None)
@@ -455,6 +502,13 @@ class KvtopApp(App[int]):
         self._fleet_key, self._fleet_at = key, t
         rows = [self._fleet_row(k, model, st) for (k, model), st in zip(sources, statuses)]
         self._panels["sources"].show(FleetData(tuple(rows), combine(rows), selected))
+
+    def _own_key(self) -> str:
+        """The one source's name in the sources table: what it is attached to, or its own key."""
+        meta = getattr(self.session, "meta", None) or {}
+        src = getattr(self.session, "source", None)
+        name = meta.get("attached_to") or (src.key() if src is not None and hasattr(src, "key") else "this run")
+        return fmt.clean(name, limit=60)
 
     def _fleet_row(self, key: str, model: Any, status: str | None) -> FleetRow:
         """A source's row, read again only when its model folded something since (or its status changed)."""
@@ -599,11 +653,11 @@ class KvtopApp(App[int]):
         key = (id(model), None if now is None else int(now / step))
         if key != self._hist_key:
             self._hist_key = key
-            hist = model.history()[-SPARK_POINTS - 1:]
+            hist = model.history()[-self.spark_points - 1:]
             if len(hist) >= 2 and hist[-1].t - hist[-2].t < 0.5 * step:
                 # A last step only a fraction of a second long turns one block into a spike of blocks/s.
                 hist = hist[:-1]
-            self._hist = tuple(hist[-SPARK_POINTS:])
+            self._hist = tuple(hist[-self.spark_points:])
         return self._hist
 
     def _requests(self, model: Any, rates: Any) -> RequestData:
@@ -616,6 +670,9 @@ class KvtopApp(App[int]):
             self._req_key = key
             self._req = model.requests
         req = self._req
+        # A failure reaches the event log with its reason (the panel keeps only the last one; the log the story).
+        self._on_increase(f"failed:{id(model)}", req.failed, "error",
+                          lambda n: f"{n} request{'s' * (n > 1)} failed: {fmt.clean(req.last_error or '?')}")
         if getattr(self.session, "driver", None) is not None:
             in_flight: int | None = int(getattr(self.session, "requests_in_flight", 0) or 0)
         else:
@@ -638,7 +695,9 @@ class KvtopApp(App[int]):
             return getattr(v, "cumulative", v)  # a HitRate (tiers.py now) or a bare fraction (its first version)
 
         rows = tuple((p, by.get("gpu", {}).get(p, 0), by.get("host", {}).get(p, 0), rate(p)) for p in order)
-        return PriorityData(rows, gpu.capacity_blocks, host.capacity_blocks)
+        split_by = getattr(model, "hit_split_by_priority", None) or {}
+        split = tuple((getattr(split_by.get(p), "gpu", None), getattr(split_by.get(p), "host", None)) for p in order)
+        return PriorityData(rows, gpu.capacity_blocks, host.capacity_blocks, split, gpu.bytes_per_block)
 
     @staticmethod
     def _memory(model: Any) -> MemoryData:
@@ -714,7 +773,9 @@ class KvtopApp(App[int]):
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
             return
-        self.push_screen(HelpScreen())
+        key, model = self.current_model()
+        req = self._req if self._req is not None else getattr(model, "requests", None)
+        self.push_screen(HelpScreen(getattr(req, "last_error", None), getattr(req, "failed", 0) or 0))
         self.post_message(self.HelpShown())
 
     async def action_quit(self) -> None:
@@ -737,8 +798,25 @@ class KvtopApp(App[int]):
     def on_kvtop_app_source_changed(self, message: SourceChanged) -> None:
         self.note("info", f"showing source {message.source}")
 
+    def action_screenshot_here(self) -> str | None:
+        """An SVG of the screen in the working directory; the path (or why it failed) goes to the log and a
+        toast. Textual's own palette entry saves to ~/Downloads and says nothing when that folder is missing."""
+        try:
+            path = self.save_screenshot(path=str(Path.cwd()))
+        except OSError as exc:
+            self.note("error", f"screenshot not saved: {exc}")
+            self.notify(f"screenshot not saved: {exc}", severity="error", timeout=6)
+            return None
+        self.note("info", f"screenshot saved: {path}")
+        self.notify(f"screenshot saved: {path}", timeout=6)
+        return path
+
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
-        yield from super().get_system_commands(screen)
+        for command in super().get_system_commands(screen):
+            if command.title != "Screenshot":   # ours below saves where the user is, and says where
+                yield command
+        yield SystemCommand("Screenshot", "Save an SVG of the screen in the working directory",
+                            lambda: self.set_timer(0.1, self.action_screenshot_here))
         yield SystemCommand("Pause / resume", "Freeze the screen; the engine and the fold go on", self.action_pause)
         yield SystemCommand("Reset window", "Start the rate and hit-rate window afresh", self.action_reset_window)
         yield SystemCommand("Next theme", "Cycle dark, light, high-contrast", self.action_cycle_theme)

@@ -7,6 +7,7 @@ an unknown count is never shown as 0.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 UNKNOWN = "?"
@@ -129,3 +130,16 @@ def cells(part: int | None, whole: int | None, width: int) -> int:
 
 __all__ = ["GIB", "SPARK_CHARS", "UNKNOWN", "cells", "count", "duration", "gib", "nbytes", "pct", "rate",
            "seconds_ms", "sparkline"]
+
+
+# ANSI escape sequences (CSI, OSC, and two-byte ESC forms), then every other C0/C1 control character and DEL.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(text: object, limit: int = 300) -> str:
+    """Text from outside (an engine's error message, a source's name) made safe for a terminal: escape
+    sequences and control characters removed, newlines and tabs as spaces, at most ``limit`` characters. A
+    terminal that is sent ESC ] 52 writes the clipboard, ESC [ 2 J clears the screen; none of that may pass."""
+    s = _CONTROLS.sub("", _ESCAPES.sub("", str(text)).replace("\n", " ").replace("\r", " ").replace("\t", " "))
+    return s if len(s) <= limit else s[: limit - 1] + "…"

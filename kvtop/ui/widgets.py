@@ -512,6 +512,7 @@ class TierData:
     medium: str                # "HBM" / "pinned DRAM"
     state: Any                 # kvtop.tiers.TierState
     note: str | None = None    # why a tier is unknown or absent, in words
+    history: tuple[float | None, ...] = ()  # the headline share per history step (200x60 only)
 
 
 # A tier's name (TierState.name) -> its label and medium on screen; a tier kvtop does not know keeps its own name.
@@ -694,6 +695,13 @@ class TierPanel(Panel):
         if len(lines) < height:
             hint = d.note or (self.GPU_HINT if d.label == "GPU" else self.HOST_HINT)
             lines.append(styled(hint, S_WARN if d.note else S_DIM))
+        if d.history and len(lines) < height - 1:
+            # 200x60: the headline share over time, one cell a step, on a fixed 0-100% scale.
+            spark_w = max(width - 16, 1)
+            lines += [BLANK, line_of((f"{'in use' if d.label == 'GPU' else 'cached'} % ", S_DIM),
+                                     (fmt.sparkline(d.history, spark_w, top=1.0),
+                                      S_IN_USE if d.label == "GPU" else S_CACHED),
+                                     (f" {min(len(d.history), spark_w):>3}s", S_DIM))]
         return _lines(lines, width, height)
 
 
@@ -858,6 +866,10 @@ class PriorityData:
     rows: tuple[tuple[int | None, int, int, float | None], ...]  # (priority, GPU blocks, host blocks, req hit rate)
     gpu_capacity: int | None
     host_capacity: int | None
+    # Per row (same order): the requests' hit rate served by the GPU and by the host, where known; and the block
+    # size for GiB. Shown where the panel is wide (200x60).
+    split: tuple[tuple[float | None, float | None], ...] = ()
+    bytes_per_block: int | None = None
 
 
 class PriorityPanel(Panel):
@@ -879,10 +891,14 @@ class PriorityPanel(Panel):
             for prio, g, h, _ in d.rows:
                 parts += [(f"{'?' if prio is None else prio}:", S_DIM), (f"{fmt.count(g + h)} ", S_FIG)]
             return _fit(line_of(*parts), width)
-        bar_w = max((width - 34) // 2, 0)
+        detail = width >= 100 and bool(d.split)
+        extra = 40 if detail else 0   # GiB GPU, GiB host, hit GPU, hit host
+        bar_w = max((width - 34 - extra) // 2, 0)
         header = f"{'prio':>5}  {'GPU':>6} {'':{bar_w}}  {'host':>6} {'':{bar_w}} {'req hit':>8}"
+        if detail:
+            header += f"{'GiB GPU':>10}{'GiB host':>10}{'hit GPU':>10}{'hit host':>10}"
         lines = [styled(header, S_DIM)]
-        for prio, g, h, hit in d.rows[: max(height - 1, 0)]:
+        for i, (prio, g, h, hit) in enumerate(d.rows[: max(height - 1, 0)]):
             parts = [(f"{'?' if prio is None else prio:>5}", "bold"), "  ", (_pad(fmt.count(g), 6), S_FIG), " "]
             if bar_w:
                 n = fmt.cells(g, d.gpu_capacity, bar_w)
@@ -892,6 +908,13 @@ class PriorityPanel(Panel):
                 n = fmt.cells(h, d.host_capacity, bar_w)
                 parts += [("▮" * n, S_CACHED), " " * (bar_w - n)]
             parts.append((_pad(fmt.pct(hit, unknown="", digits=0), 9), S_DIM))
+            if detail:
+                bpb = d.bytes_per_block
+                gh, hh = d.split[i] if i < len(d.split) else (None, None)
+                parts += [(_pad(fmt.gib(g * bpb if bpb else None, "?"), 10), S_FIG),
+                          (_pad(fmt.gib(h * bpb if bpb else None, "?"), 10), S_FIG),
+                          (_pad(fmt.pct(gh, unknown="", digits=0), 10), S_IN_USE),
+                          (_pad(fmt.pct(hh, unknown="", digits=0), 10), S_CACHED)]
             lines.append(line_of(*parts))
         return _lines(lines, width, height)
 
@@ -1074,8 +1097,14 @@ class RequestPanel(Panel):
             line_of((f"e2e  {span} ", S_DIM), ("p50 ", S_DIM), (_pad(fmt.seconds_ms(d.e2e_p50), 7), S_FIG),
                      (" p99 ", S_DIM), (_pad(fmt.seconds_ms(d.e2e_p99), 7), S_FIG)),
         ]
-        if d.last_error and height >= 5:
-            lines.append(line_of(("last error ", S_DIM), (d.last_error, S_ERR)))
+        if d.failed and d.last_error:
+            # Why they failed, not only how many: its own line where the panel has one to spare, else after the
+            # count on the first line (cut to fit). The whole text is in the event log and the help (?).
+            why = fmt.clean(d.last_error)
+            if height >= 3:
+                lines = [*lines[: height - 1], line_of(("last error ", S_DIM), (why, S_ERR))]
+            else:
+                lines[0] = line_of(lines[0], (" ✖ ", S_ERR), (why, S_ERR))
         return _lines(lines, width, height)
 
 
@@ -1286,6 +1315,7 @@ HELP_TEXT = """\
 
 [b]Hit rate[/]  reused prompt blocks / prompt blocks looked up, over the window and since start;
   GPU + host = total, where a host hit is a block onboarded from host memory.
+[b]Requests[/]  failed N: the last error is under the counts, in the event log, and at the end of this help.
 [b]Moves[/]  offload: GPU→host on eviction; onboard: host→GPU on reuse; evict: dropped from a tier.
 [b]What-if[/]  "all 38% → host×2 42% ×4 45%": this run's hit rate since start, then the hit rate it would
   have had with a 2x / 4x host cache (estimated from the blocks it dropped), same span, same blocks.
@@ -1309,8 +1339,19 @@ class HelpScreen(ModalScreen[None]):
     }
     """
 
+    def __init__(self, last_error: str | None = None, failed: int = 0):
+        super().__init__()
+        self.last_error = last_error
+        self.failed = failed
+
     def compose(self) -> ComposeResult:
-        yield Static(Content.from_markup(HELP_TEXT), id="help-text")
+        text = Content.from_markup(HELP_TEXT)
+        if self.last_error:
+            # The last failed request's error, whole (the panel cuts it to its width); already stripped of
+            # control characters, and put in as plain text, never as markup.
+            text = Content.assemble(text, "\n", ("Last error", "bold $error"),
+                                    f" ({self.failed} failed): ", fmt.clean(self.last_error, limit=600))
+        yield Static(text, id="help-text")
 
     def action_dismiss(self, result: None = None) -> Any:
         return self.dismiss(result)
