@@ -61,7 +61,7 @@ def retention_spec(settings: Settings) -> RetentionSpec:
 
 
 def build_sim_engine(settings: Settings) -> Any:
-    from kvtop.engines.sim import KvCacheConfig, SimLLM
+    from kvtop.engines.sim import KvCacheConfig, SchedulerConfig, SimLLM
 
     kvc = KvCacheConfig(host_cache_size=settings.host_cache, tokens_per_block=settings.tokens_per_block,
                         max_tokens=settings.gpu_cache_tokens,
@@ -70,7 +70,8 @@ def build_sim_engine(settings: Settings) -> Any:
                         event_buffer_max_size=trtllm_engine.EVENT_BUFFER_SIZE)
     return SimLLM(settings.model, kv_cache_config=kvc, max_batch_size=settings.max_batch_size,
                   max_num_tokens=settings.max_num_tokens, enable_iter_perf_stats=True, return_perf_metrics=True,
-                  gpu=settings.gpu, speed=settings.speed, trtllm_version=settings.trtllm_version)
+                  gpu=settings.gpu, speed=settings.speed, trtllm_version=settings.trtllm_version,
+                  scheduler_config=SchedulerConfig(capacity_scheduler_policy=settings.capacity_scheduler_policy))
 
 
 def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoice | None = None,

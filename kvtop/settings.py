@@ -47,6 +47,10 @@ class Settings:
     tokens_per_block: int = _opt(32, "tokens per KV cache block", kind="pos_int")
     max_batch_size: int = _opt(64, "max requests in flight in the engine", kind="pos_int")
     max_num_tokens: int = _opt(8192, "max tokens per engine iteration", kind="pos_int")
+    capacity_scheduler_policy: str = _opt(
+        "GUARANTEED_NO_EVICT", "TensorRT-LLM's SchedulerConfig(capacity_scheduler_policy=...): GUARANTEED_NO_EVICT "
+        "reserves every block a request needs to finish; MAX_UTILIZATION runs more at once and pauses requests when "
+        "blocks run out", choices=("GUARANTEED_NO_EVICT", "MAX_UTILIZATION"))
     secondary_offload_min_priority: int = _opt(30, "blocks with a retention priority below this are dropped, "
                                                    "not offloaded (TensorRT-LLM default 30)", kind="priority")
     scenario: str = _opt("multi-turn", "workload: ab, system-prompt, multi-turn, zipf, or trace",

@@ -13,6 +13,7 @@ listed although kvtop never sets it. ``enable_iter_perf_stats`` is a ``TorchLlmA
 
 from __future__ import annotations
 
+import enum
 import os
 import subprocess
 import sys
@@ -39,7 +40,12 @@ KV_CACHE_CONFIG_FIELDS_1_2 = frozenset({
 LLM_FIELDS_1_2 = frozenset({
     "model", "tokenizer", "kv_cache_config", "max_batch_size", "max_num_tokens", "max_seq_len", "max_input_len",
     "enable_iter_perf_stats", "enable_iter_req_stats", "return_perf_metrics", "tensor_parallel_size", "backend",
+    "scheduler_config",
 })
+# SchedulerConfig (llm_args.py, ``class SchedulerConfig(StrictBaseModel, PybindMirror)``) and the
+# CapacitySchedulerPolicy StrEnum's members
+SCHEDULER_CONFIG_FIELDS = frozenset({"capacity_scheduler_policy", "context_chunking_policy", "dynamic_batch_config"})
+CAPACITY_SCHEDULER_POLICIES = ("MAX_UTILIZATION", "GUARANTEED_NO_EVICT", "STATIC_BATCH")
 SAMPLING_FIELDS = frozenset({
     "end_id", "pad_id", "max_tokens", "n", "best_of", "top_k", "top_p", "seed", "temperature", "min_tokens",
     "logprobs", "return_perf_metrics", "ignore_eos", "detokenize", "stop", "stop_token_ids",
@@ -132,6 +138,13 @@ def stand_in() -> types.ModuleType:
         FIELDS = SAMPLING_FIELDS
         instances: list[StrictRecorder] = []
 
+    class SchedulerConfig(StrictRecorder):
+        FIELDS = SCHEDULER_CONFIG_FIELDS
+        instances: list[StrictRecorder] = []
+
+    CapacitySchedulerPolicy = enum.Enum("CapacitySchedulerPolicy",  # type: ignore[misc]
+                                        {name: name for name in CAPACITY_SCHEDULER_POLICIES}, type=str)
+
     class TokenRange:
         def __init__(self, token_start: int, token_end: int | None, priority: int, duration_ms: Any = None):
             self.args = (token_start, token_end, priority, duration_ms)
@@ -146,6 +159,8 @@ def stand_in() -> types.ModuleType:
             self.decode_duration_ms = decode_duration_ms
 
     llmapi.KvCacheConfig = KvCacheConfig
+    llmapi.SchedulerConfig = SchedulerConfig
+    llmapi.CapacitySchedulerPolicy = CapacitySchedulerPolicy
     llmapi.KvCacheRetentionConfig = KvCacheRetentionConfig
     llmapi.LLM = LLM
     llmapi.SamplingParams = SamplingParams
@@ -207,6 +222,27 @@ def test_build_llm_maps_options_onto_kv_cache_config(tmp_path: Path, monkeypatch
     assert a["model"] == "meta-llama/Llama-3.1-8B-Instruct"
     assert a["max_batch_size"] == 96 and a["max_num_tokens"] == 4096
     assert a["enable_iter_perf_stats"] is True and a["return_perf_metrics"] is True
+
+
+@pytest.mark.parametrize("policy", ["GUARANTEED_NO_EVICT", "MAX_UTILIZATION"])
+def test_build_llm_maps_the_capacity_scheduler_policy(policy: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = stand_in()
+    llm = trtllm.build_llm(settings_from(["--capacity-scheduler-policy", policy], tmp_path, monkeypatch), mod)
+    scheduler_config = llm.kwargs["scheduler_config"]
+    assert scheduler_config is mod.llmapi.SchedulerConfig.instances[-1]
+    assert scheduler_config.kwargs == {"capacity_scheduler_policy": mod.llmapi.CapacitySchedulerPolicy[policy]}
+    assert llm.args.scheduler_config is scheduler_config  # what TensorRT-LLM resolved
+
+
+def test_simulator_takes_the_same_scheduler_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = runner.build_sim_engine(settings_from(["--capacity-scheduler-policy", "MAX_UTILIZATION", "--speed", "0"],
+                                                   tmp_path, monkeypatch))
+    try:
+        assert engine.describe()["capacity_scheduler_policy"] == "MAX_UTILIZATION"
+        assert engine._core.capacity_scheduler_policy == "MAX_UTILIZATION"
+    finally:
+        engine.shutdown()
 
 
 def test_build_llm_with_a_fraction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

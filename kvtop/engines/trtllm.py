@@ -7,7 +7,8 @@ backend), KV cache events (``event_buffer_max_size`` > 0 with ``enable_block_reu
 metrics (``return_perf_metrics``). Keyword names checked against TensorRT-LLM 1.2's
 ``tensorrt_llm/llmapi/llm_args.py`` (``KvCacheConfig``: enable_block_reuse, max_tokens, free_gpu_memory_fraction,
 host_cache_size, onboard_blocks, secondary_offload_min_priority, event_buffer_max_size, tokens_per_block;
-``TorchLlmArgs``: enable_iter_perf_stats; ``BaseLlmArgs``: return_perf_metrics, max_batch_size, max_num_tokens).
+``TorchLlmArgs``: enable_iter_perf_stats; ``BaseLlmArgs``: return_perf_metrics, max_batch_size, max_num_tokens,
+scheduler_config; ``SchedulerConfig``: capacity_scheduler_policy, a ``CapacitySchedulerPolicy``).
 """
 
 from __future__ import annotations
@@ -86,7 +87,10 @@ def build_llm(settings: Any, trtllm: ModuleType | None = None) -> Any:
     if isinstance(fields, Mapping) and "onboard_blocks" not in fields:
         del kv_kwargs["onboard_blocks"]
     kv_cache_config = llmapi.KvCacheConfig(**kv_kwargs)
-    return mod.LLM(model=settings.model, kv_cache_config=kv_cache_config,
+    # SchedulerConfig(capacity_scheduler_policy=CapacitySchedulerPolicy.X): llm_args.py's StrEnum, by name
+    scheduler_config = llmapi.SchedulerConfig(capacity_scheduler_policy=getattr(
+        llmapi.CapacitySchedulerPolicy, str(settings.capacity_scheduler_policy)))
+    return mod.LLM(model=settings.model, kv_cache_config=kv_cache_config, scheduler_config=scheduler_config,
                    max_batch_size=int(settings.max_batch_size), max_num_tokens=int(settings.max_num_tokens),
                    enable_iter_perf_stats=True, return_perf_metrics=True)
 

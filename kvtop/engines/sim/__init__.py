@@ -2,17 +2,20 @@
 
 from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, block_key_hash
 from kvtop.engines.sim.llm import (
+    CapacitySchedulerPolicy,
     CompletionOutput,
     KvCacheConfig,
     RequestError,
     RequestOutput,
     SamplingParams,
+    SchedulerConfig,
     SimLLM,
 )
 from kvtop.engines.sim.retention import KvCacheRetentionConfig, KvCacheTransferMode, TokenRangeRetentionConfig
 
 __all__ = [
     "BlockManager",
+    "CapacitySchedulerPolicy",
     "CompletionOutput",
     "KvCacheConfig",
     "KvCacheRetentionConfig",
@@ -21,6 +24,7 @@ __all__ = [
     "RequestError",
     "RequestOutput",
     "SamplingParams",
+    "SchedulerConfig",
     "SimLLM",
     "TokenRangeRetentionConfig",
     "block_key_hash",

@@ -1061,6 +1061,19 @@ class BlockManager:
         policy.num_free[PRIMARY] += stamp - first_stamp - released_host
         policy.num_free[SECONDARY] += released_host
 
+    def scheduling_remove_sequence(self, request_id: Any, scheduling_refs: dict[int, int]) -> int:
+        """``schedulingRemoveSequence`` (MAX_UTILIZATION's trial release): how many of the request's blocks would
+        become free if it released them, given the trial releases so far. ``scheduling_refs`` (block id ->
+        references left) starts empty at each scheduling pass, as ``startScheduling`` copies the reference counts;
+        nothing else changes."""
+        freed = 0
+        for block in self._seq(request_id).blocks:
+            refs = scheduling_refs.get(block.id, block.refs) - 1
+            scheduling_refs[block.id] = refs
+            if refs == 0:
+                freed += 1
+        return freed
+
     def refresh(self) -> int:
         """``refreshBlocks``: timed priorities that have expired fall back to 35. Returns how many expired."""
         return self._policy.refresh()

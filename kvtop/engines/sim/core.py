@@ -6,13 +6,28 @@ requests, record iteration stats, flush KV events), and advances the simulated c
 costs. ``SimLLM`` wraps it in TensorRT-LLM's ``LLM`` surface and paces it to the wall clock; trace replays drive
 it directly, as fast as possible.
 
-Scheduling follows TensorRT-LLM's default capacity policy, GUARANTEED_NO_EVICT: a waiting request starts only
-when the GPU pool's free blocks (idle cached blocks count as free), less the blocks that running requests still
-need to finish, cover every block it will need to finish (``getRemainingBlocksToCompletion``: ceil((prompt +
-max_tokens) / tokens_per_block)). Requests start in arrival order, at most ``max_batch_size`` run at once, and
-one iteration computes at most ``max_num_tokens`` tokens; prompts longer than what is left of that budget are
-prefilled in chunks (as with ``enable_chunked_prefill``), their KV blocks all allocated at the first chunk.
+Scheduling follows one of TensorRT-LLM's capacity policies (``CapacitySchedulerPolicy``, capacityScheduler.cpp):
+
+- GUARANTEED_NO_EVICT (the default): a waiting request starts only when the GPU pool's free blocks (idle cached
+  blocks count as free), less the blocks that running requests still need to finish, cover every block it will
+  need to finish (``getRemainingBlocksToCompletion``: ceil((prompt + max_tokens) / tokens_per_block)). Running
+  requests always run.
+- MAX_UTILIZATION: each iteration walks the active requests in arrival order and schedules each one whose next
+  step fits (``getNeededBlocksOneStep``: the whole prompt's blocks for a request not started, one block when a
+  decode step crosses a block boundary, else 0) in the free blocks counted at the start of scheduling. When one
+  does not fit, the last started request (from the end of the list) is paused and its blocks that no other
+  request holds count as free (``schedulingRemoveSequence``), and the same request is tried again. A paused
+  request's KV is released for reuse (``removeSequence``), its generated tokens become part of its prompt
+  (``LlmRequest::pause``), and it is scheduled again, prefill first, when its blocks fit: what is still cached
+  is reused, the rest recomputed. So more requests run at once than GUARANTEED_NO_EVICT admits, at the cost of
+  recomputation when the pool runs out. Not modelled: ``beneficialToSkip`` (neither policy here delays a request
+  to reuse blocks a scheduled one is about to write) and ``maxInputLen`` capping a paused prompt.
+
+Requests start in arrival order, at most ``max_batch_size`` are scheduled at once, and one iteration computes at
+most ``max_num_tokens`` tokens; prompts longer than what is left of that budget are prefilled in chunks (as with
+``enable_chunked_prefill``), their KV blocks all allocated at the first chunk.
 """
+
 
 from __future__ import annotations
 
@@ -28,6 +43,11 @@ from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, Toke
 from kvtop.engines.sim.cost import CostModel
 from kvtop.engines.sim.iteration_stats import STATS_VERSIONS, IterationStatsV13
 from kvtop.engines.sim.retention import KvCacheRetentionConfig
+
+GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
+MAX_UTILIZATION = "MAX_UTILIZATION"
+CAPACITY_SCHEDULER_POLICIES = (GUARANTEED_NO_EVICT, MAX_UTILIZATION)
+# (tensorrt_llm/llmapi/llm_args.py CapacitySchedulerPolicy values; STATIC_BATCH is not simulated)
 
 GENERATED_TOKEN_BASE = 1 << 30  # generated ids live in [2^30, 2^31): never a tokenizer id nor a trace token
 _GENERATED_TOKEN_MASK = GENERATED_TOKEN_BASE - 1
@@ -71,6 +91,10 @@ class SimRequest:
     blocks_to_completion: int = field(default=0, repr=False, compare=False)
     kv_tokens: int = field(default=0, repr=False, compare=False)
     kv_blocks: int = field(default=0, repr=False, compare=False)
+    # MAX_UTILIZATION: times this request was paused; its prompt for the block manager on resumption (the prompt
+    # and the tokens generated before the pause), None while it was never paused
+    paused_count: int = 0
+    kv_prompt: Any = field(default=None, repr=False, compare=False)
 
     @property
     def prompt_len(self) -> int:
@@ -86,7 +110,10 @@ class SimEngineCore:
                  max_batch_size: int = 2048, max_num_tokens: int = 8192, max_seq_len: int = 40960,
                  enable_iter_perf_stats: bool = True, enable_iter_req_stats: bool = False,
                  max_stats_len: int = 1000, gpu_mem_usage_bytes: int = 0, epoch_s: float = 0.0,
-                 trtllm_version: str = "1.2"):
+                 trtllm_version: str = "1.2", capacity_scheduler_policy: str = GUARANTEED_NO_EVICT):
+        if capacity_scheduler_policy not in CAPACITY_SCHEDULER_POLICIES:
+            raise ValueError(f"capacity_scheduler_policy: must be one of {', '.join(CAPACITY_SCHEDULER_POLICIES)}, "
+                             f"got {capacity_scheduler_policy!r}")
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size: must be > 0, got {max_batch_size}")
         if max_num_tokens <= 0:
@@ -117,6 +144,10 @@ class SimEngineCore:
         self.completed = 0
         self.failed = 0
         self.busy_s = 0.0
+        self.capacity_scheduler_policy = capacity_scheduler_policy
+        self.paused_total = 0       # pauses so far (MAX_UTILIZATION)
+        self.max_scheduled = 0      # the most requests scheduled in one iteration
+        self._paused_now: list[SimRequest] = []  # paused in the current iteration (for its stats)
 
     # ------------------------------------------------------------------------------------------ intake
 
@@ -172,7 +203,112 @@ class SimEngineCore:
     def idle(self) -> bool:
         return not self.running and not self.waiting
 
-    def _schedule(self) -> list[SimRequest]:
+    def _admit(self, req: SimRequest) -> None:
+        """``addSequence`` for a request scheduled for its first context chunk (new, or resumed after a pause)."""
+        bm = self.bm
+        before = (bm.alloc_total_blocks, bm.alloc_new_blocks, bm.reused_blocks, bm.missed_blocks,
+                  bm.onboarded_blocks)
+        prompt = req.kv_prompt if req.kv_prompt is not None else req.prompt_ids
+        reused = bm.add_sequence(req.request_id, prompt, req.retention)
+        # per-request counters add up over resumptions (a resumed request looks its prompt up again)
+        req.alloc_total_blocks += bm.alloc_total_blocks - before[0]
+        req.alloc_new_blocks += bm.alloc_new_blocks - before[1]
+        req.reused_blocks += bm.reused_blocks - before[2]
+        req.missed_blocks += bm.missed_blocks - before[3]
+        req.onboarded_blocks += bm.onboarded_blocks - before[4]
+        if req.kv_prompt is None:
+            req.reused_tokens = reused
+            req.scheduled_s = self.now_s
+            req.first_iter = self.iteration
+        req.kv_tokens = req.num_prompt_tokens
+        req.kv_blocks = bm.num_blocks(req.request_id)
+        req.context_done = reused
+        req.stage = "CONTEXT_IN_PROGRESS"
+
+    def _schedule(self) -> tuple[list[SimRequest], list[SimRequest] | None]:
+        """(requests started this iteration, the requests scheduled to run: None for all running ones)."""
+        if self.capacity_scheduler_policy == MAX_UTILIZATION:
+            return self._schedule_max_utilization()
+        return self._schedule_no_evict(), None
+
+    def _needed_blocks_one_step(self, req: SimRequest) -> int:
+        """``getNeededBlocksOneStep`` for beam width 1 and no draft tokens."""
+        if req.stage in ("QUEUED", "PAUSED"):  # context init, first chunk: every block of the prompt
+            return -(-req.num_prompt_tokens // self.tpb)
+        if req.stage == "GENERATION_IN_PROGRESS":  # addToken allocates when the tokens with KV fill their blocks
+            return 1 if req.kv_tokens % self.tpb == 0 else 0
+        return 0  # a context past its first chunk: its blocks were all allocated at the first
+
+    def _schedule_max_utilization(self) -> tuple[list[SimRequest], list[SimRequest]]:
+        """MAX_UTILIZATION (``MaxUtilizationScheduler::operator()``), then the pauses and allocations it decided."""
+        bm = self.bm
+        active = list(self.running)  # in arrival order, paused ones in place
+        for req in self.waiting:
+            if req.arrival_s > self.now_s:
+                break
+            active.append(req)
+        free = bm.num_free_blocks(0)  # startScheduling
+        scheduling_refs: dict[int, int] = {}
+        scheduled: list[SimRequest] = []
+        paused: list[SimRequest] = []
+        used = 0
+        end = len(active)
+        i = 0
+        while i < end:
+            req = active[i]
+            need = self._needed_blocks_one_step(req)
+            if len(scheduled) < self.max_batch_size and used + need <= free:
+                used += need
+                scheduled.append(req)
+                i += 1
+                continue
+            # pause the last started request (a context past its first chunk, or one generating) at or after i
+            j = end - 1
+            while j >= i and active[j].stage not in ("CONTEXT_IN_PROGRESS", "GENERATION_IN_PROGRESS"):
+                j -= 1
+            if j < i:
+                break
+            free += bm.scheduling_remove_sequence(active[j].request_id, scheduling_refs)
+            paused.append(active[j])
+            end = j
+        for req in paused:
+            self._pause(req)
+        started = []
+        for req in scheduled:
+            if req.stage == "QUEUED":
+                self.waiting.remove(req)
+                self.running.append(req)
+                started.append(req)
+            if req.stage in ("QUEUED", "PAUSED"):
+                try:
+                    self._admit(req)
+                except NoFreeBlockError as exc:
+                    # The scheduler counted these blocks free, so this is a safety net (TensorRT-LLM would throw):
+                    # the request fails, the run goes on.
+                    bm.remove_sequence(req.request_id)
+                    self.running.remove(req)
+                    scheduled = [r for r in scheduled if r is not req]
+                    self._fail(req, f"out of KV cache blocks at allocation: {exc}")
+        return started, scheduled
+
+    def _pause(self, req: SimRequest) -> None:
+        """``LlmRequest::pause`` + ``terminateRequest(pause=true)``: release the KV (stored for reuse), move the
+        generated tokens into the prompt, back to context init."""
+        out = req.output_ids
+        self.bm.remove_sequence(req.request_id, final_tokens=out[-1:])
+        base = req.prompt_ids
+        if isinstance(base, TokenRuns):
+            req.kv_prompt = TokenRuns([*base.runs, *((t, 1) for t in out)])
+        else:
+            req.kv_prompt = [*base, *out]
+        req.num_prompt_tokens = len(req.kv_prompt)
+        req.kv_tokens = req.kv_blocks = req.context_done = 0
+        req.stage = "PAUSED"
+        req.paused_count += 1
+        self.paused_total += 1
+        self._paused_now.append(req)
+
+    def _schedule_no_evict(self) -> list[SimRequest]:
         """GUARANTEED_NO_EVICT admission, in arrival order."""
         bm = self.bm
         # Blocks running requests still need to finish: sum of (blocks to completion - blocks held).
@@ -189,20 +325,7 @@ class SimEngineCore:
             if need > available:
                 break
             self.waiting.popleft()
-            before = (bm.alloc_total_blocks, bm.alloc_new_blocks, bm.reused_blocks, bm.missed_blocks,
-                      bm.onboarded_blocks)
-            req.reused_tokens = bm.add_sequence(req.request_id, req.prompt_ids, req.retention)
-            req.alloc_total_blocks = bm.alloc_total_blocks - before[0]
-            req.alloc_new_blocks = bm.alloc_new_blocks - before[1]
-            req.reused_blocks = bm.reused_blocks - before[2]
-            req.missed_blocks = bm.missed_blocks - before[3]
-            req.onboarded_blocks = bm.onboarded_blocks - before[4]
-            req.kv_tokens = req.num_prompt_tokens
-            req.kv_blocks = bm.num_blocks(req.request_id)
-            req.context_done = req.reused_tokens
-            req.stage = "CONTEXT_IN_PROGRESS"
-            req.scheduled_s = self.now_s
-            req.first_iter = self.iteration
+            self._admit(req)
             available -= need
             self.running.append(req)
             started.append(req)
@@ -215,8 +338,18 @@ class SimEngineCore:
         bm = self.bm
         bm.refresh()
         moves_before = (bm.onboarded_blocks, bm.offloaded_blocks)
-        started = self._schedule()
-        if not self.running and self.waiting and self.waiting[0].arrival_s <= self.now_s:
+        self._paused_now = []
+        started, scheduled = self._schedule()
+        if scheduled is not None and not scheduled:
+            # MAX_UTILIZATION with nothing scheduled even after pausing every started request: the first active
+            # request cannot fit an empty pool (submit() rejects what can never fit, so this is a safety net).
+            head = self.running[0] if self.running else self.waiting.popleft()
+            if head in self.running:
+                self.running.remove(head)
+            self._fail(head, f"needs {self._needed_blocks_one_step(head)} free KV cache blocks for its next step, "
+                             f"the GPU pool has {bm.num_free_blocks(0)} free of {bm.primary_blocks}")
+            return []
+        if scheduled is None and not self.running and self.waiting and self.waiting[0].arrival_s <= self.now_s:
             # Nothing runs and the head still does not fit (submit() rejects what can never fit, so this is a
             # safety net): waiting would spin forever, so it fails with the numbers that say why.
             head = self.waiting.popleft()
@@ -227,12 +360,13 @@ class SimEngineCore:
         running = self.running
         gen: list[SimRequest] = []
         in_context: list[SimRequest] = []
-        for r in running:
+        for r in (running if scheduled is None else scheduled):
             stage = r.stage
             if stage == "GENERATION_IN_PROGRESS":
                 gen.append(r)
             elif stage == "CONTEXT_IN_PROGRESS":
                 in_context.append(r)
+        self.max_scheduled = max(self.max_scheduled, len(gen) + len(in_context))
         budget = max(self.max_num_tokens - len(gen), 0)
         chunks: list[tuple[SimRequest, int]] = []
         for r in in_context:
@@ -361,7 +495,7 @@ class SimEngineCore:
                 "numScheduledRequests": len(chunks) + len(gen),
                 "numContextRequests": len(chunks),
                 "numGenRequests": len(gen),
-                "numPausedRequests": 0,
+                "numPausedRequests": len(self._paused_now),
                 "numCtxTokens": num_ctx_tokens,
                 "microBatchId": 0,
                 "avgNumDecodedTokensPerIter": 1.0 if gen else 0.0,
@@ -383,7 +517,7 @@ class SimEngineCore:
             "numGeneratedTokens": len(r.output_ids),
             "avgNumDecodedTokensPerIter": 1.0,
             "scheduled": True,
-            "paused": False,
+            "paused": r.stage == "PAUSED",
             "disServingStats": None,
             "allocTotalBlocksPerRequest": r.alloc_total_blocks,
             "allocNewBlocksPerRequest": r.alloc_new_blocks,

@@ -13,8 +13,10 @@ import asyncio
 import itertools
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import Any
 
 from kvtop.engines.gpus import GpuProfile, resolve_gpu
@@ -61,6 +63,36 @@ class KvCacheConfig:
             raise ValueError(f"host_cache_size: must be >= 0 bytes, got {self.host_cache_size}")
         if self.tokens_per_block <= 0:
             raise ValueError(f"tokens_per_block: must be > 0, got {self.tokens_per_block}")
+
+
+class CapacitySchedulerPolicy(str, Enum):
+    """``tensorrt_llm.llmapi.CapacitySchedulerPolicy`` (llm_args.py: a StrEnum of these three names)."""
+
+    MAX_UTILIZATION = "MAX_UTILIZATION"
+    GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
+    STATIC_BATCH = "STATIC_BATCH"
+
+
+@dataclass
+class SchedulerConfig:
+    """``tensorrt_llm.llmapi.SchedulerConfig``: the capacity policy is simulated (MAX_UTILIZATION and
+    GUARANTEED_NO_EVICT, not STATIC_BATCH); the other fields are accepted so that real scripts run unchanged."""
+
+    capacity_scheduler_policy: CapacitySchedulerPolicy | str = CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+    context_chunking_policy: Any = None
+    dynamic_batch_config: Any = None
+
+    def __post_init__(self) -> None:
+        value = self.capacity_scheduler_policy
+        name = value.value if isinstance(value, CapacitySchedulerPolicy) else str(value)
+        try:
+            self.capacity_scheduler_policy = CapacitySchedulerPolicy(name)
+        except ValueError:
+            raise ValueError(f"capacity_scheduler_policy: must be one of "
+                             f"{', '.join(p.value for p in CapacitySchedulerPolicy)}, got {value!r}") from None
+        if self.capacity_scheduler_policy is CapacitySchedulerPolicy.STATIC_BATCH:
+            raise ValueError("capacity_scheduler_policy: STATIC_BATCH is not simulated (MAX_UTILIZATION and "
+                             "GUARANTEED_NO_EVICT are)")
 
 
 @dataclass
@@ -254,7 +286,7 @@ class SimLLM:
                  enable_iter_perf_stats: bool = False, enable_iter_req_stats: bool = False,
                  return_perf_metrics: bool = False, gpu: str | GpuProfile = "H200", speed: float = 1.0,
                  tokenizer: Tokenizer | str | None = None, max_stats_len: int = 1000, trtllm_version: str = "1.2",
-                 **unsupported: Any):
+                 scheduler_config: SchedulerConfig | None = None, **unsupported: Any):
         if unsupported:
             # TensorRT-LLM's args are strict pydantic models: an unknown name is an error, not a silent no-op.
             raise TypeError(f"SimLLM: unsupported argument(s): {', '.join(sorted(unsupported))}")
@@ -263,6 +295,10 @@ class SimLLM:
         self.model: ModelShape = model if isinstance(model, ModelShape) else resolve_model(model)
         self.gpu: GpuProfile = gpu if isinstance(gpu, GpuProfile) else resolve_gpu(gpu)
         self.kv_cache_config = kv_cache_config or KvCacheConfig()
+        self.not_modelled: list[str] = []  # what requests asked for that the simulator does not model
+        self.scheduler_config = scheduler_config or SchedulerConfig()
+        policy = self.scheduler_config.capacity_scheduler_policy
+        self.capacity_scheduler_policy = policy.value if isinstance(policy, CapacitySchedulerPolicy) else str(policy)
         kvc = self.kv_cache_config
         tpb = kvc.tokens_per_block
         self.tokens_per_block = tpb
@@ -289,7 +325,8 @@ class SimLLM:
                                    enable_iter_perf_stats=enable_iter_perf_stats,
                                    enable_iter_req_stats=enable_iter_req_stats, max_stats_len=max_stats_len,
                                    gpu_mem_usage_bytes=gpu_mem, epoch_s=time.time(),
-                                   trtllm_version=trtllm_version)
+                                   trtllm_version=trtllm_version,
+                                   capacity_scheduler_policy=self.capacity_scheduler_policy)
         self.trtllm_version = trtllm_version
         if isinstance(tokenizer, str) or tokenizer is None:
             self.tokenizer: Tokenizer = load_tokenizer(self.model.name, self.model.vocab_size,
@@ -321,6 +358,8 @@ class SimLLM:
             "bytes_per_block": self.bytes_per_block,
             "host_cache_bytes": self.kv_cache_config.host_cache_size or 0,
             "speed": self.speed,
+            "capacity_scheduler_policy": self.capacity_scheduler_policy,
+            "not_modelled": list(self.not_modelled),
             "simulated": True,
         }
 
@@ -351,6 +390,11 @@ class SimLLM:
             raise RuntimeError("SimLLM has been shut down")
         sp = sampling_params or SamplingParams()
         prompt_ids, prompt = self._encode(inputs)
+        note = kv_cache_retention_config.not_modelled() if kv_cache_retention_config is not None else None
+        if note is not None and note not in self.not_modelled:
+            # said once per distinct config, where a script sees it (stderr) and in describe() (the meta record)
+            self.not_modelled.append(note)
+            warnings.warn(f"kvtop simulator: {note}", stacklevel=2)
         with self._lock:
             req = SimRequest(next(self._ids), prompt_ids, sp.max_tokens, arrival_s=self._now_for_arrival(),
                              retention=kv_cache_retention_config)

@@ -18,9 +18,26 @@ DEFAULT_PRIORITY = 35  # executor.h kDefaultRetentionPriority
 
 
 class KvCacheTransferMode(IntEnum):
+    """``tensorrt_llm.bindings.executor.KvCacheTransferMode`` (executor.h): where offloaded blocks go."""
+
     DRAM = 0
     GDS = 1
     POSIX_DEBUG_FALLBACK = 2
+
+
+def parse_transfer_mode(value: object) -> KvCacheTransferMode:
+    """TensorRT-LLM's names: the enum member (kvtop's or TensorRT-LLM's own, by its ``name``), its name as a string
+    (``"GDS"``, case-insensitive), or its value."""
+    if isinstance(value, KvCacheTransferMode):
+        return value
+    name = getattr(value, "name", None)
+    if isinstance(name, str) and name.upper() in KvCacheTransferMode.__members__:  # TensorRT-LLM's pybind enum
+        return KvCacheTransferMode[name.upper()]
+    if isinstance(value, str) and value.strip().upper() in KvCacheTransferMode.__members__:
+        return KvCacheTransferMode[value.strip().upper()]
+    if isinstance(value, int) and not isinstance(value, bool) and value in KvCacheTransferMode._value2member_map_:
+        return KvCacheTransferMode(value)
+    raise ValueError(f"transfer_mode: must be one of {', '.join(KvCacheTransferMode.__members__)}, got {value!r}")
 
 
 def _duration_ms(value: timedelta | int | float | None, what: str) -> int | None:
@@ -78,7 +95,7 @@ class KvCacheRetentionConfig:
     def __init__(self, token_range_retention_configs: list[_TokenRange] | None = None,
                  decode_retention_priority: int = DEFAULT_PRIORITY,
                  decode_duration_ms: timedelta | int | None = None,
-                 transfer_mode: KvCacheTransferMode = KvCacheTransferMode.DRAM,
+                 transfer_mode: KvCacheTransferMode | str | int = KvCacheTransferMode.DRAM,
                  directory: str | None = None):
         ranges = sorted(token_range_retention_configs or [], key=lambda r: r.token_start)
         for i, r in enumerate(ranges):
@@ -96,10 +113,20 @@ class KvCacheRetentionConfig:
         self.token_range_retention_configs = ranges
         self.decode_retention_priority = _check_priority(decode_retention_priority, "decode_retention_priority")
         self.decode_duration_ms = _duration_ms(decode_duration_ms, "decode_duration_ms")
-        self.transfer_mode = KvCacheTransferMode(transfer_mode)
+        self.transfer_mode = parse_transfer_mode(transfer_mode)
+        if directory is not None and not isinstance(directory, str):
+            raise ValueError(f"directory: must be a path string or None, got {directory!r}")
         # TensorRT-LLM falls back to DRAM when a non-DRAM mode has no directory ("Transfer mode %d specified
-        # without directory, falling back to DRAM mode"); the simulator only models DRAM.
+        # without directory, falling back to DRAM mode"); the simulator models DRAM only.
         self.directory = directory
+        self.file_tier = self.transfer_mode != KvCacheTransferMode.DRAM and bool(directory)
+
+    def not_modelled(self) -> str | None:
+        """What the simulator does not model about this config, in one line, or None."""
+        if not self.file_tier:
+            return None
+        return (f"transfer_mode {self.transfer_mode.name} with directory {self.directory!r}: the file tier's copy "
+                f"cost is not modelled (its blocks are timed as host-memory copies over PCIe)")
 
     def per_block(self, tokens_per_block: int, seq_len: int) -> list[tuple[int | None, int | None]]:
         """``getPerBlockRetentionPriorityDuration``: (priority, duration_ms) for each of ceil(seq_len/tpb) blocks.

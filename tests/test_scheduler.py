@@ -1,0 +1,124 @@
+"""Capacity scheduler policies of the simulated engine (TensorRT-LLM's capacityScheduler.cpp): GUARANTEED_NO_EVICT
+reserves every block a request needs to finish; MAX_UTILIZATION schedules what fits one step and pauses the last
+started request when the pool runs out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvtop.engines.gpus import resolve_gpu
+from kvtop.engines.models import resolve_model
+from kvtop.engines.sim.block_manager import BlockManager
+from kvtop.engines.sim.core import SimEngineCore, SimRequest
+
+MODEL, GPU = resolve_model("Qwen/Qwen3-8B"), resolve_gpu("H200")
+
+
+def run(policy: str, stats: list[dict[str, Any]] | None = None) -> tuple[SimEngineCore, list[SimRequest]]:
+    """8 requests at t=0, 64-token prompts sharing nothing (4 blocks of 16 tokens), 100 tokens each, a 40-block
+    GPU pool. To finish, a request needs ceil(164 / 16) = 11 blocks: GUARANTEED_NO_EVICT runs 40 // 11 = 3 at once.
+    MAX_UTILIZATION starts all 8 (32 blocks), their first decode step takes a block each (64 % 16 == 0: 40),
+    and at 80 tokens the pool is out: it pauses requests from the end of the list."""
+    bm = BlockManager(40, 0, 16)
+    core = SimEngineCore(MODEL, GPU, bm, max_batch_size=16, max_num_tokens=4096, enable_iter_req_stats=True,
+                         capacity_scheduler_policy=policy)
+    done: list[SimRequest] = []
+    for i in range(8):
+        core.submit(SimRequest(i, [1000 * i + k for k in range(64)], 100, arrival_s=0.0, on_finish=done.append))
+    while not core.idle():
+        core.step()
+        assert bm.num_free_blocks(0) >= 0
+        for s in core.take_stats():
+            if stats is not None:
+                stats.append(s)
+    return core, done
+
+
+def test_guaranteed_no_evict_reserves_blocks_to_completion() -> None:
+    core, done = run("GUARANTEED_NO_EVICT")
+    assert core.max_scheduled == 3 and core.paused_total == 0
+    assert core.completed == 8 and core.failed == 0
+    assert core.bm.missed_blocks == 32 and core.bm.reused_blocks == 0  # each prompt computed once
+    assert core.iteration == 300
+
+
+def test_max_utilization_admits_more_and_pauses_when_blocks_run_out() -> None:
+    stats: list[dict[str, Any]] = []
+    core, done = run("MAX_UTILIZATION", stats)
+    assert core.max_scheduled == 8  # all eight at once, against 3
+    assert core.paused_total == 5 and sorted(r.paused_count for r in done) == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert core.completed == 8 and core.failed == 0
+    # a paused request's prompt (its 64 tokens + what it generated) is looked up again on resumption: 7 of its
+    # blocks were still cached, 32 more were recomputed
+    assert core.bm.reused_blocks == 7 and core.bm.missed_blocks == 64
+    assert core.iteration == 183 and core.now_s < run("GUARANTEED_NO_EVICT")[0].now_s
+    # the pauses are in the iteration stats as TensorRT-LLM reports them
+    assert sum(s["inflightBatchingStats"]["numPausedRequests"] for s in stats) == 5
+    assert any(r["paused"] for s in stats for r in s["requestStats"])
+    # outputs do not depend on the policy: every request generated its 100 tokens, the same ones
+    by_id = {r.request_id: r.output_ids for r in run("GUARANTEED_NO_EVICT")[1]}
+    assert all(len(r.output_ids) == 100 and r.output_ids == by_id[r.request_id] for r in done)
+
+
+def test_scheduling_remove_sequence_counts_blocks_no_one_else_holds() -> None:
+    """``schedulingRemoveSequence``: a block shared by two requests becomes free only when both are released."""
+    bm = BlockManager(20, 0, 4)
+    shared = list(range(8))  # two full blocks
+    bm.add_sequence("a", shared + [100, 101, 102])
+    bm.store_context_blocks("a")
+    assert bm.add_sequence("b", shared + [200, 201, 202]) == 8
+    refs: dict[int, int] = {}
+    assert bm.scheduling_remove_sequence("b", refs) == 1  # only its own third block
+    assert bm.scheduling_remove_sequence("a", refs) == 3  # its own, and the two shared ones now
+    assert bm.num_free_blocks(0) == 16  # a trial: nothing was released
+
+
+def test_unknown_policy_is_rejected() -> None:
+    with pytest.raises(ValueError, match="capacity_scheduler_policy"):
+        SimEngineCore(MODEL, GPU, BlockManager(8, 0, 16), capacity_scheduler_policy="STATIC_BATCH")
+
+
+# ---------------------------------------------------------------------------------------------- the LLM API surface
+
+def test_simllm_takes_trtllm_scheduler_config() -> None:
+    from kvtop.engines.sim import CapacitySchedulerPolicy, KvCacheConfig, SamplingParams, SchedulerConfig, SimLLM
+
+    kvc = KvCacheConfig(max_tokens=40 * 16, tokens_per_block=16)
+    with SimLLM(kv_cache_config=kvc, speed=0, max_batch_size=16,
+                scheduler_config=SchedulerConfig(capacity_scheduler_policy=CapacitySchedulerPolicy.MAX_UTILIZATION)
+                ) as llm:
+        outs = llm.generate([[1000 * i + k for k in range(64)] for i in range(8)], SamplingParams(max_tokens=100))
+        assert [len(o.outputs[0].token_ids) for o in outs] == [100] * 8
+        assert llm.describe()["capacity_scheduler_policy"] == "MAX_UTILIZATION"
+        assert llm._core.paused_total == 5 and llm._core.max_scheduled == 8  # as the core alone above
+    assert SchedulerConfig(capacity_scheduler_policy="GUARANTEED_NO_EVICT").capacity_scheduler_policy is \
+        CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+    with pytest.raises(ValueError, match="STATIC_BATCH is not simulated"):
+        SchedulerConfig(capacity_scheduler_policy=CapacitySchedulerPolicy.STATIC_BATCH)
+    with pytest.raises(ValueError, match="capacity_scheduler_policy: must be one of"):
+        SchedulerConfig(capacity_scheduler_policy="FIFO")
+
+
+def test_transfer_mode_takes_trtllm_names_and_says_the_file_tier_is_not_modelled() -> None:
+    from kvtop.engines.sim import KvCacheConfig, KvCacheRetentionConfig, KvCacheTransferMode, SamplingParams, SimLLM
+
+    class PybindMode:  # what tensorrt_llm.bindings.executor.KvCacheTransferMode.GDS looks like: a name
+        name = "GDS"
+
+    TR = KvCacheRetentionConfig.TokenRangeRetentionConfig
+    for mode in ("GDS", "gds", 1, KvCacheTransferMode.GDS, PybindMode()):
+        assert KvCacheRetentionConfig([TR(0, None, 80)], transfer_mode=mode).transfer_mode is KvCacheTransferMode.GDS
+    assert KvCacheRetentionConfig(transfer_mode="POSIX_DEBUG_FALLBACK").transfer_mode == 2
+    with pytest.raises(ValueError, match="transfer_mode: must be one of DRAM, GDS, POSIX_DEBUG_FALLBACK"):
+        KvCacheRetentionConfig(transfer_mode="NVME")
+    # without a directory TensorRT-LLM falls back to DRAM: nothing to say
+    assert KvCacheRetentionConfig(transfer_mode="GDS").not_modelled() is None
+    file_tier = KvCacheRetentionConfig([TR(0, None, 80)], transfer_mode="GDS", directory="/mnt/nvme/kv")
+    note = file_tier.not_modelled()
+    assert note is not None and "GDS" in note and "/mnt/nvme/kv" in note and "not modelled" in note
+    with SimLLM(kv_cache_config=KvCacheConfig(max_tokens=4096), speed=0) as llm:
+        with pytest.warns(UserWarning, match="file tier's copy cost is not modelled"):
+            llm.generate([1, 2, 3], SamplingParams(max_tokens=2), kv_cache_retention_config=file_tier)
+        assert llm.describe()["not_modelled"] == [note]  # in the meta record: headless and JSON summaries
