@@ -74,6 +74,26 @@ def build_sim_engine(settings: Settings) -> Any:
                   scheduler_config=SchedulerConfig(capacity_scheduler_policy=settings.capacity_scheduler_policy))
 
 
+# TensorRT-LLM's kv_cache_offloading example: a GPU pool of 256 tokens, so that prompt B evicts prompt A (offloaded
+# to the host tier when there is one) and A's return onboards it. With kvtop's default pool (131,072 tokens) A and B
+# both fit on the GPU and the A/B demo showed 0 offloads.
+AB_GPU_CACHE_TOKENS = 256
+
+
+def _size_for_ab(settings: Settings) -> str | None:
+    """``--scenario ab`` with the GPU pool left at its default: the example's pool size instead (a pool set on the
+    command line, a config file or the environment is kept). Returns the line the event log says it with."""
+    if settings.scenario != "ab":
+        return None
+    origin = settings.origin
+    if origin.get("gpu_cache_tokens", "default") != "default" or origin.get("gpu_cache_fraction",
+                                                                              "default") != "default":
+        return None
+    settings.gpu_cache_tokens = max(AB_GPU_CACHE_TOKENS, 8 * settings.tokens_per_block)
+    return (f"scenario ab: GPU pool {settings.gpu_cache_tokens} tokens (as TensorRT-LLM's offloading example), so "
+            "that B evicts A and A comes back from the host; --gpu-cache sets another size")
+
+
 def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoice | None = None,
                   sample_gpu: bool = True) -> Session:
     """Everything a driven run needs, wired into one Session. ``engine`` may be injected (tests)."""
@@ -82,6 +102,7 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
     except ValueError as exc:
         raise RunError(f"--model: {exc}") from None
     choice = choice or (EngineChoice("sim", "injected engine") if engine is not None else choose_engine(settings))
+    ab_note = _size_for_ab(settings) if engine is None else None
     source = SourceId.local(run=settings.run_name or f"{settings.scenario}-{os.getpid()}")
     if engine is None:
         try:
@@ -100,6 +121,8 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
     meta["sim_reason"] = choice.reason if choice.kind == "sim" else None
     meta["scenario"] = settings.scenario
     session = Session(source=source, warmup_requests=settings.warmup_requests, meta=meta)
+    if ab_note:
+        session.note("info", ab_note)
 
     # The engine itself
     poller = EnginePoller(engine, source, interval_s=settings.refresh, sink=session.emit,

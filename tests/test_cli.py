@@ -357,3 +357,24 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert info.value.code == 0
     assert re.match(r"^kvtop \d+\.\d+", capsys.readouterr().out)
+
+
+def test_scenario_ab_with_its_defaults_offloads_and_onboards(tmp_path: Path) -> None:
+    """`kvtop --engine sim --scenario ab` as the README has it, no sizes given: the GPU pool is TensorRT-LLM's
+    example's 256 tokens (8 blocks of 32), so B evicts A to the host and A comes back from there. With kvtop's
+    default 131,072-token pool both prompts fitted on the GPU and the demo showed 0 offloads."""
+    rc, out, err = kvtop(["--engine", "sim", "--scenario", "ab", "--headless", "--json", "--duration", "1.5",
+                          "--speed", "0"], tmp_path)
+    assert rc == 0, err
+    s = json.loads(out)
+    assert s["tiers"]["gpu"]["capacity_blocks"] == 8
+    assert s["requests"]["failed"] == 0 and s["requests"]["completed"] >= 4
+    assert s["moves"]["offloaded_blocks"] > 0 and s["moves"]["onboarded_blocks"] > 0
+    assert s["hit_rate"]["host"] > 0
+
+
+def test_scenario_ab_keeps_a_gpu_pool_the_user_set(tmp_path: Path) -> None:
+    rc, out, err = kvtop(["--engine", "sim", "--scenario", "ab", "--headless", "--json", "--duration", "0.5",
+                          "--speed", "0", "--gpu-cache", "4096", "--max-tokens", "4"], tmp_path)
+    assert rc == 0, err
+    assert json.loads(out)["tiers"]["gpu"]["capacity_blocks"] == 4096 // 32

@@ -48,6 +48,7 @@ class Scenario:
 
     def __init__(self, capacity_tokens: int, max_tokens: int, seed: int = 0,
                  base_retention: RetentionSpec | None = None, max_prompt_tokens: int = 32768):
+        self.pool_tokens = capacity_tokens          # the GPU pool as it is (ab sizes its prompts to it)
         self.capacity_tokens = max(capacity_tokens, 1024)
         self.max_tokens = max_tokens
         self.rng = random.Random(seed)
@@ -73,7 +74,10 @@ class AbScenario(Scenario):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        n = min(int(self.capacity_tokens * 0.6), self.max_prompt_tokens - self.max_tokens)
+        # 60% of the pool as it is (not the 1,024-token floor the other scenarios size from): with TensorRT-LLM's
+        # example pool of 256 tokens a prompt of 153 and its 64 answer tokens (7 of 8 blocks) fit, A and B do not.
+        pool = self.pool_tokens if self.pool_tokens > 0 else self.capacity_tokens
+        n = max(min(int(pool * 0.6), self.max_prompt_tokens - self.max_tokens, pool - self.max_tokens - 1), 1)
         self.docs = [self.tokens(n), self.tokens(n)]
         self.i = 0
 
