@@ -590,6 +590,7 @@ class TierModel:
         self._it_host_dropped = 0
         self._it_moves_seen = False
         self._stats_schema: str | None = None     # which TensorRT-LLM's stats shape the numbers come from
+        self._prom_seen = False                    # stats mapped from trtllm-serve's Prometheus metrics
         self._level_tiers: list[str] | None = None  # kvCacheLevelTiers (V2): the tier of each cache level
         self._level_hits: dict[int, int] = {}     # reused blocks per cache level (V2 lifecycles), warm-up excluded
         self._stats_completed = 0
@@ -1225,7 +1226,9 @@ class TierModel:
                 self._free_num_blocks = kvv["freeNumBlocks"]
             if kvv["tokensPerBlock"]:
                 self._stats_tpb = kvv["tokensPerBlock"]
-        if schema is not None:
+        if d.get("kvtopSource") == "prometheus":
+            self._prom_seen = True  # trtllm-serve's Prometheus metrics, mapped (kvtop/sources/trtllm_prometheus.py)
+        elif schema is not None:
             self._stats_schema = schema
         if level_tiers is not None:
             self._level_tiers = level_tiers
@@ -1663,7 +1666,10 @@ class TierModel:
     def stats_schema(self) -> str | None:
         """Which TensorRT-LLM's iteration stats the numbers come from, told from the data itself: "1.0-1.2"
         (``kvCacheStats`` only), "1.3" (``kvCacheIterationStats`` per window, V1 manager), "1.3+ V2"
-        (the pool-group views of the V2 manager), or None before any stats."""
+        (the pool-group views of the V2 manager), "prometheus" (trtllm-serve's trtllm_* metrics, when its JSON
+        stats are off), "<schema> + prometheus" with both, or None before any stats."""
+        if self._prom_seen:
+            return "prometheus" if self._stats_schema is None else f"{self._stats_schema} + prometheus"
         return self._stats_schema
 
     @property
@@ -1830,7 +1836,7 @@ class TierModel:
             stats_restarts=self._stats_restarts,
             host_without_events=bool(host_cap) and not self._events_seen and "secondaryFreeNumBlocks" not in (
                 self._it or {}),
-            capacity_source=cap_src, stats_max_includes_host=includes, stats_schema=self._stats_schema)
+            capacity_source=cap_src, stats_max_includes_host=includes, stats_schema=self.stats_schema)
 
     @property
     def fold_entries(self) -> int:

@@ -61,7 +61,7 @@ class FakeServe:
                 fake.hits[path] = fake.hits.get(path, 0) + 1
                 fake.methods[path] = method
                 allowed = {"/metrics": "GET", "/perf_metrics": "GET", "/kv_cache_events": "POST",
-                           "/version": "GET", "/v1/models": "GET"}
+                           "/version": "GET", "/v1/models": "GET", "/prometheus/metrics": "GET"}
                 code = fake.status.get(path, 200)
                 if path not in allowed or code == 404:
                     return self._send(404, b'{"detail":"Not Found"}')
@@ -76,6 +76,8 @@ class FakeServe:
                 if path == "/v1/models":
                     return self._send(200, json.dumps({"object": "list", "data": [
                         {"id": "Qwen/Qwen3-8B", "object": "model", "owned_by": "tensorrt_llm"}]}).encode())
+                if path == "/prometheus/metrics":  # text, served from raw (above) when a test sets it
+                    return self._send(404, b'{"detail":"Not Found"}')
                 queue = fake.queues[path]
                 body = queue.pop(0) if queue else []
                 self._send(200, json.dumps(body).encode())

@@ -39,12 +39,14 @@ from urllib.parse import urlsplit
 
 from kvtop.engines.meta import real_engine_meta
 from kvtop.records import Record, RecordError, SourceId, make, parse_engine_dict
+from kvtop.sources.trtllm_prometheus import PrometheusStats, parse_samples
 from kvtop.stopsignal import StopSignal
 
 Sink = Callable[[Record], None]
 Callback = Callable[[str, str], None]  # (name, message)
 
 STATS, EVENTS, PERF = "stats", "kv_events", "perf_metrics"
+PROM = "prometheus"  # GET /prometheus/metrics: read while /metrics is off or drained (trtllm_prometheus.py)
 HINTS = {
     STATS: "iteration stats are off: add `enable_iter_perf_stats: true` to the YAML given to trtllm-serve "
            "--extra_llm_api_options (PyTorch backend; the TRT backend has them on by default)",
@@ -52,7 +54,14 @@ HINTS = {
             "true}` to the YAML given to trtllm-serve --extra_llm_api_options",
     PERF: "request metrics are off: add `return_perf_metrics: true` and `perf_metrics_max_requests: 1000` to the "
           "YAML given to trtllm-serve --extra_llm_api_options",
+    PROM: "Prometheus metrics are off: add `return_perf_metrics: true` to the YAML given to trtllm-serve "
+          "--extra_llm_api_options (its KV cache metrics need TensorRT-LLM 1.3 or later)",
 }
+DRAINED_HINT = ("another reader is draining the iteration-stats queue that /metrics reads (TensorRT-LLM 1.3's own "
+                "Prometheus collector loop when return_perf_metrics is on, or a second kvtop or collector): "
+                "counts summed per iteration undercount; kvtop also reads /prometheus/metrics")
+DRAIN_POLLS = 2  # iterations missing between two polls, twice: another reader (a one-off gap may be a restart)
+QUEUE_FULL = 1000  # trtllm-serve's stats queue (iter_stats_max_iterations default): a poll this big may be overflow
 # trtllm-serve waits 2 s for items before answering an empty /metrics or /kv_cache_events; 10 s leaves room for
 # a busy server's event loop without calling a slow answer a dead server.
 HTTP_TIMEOUT_S = 10.0
@@ -146,7 +155,14 @@ class TrtllmServeSource:
             STATS: Endpoint(STATS, "GET", "/metrics"),
             EVENTS: Endpoint(EVENTS, "POST", "/kv_cache_events"),
             PERF: Endpoint(PERF, "GET", "/perf_metrics", enabled=perf_metrics),
+            PROM: Endpoint(PROM, "GET", "/prometheus/metrics", enabled=False),  # see _want_prometheus
         }
+        self.prometheus = PrometheusStats()
+        self.stats_drained = False  # another reader takes iteration stats from the queue /metrics reads
+        self.stats_missing = 0      # iterations that never reached kvtop (gaps in ``iter``)
+        self._last_iter: dict[Any, int] = {}
+        self._gap_polls = 0
+        self._prom_completed: float | None = None
         self.reachable: bool | None = None  # None until the first poll
         self.meta: dict[str, Any] | None = None
         self.polls = 0
@@ -187,6 +203,7 @@ class TrtllmServeSource:
         self._busy_events = 0
         result = ServePoll()
         now = time.monotonic()
+        self.endpoints[PROM].enabled = self._want_prometheus()
         due = [ep for ep in self.endpoints.values() if ep.enabled and ep.due <= now]
         # /version and /v1/models (once) alongside: an unreachable host costs one timeout per poll, not three.
         meta, *answers = await asyncio.gather(self._fetch_meta() if self.meta is None else _none(),
@@ -222,6 +239,8 @@ class TrtllmServeSource:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             return None, f"cannot reach {url}: {reason}"
+        if ep.name == PROM:
+            return self._prometheus_items(body)
         try:
             items = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -256,6 +275,8 @@ class TrtllmServeSource:
     # ------------------------------------------------------------------------------------------ items
 
     def _emit(self, ep: Endpoint, items: list[Any]) -> int:
+        if ep.name == STATS:
+            self._check_drained(items)
         if ep.failures:
             ep.failures, ep.last_error = 0, None
         ep.due = 0.0
@@ -287,6 +308,8 @@ class TrtllmServeSource:
     def _record(self, ep: Endpoint, item: Any, now: float) -> Record:
         if ep.name == STATS:
             return make("stats", parse_engine_dict(item, "stats"), self.source, now)
+        if ep.name == PROM:
+            return make("stats", item, self.source, now)
         if ep.name == EVENTS:
             rec = make("kv_event", parse_engine_dict(item, "kv_event"), self.source, now)
             if rec.data["data"].get("type") != "created":
@@ -294,14 +317,71 @@ class TrtllmServeSource:
             return rec
         return make("request", request_from_perf(parse_engine_dict(item, "perf_metrics")), self.source, now)
 
+    # ------------------------------------------------------------------------------------------ drained / Prometheus
+
+    def _check_drained(self, items: list[Any]) -> None:
+        """Iterations missing between polls mean another reader took them from the queue (trtllm-serve answers
+        /metrics from ``get_stats_async``, a drain-once queue): counted, and said once."""
+        gap = 0
+        for item in items:
+            if not isinstance(item, dict) or item.get("iter").__class__ is not int:
+                continue
+            rank = item.get("attentionDpRank") or 0
+            it = item["iter"]
+            last = self._last_iter.get(rank)
+            if last is not None and it > last + 1:
+                gap += it - last - 1
+            if last is None or it > last or it < last - QUEUE_FULL:  # far backwards: the engine restarted
+                self._last_iter[rank] = it
+        if not gap:
+            return
+        self.stats_missing += gap
+        if len(items) >= QUEUE_FULL:
+            return  # a full queue drops its oldest: overflow (poll faster), not another reader
+        self._gap_polls += 1
+        if self._gap_polls >= DRAIN_POLLS:
+            self._set_drained(f"{self.stats_missing} iterations never reached kvtop")
+
+    def _set_drained(self, why: str) -> None:
+        if self.stats_drained:
+            return
+        self.stats_drained = True
+        self.endpoints[STATS].hint = DRAINED_HINT
+        self._status(f"trtllm-serve.{STATS}", f"/metrics: {why}: {DRAINED_HINT}")
+
+    def _want_prometheus(self) -> bool:
+        """Read /prometheus/metrics while the JSON stats are off, empty or drained (not while they flow whole)."""
+        st = self.endpoints[STATS].state
+        return self.stats_drained or st in ("off", "empty", "error")
+
+    def _prometheus_items(self, body: bytes) -> tuple[list[Any] | None, HttpStatusError | str | None]:
+        try:
+            samples = parse_samples(body.decode("utf-8", "replace"))
+        except ValueError as exc:
+            return None, HttpStatusError(200, f"not Prometheus text ({exc})")
+        # Iterations happen (the collector counts completions) while /metrics gives nothing: it is drained whole.
+        done = samples.get("trtllm_num_requests_completed_total")
+        if (done is not None and self._prom_completed is not None and done > self._prom_completed
+                and not self.endpoints[STATS].items and self.endpoints[STATS].empty_polls >= EMPTY_POLLS_OFF):
+            self._set_drained("empty while the server's own Prometheus collector counts finished requests")
+        if done is not None:
+            self._prom_completed = done
+        # Cumulative counters only while no JSON stats arrive (two readers see different iterations).
+        data = self.prometheus.stats(samples, counters=self.endpoints[STATS].items == 0)
+        return ([] if data is None else [data]), None
+
     # ------------------------------------------------------------------------------------------ on / off
 
     def _http_error(self, ep: Endpoint, exc: HttpStatusError) -> None:
         ep.failures += 1
         if exc.status in (404, 405, 501):
             ep.due = time.monotonic() + OFF_RETRY_S
+            if ep.name == PROM and not self.stats_drained:
+                ep.state, ep.hint = "off", HINTS[PROM]  # only a fallback: worth a line when the stats are drained
+                return
+            older = "1.3" if ep.name == PROM else "1.0"
             self._set_off(ep, f"{ep.method} {ep.path} answered {exc}: this server has no such endpoint "
-                              f"(TensorRT-LLM older than 1.0?); {HINTS[ep.name]}")
+                              f"(TensorRT-LLM older than {older}?); {HINTS[ep.name]}")
             return
         ep.due = time.monotonic() + min(self.interval_s * 2.0 ** ep.failures, MAX_BACKOFF_S)
         message = f"{ep.method} {ep.path}: {exc}"
@@ -405,4 +485,4 @@ def serve_source_from_url(url: str, sink: Sink, *, interval_s: float = 0.5, run:
     return TrtllmServeSource(url, src, interval_s, sink, on_status=on_status, on_error=on_error)
 
 
-__all__ = ["HINTS", "TrtllmServeSource", "request_from_perf", "serve_source_from_url"]
+__all__ = ["DRAINED_HINT", "HINTS", "PROM", "TrtllmServeSource", "request_from_perf", "serve_source_from_url"]

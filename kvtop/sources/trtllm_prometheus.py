@@ -1,0 +1,106 @@
+"""trtllm-serve's Prometheus metrics (``GET /prometheus/metrics``) as a stand-in for its JSON iteration stats.
+
+TensorRT-LLM 1.3's ``MetricsCollector`` (tensorrt_llm/metrics/collector.py, names with the ``trtllm_`` prefix, the
+labels ``model_name`` / ``engine_type``) turns each iteration-stats dict it sees into gauges and counters. kvtop reads
+them when the JSON ``/metrics`` endpoint is off, or drained by another reader (1.3's own collector loop in
+tensorrt_llm/serve/openai_server.py drains the same ``get_stats_async`` queue that ``/metrics`` reads, so with
+``return_perf_metrics`` each iteration goes to one of the two, never both).
+
+What maps onto what (collector.py ``log_iteration_stats``):
+
+- ``trtllm_kv_cache_max_blocks`` / ``_free_blocks`` / ``_used_blocks`` / ``_tokens_per_block``: ``kvCacheStats``'s
+  ``maxNumBlocks`` / ``freeNumBlocks`` / ``usedNumBlocks`` / ``tokensPerBlock``, gauges of the last iteration it saw.
+- ``trtllm_kv_cache_reused_blocks_total`` / ``_missed_blocks_total``: the collector adds each iteration's increase
+  of ``reusedBlocks`` / ``missedBlocks``, so they equal the cumulative values as of that iteration: the same
+  counters kvtop diffs from JSON stats.
+- ``trtllm_num_requests_running`` / ``_waiting``: ``numActiveRequests`` / ``numQueuedRequests``.
+- ``trtllm_num_requests_completed_total``: the sum of ``numCompletedRequests``; kvtop passes its increase since the
+  last scrape as that scrape's ``numCompletedRequests``.
+- ``trtllm_kv_cache_host_utilization`` (secondary used / max) and ``trtllm_kv_cache_onboard_bytes_total`` /
+  ``_offload_bytes_total`` are kept in the record (``prometheus``) for the screen; the fold takes no moves from them
+  (bytes, not blocks, and no per-iteration split).
+
+The result is a ``stats`` record whose data uses TensorRT-LLM's own key names for what it maps, plus
+``"kvtopSource": "prometheus"``, so the TierModel folds it with the code that folds JSON stats and says on screen
+that the numbers came from Prometheus.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+__all__ = ["PROMETHEUS_KEYS", "parse_samples", "stats_from_prometheus"]
+
+# sample name -> where it goes ("kv." = kvCacheStats.<key>, otherwise a top-level key)
+PROMETHEUS_KEYS = {
+    "trtllm_kv_cache_max_blocks": "kv.maxNumBlocks",
+    "trtllm_kv_cache_free_blocks": "kv.freeNumBlocks",
+    "trtllm_kv_cache_used_blocks": "kv.usedNumBlocks",
+    "trtllm_kv_cache_tokens_per_block": "kv.tokensPerBlock",
+    "trtllm_kv_cache_reused_blocks_total": "kv.reusedBlocks",
+    "trtllm_kv_cache_missed_blocks_total": "kv.missedBlocks",
+    "trtllm_num_requests_running": "numActiveRequests",
+    "trtllm_num_requests_waiting": "numQueuedRequests",
+}
+KEPT = ("trtllm_kv_cache_hit_rate", "trtllm_kv_cache_utilization", "trtllm_kv_cache_host_utilization",
+        "trtllm_kv_cache_onboard_bytes_total", "trtllm_kv_cache_offload_bytes_total",
+        "trtllm_num_requests_completed_total")
+
+
+def parse_samples(text: str) -> dict[str, float]:
+    """``trtllm_*`` samples of a Prometheus text exposition, summed over label sets (one engine per server;
+    attention-DP ranks add up). Raises ValueError for text that is not the exposition format."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name
+            if not name.startswith("trtllm_") or name.endswith("_created"):
+                continue
+            if not math.isfinite(sample.value):
+                continue
+            out[name] = out.get(name, 0.0) + sample.value
+    return out
+
+
+class PrometheusStats:
+    """Scrapes in, ``stats`` dicts out. ``counters``: pass the cumulative counters too (only while no JSON stats
+    arrive: the two would interleave values from different iterations)."""
+
+    def __init__(self) -> None:
+        self._completed: float | None = None
+        self.scrapes = 0
+
+    def stats(self, samples: dict[str, float], *, counters: bool) -> dict[str, Any] | None:
+        if not any(k in samples for k in PROMETHEUS_KEYS):
+            return None  # a server whose collector has seen no iteration yet (or 1.1/1.2's request-only metrics)
+        self.scrapes += 1
+        kv: dict[str, int] = {}
+        top: dict[str, Any] = {"kvtopSource": "prometheus"}
+        for name, where in PROMETHEUS_KEYS.items():
+            if name not in samples:
+                continue
+            if not counters and name.endswith("_total"):
+                continue
+            value = int(samples[name])
+            if where.startswith("kv."):
+                kv[where[3:]] = value
+            else:
+                top[where] = value
+        if kv:
+            top["kvCacheStats"] = kv
+        done = samples.get("trtllm_num_requests_completed_total")
+        if done is not None:
+            if counters and self._completed is not None and done >= self._completed:
+                top["numCompletedRequests"] = int(done - self._completed)
+            self._completed = done
+        top["prometheus"] = {k: samples[k] for k in KEPT if k in samples}
+        return top
+
+
+def stats_from_prometheus(text: str, state: PrometheusStats | None = None, *,
+                          counters: bool = True) -> dict[str, Any] | None:
+    """One scrape's ``stats`` record data (see the module doc), or None when it holds no KV metric."""
+    return (state or PrometheusStats()).stats(parse_samples(text), counters=counters)
