@@ -109,6 +109,12 @@ def cmd_sim(argv: Sequence[str]) -> int:
     from kvtop.workload.trace import TraceError, read_trace
 
     a = _sim_parser().parse_args(list(argv))
+    if a.plot:
+        from kvtop.report.report import matplotlib_missing
+
+        no_plt = matplotlib_missing("kvtop sim --plot")
+        if no_plt:
+            raise SettingsError("--plot", no_plt)
     try:
         model = resolve_model(a.model)
     except ValueError as exc:

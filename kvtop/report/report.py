@@ -178,11 +178,21 @@ def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
 
 # ---------------------------------------------------------------------------------------------- charts
 
-def _plt() -> Any:
+def matplotlib_missing(command: str = "kvtop report") -> str | None:
+    """The one line to say when the charts cannot be drawn (matplotlib is the `report` extra), or None. Asked
+    before any work: ``kvtop sim --plot`` would otherwise run a whole sweep and fail at its end."""
     try:
-        import matplotlib
-    except ImportError as exc:  # the `report` extra
-        raise RuntimeError("kvtop report needs matplotlib: pip install 'kvtop[report]'") from exc
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return f"{command} needs matplotlib: pip install 'kvtop[report]'"
+    return None
+
+
+def _plt() -> Any:
+    missing = matplotlib_missing()
+    if missing:
+        raise RuntimeError(missing)
+    import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -604,6 +614,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-o", "--out", default="kvtop-report", help="output directory (default: kvtop-report)")
     ap.add_argument("--warmup-requests", type=int, default=0, help="leave the first N requests out of hit rates")
     a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    no_plt = matplotlib_missing()
+    if no_plt:
+        print(no_plt, file=sys.stderr)
+        return 2
     missing = [p for p in a.recordings if not Path(p).is_file()]
     if missing:
         print(f"kvtop report: no such recording: {', '.join(missing)}", file=sys.stderr)
