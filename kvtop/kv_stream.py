@@ -331,7 +331,9 @@ class StreamFold:
         self.capacity_tokens: dict[str, int] = {}
         self.used_tokens: dict[str, int] = {}
         self.in_use_fraction: float | None = None
-        self._counters: dict[str, _Counter] = {}
+        self._counters: dict[str, _Counter] = {}  # "<page url> <counter>" -> its last value
+        self._page = ""
+        self._page_scrapes: dict[str, int] = {}
         self.hit_tokens: dict[str, float] = {}     # serving tier -> hit tokens since attach
         self.lookup_tokens = 0.0
         self._hits_written = 0
@@ -462,9 +464,17 @@ class StreamFold:
     # ------------------------------------------------------------------------------------------ metrics
 
     def _delta(self, name: str, value: float | None) -> float:
-        c = self._counters.get(name)
+        if value is None:
+            return 0.0
+        key = f"{self._page} {name}"
+        c = self._counters.get(key)
         if c is None:
-            c = self._counters[name] = _Counter()
+            c = self._counters[key] = _Counter()
+            if self._page_scrapes.get(self._page, 0) > 1:
+                # Absent from an earlier scrape of this page, so created since: it counted from 0 after kvtop
+                # attached (SGLang creates a cache_source label on its first increment; Dynamo's frontend its
+                # histograms on the first request).
+                c.last = 0.0
         return c.delta(value)
 
     def apply_metrics(self, data: Mapping[str, Any]) -> None:
@@ -474,6 +484,9 @@ class StreamFold:
         engine = data.get("engine")
         self.metrics_engine = engine if isinstance(engine, str) else None
         self.metrics_scrapes += 1
+        url = str(data.get("url", ""))
+        self._page = url
+        self._page_scrapes[url] = self._page_scrapes.get(url, 0) + 1
         # name -> [(labels, value)]
         by: dict[str, list[tuple[Mapping[str, Any], float]]] = {}
         for s in samples:

@@ -305,3 +305,15 @@ def test_rank_split_and_bad_metrics_text():
     # control characters in label values never reach a terminal
     (s,) = parse_metrics('vllm:cache_config_info{block_size="16\\u001b[2J"} 1\n'.replace("\\u001b", "\x1b"))
     assert s[1]["block_size"].isprintable()
+
+
+def test_a_counter_that_appears_after_attach_counted_from_zero():
+    # Dynamo's frontend creates its histograms on the first request; SGLang its cache_source labels on the first hit
+    text = ('dynamo_frontend_model_kv_cache_block_size{{model="tiny"}} 16\n'
+            'dynamo_frontend_cached_tokens_sum{{model="tiny"}} {c}\n'
+            'dynamo_frontend_input_sequence_tokens_sum{{model="tiny"}} {i}\n')
+    m = TierModel()
+    m.apply(_metrics('dynamo_frontend_model_kv_cache_block_size{model="tiny"} 16\n', 1))
+    m.apply(_metrics(text.format(c=0, i=474), 2))
+    m.apply(_metrics(text.format(c=448, i=948), 3))
+    assert (m.hit_rate.hits, m.hit_rate.lookups) == (28, 59)
