@@ -2,8 +2,9 @@
 
     kvtop [options]                   drive a workload through an engine and watch its KV cache tiers
     kvtop sim --trace FILE ...        replay a Mooncake trace on the simulator as fast as possible (sweeps)
-    kvtop attach URL                  watch a run elsewhere: mqtt://, mqtts://, http://host:port, FILE.jsonl
+    kvtop attach URL                  watch a run elsewhere: mqtt://, http://host:port, zmq://, vllm://, FILE.jsonl
     kvtop replay FILE [--speed X]     replay a recording
+    kvtop agent URL --mqtt mqtt://... fold a local source, publish per-source summaries (fleets)
     kvtop estimate ...                reload vs recompute arithmetic for a model on a GPU
     kvtop calibrate ...               measure this machine's GPU into a profile
     kvtop report RUN.jsonl ... -o DIR charts and a summary page from recordings
@@ -23,7 +24,7 @@ from typing import Any
 from kvtop import __version__
 from kvtop.settings import Settings, SettingsError, load_settings
 
-SUBCOMMANDS = ("sim", "attach", "replay", "estimate", "calibrate", "report", "run")
+SUBCOMMANDS = ("sim", "attach", "replay", "agent", "estimate", "calibrate", "report", "run")
 
 
 class UsageError(Exception):
@@ -228,6 +229,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from kvtop import attach
 
             return attach.main(command, rest)
+        if command == "agent":
+            from kvtop import agent
+
+            return agent.main(rest)
         if command == "estimate":
             from kvtop.report import estimate
 

@@ -640,8 +640,8 @@ class StreamFold:
                 continue
             last = self._sum_last.get(key)
             self._sum_last[key] = v
-            # The first summary is the baseline (rates need two); a total going back is an agent restart.
-            d[key] = 0 if last is None else (v - last if v >= last else v)
+            # A total going back is an agent restart: its new total is what happened since.
+            d[key] = v if last is None else (v - last if v >= last else v)
         m._hits += d.get("hits", 0)
         m._lookups += d.get("lookups", 0)
         m._ev_host_hits += d.get("host_hits", 0)
@@ -658,6 +658,14 @@ class StreamFold:
         tpb = _count(data.get("tokens_per_block"))
         if tpb:
             self.tier_tpb.setdefault("gpu", tpb)
+        if self.summaries == 1 and m.now is not None:
+            # The first summary's totals are counts since the agent attached, not moves of this instant: the rate
+            # window and the history start after them (an older retained meta would otherwise make them a spike).
+            counters = m._counters()
+            m._fine.clear()
+            m._coarse.clear()
+            m._fine.append((m.now, counters))
+            m._coarse.append((m.now, counters))
 
     # ------------------------------------------------------------------------------------------ read side
 

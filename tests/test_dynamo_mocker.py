@@ -26,8 +26,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
+
 from kvtop.attach import build_attach_session
 
 DYNAMO_PYTHON = os.environ.get("KVTOP_DYNAMO_PYTHON")

@@ -1,0 +1,180 @@
+"""``kvtop agent SOURCE --mqtt mqtt://broker/prefix``: fold at the edge, publish summaries for a fleet.
+
+One Python subscriber tops out near 35,000 records/s (BENCHMARKS.md) and a busy GPU emits a few thousand block
+events a second, so 1,000 GPUs' raw events cannot reach one process. An agent runs beside each node's engines (one
+per node or per engine), attaches to them locally with any source kvtop has (``zmq://``, ``vllm://``, ``sglang://``,
+``http://`` for trtllm-serve, ``mqtt://``, a recording), folds them into a TierModel per source and rank, and
+publishes each one's summary at 1-2 Hz:
+
+    <prefix>/kvtop/v1/<run>/<host>:<rank>/summary   QoS 0, ~1 KB of JSON: tiers, totals, rates, data quality
+    <prefix>/kvtop/v1/<run>/<host>:<rank>/meta      retained (re-sent on reconnect): what the source is
+    <prefix>/kvtop/v1/<run>/<agent>:0/status        retained "online"; "offline" is the MQTT last will
+    <prefix>/kvtop/v1/<run>/<host>:<rank>/<kind>    the raw records, only with --raw
+
+(the conventions of kvtop/sources/mqtt.py and kvtop/sinks/mqtt.py, whose publisher this reuses: a bounded queue
+that never blocks the fold, reconnects with backoff). A summary's totals are cumulative since the agent attached,
+so one lost summary loses nothing but its instant; the receiving TierModel diffs them into its own rates
+(kvtop/kv_stream.py, ``apply_summary``) and counts missed ``seq`` numbers. A dashboard (``kvtop attach
+mqtt://broker/prefix``) shows every agent's sources in its fleet table, and its Prometheus exporter
+(``--prometheus-port``) serves them to a scrape; 1,000 sources at 2 Hz through one mosquitto: BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from kvtop.records import Record, SourceId
+from kvtop.settings import SettingsError
+from kvtop.tiers import TierModel
+
+DEFAULT_INTERVAL_S = 0.5  # 2 Hz: a dashboard's 4 Hz refresh sees every other frame move
+_TOTALS = ("hits", "lookups", "host_hits", "offloaded", "onboarded", "evicted_gpu", "evicted_host",
+           "evicted_unknown", "completed", "failed")
+_RATES = ("hits_per_s", "lookups_per_s", "offloaded_per_s", "onboarded_per_s", "evicted_gpu_per_s",
+          "evicted_host_per_s", "requests_per_s")
+
+
+def _round(v: float | None) -> float | None:
+    return None if v is None else round(v, 4)
+
+
+def summary_data(model: TierModel, seq: int, interval_s: float, agent: str) -> dict[str, Any]:
+    """One source's summary: what the fleet table and a Prometheus scrape need, nothing per block."""
+    mv = model.moves
+    hr = model.hit_rate
+    req = model.requests
+    q = model.quality
+    rates = model.rates
+    stream = model._stream.to_json() if model._stream is not None else None
+    tiers = {}
+    for t in model.tiers:
+        tiers[t.name] = {"capacity_blocks": t.capacity_blocks, "in_use_blocks": t.in_use_blocks,
+                         "cached_blocks": t.cached_blocks, "free_blocks": t.free_blocks,
+                         "cached_approximate": t.cached_approximate}
+    totals = {"hits": hr.hits, "lookups": hr.lookups, "host_hits": hr.host_hits,
+              "offloaded": mv.offloaded_blocks, "onboarded": mv.onboarded_blocks,
+              "evicted_gpu": mv.evicted_gpu_blocks, "evicted_host": mv.evicted_host_blocks,
+              "evicted_unknown": mv.evicted_unknown_blocks, "completed": req.completed, "failed": req.failed}
+    data: dict[str, Any] = {
+        "seq": seq, "interval_s": interval_s, "agent": agent, "engine": model.meta.get("engine"),
+        "tokens_per_block": model.tokens_per_block, "tiers": tiers, "totals": totals,
+        "rates": {k: _round(getattr(rates, k)) for k in _RATES},
+        "hit_rate": {"cumulative": _round(hr.cumulative), "window": _round(hr.window), "host": _round(hr.host)},
+        "events_seen": q.events_seen, "approximate": q.counts_approximate,
+        "since_attach": bool(stream and stream.get("since_attach")), "bad_records": model.bad_records,
+    }
+    if stream:
+        data["stream"] = {k: stream[k] for k in ("lost_batches", "replayed_batches", "publisher_restarts",
+                                                 "bad_events", "unknown_removals")}
+    return data
+
+
+class Agent:
+    """Publishes a summary of every source of ``session`` every ``interval_s`` through ``publisher``."""
+
+    def __init__(self, session: Any, publisher: Any, *, interval_s: float = DEFAULT_INTERVAL_S,
+                 agent: SourceId | None = None):
+        self.session = session
+        self.publisher = publisher
+        self.interval_s = interval_s
+        self.agent = agent or SourceId(socket.gethostname(), 0, "")
+        self.sources: dict[str, SourceId] = {}
+        self.seq = 0
+        self.published = 0
+        self._metas: dict[str, Any] = {}
+        session.add_sink(self._track)
+
+    def _track(self, record: Record) -> None:
+        key = record.source.key()
+        if key not in self.sources:
+            self.sources[key] = record.source
+
+    def publish_once(self, now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        n = 0
+        for key, model in list(self.session.models.items()):
+            src = self.sources.get(key)
+            if src is None or model.records_applied == 0:
+                continue
+            meta = {"engine": str(model.meta.get("engine") or "unknown"), "agent": self.agent.key(),
+                    **{k: v for k, v in model.meta.items() if isinstance(v, (str, int, float, bool)) and k != "engine"}}
+            if self._metas.get(key) != meta:
+                self._metas[key] = meta
+                self.publisher.publish(Record("meta", meta, src, now))
+            data = summary_data(model, self.seq, self.interval_s, self.agent.key())
+            self.publisher.publish(Record("summary", data, src, now))
+            n += 1
+        self.seq += 1
+        self.published += n
+        return n
+
+    async def run(self) -> None:
+        # Stopped by the session (its producers are cancelled when it stops).
+        next_at = time.monotonic()
+        while True:
+            self.publish_once()
+            next_at += self.interval_s
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+
+def _parser() -> argparse.ArgumentParser:
+    from kvtop.attach import _Parser
+
+    p = _Parser(prog="kvtop agent", description="fold a local source and publish per-source summaries on MQTT")
+    p.add_argument("source", help="what to watch: zmq://, vllm://, sglang://, http:// (trtllm-serve), mqtt://, "
+                                  "or FILE.jsonl")
+    p.add_argument("--mqtt", required=True, help="broker to publish to: mqtt://[user@]host[:port]/prefix")
+    p.add_argument("--run", default=None, help="run name in the topics (default: the host name)")
+    p.add_argument("--interval", default=str(DEFAULT_INTERVAL_S), help="seconds between summaries (0.5-1 = 1-2 Hz)")
+    p.add_argument("--raw", action="store_true", help="also publish the raw records (one source's drill-down)")
+    p.add_argument("--mqtt-password-file", default=None, help="broker password file (or KVTOP_MQTT_PASSWORD)")
+    p.add_argument("--duration", default=None, help="stop after this many seconds")
+    p.add_argument("--json", action="store_true", help="at the end, print what was published as JSON")
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    from kvtop.attach import _float, build_attach_session
+    from kvtop.sinks.mqtt import MqttPublisher
+    from kvtop.sources.mqtt import MqttUrlError, parse_mqtt_url
+
+    a = _parser().parse_args(list(argv))
+    interval = _float("--interval", a.interval)
+    if not 0.05 <= interval <= 60:
+        raise SettingsError("--interval", f"must be 0.05-60 seconds, got {a.interval!r}")
+    duration = _float("--duration", a.duration) if a.duration is not None else None
+    run = a.run or socket.gethostname()
+    try:
+        url = parse_mqtt_url(a.mqtt, password_file=a.mqtt_password_file)
+    except MqttUrlError as exc:
+        raise SettingsError("--mqtt", str(exc)) from None
+    session = build_attach_session(a.source, command="attach", run=run)
+    me = SourceId(f"agent-{socket.gethostname()}", 0, run)
+    pub = MqttPublisher(url, me, on_status=session.on_source_status)
+    agent = Agent(session, pub, interval_s=interval, agent=me)
+    if a.raw:
+        session.add_sink(pub.publish)
+    session.add_producer("mqtt-publish", pub.run, pub.stop)
+    session.add_producer("agent", agent.run)
+    try:
+        asyncio.run(session.run(duration_s=duration))
+    except KeyboardInterrupt:
+        session.stop()
+    result = {"sources": sorted(agent.sources), "summaries": agent.published, "rounds": agent.seq,
+              "mqtt_published": pub.published, "mqtt_dropped": pub.dropped, "broker": url.display(),
+              "errors": [text for _, level, text in session.log if level in ("warn", "error")][-10:]}
+    if a.json:
+        print(json.dumps(result))
+    else:
+        print(f"kvtop agent: {len(agent.sources)} source(s), {agent.published} summaries in {agent.seq} rounds, "
+              f"{pub.published} records sent to {url.display()}" + (f", {pub.dropped} dropped" if pub.dropped else ""))
+    return 0
+
+
+__all__ = ["Agent", "main", "summary_data"]

@@ -1,0 +1,112 @@
+"""``kvtop agent``: a real agent process attached to a real ZMQ publisher, publishing through a real broker
+(mosquitto in CI) to a dashboard-side session whose fleet table shows the agent's sources."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from kv_publisher import Publisher, removed, stored
+
+from kvtop.agent import summary_data
+from kvtop.attach import build_attach_session
+from kvtop.fleet import source_row, source_status
+from kvtop.records import Record, SourceId, decode, encode
+from kvtop.tiers import TierModel
+
+
+def test_summary_round_trips_into_a_remote_tier_model():
+    """What the agent folds is what the dashboard shows: gauges as they are, totals diffed into its own rates."""
+    from test_kv_stream import batch
+
+    local = TierModel()
+    local.apply(batch(0, [stored([1, 2, 3, 4])], t=1.0))
+    remote = TierModel()
+    src = SourceId("node-7:5557", 0, "r")
+    remote.apply(decode(encode(Record("summary", summary_data(local, 0, 0.5, "agent-x"), src, 1.0))))
+    local.apply(batch(1, [stored([1, 2], medium="CPU"), removed([3])], t=2.0))
+    local.apply(batch(2, [stored([5])], t=3.0))
+    remote.apply(decode(encode(Record("summary", summary_data(local, 1, 0.5, "agent-x"), src, 3.0))))
+    assert (remote.gpu.cached_blocks, remote.host.cached_blocks) == (4, 2)
+    assert (remote.moves.offloaded_blocks, remote.moves.evicted_gpu_blocks) == (2, 1)
+    assert remote.rates.offloaded_per_s == pytest.approx(1.0)  # 2 blocks over 2 s of the remote's own clock
+    assert remote.quality.events_seen and not remote.quality.counts_approximate
+    row = source_row("node-7:5557/0/r", remote)
+    assert (row.gpu_cached, row.host_cached, row.offloaded_per_s) == (4, 2, pytest.approx(1.0))
+    # a lost summary is counted; a total going back (agent restarted) is taken as the new delta
+    remote.apply(Record("summary", summary_data(local, 5, 0.5, "agent-x"), src, 4.0))
+    assert remote.summary()["stream"]["summaries_lost"] == 3
+    fresh = summary_data(TierModel(), 0, 0.5, "agent-x")
+    remote.apply(Record("summary", {**fresh, "totals": {**fresh["totals"], "offloaded": 1}}, src, 5.0))
+    assert remote.moves.offloaded_blocks == 3
+
+
+def test_summary_is_small():
+    from test_kv_stream import batch
+
+    m = TierModel()
+    m.apply(batch(0, [stored(list(range(1000)))], t=1.0))
+    assert len(encode(Record("summary", summary_data(m, 0, 0.5, "a"), SourceId("h", 0, "r"), 1.0))) < 1500
+
+
+@pytest.mark.mqtt
+async def test_agent_publishes_summaries_a_dashboard_shows_in_its_fleet_table(mqtt_broker):
+    pub = Publisher(replay=False)
+    agent = None
+    try:
+        dash = build_attach_session(mqtt_broker.url("fleet"), command="attach")
+        kinds: Counter[str] = Counter()
+        dash.add_sink(lambda r: kinds.update([r.kind]))
+        task = asyncio.ensure_future(dash.run())
+        agent = subprocess.Popen([sys.executable, "-m", "kvtop", "agent", pub.url, "--mqtt",
+                                  mqtt_broker.url("fleet"), "--run", "n7", "--interval", "0.25", "--duration", "6",
+                                  "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        key = f"127.0.0.1:{pub.port}/0/n7"
+        deadline = time.monotonic() + 15
+        sent = False
+        while time.monotonic() < deadline:
+            if not sent and dash.status.get(f"agent-{__import__('socket').gethostname()}/0/n7") == "online":
+                await asyncio.sleep(0.5)  # the agent's SUB has joined
+                pub.send([stored([1, 2, 3, 4])])
+                pub.send([stored([1, 2], medium="CPU"), removed([3])])
+                sent = True
+            m = dash.models.get(key)
+            if m is not None and m.gpu.cached_blocks == 3 and m.host.cached_blocks == 2:
+                break
+            await asyncio.sleep(0.1)
+        m = dash.models[key]
+        row = source_row(key, m, source_status(key, dash.status))
+        assert (row.gpu_cached, row.host_cached) == (3, 2)
+        assert (m.moves.offloaded_blocks, m.moves.evicted_gpu_blocks) == (2, 1)
+        assert m.meta["engine"] == "vllm-format" and m.summary()["stream"]["summaries"] >= 1
+        assert kinds["summary"] >= 1 and kinds["kv_batch"] == 0  # raw events only with --raw
+        out, err = await asyncio.to_thread(agent.communicate, timeout=30)
+        assert agent.returncode == 0, err
+        result = json.loads(out)
+        assert result["sources"] == [key] and result["summaries"] >= 2 and result["mqtt_dropped"] == 0
+        deadline = time.monotonic() + 10
+        agent_key = f"agent-{__import__('socket').gethostname()}/0/n7"
+        while dash.status.get(agent_key) != "offline" and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert dash.status.get(agent_key) == "offline"
+        dash.stop()
+        await asyncio.wait_for(task, 10)
+    finally:
+        if agent is not None and agent.poll() is None:
+            agent.kill()
+        pub.close()
+
+
+def test_agent_bad_options_say_what_is_wrong():
+    for argv, needle in ((["zmq://127.0.0.1:1"], "--mqtt"),
+                         (["zmq://127.0.0.1:1", "--mqtt", "ftp://x"], "--mqtt"),
+                         (["zmq://127.0.0.1:1", "--mqtt", "mqtt://127.0.0.1:1", "--interval", "0"], "--interval"),
+                         (["zmq://nope", "--mqtt", "mqtt://127.0.0.1:1"], "no port")):
+        out = subprocess.run([sys.executable, "-m", "kvtop", "agent", *argv], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
