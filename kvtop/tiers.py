@@ -447,7 +447,18 @@ def _number(value: Any, path: str) -> float | None:
 
 
 def _hash(value: Any, path: str) -> int:
-    """An unsigned 64-bit block hash; a signed 64-bit one (NVIDIA's gRPC converter wraps them) is unwrapped."""
+    """An unsigned 64-bit block hash; a signed 64-bit one (NVIDIA's gRPC converter wraps them) is unwrapped.
+
+    TensorRT-LLM's V2 manager with ``kv_cache_event_hash_algo="v2_sha256"`` (the default "auto" there on 1.3's
+    line, tensorrt_llm/runtime/kv_cache_hash.py) writes block hashes as the hex of a SHA-256 key
+    (tensorrt_llm/serve/router_utils.py ``v2_sha256_block_hasher``): its first 8 bytes, big-endian, are the key,
+    the same number ``v2_sha256_64`` sends (``truncate_sha256_hash_to_int64``).
+    """
+    if value.__class__ is str and len(value) >= 16:
+        try:
+            return int(value[:16], 16)
+        except ValueError:
+            pass
     if value.__class__ is not int or not _I64_MIN <= value < _U64:
         raise _Bad(path, f"must be a 64-bit integer block hash, got {_describe(value)}")
     return value + _U64 if value < 0 else value

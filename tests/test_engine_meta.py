@@ -110,12 +110,14 @@ def test_meta_from_a_13_llm_with_a_disk_cache() -> None:
     mod = tb.stand_in()
     mod.llmapi.KvCacheConfig.FIELDS = tb.KV_CACHE_CONFIG_FIELDS_MAIN
     kvc = mod.llmapi.KvCacheConfig(dtype="fp8", tokens_per_block=32, host_cache_size=2**30,
-                                   disk_cache_size=2**34, disk_cache_path="/nvme/kv")
+                                   disk_cache_size=2**34, disk_cache_path="/nvme/kv",
+                                   kv_cache_event_hash_algo="v2_sha256")
     llm = mod.LLM(model="Qwen/Qwen3-8B", kv_cache_config=kvc)
     meta = meta_from_llm(llm, engine_version="1.3.0rc5")
     bpb = QWEN3_8B_PER_TOKEN // 2 * 32
     assert (meta["bytes_per_block"], meta["kv_dtype"]) == (bpb, "fp8")
     assert meta["disk_blocks"] == 2**34 // bpb and meta["secondary_blocks"] == 2**30 // bpb
+    assert meta["kv_cache_event_hash_algo"] == "v2_sha256"
     m = TierModel()
     m.apply(make("meta", meta, time=1.0))
     assert [t.name for t in m.tiers] == ["gpu", "host", "disk"]

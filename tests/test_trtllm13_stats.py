@@ -275,3 +275,43 @@ async def test_a_three_tier_run_on_the_dashboard(tmp_path: Any) -> None:
         assert [p.id for p in panels] == ["tier-gpu", "tier-host", "tier-disk"]
         header = app.screen.query_one(HeaderBar).text()
         assert "stats 1.3+ V2" in header
+
+
+# ---------------------------------------------------------------------------------------------- v2_sha256 hashes
+
+def test_v2_sha256_hex_hashes_fold_like_their_64_bit_keys() -> None:
+    """``kv_cache_event_hash_algo="v2_sha256"``: hashes are hex SHA-256 keys (router_utils.py); their first 8 bytes
+    big-endian are what ``v2_sha256_64`` sends (kv_cache_hash.py ``truncate_sha256_hash_to_int64``)."""
+    import hashlib
+
+    keys = [hashlib.sha256(f"block {i}".encode()).digest() for i in range(3)]
+    hexes = [k.hex() for k in keys]
+    ints = [int.from_bytes(k[:8], "big", signed=False) for k in keys]
+
+    def stream(h: list[Any]) -> list[dict[str, Any]]:
+        return [
+            {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [10, 4]}, "window_size": 64},
+            {"event_id": 1, "data": {"type": "stored", "parent_hash": None, "blocks": [
+                {"type": "stored_block", "block_hash": h[0], "cache_level": 0, "priority": 35},
+                {"type": "stored_block", "block_hash": h[1], "cache_level": 0, "priority": 35}]}, "window_size": 64},
+            {"event_id": 2, "data": {"type": "stored", "parent_hash": h[1], "blocks": [
+                {"type": "stored_block", "block_hash": h[2], "cache_level": 0, "priority": 35}]}, "window_size": 64},
+            {"event_id": 3, "data": {"type": "updated", "block_hash": h[2],
+                                     "cache_level": {"type": "event_diff", "old_value": 0, "new_value": 1}},
+             "window_size": 64},
+            {"event_id": 4, "data": {"type": "removed", "block_hashes": [h[2]]}, "window_size": 64},
+        ]
+
+    folds = []
+    for h in (hexes, ints):
+        m = TierModel()
+        m.apply_kv_events(stream(h), 1.0)
+        folds.append(m)
+    a, b = folds
+    assert a.bad_records == 0, a.last_bad_reason
+    assert (a.gpu.cached_blocks, a.host.cached_blocks) == (b.gpu.cached_blocks, b.host.cached_blocks) == (2, 0)
+    assert a.moves == b.moves and a.moves.offloaded_blocks == 1 and a.moves.evicted_host_blocks == 1
+    assert a.quality.unknown_hashes == 0
+    m = TierModel()
+    m.apply_kv_event({"event_id": 0, "data": {"type": "removed", "block_hashes": ["not-a-hash"]}}, 1.0)
+    assert m.bad_records == 1 and "block_hashes[0]" in (m.last_bad_reason or "")

@@ -120,7 +120,8 @@ def real_engine_meta(*, model: Any = None, model_dirs: tuple[Any, ...] = (), kv_
 # ``KvCacheConfig.dtype``, ``tokens_per_block``, ``host_cache_size`` and, on 1.3+, ``disk_cache_size``.
 LLM_ATTRS = ("args", "_hf_model_dir")
 ARGS_ATTRS = ("model", "kv_cache_config")
-KV_CACHE_CONFIG_ATTRS = ("dtype", "tokens_per_block", "host_cache_size", "disk_cache_size")
+KV_CACHE_CONFIG_ATTRS = ("dtype", "tokens_per_block", "host_cache_size", "disk_cache_size",
+                         "kv_cache_event_hash_algo")
 
 
 def meta_from_llm(llm: Any, *, model: Any = None, engine_version: str | None = None,
@@ -138,6 +139,10 @@ def meta_from_llm(llm: Any, *, model: Any = None, engine_version: str | None = N
     args_model = getattr(args, "model", None)
     hf_dir = getattr(llm, "_hf_model_dir", None)
     dtype = getattr(kvc, "dtype", None)
+    # 1.3+: how event block hashes are made (v2_sha256 sends hex strings; the fold takes their first 8 bytes)
+    algo = getattr(kvc, "kv_cache_event_hash_algo", None)
+    if isinstance(algo, str):
+        extra.setdefault("kv_cache_event_hash_algo", algo)
     return real_engine_meta(
         model=model if model is not None else (str(args_model) if args_model is not None else None),
         model_dirs=tuple(str(d) for d in (args_model, hf_dir) if d is not None),
