@@ -250,10 +250,17 @@ def format_summary(s: dict[str, Any]) -> str:
     ttft = req.get("ttft_ms", {})
     lines.append(f"requests: {req.get('completed', 0)} completed, {req.get('failed', 0)} failed; TTFT p50 "
                  f"{_ms(ttft.get('p50'))}, p99 {_ms(ttft.get('p99'))}")
-    for tier in ("gpu", "host"):
-        t = s.get("tiers", {}).get(tier, {})
+    tiers = s.get("tiers") or {}
+    for tier in dict.fromkeys(["gpu", "host", *tiers]):  # every tier the summary has, GPU and host always
+        t = tiers.get(tier, {})
         lines.append(f"{tier:>4}: capacity {_n(t.get('capacity_blocks'))} blocks, in use {_n(t.get('in_use_blocks'))},"
                      f" cached {_n(t.get('cached_blocks'))}, free {_n(t.get('free_blocks'))}")
+    cold = s.get("cold")
+    if cold:  # the V2 manager's host + disk sum (TierModel.cold)
+        lines.append(f"host+disk together: capacity {_n(cold.get('capacity_blocks'))} blocks, in use "
+                     f"{_n(cold.get('in_use_blocks'))}, free {_n(cold.get('free_blocks'))}")
+    if s.get("stats_schema") not in (None, "1.0-1.2"):
+        lines.append(f"stats: TensorRT-LLM {s['stats_schema']}")
     hr = s.get("hit_rate", {})
     lines.append(f"hit rate: {pct(hr.get('cumulative'))} (GPU {pct(hr.get('gpu'))}, host {pct(hr.get('host'))})")
     wi = s.get("what_if") or {}

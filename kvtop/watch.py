@@ -195,6 +195,8 @@ async def _main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: float
     source = handle.source
     meta = engine_meta(llm)
     handle.emit(make("meta", meta, source))
+    for why in meta.get("meta_unknown") or ():  # GiB figures stay unknown: say why once
+        handle.note("watch", why)
 
     poller = _make_poller(llm, source, interval_s, handle)
     tasks = [asyncio.ensure_future(poller.run())]

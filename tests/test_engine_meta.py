@@ -197,3 +197,24 @@ def test_attach_http_knows_gib_from_the_model_id_and_the_stats() -> None:
     assert m.meta["kv_bytes_per_token"] == QWEN3_8B_PER_TOKEN
     assert m.bytes_per_block == QWEN3_8B_PER_TOKEN * 32
     assert m.summary()["tiers"]["gpu"]["free_bytes"] == 101253 * QWEN3_8B_PER_TOKEN * 32
+
+
+def test_attach_http_says_why_gib_stay_unknown() -> None:
+    import json
+
+    from test_transport_trtllm_serve import FakeServe
+
+    from kvtop.sources.trtllm_serve import TrtllmServeSource
+
+    serve = FakeServe()
+    statuses: list[tuple[str, str]] = []
+    try:
+        serve.raw["/v1/models"] = json.dumps({"object": "list", "data": [{"id": "/srv/models/private-7b"}]}).encode()
+        m = TierModel()
+        src = TrtllmServeSource(serve.url, sink=m.apply, perf_metrics=False,
+                                on_status=lambda n, msg: statuses.append((n, msg)))
+        asyncio.run(src.poll_once())
+    finally:
+        serve.close()
+    assert m.bytes_per_block is None
+    assert any("private-7b" in msg and "GiB figures stay unknown" in msg for _, msg in statuses), statuses

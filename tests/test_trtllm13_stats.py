@@ -315,3 +315,16 @@ def test_v2_sha256_hex_hashes_fold_like_their_64_bit_keys() -> None:
     m = TierModel()
     m.apply_kv_event({"event_id": 0, "data": {"type": "removed", "block_hashes": ["not-a-hash"]}}, 1.0)
     assert m.bad_records == 1 and "block_hashes[0]" in (m.last_bad_reason or "")
+
+
+def test_the_headless_text_summary_lists_the_disk_tier(tmp_path: Any) -> None:
+    from kvtop.runner import format_summary
+
+    m = TierModel()
+    m.apply(make("meta", {"engine": "trtllm", "tokens_per_block": 32, "bytes_per_block": 4096, "disk_blocks": 11},
+                 time=1.0))
+    m.apply(make("stats", copy.deepcopy(V2_STATS), time=2.0))
+    text = format_summary(m.summary())
+    assert "disk: capacity 11 blocks, in use unknown" in text
+    assert "host+disk together: capacity 18 blocks, in use 11, free 7" in text
+    assert "stats: TensorRT-LLM 1.3+ V2" in text

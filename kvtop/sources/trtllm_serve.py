@@ -211,6 +211,9 @@ class TrtllmServeSource:
         if meta is not None:
             self.meta = meta
             self.sink(make("meta", dict(meta), self.source, self.clock()))
+            for why in meta.get("meta_unknown") or ():  # GiB figures stay "?": say why once
+                self._status("trtllm-serve", f"{why}; GiB figures stay unknown (attach on a machine with the "
+                                             "model's config.json, or use a built-in model name)")
         unreachable: str | None = None
         for ep, (items, error) in zip(due, answers):
             if error is None:
