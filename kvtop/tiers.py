@@ -1875,6 +1875,8 @@ class TierModel:
             "hit_rate": {"cumulative": hr.cumulative, "gpu": hr.gpu, "host": hr.host, "window": hr.window,
                          "window_gpu": hr.window_gpu, "window_host": hr.window_host, "hits": hr.hits,
                          "lookups": hr.lookups, "host_hits": hr.host_hits,
+                         # the share of lookups each tier served, where the stats say it per cache level (V2)
+                         "by_tier": {t: n / hr.lookups for t, n in self.hits_by_tier.items()} if hr.lookups else {},
                          "warmup_lookups": self._warm_lookups, "warmup_hits": self._warm_hits},
             "hit_rate_by_priority": {("none" if p is None else str(p)): {"cumulative": v.cumulative, "gpu": v.gpu,
                                                                           "host": v.host, "lookups": v.lookups}

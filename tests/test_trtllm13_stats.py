@@ -328,3 +328,26 @@ def test_the_headless_text_summary_lists_the_disk_tier(tmp_path: Any) -> None:
     assert "disk: capacity 11 blocks, in use unknown" in text
     assert "host+disk together: capacity 18 blocks, in use 11, free 7" in text
     assert "stats: TensorRT-LLM 1.3+ V2" in text
+
+
+def test_prometheus_exports_the_disk_tier() -> None:
+    import urllib.request
+
+    from kvtop.sinks.prometheus import PrometheusExporter
+
+    m = TierModel()
+    m.apply(make("meta", {"engine": "trtllm", "tokens_per_block": 32, "bytes_per_block": 4096, "disk_blocks": 11},
+                 time=1.0))
+    m.apply(make("stats", copy.deepcopy(V2_STATS), time=2.0))
+    exporter = PrometheusExporter(lambda: m, port=0)
+    port = exporter.start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    finally:
+        exporter.stop()
+    disk = [line for line in text.splitlines() if line.startswith("kvtop_kv_capacity_blocks") and 'tier="disk"' in line]
+    assert len(disk) == 1 and disk[0].endswith(" 11.0")
+    # occupancy the V2 stats cannot split stays absent, never 0
+    assert not any(line.startswith("kvtop_kv_free_blocks") and 'tier="disk"' in line for line in text.splitlines())
+    assert m.summary()["hit_rate"]["by_tier"] == {"gpu": 2 / 8, "host": 1 / 8, "disk": 0.0}
