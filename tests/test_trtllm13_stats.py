@@ -351,3 +351,52 @@ def test_prometheus_exports_the_disk_tier() -> None:
     # occupancy the V2 stats cannot split stays absent, never 0
     assert not any(line.startswith("kvtop_kv_free_blocks") and 'tier="disk"' in line for line in text.splitlines())
     assert m.summary()["hit_rate"]["by_tier"] == {"gpu": 2 / 8, "host": 1 / 8, "disk": 0.0}
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+_LEAVES = [(path, key) for path, key in (
+    (("kvCacheIterationStatsByPoolGroup", "0"), "primaryFreeNumBlocks"),
+    (("kvCacheIterationStatsByPoolGroup", "1"), "iterOnboardBlocks"),
+    (("kvCacheIterationStatsByColdPoolGroup", "0"), "secondaryMaxNumBlocks"),
+    (("kvCacheIterationStatsByLifecycle", "0"), "iterReusedBlocks"),
+    (("kvCacheIterationStatsByLifecycle", "0"), "iterFullReusedBlocksByLevel"),
+    (("kvCacheIterationStatsByLifecycle", "1"), "kind"),
+    ((), "kvCacheLevelTiers"),
+    ((), "kvCacheIterationStatsByColdPoolGroup"),
+    (("kvCacheIterationStats", "32"), "iterMissedBlocks"),
+)]
+
+
+def _set(d: dict[str, Any], path: tuple[str, ...], key: str, value: Any) -> None:
+    for p in path:
+        d = d[p]
+    d[key] = value
+
+
+def test_any_value_in_any_v2_field_is_folded_or_one_bad_record() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    values = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**70), st.floats(allow_nan=True),
+                       st.text(max_size=5), st.lists(st.integers(-2, 5), max_size=10),
+                       st.dictionaries(st.text(max_size=3), st.integers(0, 5), max_size=3))
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.sampled_from(range(len(_LEAVES))), values)
+    def check(i: int, value: Any) -> None:
+        d = copy.deepcopy(V2_STATS)
+        _set(d, *_LEAVES[i], value)
+        m = TierModel()
+        m.apply(make("stats", d, time=1.0))  # never raises
+        if m.bad_records:
+            assert m.bad_records == 1 and m.last_bad_reason
+            assert m.gpu.capacity_blocks is None  # nothing of a bad record folded
+        for t in [*m.tiers, m.cold]:
+            if t is None:
+                continue
+            for n in (t.capacity_blocks, t.in_use_blocks, t.free_blocks):
+                assert n is None or n >= 0
+        assert m.hit_rate.hits <= m.hit_rate.lookups or m.hit_rate.lookups == 0
+
+    check()
