@@ -120,6 +120,9 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
     meta["simulated"] = choice.kind == "sim"
     meta["sim_reason"] = choice.reason if choice.kind == "sim" else None
     meta["scenario"] = settings.scenario
+    # The load, for the report's table (a run at 8 in flight and one at 64 are not the same experiment).
+    meta["concurrency"] = None if settings.rate else settings.concurrency
+    meta["rate"] = settings.rate
     session = Session(source=source, warmup_requests=settings.warmup_requests, meta=meta)
     if ab_note:
         session.note("info", ab_note)

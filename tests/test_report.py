@@ -105,3 +105,76 @@ def test_plot_sweep(tmp_path: Path) -> None:
     assert path.read_bytes()[:8] == PNG
     plot_sweep([{"host_cache_bytes": 0, "cache_hit_rate": 0.1}], tmp_path / "one.png")  # minimal keys
     assert (tmp_path / "one.png").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- the seed question
+
+def test_deltas_are_numbers_and_percentages_against_the_first_run() -> None:
+    from kvtop.report.report import deltas
+
+    base = {"output_tokens_per_s": 1000.0, "ttft_p50_s": 0.020, "ttft_p99_s": 0.100, "hit_rate": 0.30,
+            "host_hit_rate": 0.0, "e2e_p50_s": None}
+    other = {"output_tokens_per_s": 880.0, "ttft_p50_s": 0.025, "ttft_p99_s": 0.090, "hit_rate": 0.45,
+             "host_hit_rate": 0.12, "e2e_p50_s": 0.5}
+    by = {d["key"]: d for d in deltas(base, other)}
+    assert by["output_tokens_per_s"]["delta"] == pytest.approx(-120.0)
+    assert by["output_tokens_per_s"]["delta_pct"] == pytest.approx(-12.0)
+    assert by["ttft_p50_s"]["delta_pct"] == pytest.approx(25.0)
+    assert by["ttft_p99_s"]["delta_pct"] == pytest.approx(-10.0)
+    assert by["hit_rate"]["delta"] == pytest.approx(0.15)            # 15 percentage points
+    assert by["hit_rate"]["delta_pct"] == pytest.approx(50.0)
+    assert by["host_hit_rate"]["delta_pct"] is None                   # a change from 0 has no percentage
+    assert by["e2e_p50_s"]["delta"] is None                           # unknown stays unknown
+
+
+def test_prefix_source_from_the_request_records() -> None:
+    from kvtop.report.report import prefix_source
+
+    assert prefix_source({"reused_blocks": 5, "host_hit_blocks": 0}) == "gpu_hit"
+    assert prefix_source({"reused_blocks": 5, "host_hit_blocks": 2}) == "host_hit"
+    assert prefix_source({"reused_blocks": 5, "onboarded_blocks": 1}) == "host_hit"   # fixtures' spelling
+    assert prefix_source({"reused_blocks": 0, "missed_blocks": 9}) == "miss"
+    assert prefix_source({"ttft_s": 0.1}) is None
+
+
+def test_the_report_of_two_runs_answers_the_seed_question(recordings: dict[str, Path], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """host0 against host64: deltas as numbers and percentages, TTFT per prefix source, the runs' setup, GiB."""
+    assert main([str(recordings["host0"]), str(recordings["host64"]), "-o", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    h0, h64 = summary["runs"]
+    assert summary["baseline"] == "host0"
+    ds = {d["key"]: d for d in summary["deltas"]["host64"]}
+    for key in ("output_tokens_per_s", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "hit_rate", "host_hit_rate"):
+        assert ds[key]["base"] == h0[key] and ds[key]["value"] == h64[key]
+    tp = ds["output_tokens_per_s"]
+    assert tp["delta_pct"] == pytest.approx(100 * (h64["output_tokens_per_s"] / h0["output_tokens_per_s"] - 1))
+    # The host tier serves hits the GPU alone could not keep: the hit rate goes up, by the host's share.
+    assert ds["hit_rate"]["delta"] > 0.05 and h0["host_hit_rate"] == 0 and h64["host_hit_rate"] > 0.05
+    assert f"{100 * ds['hit_rate']['delta']:+.1f} pt" in out
+    assert f"{tp['delta_pct']:+.1f}%" in out
+    # TTFT by where the prefix came from: no host hits without a host pool; each class's count adds up.
+    b0, b64 = h0["ttft_by_source"], h64["ttft_by_source"]
+    assert b0["host_hit"]["requests"] == 0 and b64["host_hit"]["requests"] > 0
+    assert sum(b["requests"] for b in b64.values()) == h64["requests_completed"] == 80
+    assert b64["miss"]["p50_s"] > b64["gpu_hit"]["p50_s"]        # a miss recomputes its prompt: slower
+    page = (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
+    first = page[: page.index("<h2>Runs</h2>")]                   # what the first screen shows
+    assert "Against host0 (baseline)" in first and "TTFT by where the prefix came from" in first
+    assert f"{tp['delta_pct']:+.1f}%" in first and f"{100 * ds['hit_rate']['delta']:+.1f} pt" in first
+    for needle in ("scenario", "concurrency", "GPU pool", "host pool", "engine", "zipf-prefix", " GiB"):
+        assert needle in page, needle
+    text = re.sub(r"data:image/png;base64,[^'\"]+", "", page)
+    assert " GB<" not in text and "1e9" not in text
+    assert f"{h64['host_pool_bytes'] / 2**30:.2f} GiB" in page and h64["host_pool_bytes"] == 64 * BLOCK
+
+
+def test_report_colours_are_the_dashboards(tmp_path: Path) -> None:
+    import tomllib
+
+    from kvtop.report.report import GPU_COLOR, HOST_COLOR
+
+    light = tomllib.loads((Path(__file__).resolve().parents[1] / "themes" / "light.toml").read_text())
+    flat = {**light, **light.get("variables", {})}
+    assert (GPU_COLOR, HOST_COLOR) == (flat["kv-in-use"], flat["kv-cached"])

@@ -223,7 +223,7 @@ def record_sim_run(path: str | Path, *, n_requests: int = 60, host_cache_size: i
                  max_stats_len=1 << 20)
     epoch = llm._core.epoch_s
     try:
-        meta = llm.describe()
+        meta = {**llm.describe(), "scenario": "zipf-prefix", "concurrency": concurrency}
         records.append(make("meta", meta, source, epoch))
 
         def drain() -> None:

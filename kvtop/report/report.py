@@ -11,8 +11,12 @@ every iteration-stats record. Written into DIR:
 - `compare.png` (two runs or more): throughput, TTFT p50/p99 and hit rates side by side;
 - `summary.json` and `index.html` (images embedded as base64, so the page is one file).
 
-Colours are fixed per tier everywhere: GPU green, host blue; runs in a comparison get their own palette.
-Lines are labelled where they end, so a chart reads without its legend.
+The page's first screen answers "how much do throughput and latency degrade when part of the KV cache lives in
+host memory?": each run against the first (the baseline) as numbers and percentages (throughput, TTFT p50/p99,
+end-to-end latency, hit rates), then TTFT split by where each request's prefix came from (a GPU hit, a host hit,
+a miss: the request records' reused / host-hit blocks), then the runs' setup (engine, scenario, concurrency,
+pool sizes). Colours are the dashboard's tier colours everywhere (GPU blue, host orange); sizes are GiB; labels
+are placed so that none overlaps another, and lines are labelled where they end.
 """
 
 from __future__ import annotations
@@ -32,11 +36,15 @@ from kvtop.records import Record, RecordError, read_jsonl
 from kvtop.report.whatif import WhatIf
 from kvtop.tiers import TierModel
 
-__all__ = ["GPU_COLOR", "HOST_COLOR", "RunData", "build_report", "load_run", "main", "plot_sweep"]
+__all__ = ["GPU_COLOR", "HOST_COLOR", "RunData", "build_report", "deltas", "load_run", "main", "plot_sweep",
+           "prefix_source"]
 
-GPU_COLOR = "#4c9a00"     # GPU tier, everywhere (a darker NVIDIA green: readable on white)
-HOST_COLOR = "#1f6fb4"    # host tier, everywhere
-MISS_COLOR = "#b0b0b0"
+# The dashboard's tier colours (themes/light.toml, the theme for a white page: GPU = kv-in-use, host = kv-cached,
+# as the hit-rate and moves panels colour them); tests/test_report.py checks they agree.
+GPU_COLOR = "#0969da"     # GPU tier, everywhere
+HOST_COLOR = "#bc4c00"    # host tier, everywhere
+MISS_COLOR = "#8c959f"    # a miss (recomputed): neither tier
+GIB = 1 << 30
 RUN_COLORS = ("#d62728", "#6a3d9a", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
 MAX_BAD_LINES_SHOWN = 50
 _BINS = 60  # time bins per chart: one per second of a one-minute run, coarser for longer ones
@@ -72,6 +80,9 @@ class RunData:
     meta: dict[str, Any] = field(default_factory=dict)
     samples: list[Sample] = field(default_factory=list)
     ttfts: list[float] = field(default_factory=list)
+    e2es: list[float] = field(default_factory=list)
+    # TTFT by where the request's prefix came from: "gpu_hit", "host_hit", "miss" (PREFIX_SOURCES)
+    ttft_by_source: dict[str, list[float]] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     what_if: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
@@ -80,6 +91,29 @@ class RunData:
     @property
     def charted(self) -> bool:
         return bool(self.samples) or bool(self.ttfts)
+
+
+PREFIX_SOURCES = (("gpu_hit", "GPU hit"), ("host_hit", "host hit"), ("miss", "miss"))
+
+
+def prefix_source(data: dict[str, Any]) -> str | None:
+    """Where a finished request's prompt prefix came from, from its record: "host_hit" when any reused block
+    was onboarded from host memory, "gpu_hit" when blocks were reused and all from the GPU, "miss" when none was
+    reused; None when the record does not say (no block counts)."""
+    def count(*keys: str) -> int | None:
+        for k in keys:
+            v = data.get(k)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+        return None
+
+    reused = count("reused_blocks")
+    host = count("host_hit_blocks", "onboarded_blocks")
+    if reused is None:
+        return None
+    if host:
+        return "host_hit"
+    return "gpu_hit" if reused > 0 else "miss"
 
 
 def _percentile(values: Sequence[float], p: float) -> float | None:
@@ -130,6 +164,12 @@ def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
                 ttft = d.get("ttft_s")
                 if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) and ttft >= 0:
                     run.ttfts.append(float(ttft))
+                    where = prefix_source(d)
+                    if where is not None:
+                        run.ttft_by_source.setdefault(where, []).append(float(ttft))
+                e2e = d.get("e2e_s")
+                if isinstance(e2e, (int, float)) and not isinstance(e2e, bool) and e2e >= 0:
+                    run.e2es.append(float(e2e))
                 out = d.get("output_tokens")
                 if isinstance(out, int) and not isinstance(out, bool):
                     output_tokens += out
@@ -142,14 +182,22 @@ def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
     run.what_if = whatif.estimate()
     s = model.summary()
     hr = s["hit_rate"]
+    bpb = run.bytes_per_block
+    gpu_blocks, host_blocks = s["tiers"]["gpu"]["capacity_blocks"], s["tiers"]["host"]["capacity_blocks"]
     run.summary = {
         "name": run.name,
         "path": str(p),
         "records": run.records,
         "bad_lines": len(run.bad_lines),
+        "engine": run.meta.get("engine_version") or run.meta.get("engine"),
         "model": s.get("model"),
         "gpu": s.get("gpu"),
+        "scenario": run.meta.get("scenario"),
+        "concurrency": run.meta.get("concurrency"),
+        "rate": run.meta.get("rate"),
         "host_cache_bytes": run.meta.get("host_cache_bytes"),
+        "gpu_pool_bytes": gpu_blocks * bpb if isinstance(gpu_blocks, int) and bpb else None,
+        "host_pool_bytes": host_blocks * bpb if isinstance(host_blocks, int) and bpb else None,
         "gpu_blocks": s["tiers"]["gpu"]["capacity_blocks"],
         "host_blocks": s["tiers"]["host"]["capacity_blocks"],
         "disk_blocks": (s["tiers"].get("disk") or {}).get("capacity_blocks"),
@@ -164,6 +212,12 @@ def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
         "output_tokens_per_s": output_tokens / run.duration_s if run.duration_s > 0 else None,
         "ttft_p50_s": _percentile(run.ttfts, 0.50),
         "ttft_p99_s": _percentile(run.ttfts, 0.99),
+        "e2e_p50_s": _percentile(run.e2es, 0.50),
+        "e2e_p99_s": _percentile(run.e2es, 0.99),
+        "ttft_by_source": {k: {"requests": len(run.ttft_by_source.get(k, [])),
+                               "p50_s": _percentile(run.ttft_by_source.get(k, []), 0.50),
+                               "p99_s": _percentile(run.ttft_by_source.get(k, []), 0.99)}
+                           for k, _ in PREFIX_SOURCES},
         "hit_rate": hr["cumulative"],
         "gpu_hit_rate": hr["gpu"],
         "host_hit_rate": hr["host"],
@@ -174,6 +228,51 @@ def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
         "fold_bad_records": s["bad_records"],
     }
     return run
+
+
+# ---------------------------------------------------------------------------------------------- deltas
+
+# (label, summary key, kind, better): kind "rate" compares as a ratio; "seconds" too (lower is better); "share"
+# (a hit rate) as percentage points and as a ratio.
+DELTA_METRICS = (
+    ("output tokens/s", "output_tokens_per_s", "rate", "higher"),
+    ("requests/s", "requests_per_s", "rate", "higher"),
+    ("TTFT p50", "ttft_p50_s", "seconds", "lower"),
+    ("TTFT p99", "ttft_p99_s", "seconds", "lower"),
+    ("e2e p50", "e2e_p50_s", "seconds", "lower"),
+    ("e2e p99", "e2e_p99_s", "seconds", "lower"),
+    ("hit rate", "hit_rate", "share", "higher"),
+    ("hit from GPU", "gpu_hit_rate", "share", "higher"),
+    ("hit from host", "host_hit_rate", "share", "higher"),
+)
+
+
+def deltas(base: dict[str, Any], other: dict[str, Any]) -> list[dict[str, Any]]:
+    """``other`` against ``base`` (two run summaries), metric by metric: both values, the difference (for hit
+    rates in percentage points) and the change in percent of the base; None where either is unknown."""
+    out = []
+    for label, key, kind, better in DELTA_METRICS:
+        a, b = base.get(key), other.get(key)
+        diff: float | None = None
+        pct: float | None = None
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            diff = b - a
+            pct = 100.0 * diff / a if a else None
+        out.append({"metric": label, "key": key, "kind": kind, "better": better, "base": a, "value": b,
+                    "delta": diff, "delta_pct": pct})
+    return out
+
+
+def _delta_text(d: dict[str, Any]) -> str:
+    """"+12.3% (1,234 -> 1,386 tok/s)" style, for the terminal and the page."""
+    kind, a, b, diff, pct = d["kind"], d["base"], d["value"], d["delta"], d["delta_pct"]
+    if diff is None:
+        return "n/a"
+    if kind == "share":
+        return f"{100 * diff:+.1f} pt ({100 * a:.1f}% -> {100 * b:.1f}%)"
+    unit = (lambda v: f"{1000 * v:,.1f} ms") if kind == "seconds" else (lambda v: f"{v:,.1f}")
+    rel = "n/a" if pct is None else f"{pct:+.1f}%"
+    return f"{rel} ({unit(a)} -> {unit(b)})"
 
 
 # ---------------------------------------------------------------------------------------------- charts
@@ -222,7 +321,8 @@ def _place_labels(ax: Any) -> None:
     gap = (y1 - y0) * 0.07
     placed: list[float] = []
     for _, y, _, _ in labels:
-        placed.append(max(y, placed[-1] + gap) if placed else y)
+        # never on the axis line itself (a series that ends at 0 labelled its end across the x axis)
+        placed.append(max(y, placed[-1] + gap) if placed else max(y, y0 + gap / 2))
     overflow = placed[-1] - (y1 - gap / 2)
     if overflow > 0:  # shift the stack down, but not below the axis
         placed = [max(p - overflow, y0 + gap * i) for i, p in enumerate(placed)]
@@ -312,7 +412,9 @@ def _plot_hit_rate(plt: Any, runs: Sequence[RunData], path: Path) -> None:
                 _end_label(ax, mids, [mean_gpu + sum(host) / len(host)] * len(mids), "served from host", HOST_COLOR)
             cum = run.summary.get("hit_rate")
             if cum is not None:
-                ax.axhline(100 * cum, color="black", lw=0.8, ls="--")
+                # over the data only: a line across the whole axes ran through its own label
+                ax.plot([mids[0] - widths[0] / 2, mids[-1] + widths[-1] / 2], [100 * cum] * 2, color="black",
+                        lw=0.8, ls="--")
                 _end_label(ax, mids, [100 * cum] * len(mids), f"all hits, whole run: {100 * cum:.1f}%", "black")
             ax.set_ylim(0, max(100.0, max(total) + 5))
         else:
@@ -376,9 +478,10 @@ def _plot_ttft(plt: Any, runs: Sequence[RunData], path: Path) -> None:
             ys = [100.0 * (k + 1) / len(ms) for k in range(len(ms))]
             color = RUN_COLORS[i % len(RUN_COLORS)]
             ax.step(ms, ys, where="post", color=color, lw=1.6)
+            # At each run's p50, placed by _place_labels so that two runs' names never overlap.
             mid = len(ms) // 2
-            ax.annotate(run.name, (ms[mid], ys[mid]), xytext=(6, -4), textcoords="offset points", color=color,
-                        fontsize=9)
+            _end_label(ax, ms[: mid + 1], ys[: mid + 1], run.name, color)
+        _place_labels(ax)
         ax.set_ylabel("requests with TTFT <= x (%)")
         ax.set_title("time to first token, cumulative distribution per run")
     else:
@@ -389,56 +492,85 @@ def _plot_ttft(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     plt.close(fig)
 
 
+def _bar_values(ax: Any, rects: Any, values: Sequence[float | None], fmt: str) -> None:
+    """One value over each bar, inside the axes: one line each, centred on its bar, so neighbours never meet
+    (the chart is sized for the bars to be wider than their labels)."""
+    for rect, v in zip(rects, values):
+        ax.annotate("n/a" if v is None else fmt.format(v), (rect.get_x() + rect.get_width() / 2,
+                    rect.get_y() + rect.get_height()), xytext=(0, 2), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=8)
+
+
 def _plot_compare(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     names = [r.name for r in runs]
     colors = [RUN_COLORS[i % len(RUN_COLORS)] for i in range(len(runs))]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4.4))
     xs = list(range(len(runs)))
 
-    def bars(ax: Any, values: list[float | None], fmt: str, colors_: Sequence[str], bottom: Any = None) -> None:
-        vals = [0.0 if v is None else v for v in values]
-        rects = ax.bar(xs, vals, color=colors_, bottom=bottom)
-        for rect, v in zip(rects, values):
-            ax.annotate("n/a" if v is None else fmt.format(v), (rect.get_x() + rect.get_width() / 2,
-                        rect.get_y() + rect.get_height()), xytext=(0, 2), textcoords="offset points",
-                        ha="center", fontsize=8)
-
     ax = axes[0]
-    bars(ax, [r.summary.get("output_tokens_per_s") for r in runs], "{:,.0f}", colors)
-    ax.set_title("throughput")
-    ax.set_ylabel("output tokens per second")
+    tps = [r.summary.get("output_tokens_per_s") for r in runs]
+    _bar_values(ax, ax.bar(xs, [0.0 if v is None else v for v in tps], color=colors, width=0.6), tps, "{:,.0f}")
+    ax.set_title("throughput (output tokens/s)")
+    ax.set_ylim(0, max([v or 0 for v in tps] + [1]) * 1.18)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(names, rotation=15, ha="right")
+
+    # TTFT p50 and p99 per run: groups of two bars, the percentile named on the axis (not over the bars).
     ax = axes[1]
-    width = 0.38
-    p50 = [r.summary.get("ttft_p50_s") for r in runs]
-    p99 = [r.summary.get("ttft_p99_s") for r in runs]
-    for off, vals, hatch, label in ((-width / 2, p50, "", "p50"), (width / 2, p99, "//", "p99")):
-        ms = [None if v is None else 1000 * v for v in vals]
-        rects = ax.bar([x + off for x in xs], [0 if v is None else v for v in ms], width, color=colors,
+    width = 0.4
+    ticks, labels = [], []
+    top = 0.0
+    for off, key, hatch in ((-width / 2, "ttft_p50_s", ""), (width / 2, "ttft_p99_s", "//")):
+        ms = [None if r.summary.get(key) is None else 1000 * r.summary[key] for r in runs]
+        top = max([top] + [v or 0 for v in ms])
+        rects = ax.bar([x + off for x in xs], [0 if v is None else v for v in ms], width * 0.95, color=colors,
                        hatch=hatch, edgecolor="white")
-        for rect, v in zip(rects, ms):
-            ax.annotate(f"{label}\n{'n/a' if v is None else f'{v:.3g}'}",
-                        (rect.get_x() + rect.get_width() / 2, rect.get_height()), xytext=(0, 2),
-                        textcoords="offset points", ha="center", fontsize=7)
-    ax.set_title("time to first token")
-    ax.set_ylabel("milliseconds")
+        _bar_values(ax, rects, ms, "{:.3g}")
+        ticks += [x + off for x in xs]
+        labels += [f"{n}\n{key[5:8]}" for n in names]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set_ylim(0, max(top, 1e-3) * 1.18)
+    ax.set_title("TTFT (ms): p50 solid, p99 hatched")
+
+    # TTFT p50 by where the prefix came from: one group per source, one bar per run.
     ax = axes[2]
+    n = max(len(runs), 1)
+    width = 0.8 / n
+    top = 0.0
+    for i, run in enumerate(runs):
+        by = run.summary.get("ttft_by_source") or {}
+        ms = [None if (by.get(k) or {}).get("p50_s") is None else 1000 * by[k]["p50_s"] for k, _ in PREFIX_SOURCES]
+        top = max([top] + [v or 0 for v in ms])
+        rects = ax.bar([g + (i - (n - 1) / 2) * width for g in range(len(PREFIX_SOURCES))],
+                       [0 if v is None else v for v in ms], width * 0.95, color=colors[i])
+        _bar_values(ax, rects, ms, "{:.3g}")
+    ax.set_xticks(range(len(PREFIX_SOURCES)))
+    ax.set_xticklabels([label for _, label in PREFIX_SOURCES])
+    for tick, c in zip(ax.get_xticklabels(), (GPU_COLOR, HOST_COLOR, MISS_COLOR)):
+        tick.set_color(c)
+    ax.set_ylim(0, max(top, 1e-3) * 1.18)
+    ax.set_title("TTFT p50 (ms) by prefix source")
+
+    ax = axes[3]
     gpu = [100 * (r.summary.get("gpu_hit_rate") or 0) for r in runs]
     host = [100 * (r.summary.get("host_hit_rate") or 0) for r in runs]
-    ax.bar(xs, gpu, color=GPU_COLOR)
-    ax.bar(xs, host, bottom=gpu, color=HOST_COLOR)
+    ax.bar(xs, gpu, color=GPU_COLOR, width=0.6)
+    ax.bar(xs, host, bottom=gpu, color=HOST_COLOR, width=0.6)
     for x, g, h in zip(xs, gpu, host):
-        if g > 4:
+        # Inside a segment only where it is tall enough for its two lines (12% of the axis), else nothing:
+        # the total above the bar and the page's table carry the figure.
+        if g > 12:
             ax.text(x, g / 2, f"GPU\n{g:.1f}%", ha="center", va="center", color="white", fontsize=8)
-        if h > 4:
+        if h > 12:
             ax.text(x, g + h / 2, f"host\n{h:.1f}%", ha="center", va="center", color="white", fontsize=8)
-        ax.text(x, g + h + 1, f"{g + h:.1f}%", ha="center", fontsize=8)
-    ax.set_title("block hit rate, by serving tier")
-    ax.set_ylabel("% of block lookups")
-    ax.set_ylim(0, 105)
-    for ax in axes:
-        ax.set_xticks(xs)
-        ax.set_xticklabels(names, rotation=15, ha="right")
-        for tick, c in zip(ax.get_xticklabels(), colors):
+        ax.text(x, g + h + 1, f"{g + h:.1f}%", ha="center", va="bottom", fontsize=8)
+    ax.set_title("block hit rate, by serving tier (%)")
+    ax.set_ylim(0, 112)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(names, rotation=15, ha="right")
+    for a in (axes[0], axes[3]):
+        for tick, c in zip(a.get_xticklabels(), colors):
             tick.set_color(c)
     fig.tight_layout()
     fig.savefig(path)
@@ -454,7 +586,7 @@ def plot_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
     plt = _plt()
     pts = sorted((float(r["host_cache_bytes"]), float(r["cache_hit_rate"]), r) for r in runs)
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    xs = [p[0] / 1e9 for p in pts]
+    xs = [p[0] / GIB for p in pts]
     ys = [100 * p[1] for p in pts]
     ax.plot(xs, ys, "o-", color=HOST_COLOR, lw=1.8)
     for x, y in zip(xs, ys):
@@ -469,7 +601,7 @@ def plot_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
         ax.plot(xs, [g for _, g in gpu_only], "s--", color=GPU_COLOR, lw=1.2)
         _end_label(ax, xs, [g for _, g in gpu_only], "served from GPU", GPU_COLOR)
         _end_label(ax, xs, ys, "all hits (GPU + host)", HOST_COLOR)
-    ax.set_xlabel("host cache size (GB, 1e9 bytes)")
+    ax.set_xlabel("host cache size (GiB)")
     ax.set_ylabel("block hit rate (% of lookups)")
     ax.set_title("hit rate against host cache size")
     ax.set_ylim(0, max(100.0, max(ys, default=0) + 8))
@@ -492,21 +624,68 @@ def _fmt(v: Any, kind: str) -> str:
         return f"{v:,.1f}"
     if kind == "int":
         return f"{v:,}"
-    if kind == "gb":
-        return f"{v / 1e9:.2f} GB"
+    if kind == "gib":
+        return f"{v / GIB:.2f} GiB"
     return html.escape(str(v))
 
 
 _TABLE = (
-    ("run", "name", "str"), ("host cache", "host_cache_bytes", "gb"), ("GPU blocks", "gpu_blocks", "int"),
-    ("host blocks", "host_blocks", "int"), ("requests", "requests_completed", "int"),
-    ("failed", "requests_failed", "int"), ("duration", "duration_s", "num"),
+    ("run", "name", "str"), ("engine", "engine", "str"), ("scenario", "scenario", "str"),
+    ("concurrency", "concurrency", "str"), ("GPU pool", "gpu_pool_bytes", "gib"), ("GPU blocks", "gpu_blocks", "int"),
+    ("host pool", "host_pool_bytes", "gib"), ("host blocks", "host_blocks", "int"),
+    ("requests", "requests_completed", "int"),
+    ("failed", "requests_failed", "int"), ("duration s", "duration_s", "num"),
     ("requests/s", "requests_per_s", "num"), ("output tok/s", "output_tokens_per_s", "num"),
-    ("TTFT p50", "ttft_p50_s", "ms"), ("TTFT p99", "ttft_p99_s", "ms"), ("hit rate", "hit_rate", "pct"),
+    ("TTFT p50", "ttft_p50_s", "ms"), ("TTFT p99", "ttft_p99_s", "ms"), ("e2e p50", "e2e_p50_s", "ms"),
+    ("e2e p99", "e2e_p99_s", "ms"), ("hit rate", "hit_rate", "pct"),
     ("from GPU", "gpu_hit_rate", "pct"), ("from host", "host_hit_rate", "pct"),
     ("offloaded", "offloaded_blocks", "int"), ("onboarded", "onboarded_blocks", "int"),
     ("what-if host x2", "wi2", "pct"), ("what-if host x4", "wi4", "pct"), ("bad lines", "bad_lines", "int"),
 )
+
+
+def _answer(runs: Sequence[RunData]) -> list[str]:
+    """The first screen: each run against the first, then TTFT by prefix source."""
+    parts: list[str] = []
+    if len(runs) >= 2:
+        base = runs[0]
+        parts.append(f"<h2>Against {html.escape(base.name)} (baseline)</h2><table><tr><th>metric</th>"
+                     f"<th>{html.escape(base.name)}</th>")
+        for r in runs[1:]:
+            parts.append(f"<th>{html.escape(r.name)}</th><th>change</th>")
+        parts.append("</tr>")
+        rows = [deltas(base.summary, r.summary) for r in runs[1:]]
+        for i, (label, key, kind, better) in enumerate(DELTA_METRICS):
+            fmt = {"rate": "num", "seconds": "ms", "share": "pct"}[kind]
+            parts.append(f"<tr><td>{html.escape(label)} <small>({better} is better)</small></td>"
+                         f"<td>{_fmt(base.summary.get(key), fmt)}</td>")
+            for r, ds in zip(runs[1:], rows):
+                d = ds[i]
+                worse = d["delta"] is not None and d["delta"] != 0 and ((d["delta"] < 0) == (better == "higher"))
+                cls = " class='bad'" if worse else ""
+                change = ("n/a" if d["delta"] is None else
+                          f"{100 * d['delta']:+.1f} pt" if kind == "share" else
+                          "n/a" if d["delta_pct"] is None else f"{d['delta_pct']:+.1f}%")
+                parts.append(f"<td>{_fmt(r.summary.get(key), fmt)}</td><td{cls}>{change}</td>")
+            parts.append("</tr>")
+        parts.append("</table>")
+    parts.append("<h2>TTFT by where the prefix came from</h2><p>Each finished request by its prompt's reused "
+                 "blocks: <span class='gpu'>GPU hit</span> (reused, all from the GPU), <span class='host'>host "
+                 "hit</span> (some onboarded from host memory), <span class='miss'>miss</span> (nothing reused)."
+                 "</p><table><tr><th>run</th>")
+    for _, label in PREFIX_SOURCES:
+        parts.append(f"<th>{label}: requests</th><th>p50</th><th>p99</th>")
+    parts.append("</tr>")
+    for r in runs:
+        by = r.summary.get("ttft_by_source") or {}
+        parts.append(f"<tr><td>{html.escape(r.name)}</td>")
+        for k, _ in PREFIX_SOURCES:
+            b = by.get(k) or {}
+            parts.append(f"<td>{_fmt(b.get('requests'), 'int')}</td><td>{_fmt(b.get('p50_s'), 'ms')}</td>"
+                         f"<td>{_fmt(b.get('p99_s'), 'ms')}</td>")
+        parts.append("</tr>")
+    parts.append("</table>")
+    return parts
 
 
 def _page(runs: Sequence[RunData], images: dict[str, Path]) -> str:
@@ -514,18 +693,21 @@ def _page(runs: Sequence[RunData], images: dict[str, Path]) -> str:
            "table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:4px 8px;"
            "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
            "img{max-width:100%;border:1px solid #eee;margin:0.5em 0}.bad{color:#a00}"
-           f".gpu{{color:{GPU_COLOR};font-weight:bold}}.host{{color:{HOST_COLOR};font-weight:bold}}")
+           f".gpu{{color:{GPU_COLOR};font-weight:bold}}.host{{color:{HOST_COLOR};font-weight:bold}}"
+           f".miss{{color:{MISS_COLOR};font-weight:bold}}")
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvtop report</title>",
              f"<style>{css}</style></head><body>", "<h1>kvtop report</h1>",
              "<p>Tiers: <span class='gpu'>GPU (HBM)</span> and <span class='host'>host (pinned DRAM)</span>, "
              "in these colours in every chart. Hit rates are block-based (TensorRT-LLM's reusedBlocks / "
              "(reused + missed)); the what-if columns estimate the hit rate with a 2x / 4x larger host cache "
-             "from the run's own evictions.</p>", "<h2>Summary</h2><table><tr>"]
+             "from the run's own evictions. Sizes in GiB (2<sup>30</sup> bytes).</p>"]
+    parts += _answer(runs)
+    parts.append("<h2>Runs</h2><table><tr>")
     # A disk tier (TensorRT-LLM's disk cache) gets its column only where a run had one.
     table = list(_TABLE)
     if any(r.summary.get("disk_blocks") is not None for r in runs):
-        table.insert(4, ("disk blocks", "disk_blocks", "int"))
-        parts[-2] = parts[-2].replace("</span> and <span class='host'>host (pinned DRAM)</span>, ",
+        table.insert(8, ("disk blocks", "disk_blocks", "int"))
+        parts[3] = parts[3].replace("</span> and <span class='host'>host (pinned DRAM)</span>, ",
                                       "</span>, <span class='host'>host (pinned DRAM)</span> and disk "
                                       "(TensorRT-LLM's disk cache), ")
     parts += [f"<th>{html.escape(h)}</th>" for h, _, _ in table]
@@ -596,6 +778,8 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, warmup_reques
             fn(plt, charted, path)
             images[key] = path
     summary = {"runs": [r.summary for r in runs],
+               "deltas": {r.name: deltas(runs[0].summary, r.summary) for r in runs[1:]},
+               "baseline": runs[0].name if runs else None,
                "bad_lines": {str(r.path): r.bad_lines for r in runs if r.bad_lines}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "index.html").write_text(_page(runs, images), encoding="utf-8")
@@ -636,5 +820,15 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{_fmt(run['hit_rate'], 'pct')} (GPU {_fmt(run['gpu_hit_rate'], 'pct')}, host "
               f"{_fmt(run['host_hit_rate'], 'pct')}), TTFT p50 {_fmt(run['ttft_p50_s'], 'ms')}, "
               f"p99 {_fmt(run['ttft_p99_s'], 'ms')}")
+    base = result["runs"][0] if result["runs"] else None
+    for name, ds in result.get("deltas", {}).items():
+        print(f"{name} against {base['name'] if base else '?'}:")
+        for d in ds:
+            print(f"  {d['metric']:<15} {_delta_text(d)}")
+    for run in result["runs"]:
+        by = run.get("ttft_by_source") or {}
+        print(f"{run['name']}: TTFT p50 by prefix source: " + ", ".join(
+            f"{label} {_fmt((by.get(k) or {}).get('p50_s'), 'ms')} ({(by.get(k) or {}).get('requests', 0)} req)"
+            for k, label in PREFIX_SOURCES))
     print(f"wrote {Path(a.out) / 'index.html'}")
     return 0 if any(run["records"] for run in result["runs"]) else 1
