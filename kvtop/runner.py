@@ -273,6 +273,13 @@ def format_summary(s: dict[str, Any]) -> str:
     mv = s.get("moves", {})
     lines.append(f"moves: offloaded {mv.get('offloaded_blocks', 0)}, onboarded {mv.get('onboarded_blocks', 0)}, "
                  f"evicted GPU {mv.get('evicted_gpu_blocks', 0)}, evicted host {mv.get('evicted_host_blocks', 0)}")
+    st = s.get("stream")
+    if st:  # the engines' common KV event stream (zmq://, vllm://, sglang://)
+        lines.append(f"stream: {st.get('batches', 0)} batches (seq {st.get('first_seq')}..{st.get('last_seq')}), "
+                     f"{st.get('lost_batches', 0)} lost, {st.get('replayed_batches', 0)} replayed, "
+                     f"{st.get('bad_events', 0)} bad events"
+                     + ("; counts are SINCE ATTACH: the engine announced nothing it cached before"
+                        if st.get("since_attach") else ""))
     return "\n".join(lines)
 
 

@@ -1850,6 +1850,12 @@ class TierModel:
             capacity_source=cap_src, stats_max_includes_host=includes, stats_schema=self.stats_schema)
 
     @property
+    def since_attach(self) -> bool:
+        """True when the counts come from the engines' common KV event stream (kvtop/kv_stream.py) and start at
+        kvtop's attach: the engine announced nothing it had cached before (no state snapshot in vLLM 0.33)."""
+        return self._stream is not None and bool(self._stream.to_json()["since_attach"])
+
+    @property
     def fold_entries(self) -> int:
         """Blocks the fold holds (cached ones plus not-yet-reconciled stale ones); bounded, see ``_prune``."""
         return sum(len(p.blocks) for p in self._pools.values())

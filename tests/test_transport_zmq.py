@@ -281,3 +281,33 @@ def test_headless_json_says_since_attach(tmp_path):
     summary = json.loads(out.stdout)
     text = json.dumps(summary)
     assert '"since_attach": true' in text and '"cached_blocks": 2' in text
+
+
+async def test_dashboard_header_says_since_attach():
+    from test_kv_stream import batch
+
+    from kvtop.records import SourceId as Sid
+    from kvtop.session import Session
+    from kvtop.settings import Settings
+    from kvtop.ui.app import build_app
+
+    session = Session(source=Sid("127.0.0.1:5557", 0, "t"))
+    session.emit(batch(4711, [stored([1, 2])], t=1764430000.0))
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert "counts since attach" in app.screen.query_one("#header").data.flags
+    assert session.model.since_attach is True
+
+
+def test_headless_text_says_since_attach():
+    from test_kv_stream import batch
+
+    from kvtop.runner import format_summary
+    from kvtop.tiers import TierModel
+
+    m = TierModel()
+    m.apply(batch(4711, [stored([1, 2])]))
+    m.apply(batch(4713, [removed([1])], t=101.0))
+    text = format_summary(m.summary())
+    assert "stream: 2 batches (seq 4711..4713), 1 lost, 0 replayed, 0 bad events; counts are SINCE ATTACH" in text

@@ -622,7 +622,8 @@ class KvtopApp(App[int]):
         elif q.events_dropped:
             flags.append(f"{q.events_dropped} events dropped")
         elif q.counts_approximate:
-            flags.append("counts ≈")
+            # A late attacher to a vLLM/SGLang stream cannot know what was cached before: say so, not just "≈"
+            flags.append("counts since attach" if getattr(model, "since_attach", False) else "counts ≈")
         if model.bad_records:
             flags.append(f"{model.bad_records} bad records")
         if q is not None and q.host_without_events:
