@@ -45,10 +45,10 @@ from kvtop.records import Record, SourceId  # noqa: E402
 
 def _stream_model() -> Any:
     """A TierModel that folded a real-shaped stream: its summary is what an agent of a busy engine sends."""
+    import msgpack
+
     from kvtop.kv_stream import decode_frames
     from kvtop.tiers import TierModel
-
-    import msgpack
 
     m = TierModel()
     for seq in range(200):
