@@ -152,3 +152,19 @@ def test_metrics_empty_while_the_collector_counts_is_drained_whole(serve: FakeSe
                for name, msg in statuses)
     # with no JSON stats at all, Prometheus gives the counters too
     assert m.hit_rate.lookups > 0 and m.stats_schema == "prometheus"
+
+
+def test_frames_the_engine_dropped_itself_are_not_another_reader(serve: FakeServe) -> None:
+    # Newer main: statsSequence numbers the frames, statsDroppedFrames counts those its buffer dropped
+    # (tensorrt_llm/executor/iteration_stats.py, _materialize_frame).
+    m = TierModel()
+    statuses: list[tuple[str, str]] = []
+    src = _source(serve, m, statuses)
+    base = METRICS_EXAMPLE[0]
+    for batch, dropped in (([1, 2], 0), ([6, 7], 3), ([11, 12], 6)):
+        serve.queues["/metrics"].append([dict(copy.deepcopy(base), iter=100 + i, statsSequence=i,
+                                              statsDroppedFrames=dropped) for i in batch])
+    for _ in range(3):
+        asyncio.run(src.poll_once())
+    assert not src.stats_drained
+    assert not any("another reader" in msg for _, msg in statuses)

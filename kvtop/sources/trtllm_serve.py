@@ -57,8 +57,8 @@ HINTS = {
     PROM: "Prometheus metrics are off: add `return_perf_metrics: true` to the YAML given to trtllm-serve "
           "--extra_llm_api_options (its KV cache metrics need TensorRT-LLM 1.3 or later)",
 }
-DRAINED_HINT = ("another reader is draining the iteration-stats queue that /metrics reads (TensorRT-LLM 1.3's own "
-                "Prometheus collector loop when return_perf_metrics is on, or a second kvtop or collector): "
+DRAINED_HINT = ("another reader is likely draining the iteration-stats queue that /metrics reads (TensorRT-LLM "
+                "1.3's own Prometheus collector loop when return_perf_metrics is on, or a second kvtop or collector): "
                 "counts summed per iteration undercount; kvtop also reads /prometheus/metrics")
 DRAIN_POLLS = 2  # iterations missing between two polls, twice: another reader (a one-off gap may be a restart)
 QUEUE_FULL = 1000  # trtllm-serve's stats queue (iter_stats_max_iterations default): a poll this big may be overflow
@@ -162,6 +162,7 @@ class TrtllmServeSource:
         self.stats_missing = 0      # iterations that never reached kvtop (gaps in ``iter``)
         self._last_iter: dict[Any, int] = {}
         self._gap_polls = 0
+        self._engine_dropped = 0  # the last statsDroppedFrames seen (newer main)
         self._prom_completed: float | None = None
         self.reachable: bool | None = None  # None until the first poll
         self.meta: dict[str, Any] | None = None
@@ -327,10 +328,19 @@ class TrtllmServeSource:
         /metrics from ``get_stats_async``, a drain-once queue): counted, and said once."""
         gap = 0
         for item in items:
-            if not isinstance(item, dict) or item.get("iter").__class__ is not int:
+            if not isinstance(item, dict):
                 continue
+            # Newer main numbers each stats frame (``statsSequence``, executor/iteration_stats.py) and counts the
+            # frames its own buffer dropped (``statsDroppedFrames``): a gap the engine dropped is not a reader.
+            seq = item.get("statsSequence")
+            it = seq if seq.__class__ is int else item.get("iter")
+            if it.__class__ is not int:
+                continue
+            dropped = item.get("statsDroppedFrames")
+            if dropped.__class__ is int and dropped > self._engine_dropped:
+                self._engine_dropped = dropped
+                self._last_iter.pop(item.get("attentionDpRank") or 0, None)
             rank = item.get("attentionDpRank") or 0
-            it = item["iter"]
             last = self._last_iter.get(rank)
             if last is not None and it > last + 1:
                 gap += it - last - 1
