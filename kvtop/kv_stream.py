@@ -346,11 +346,17 @@ class StreamFold:
         self.summary_seq: int | None = None
         self.summaries = 0
         self.summaries_lost = 0
+        self.raw_ignored = 0
         self._sum_last: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------------ batches
 
     def apply(self, kind: str, data: Mapping[str, Any]) -> None:
+        if kind != "summary" and self.summary is not None:
+            # An agent run with --raw sends both for one source: its summary is the fold, the raw records are
+            # for sinks (a recorder, a drill-down); folding both would count every move twice.
+            self.raw_ignored += 1
+            return
         if kind == "kv_batch":
             self.apply_batch(data)
         elif kind == "metrics":
@@ -640,8 +646,13 @@ class StreamFold:
                 continue
             last = self._sum_last.get(key)
             self._sum_last[key] = v
-            # A total going back is an agent restart: its new total is what happened since.
-            d[key] = v if last is None else (v - last if v >= last else v)
+            # A total going back is an agent restart: its new total is what happened since. The first summary's
+            # totals are counts since the agent attached, unless raw records of this source were folded here
+            # before it (--raw): they counted those moves already, so the first summary is only the baseline.
+            if last is None:
+                d[key] = 0 if self.batches or self.metrics_scrapes else v
+            else:
+                d[key] = v - last if v >= last else v
         m._hits += d.get("hits", 0)
         m._lookups += d.get("lookups", 0)
         m._ev_host_hits += d.get("host_hits", 0)
@@ -756,5 +767,5 @@ class StreamFold:
             "metrics_engine": self.metrics_engine, "metrics_scrapes": self.metrics_scrapes,
             "hit_blocks_by_tier": hits_by_tier, "lookup_blocks": int(self.lookup_tokens // tpb) if tpb else None,
             "engine_gauges": dict(self.extra),
-            "summaries": self.summaries, "summaries_lost": self.summaries_lost,
+            "summaries": self.summaries, "summaries_lost": self.summaries_lost, "raw_ignored": self.raw_ignored,
         }

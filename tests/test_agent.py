@@ -55,7 +55,8 @@ def test_summary_is_small():
 
 
 @pytest.mark.mqtt
-async def test_agent_publishes_summaries_a_dashboard_shows_in_its_fleet_table(mqtt_broker):
+@pytest.mark.parametrize("raw", [False, True])
+async def test_agent_publishes_summaries_a_dashboard_shows_in_its_fleet_table(mqtt_broker, raw):
     pub = Publisher(replay=False)
     agent = None
     try:
@@ -65,7 +66,7 @@ async def test_agent_publishes_summaries_a_dashboard_shows_in_its_fleet_table(mq
         task = asyncio.ensure_future(dash.run())
         agent = subprocess.Popen([sys.executable, "-m", "kvtop", "agent", pub.url, "--mqtt",
                                   mqtt_broker.url("fleet"), "--run", "n7", "--interval", "0.25", "--duration", "6",
-                                  "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                  "--json", *(["--raw"] if raw else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         key = f"127.0.0.1:{pub.port}/0/n7"
         deadline = time.monotonic() + 15
         sent = False
@@ -76,7 +77,8 @@ async def test_agent_publishes_summaries_a_dashboard_shows_in_its_fleet_table(mq
                 pub.send([stored([1, 2], medium="CPU"), removed([3])])
                 sent = True
             m = dash.models.get(key)
-            if m is not None and m.gpu.cached_blocks == 3 and m.host.cached_blocks == 2:
+            if m is not None and m.gpu.cached_blocks == 3 and m.host.cached_blocks == 2 and (
+                    m.summary()["stream"]["summaries"] >= 2):
                 break
             await asyncio.sleep(0.1)
         m = dash.models[key]
@@ -84,7 +86,8 @@ async def test_agent_publishes_summaries_a_dashboard_shows_in_its_fleet_table(mq
         assert (row.gpu_cached, row.host_cached) == (3, 2)
         assert (m.moves.offloaded_blocks, m.moves.evicted_gpu_blocks) == (2, 1)
         assert m.meta["engine"] == "vllm-format" and m.summary()["stream"]["summaries"] >= 1
-        assert kinds["summary"] >= 1 and kinds["kv_batch"] == 0  # raw events only with --raw
+        assert kinds["summary"] >= 1
+        assert kinds["kv_batch"] == (2 if raw else 0)  # raw events only with --raw
         out, err = await asyncio.to_thread(agent.communicate, timeout=30)
         assert agent.returncode == 0, err
         result = json.loads(out)
@@ -110,3 +113,23 @@ def test_agent_bad_options_say_what_is_wrong():
         out = subprocess.run([sys.executable, "-m", "kvtop", "agent", *argv], capture_output=True, text=True,
                              timeout=60)
         assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_raw_records_beside_summaries_are_not_counted_twice():
+    from test_kv_stream import batch
+
+    local = TierModel()
+    remote = TierModel()
+    src = SourceId("node-7:5557", 0, "r")
+    for seq, t, events in ((0, 1.0, [stored([1, 2, 3, 4])]), (1, 2.0, [stored([1, 2], medium="CPU")])):
+        b = batch(seq, events, t=t)
+        local.apply(b)
+        remote.apply(Record(b.kind, b.data, src, t))             # --raw: the record itself...
+        remote.apply(Record("summary", summary_data(local, seq, 0.5, "a"), src, t))   # ...and the summary
+    b = batch(2, [removed([3])], t=3.0)
+    local.apply(b)
+    remote.apply(Record(b.kind, b.data, src, 3.0))
+    remote.apply(Record("summary", summary_data(local, 2, 0.5, "a"), src, 3.0))
+    assert (remote.moves.offloaded_blocks, remote.moves.evicted_gpu_blocks) == (2, 1)
+    assert (remote.gpu.cached_blocks, remote.host.cached_blocks) == (3, 2)
+    assert remote.summary()["stream"]["raw_ignored"] == 2

@@ -311,3 +311,48 @@ def test_headless_text_says_since_attach():
     m.apply(batch(4713, [removed([1])], t=101.0))
     text = format_summary(m.summary())
     assert "stream: 2 batches (seq 4711..4713), 1 lost, 0 replayed, 0 bad events; counts are SINCE ATTACH" in text
+
+
+def test_a_recording_of_the_stream_replays_to_the_same_state(tmp_path):
+    """kv_batch records cross a process boundary: recorded by one kvtop, replayed by another, same fold."""
+    pub = Publisher(replay=False)
+    rec = tmp_path / "stream.jsonl"
+    try:
+        def feed() -> None:
+            time.sleep(1.5)
+            pub.send([stored([1, 2, 3, 4])])
+            pub.send([stored([1, 2], medium="CPU"), removed([3])])
+
+        t = threading.Thread(target=feed)
+        t.start()
+        live = subprocess.run([sys.executable, "-m", "kvtop", "attach", pub.url, "--headless", "--json",
+                               "--duration", "3", "--record", str(rec)], capture_output=True, text=True, timeout=60)
+        t.join()
+    finally:
+        pub.close()
+    assert live.returncode == 0, live.stderr
+    again = subprocess.run([sys.executable, "-m", "kvtop", "replay", str(rec), "--speed", "0", "--headless",
+                            "--json"], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    a, b = json.loads(live.stdout), json.loads(again.stdout)
+    kinds = [json.loads(line)["kind"] for line in rec.read_text().splitlines()]
+    assert kinds.count("kv_batch") == 2
+    for s in (a, b):
+        text = json.dumps(s)
+        assert '"offloaded_blocks": 2' in text and '"evicted_gpu_blocks": 1' in text, text[:2000]
+
+
+async def test_a_dead_metrics_page_is_reported_and_the_stream_goes_on():
+    from conftest import free_port
+
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(f"{pub.url}?metrics=http://127.0.0.1:{free_port()}/metrics")
+        pub.send([stored([1])])
+        await _until(lambda: bool(session.models) and _model(session).gpu.cached_blocks == 1)
+        await _until(lambda: any("cannot connect" in text for _, _, text in session.log))
+        assert session.status["zmq"] == "ok" and any(k.startswith("metrics http") and v == "error"
+                                                     for k, v in session.status.items())
+        await _stop(session, task)
+    finally:
+        pub.close()
