@@ -66,7 +66,8 @@ async def test_agent_publishes_summaries_a_dashboard_shows_in_its_fleet_table(mq
         task = asyncio.ensure_future(dash.run())
         agent = subprocess.Popen([sys.executable, "-m", "kvtop", "agent", pub.url, "--mqtt",
                                   mqtt_broker.url("fleet"), "--run", "n7", "--interval", "0.25", "--duration", "6",
-                                  "--json", *(["--raw"] if raw else [])], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                  "--json", *(["--raw"] if raw else [])],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         key = f"127.0.0.1:{pub.port}/0/n7"
         deadline = time.monotonic() + 15
         sent = False
