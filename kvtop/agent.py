@@ -11,7 +11,7 @@ publishes each one's summary at 1-2 Hz:
     <prefix>/kvtop/v1/<run>/<agent>:0/status        retained "online"; "offline" is the MQTT last will
     <prefix>/kvtop/v1/<run>/<host>:<rank>/<kind>    the raw records, only with --raw
 
-(the conventions of kvtop/sources/mqtt.py and kvtop/sinks/mqtt.py, whose publisher this reuses: a bounded queue
+(the conventions of kvtop/mqtt_wire.py and kvtop/sinks/mqtt.py, whose publisher this reuses: a bounded queue
 that never blocks the fold, reconnects with backoff). A summary's totals are cumulative since the agent attached,
 so one lost summary loses nothing but its instant; the receiving TierModel diffs them into its own rates
 (kvtop/kv_stream.py, ``apply_summary``) and counts missed ``seq`` numbers. A dashboard (``kvtop attach
@@ -141,8 +141,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     from kvtop.attach import _float, build_attach_session
+    from kvtop.mqtt_wire import MqttUrlError, parse_mqtt_url
     from kvtop.sinks.mqtt import MqttPublisher
-    from kvtop.sources.mqtt import MqttUrlError, parse_mqtt_url
 
     a = _parser().parse_args(list(argv))
     interval = _float("--interval", a.interval)

@@ -198,8 +198,8 @@ def add_sinks(session: Session, settings: Settings) -> None:
             raise RunError(f"--record: cannot write {settings.record}: {exc.strerror}") from None
         session.add_sink(recorder.write, recorder.close)
     if settings.publish:
+        from kvtop.mqtt_wire import MqttUrlError
         from kvtop.sinks import mqtt as mqtt_sink
-        from kvtop.sources.mqtt import MqttUrlError
 
         try:
             publisher = mqtt_sink.publisher_from_url(settings.publish, source=session.source,

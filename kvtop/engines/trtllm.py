@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
-from kvtop.workload.scenarios import RetentionSpec
+from kvtop.engines.inputs import RetentionSpec
 
 INSTALL_HINT = ("TensorRT-LLM is not importable here. Install it on a machine with an NVIDIA GPU, from NVIDIA's "
                 "index: pip install tensorrt_llm --extra-index-url https://pypi.nvidia.com (or use NVIDIA's "

@@ -1,6 +1,6 @@
 """MQTT publisher: sends records to a broker without ever making the engine wait.
 
-Conventions (topics, URL, credentials) are in :mod:`kvtop.sources.mqtt`. What this side adds:
+Conventions (topics, URL, credentials) are in :mod:`kvtop.mqtt_wire`. What this side adds:
 
 - :meth:`MqttPublisher.publish` is the sink: O(1), never blocks, never raises for the network. Records go into
   a bounded queue (``max_queue``); when it is full (broker slow or down) the *oldest* record is dropped and
@@ -31,8 +31,7 @@ import time
 from collections import deque
 from typing import Any
 
-from kvtop.records import Record, SourceId, encode, encode_batch
-from kvtop.sources.mqtt import (
+from kvtop.mqtt_wire import (
     BACKOFF_MAX_S,
     OFFLINE,
     ONLINE,
@@ -44,6 +43,7 @@ from kvtop.sources.mqtt import (
     parse_mqtt_url,
     topic_for,
 )
+from kvtop.records import Record, SourceId, encode, encode_batch
 from kvtop.stopsignal import StopSignal
 
 QOS = {"meta": 1, "request": 1, "stats": 0, "gpu": 0, "host": 0, "kv_event": 0}
@@ -298,7 +298,7 @@ class MqttPublisher:
 def publisher_from_url(url: str, source: SourceId | None = None, *,
                        password_file: str | os.PathLike[str] | None = None,
                        on_status: StatusCallback | None = None, include_tokens: bool = False) -> MqttPublisher:
-    """What ``--publish mqtt://...`` calls. Raises :class:`kvtop.sources.mqtt.MqttUrlError` for a bad URL."""
+    """What ``--publish mqtt://...`` calls. Raises :class:`kvtop.mqtt_wire.MqttUrlError` for a bad URL."""
     return MqttPublisher(parse_mqtt_url(url, password_file=password_file), source, on_status=on_status,
                          include_tokens=include_tokens)
 

@@ -8,29 +8,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from kvtop.workload.trace import TraceRequest
+from kvtop.engines.inputs import RetentionSpec, TraceRequest
 
 VOCAB_LIMIT = 150_000
-
-
-@dataclass
-class RetentionSpec:
-    """Engine-independent retention: the driver turns it into the engine's KvCacheRetentionConfig."""
-
-    ranges: list[tuple[int, int | None, int, int | None]] = field(default_factory=list)  # start, end, prio, ms
-    decode_priority: int = 35
-    decode_duration_ms: int | None = None
-
-    @property
-    def priority(self) -> int:
-        """The priority a person would name this request by: its first range's, else the default."""
-        return self.ranges[0][2] if self.ranges else 35
-
-    def is_default(self) -> bool:
-        return not self.ranges and self.decode_priority == 35 and self.decode_duration_ms is None
 
 
 @dataclass

@@ -11,50 +11,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-TRACE_BLOCK_TOKENS = 512
+from kvtop.engines.inputs import TRACE_BLOCK_TOKENS as TRACE_BLOCK_TOKENS  # re-exported: kvtop.engines.sim.sweep
+from kvtop.engines.inputs import TraceRequest
 
 
 class TraceError(ValueError):
     def __init__(self, path: str, line: int, problem: str):
         self.path, self.line, self.problem = path, line, problem
         super().__init__(f"{path}:{line}: {problem}")
-
-
-@dataclass(frozen=True)
-class TraceRequest:
-    line: int
-    timestamp_ms: float
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
-
-    def prompt_ids(self) -> list[int]:
-        ids: list[int] = []
-        for first, length in self.prompt_runs():
-            ids.extend(range(first, first + length))  # C-speed: 15k tokens in ~0.1 ms
-        return ids
-
-    def prompt_runs(self) -> list[tuple[int, int]]:
-        """The prompt as runs of consecutive token ids, ``[(first_id, length), ...]``: ``prompt_ids()`` is their
-        concatenation. One run per hash block (the last one cut to ``input_length``), plus the request's unique
-        tail when the hash ids cover fewer tokens than ``input_length``."""
-        runs: list[tuple[int, int]] = []
-        remaining = self.input_length
-        for h in self.hash_ids:
-            if remaining <= 0:
-                break
-            length = min(TRACE_BLOCK_TOKENS, remaining)
-            runs.append((h * TRACE_BLOCK_TOKENS, length))
-            remaining -= length
-        if remaining > 0:
-            # A trace whose hash ids cover fewer tokens than input_length: the tail is unique to the request.
-            # Negative ids, 2^24 apart per line: never a trace token (>= 0) nor a generated one (>= 2^30), and no
-            # two requests' tails overlap (the simulator keeps ids as signed 64-bit integers).
-            runs.append((-((self.line + 1) << 24), remaining))
-        return runs
 
 
 def _field(obj: dict, key: str, path: str, line: int, minimum: int = 0) -> int:

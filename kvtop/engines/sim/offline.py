@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtop.engines.gpus import GpuProfile
+from kvtop.engines.inputs import TraceRequest
 from kvtop.engines.models import ModelShape
 from kvtop.engines.sim.block_manager import BlockManager, TokenRuns
 from kvtop.engines.sim.core import SimEngineCore, SimRequest
-from kvtop.workload.trace import TraceRequest
 
 FEED_AHEAD = 16  # requests queued in the core beyond the running batch: enough to fill any batch slot
 

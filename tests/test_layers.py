@@ -1,0 +1,220 @@
+"""kvtop's layer boundaries, checked on the source (design.md: engines -> sources -> records -> tiers -> sinks).
+
+An AST walk over every module of kvtop collects the kvtop modules each one imports, at module level or inside a
+function (a lazy import is still a dependency; only ``if TYPE_CHECKING:`` blocks are left out, they never run).
+From that graph:
+
+- no import cycles among kvtop modules;
+- only ``kvtop/ui/`` imports textual or rich (tests/test_ui_boundary.py checks the same in a fresh interpreter);
+- sinks never import sources (both may share neutral modules: kvtop/mqtt_wire.py);
+- engines never import the workload (the driver drives engines, not the other way);
+- the fold (kvtop.tiers, kvtop.kv_stream, kvtop.occupancy) and the records import no source, sink or UI, even
+  transitively.
+
+A fresh interpreter then imports the fold and the records and checks ``sys.modules`` the same way (harlequin's
+habit), so that a dynamic import the AST cannot see is caught too.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "kvtop"
+
+FOLD = ("kvtop.tiers", "kvtop.kv_stream", "kvtop.occupancy", "kvtop.records")
+NOT_UNDER_THE_FOLD = ("kvtop.sources", "kvtop.sinks", "kvtop.ui", "kvtop.session", "kvtop.runner", "kvtop.cli")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, package: str) -> list[str]:
+    """Every module name imported anywhere in ``tree`` (relative imports resolved against ``package``)."""
+    names: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.append(module)
+            # ``from kvtop.sinks import mqtt`` imports the submodule kvtop.sinks.mqtt
+            names.extend(f"{module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+@cache
+def graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """(kvtop module -> kvtop modules it imports, kvtop module -> top-level third-party packages it imports)."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    internal: dict[str, set[str]] = {}
+    external: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps: set[str] = set()
+        outside: set[str] = set()
+        for imported in _imports(ast.parse(path.read_text(), str(path)), package):
+            if imported.split(".")[0] != "kvtop":
+                outside.add(imported.split(".")[0])
+                continue
+            target = imported
+            while target and target not in paths:  # kvtop.tiers.TierModel -> kvtop.tiers
+                target = target.rpartition(".")[0]
+            if target and target != name and target != "kvtop":
+                deps.add(target)
+        internal[name] = deps
+        external[name] = outside
+    return internal, external
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            strong(v)
+    return sorted(found)
+
+
+def _reachable(start: str) -> set[str]:
+    edges = graph()[0]
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for dep in edges.get(todo.pop(), ()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def _under(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def test_the_walk_sees_lazy_imports_and_skips_type_checking() -> None:
+    """The checks below are only as good as the walk: a function-level import counts, a TYPE_CHECKING one not."""
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvtop.sinks import a\n"
+                     "def f():\n    from kvtop.sources import b\n    import kvtop.ui.app\n"
+                     "from . import sibling\n")
+    found = _imports(tree, "kvtop.engines")
+    assert "kvtop.sources.b" in found and "kvtop.ui.app" in found and "kvtop.engines.sibling" in found
+    assert not any(n.startswith("kvtop.sinks") for n in found)
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    assert len(graph()[0]) > 60  # every module of kvtop was walked
+
+
+# Cycles being taken apart in issue 15, each named so that a new one fails and a fixed one must leave this list.
+KNOWN_CYCLES: list[list[str]] = [
+    ["kvtop.agent", "kvtop.attach", "kvtop.cli"],  # attach.main uses cli.run_headless_until
+    ["kvtop.kv_stream", "kvtop.tiers"],            # the stream fold builds TierState; TierModel creates the fold
+]
+
+
+def test_no_import_cycles_among_kvtop_modules() -> None:
+    cycles = _cycles(graph()[0])
+    assert cycles == KNOWN_CYCLES, f"import cycles: {cycles}"
+
+
+def test_only_the_ui_imports_textual_or_rich() -> None:
+    leaks = {name: sorted(ext & {"textual", "rich"}) for name, ext in graph()[1].items()
+             if ext & {"textual", "rich"} and not _under(name, ("kvtop.ui",))}
+    assert leaks == {}
+
+
+def test_sinks_import_no_sources() -> None:
+    bad = {name: sorted(d for d in deps if _under(d, ("kvtop.sources",)))
+           for name, deps in graph()[0].items() if _under(name, ("kvtop.sinks",))}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_engines_import_no_workload() -> None:
+    bad = {name: sorted(d for d in deps if _under(d, ("kvtop.workload",)))
+           for name, deps in graph()[0].items() if _under(name, ("kvtop.engines",))}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+@pytest.mark.parametrize("module", FOLD)
+def test_the_fold_and_records_reach_no_source_sink_or_ui(module: str) -> None:
+    modules = [m for m in graph()[0] if _under(m, (module,))]
+    assert modules, f"{module} is not a kvtop module any more: update FOLD"
+    reached = set().union(*(_reachable(m) for m in modules))
+    assert sorted(m for m in reached if _under(m, NOT_UNDER_THE_FOLD)) == []
+
+
+PROBE = """
+import json, sys
+import kvtop.records, kvtop.tiers
+from kvtop.records import make
+from kvtop.tiers import TierModel
+m = TierModel()
+# the lazy paths too: the engines' KV event stream fold and a summary
+m.apply(make("kv_batch", {"seq": 0, "events": []}, time=1.0))
+m.summary()
+print(json.dumps(sorted(k for k in sys.modules if k.split(".")[0] in ("kvtop", "textual", "rich"))))
+"""
+
+
+def test_a_fresh_interpreter_folding_records_loads_no_source_sink_or_ui() -> None:
+    out = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert "kvtop.tiers" in loaded
+    assert [m for m in loaded if _under(m, NOT_UNDER_THE_FOLD) or m.split(".")[0] in ("textual", "rich")] == []
