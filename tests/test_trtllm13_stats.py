@@ -275,6 +275,9 @@ async def test_a_three_tier_run_on_the_dashboard(tmp_path: Any) -> None:
         assert [p.id for p in panels] == ["tier-gpu", "tier-host", "tier-disk"]
         header = app.screen.query_one(HeaderBar).text()
         assert "stats 1.3+ V2" in header
+        # the last record: cold used 11 + 4 of 18; said on the host and disk panels, not a made-up split
+        for panel in panels[1:]:
+            assert "host+disk together: 15 of 18 blocks in use" in panel.text()
 
 
 # ---------------------------------------------------------------------------------------------- v2_sha256 hashes

@@ -425,11 +425,15 @@ class KvtopApp(App[int]):
             self._dashboard.set_class(len(panels) > 2, "-tiers3")
         model = self.current_model()[1]
         step = None if model.now is None else int(model.now / (getattr(model, "history_step_s", 1.0) or 1.0))
+        cold = getattr(model, "cold", None)  # TensorRT-LLM's V2 manager: host and disk reported as one sum
         for panel, st in zip(panels, tiers):
             label, medium = tier_label(str(getattr(st, "name", "")))
             history = self._tier_history(model, st, label, step)
             note = None
-            if label != "GPU":
+            if label != "GPU" and cold is not None and cold.capacity_blocks is not None:
+                note = (f"host+disk together: {fmt.count(cold.in_use_blocks or 0)} of "
+                        f"{fmt.count(cold.capacity_blocks)} blocks in use (TensorRT-LLM's V2 stats do not split them)")
+            elif label != "GPU":
                 if st.capacity_blocks is None:
                     note = f"{label} pool size unknown (no created event or meta yet)"
                 elif st.capacity_blocks and st.cached_blocks is None:
