@@ -1,4 +1,4 @@
-"""Validate the live what-if (kvtop/report/whatif.py) against real simulated runs.
+"""Validate the live what-if (kvtop/tiers/whatif.py) against real simulated runs.
 
 For each workload and (GPU pool G, host pool H) in blocks: run the simulator with host H and KV events on,
 feed its events and iteration stats to `WhatIf(H)`, then run the same workload again with host 2H and 4H and
@@ -29,7 +29,7 @@ from kvtop.report.fixtures import (  # noqa: E402
     simulate,
     zipf_prefix_workload,
 )
-from kvtop.report.whatif import WhatIf  # noqa: E402
+from kvtop.tiers.whatif import WhatIf  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 

@@ -61,8 +61,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvtop.tiers.state import TierState
+
 if TYPE_CHECKING:
-    from kvtop.tiers import TierModel, TierState
+    from kvtop.tiers.model import TierModel
 
 __all__ = [
     "MEDIUM_TIERS",
@@ -705,8 +707,6 @@ class StreamFold:
         return tokens // tpb
 
     def tier_state(self, tier: str) -> TierState:
-        from kvtop.tiers import TierState
-
         m = self.model
         tpb = self._tpb(tier)
         bpb = m.bytes_per_block

@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kvtop.records import Record, SourceId, make
-from kvtop.report.whatif import WhatIf
 from kvtop.tiers import TierModel
+from kvtop.tiers.whatif import WhatIf
 
 Sink = Callable[[Record], None]
 LOG_LINES = 500  # the event log keeps the newest 500 lines; older ones are dropped, never queued

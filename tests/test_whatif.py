@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvtop.report.fixtures import chat_workload, simulate, zipf_prefix_workload
-from kvtop.report.whatif import WhatIf, _RankedGhosts
+from kvtop.tiers.whatif import WhatIf, _RankedGhosts
 
 
 def _stored(hashes: list[int], level: int = 0, prio: int = 35, tokens: int = 4, parent: int | None = None) -> dict:

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from kvtop.records import Record, RecordError, read_jsonl
-from kvtop.report.whatif import WhatIf
 from kvtop.tiers import TierModel
+from kvtop.tiers.whatif import WhatIf
 
 __all__ = ["GPU_COLOR", "HOST_COLOR", "RunData", "build_report", "deltas", "load_run", "main", "plot_sweep",
            "prefix_source"]

@@ -723,7 +723,7 @@ class HitData:
     hit: Any                            # kvtop.tiers.HitRate
     history: tuple[float | None, ...]   # hit rate per history step, oldest first
     window_s: float | None
-    # Live what-if (kvtop.report.whatif); None hides the line (a session without the estimate, or another
+    # Live what-if (kvtop.tiers.whatif); None hides the line (a session without the estimate, or another
     # source shown).
     what_if: WhatIfData | None = None
 
