@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtop.compact import expand_event
+
 SCHEMA_VERSION = 1
 # kv_batch: one message of the engines' common KV event stream (vLLM, SGLang, Dynamo; kvtop/kv_stream.py);
 # metrics: an engine's Prometheus samples, verbatim; summary: another kvtop's fold of a source (kvtop agent).
@@ -222,6 +224,8 @@ def from_obj(obj: Any) -> Record:
     data = obj.get("data")
     if data is None:
         raise RecordError("data", "is missing")
+    if kind == "kv_event":
+        expand_event(data)  # a recording's compacted token lists back in TensorRT-LLM's shape (kvtop/compact.py)
     _check_kind_data(kind, data)
     try:
         seconds = float(t)

@@ -22,9 +22,11 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvtop.compact import compact_event
 from kvtop.records import Record, encode
 
 FLUSH_INTERVAL_S = 1.0
@@ -77,6 +79,11 @@ class Recorder:
 
     def write(self, record: Record) -> None:
         """Buffer one record as one line. Raises only for a record that cannot be encoded (a caller's bug)."""
+        if record.kind == "kv_event":
+            # Token lists compacted (kvtop/compact.py: ~55 bytes a token -> ~7); every reader expands them back.
+            data = compact_event(record.data)
+            if data is not record.data:
+                record = replace(record, data=data)
         line = encode(record).encode("utf-8") + b"\n"
         with self._lock:
             if self._fd is None:
