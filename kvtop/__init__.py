@@ -14,13 +14,13 @@ __all__ = ["__version__", "watch", "WatchHandle"]
 
 
 def __getattr__(name: str) -> Any:
-    # ``kvtop.watch`` on first use only: ``import kvtop`` must not pull in asyncio sinks, prometheus_client or
-    # the TierModel (PEP 562 module __getattr__).
+    # ``kvtop.watch`` (a plain function, kvtop/watcher.py) on first use only: ``import kvtop`` must not pull in
+    # asyncio, the sinks, prometheus_client or the TierModel (PEP 562 module __getattr__). No submodule is named
+    # ``watch``, so nothing can rebind the name to a module.
     if name in ("watch", "WatchHandle"):
-        import importlib
+        from kvtop import watcher
 
-        # import_module, not ``from kvtop import watch``: that form asks this very __getattr__ for "watch".
-        value = getattr(importlib.import_module("kvtop.watch"), name)
+        value = getattr(watcher, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'kvtop' has no attribute {name!r}")

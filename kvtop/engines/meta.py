@@ -1,7 +1,7 @@
 """One builder for a real TensorRT-LLM engine's ``meta`` record, whichever way kvtop reaches the engine.
 
 Three paths watch a real engine: a driven run (``kvtop run --engine trtllm``, kvtop/runner.py), ``kvtop.watch(llm)``
-on the user's own ``LLM`` (kvtop/watch.py) and ``kvtop attach http://`` on a ``trtllm-serve``
+on the user's own ``LLM`` (kvtop/watcher.py) and ``kvtop attach http://`` on a ``trtllm-serve``
 (kvtop/sources/trtllm_serve.py). Each knows a different part of the engine: the driven run has kvtop's settings,
 ``watch`` has the LLM's ``args`` (``TorchLlmArgs``: ``model``, ``kv_cache_config``) and its resolved model directory
 (``LLM._hf_model_dir``, tensorrt_llm/llmapi/llm.py), the server only its ``/v1/models`` id. All three hand what they

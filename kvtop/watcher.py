@@ -1,4 +1,5 @@
-"""``kvtop.watch(llm)``: watch the KV cache tiers of an ``LLM`` your own script already drives.
+"""``kvtop.watch(llm)``: watch the KV cache tiers of an ``LLM`` your own script already drives (:func:`watch`
+here, exported by the package as ``kvtop.watch``).
 
     handle = kvtop.watch(llm, publish="mqtt://broker/lab", record="run.jsonl", prometheus_port=9400)
     ...                       # your generate_async calls, unchanged
@@ -7,7 +8,7 @@
 
 It runs in a background thread with its own asyncio loop, so it works from a plain script, a notebook, or
 beside your own loop, and never shares (or blocks) the loop your requests run on. There it polls the engine's
-``get_stats_async`` / ``get_kv_cache_events_async`` (:class:`kvtop.sources.poller.EnginePoller` when present),
+``get_stats_async`` / ``get_kv_cache_events_async`` (:class:`kvtop.sources.poller.EnginePoller`),
 samples GPU and host memory once a second (in worker threads: NVML calls block), folds every record into a live
 :class:`~kvtop.tiers.TierModel` and hands it to the sinks you asked for.
 
@@ -28,12 +29,12 @@ import os
 import sys
 import threading
 import time
-import types
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from kvtop.records import Record, SourceId, make
+from kvtop.sources.poller import EnginePoller
 from kvtop.stopsignal import StopSignal
 
 StatusCallback = Callable[[str, str], None]  # (name, message), like the sources' on_error / on_status
@@ -198,7 +199,7 @@ async def _main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: float
     for why in meta.get("meta_unknown") or ():  # GiB figures stay unknown: say why once
         handle.note("watch", why)
 
-    poller = _make_poller(llm, source, interval_s, handle)
+    poller = EnginePoller(llm, source, interval_s, handle.emit, on_error=handle.note)
     tasks = [asyncio.ensure_future(poller.run())]
     if publisher is not None:
         tasks.append(asyncio.ensure_future(publisher.run()))
@@ -214,44 +215,6 @@ async def _main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: float
         if publisher is not None:
             publisher.stop()  # flushes (<= 1 s) and publishes "offline"
         await asyncio.gather(*tasks[1:], return_exceptions=True)
-
-
-def _make_poller(llm: Any, source: SourceId, interval_s: float, handle: WatchHandle) -> Any:
-    try:
-        from kvtop.sources.poller import EnginePoller
-    except ImportError:
-        return _MinimalPoller(llm, source, interval_s, handle.emit, handle.note)
-    return EnginePoller(llm, source, interval_s, handle.emit, on_error=handle.note)
-
-
-class _MinimalPoller:
-    """The engine poller's contract in a few lines, for when ``kvtop.sources.poller`` is unavailable."""
-
-    def __init__(self, llm: Any, source: SourceId, interval_s: float, sink: Callable[[Record], None],
-                 on_error: StatusCallback):
-        self.llm, self.source, self.interval_s, self.sink, self.on_error = llm, source, interval_s, sink, on_error
-        self._stopped = False
-
-    def stop(self) -> None:
-        self._stopped = True
-
-    async def run(self) -> None:
-        while not self._stopped:
-            await self.poll_once()
-            await asyncio.sleep(self.interval_s)
-
-    async def poll_once(self) -> None:
-        from kvtop.records import RecordError, parse_engine_dict
-
-        for kind, method in (("stats", "get_stats_async"), ("kv_event", "get_kv_cache_events_async")):
-            try:
-                async for item in getattr(self.llm, method)(timeout=0.05):  # TRT-LLM's default 2 s per drain
-                    try:
-                        self.sink(make(kind, parse_engine_dict(item, kind), self.source))
-                    except RecordError as exc:
-                        self.on_error(f"engine.{kind}", f"malformed item skipped: {exc}")
-            except Exception as exc:
-                self.on_error(f"engine.{kind}", f"{type(exc).__name__}: {exc}")
 
 
 async def _sample_memory(handle: WatchHandle, stop: asyncio.Event, meta: dict[str, Any]) -> None:
@@ -284,16 +247,5 @@ async def _sample_memory(handle: WatchHandle, stop: asyncio.Event, meta: dict[st
                 with contextlib.suppress(Exception):
                     close()
 
-
-class _CallableModule(types.ModuleType):
-    """``kvtop.watch`` is both this module and the function: importing the submodule (``from kvtop.watch import
-    WatchHandle``) makes Python bind the *module* as the package's ``watch`` attribute, after which
-    ``kvtop.watch(llm)`` would call a module. Calling the module calls the function instead."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> WatchHandle:
-        return watch(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 __all__ = ["WatchHandle", "watch", "engine_meta"]
