@@ -104,6 +104,13 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
     choice = choice or (EngineChoice("sim", "injected engine") if engine is not None else choose_engine(settings))
     ab_note = _size_for_ab(settings) if engine is None else None
     source = SourceId.local(run=settings.run_name or f"{settings.scenario}-{os.getpid()}")
+    if settings.offload_transfer_mode != "DRAM":  # checked before any engine starts
+        if not settings.offload_directory:
+            raise RunError(f"--offload-transfer-mode {settings.offload_transfer_mode} needs --offload-directory DIR "
+                           "(TensorRT-LLM falls back to DRAM without one)")
+        if choice.kind == "sim":
+            raise RunError(f"--offload-transfer-mode {settings.offload_transfer_mode}: the simulator models DRAM "
+                           "transfers only (use --engine trtllm)")
     if engine is None:
         try:
             engine = (build_sim_engine(settings) if choice.kind == "sim"
@@ -117,6 +124,11 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
         meta = meta_from_llm(engine, model=settings.model, tokens_per_block=settings.tokens_per_block,
                              host_cache_bytes=int(settings.host_cache),
                              engine_version=getattr(choice.module, "__version__", "unknown"))
+    if settings.offload_transfer_mode != "DRAM":
+        # Offloaded blocks are written to files: the secondary tier is disk-backed (TierState.medium says so).
+        meta["secondary_medium"] = ("files via GDS" if settings.offload_transfer_mode == "GDS"
+                                    else "files via POSIX")
+        meta["offload_directory"] = settings.offload_directory
     meta["simulated"] = choice.kind == "sim"
     meta["sim_reason"] = choice.reason if choice.kind == "sim" else None
     meta["scenario"] = settings.scenario
@@ -151,7 +163,8 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
         kwargs["time_scale"] = settings.trace_time_scale
     scenario = make_scenario(settings.scenario, **kwargs)
     if choice.kind == "trtllm":
-        retention = trtllm_engine.retention_factory(choice.module.llmapi)
+        retention = trtllm_engine.retention_factory(choice.module.llmapi, settings.offload_transfer_mode,
+                                                    settings.offload_directory)
         sampling = trtllm_engine.sampling_factory(choice.module)
     else:
         from kvtop.engines.sim import KvCacheRetentionConfig, SamplingParams

@@ -67,6 +67,12 @@ class Settings:
                                               kind="int_or_none")
     prompt_priority_duration_ms: int | None = _opt(None, "the prompt priority lapses to 35 after this long",
                                                    kind="int_or_none")
+    offload_transfer_mode: str = _opt("DRAM", "where offloaded blocks go (TensorRT-LLM's KvCacheRetentionConfig "
+                                              "transfer_mode): DRAM (the pinned host pool), or GDS / "
+                                              "POSIX_DEBUG_FALLBACK (files in --offload-directory)",
+                                      choices=("DRAM", "GDS", "POSIX_DEBUG_FALLBACK"))
+    offload_directory: str | None = _opt(None, "directory for offloaded blocks with --offload-transfer-mode GDS or "
+                                               "POSIX_DEBUG_FALLBACK")
     decode_priority: int = _opt(35, "retention priority for generated blocks (0-100)", kind="priority")
     seed: int = _opt(0, "workload random seed", kind="int")
     speed: float = _opt(1.0, "simulator pacing: 1 = real time, 0 = as fast as possible", kind="nonneg_float")

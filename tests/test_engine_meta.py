@@ -218,3 +218,66 @@ def test_attach_http_says_why_gib_stay_unknown() -> None:
         serve.close()
     assert m.bytes_per_block is None
     assert any("private-7b" in msg and "GiB figures stay unknown" in msg for _, msg in statuses), statuses
+
+
+# ---------------------------------------------------------------------------------------------- offloads to files
+
+def _with_transfer_modes(mod: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The stand-in's ``tensorrt_llm.bindings.executor.KvCacheTransferMode`` (DRAM, GDS, POSIX_DEBUG_FALLBACK, as in
+    TensorRT-LLM's bindings test ``test_kv_cache_retention_config``), importable like the real package."""
+    import enum
+    import sys
+    import types
+
+    class KvCacheTransferMode(enum.Enum):
+        DRAM = 0
+        GDS = 1
+        POSIX_DEBUG_FALLBACK = 2
+
+    bindings = types.ModuleType("tensorrt_llm.bindings")
+    executor = types.ModuleType("tensorrt_llm.bindings.executor")
+    executor.KvCacheTransferMode = KvCacheTransferMode  # type: ignore[attr-defined]
+    for name, m in (("tensorrt_llm", mod), ("tensorrt_llm.bindings", bindings),
+                    ("tensorrt_llm.bindings.executor", executor), ("tensorrt_llm.llmapi", mod.llmapi)):
+        monkeypatch.setitem(sys.modules, name, m)
+    return KvCacheTransferMode
+
+
+def test_gds_offloads_go_to_files_and_the_host_tier_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvtop.workload.scenarios import RetentionSpec
+
+    mod = tb.stand_in()
+    mode = _with_transfer_modes(mod, monkeypatch)
+    seen: list[tuple[Any, Any]] = []
+
+    class Retention(mod.llmapi.KvCacheRetentionConfig):  # type: ignore[misc,name-defined]
+        def __init__(self, ranges: Any, prio: int = 35, dur: Any = None, transfer_mode: Any = None,
+                     directory: Any = None):
+            super().__init__(ranges, prio, dur, transfer_mode, directory)
+            seen.append((transfer_mode, directory))
+
+    mod.llmapi.KvCacheRetentionConfig = Retention
+    make_cfg = trtllm.retention_factory(mod.llmapi, "GDS", str(tmp_path))
+    make_cfg(RetentionSpec([(0, None, 80, None)], 35, None))
+    assert seen == [(mode.GDS, str(tmp_path))]
+    trtllm.retention_factory(mod.llmapi)(RetentionSpec([], 35, None))
+    assert seen[-1] == (None, None)  # DRAM: TensorRT-LLM's own default, nothing passed
+
+    settings = tb.settings_from(["--engine", "trtllm", "--offload-transfer-mode", "POSIX_DEBUG_FALLBACK",
+                                 "--offload-directory", str(tmp_path)], tmp_path, monkeypatch)
+    session = runner.build_session(settings, choice=runner.EngineChoice("trtllm", "test", mod), sample_gpu=False)
+    assert session.meta["secondary_medium"] == "files via POSIX"
+    m = TierModel()
+    m.apply(make("meta", session.meta, time=1.0))
+    assert m.host.medium == "files via POSIX" and m.summary()["tiers"]["host"]["medium"] == "files via POSIX"
+
+
+def test_file_offloads_need_a_directory_and_a_real_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = tb.stand_in()
+    settings = tb.settings_from(["--engine", "trtllm", "--offload-transfer-mode", "GDS"], tmp_path, monkeypatch)
+    with pytest.raises(runner.RunError, match="needs --offload-directory"):
+        runner.build_session(settings, choice=runner.EngineChoice("trtllm", "test", mod), sample_gpu=False)
+    settings = tb.settings_from(["--engine", "sim", "--offload-transfer-mode", "GDS", "--offload-directory",
+                                 str(tmp_path)], tmp_path, monkeypatch)
+    with pytest.raises(runner.RunError, match="simulator models DRAM"):
+        runner.build_session(settings, choice=runner.EngineChoice("sim", "test"), sample_gpu=False)

@@ -95,13 +95,30 @@ def build_llm(settings: Any, trtllm: ModuleType | None = None) -> Any:
                    enable_iter_perf_stats=True, return_perf_metrics=True)
 
 
-def retention_factory(module: ModuleType) -> Any:
-    """Turn kvtop's engine-neutral RetentionSpec into the engine's own ``KvCacheRetentionConfig``."""
+def transfer_mode(module: ModuleType, name: str) -> Any:
+    """TensorRT-LLM's ``KvCacheTransferMode.<name>`` (DRAM, GDS, POSIX_DEBUG_FALLBACK): the binding lives in
+    ``tensorrt_llm.bindings.executor`` (tests/unittest/bindings test it as ``trtllm.KvCacheTransferMode.GDS``);
+    ``module`` is ``tensorrt_llm.llmapi``, whose package holds the bindings."""
+    enum = getattr(module, "KvCacheTransferMode", None)
+    if enum is None:
+        root = module.__name__.rsplit(".", 1)[0]
+        enum = import_trtllm(root + ".bindings.executor").KvCacheTransferMode
+    return getattr(enum, name)
+
+
+def retention_factory(module: ModuleType, mode: str = "DRAM", directory: str | None = None) -> Any:
+    """Turn kvtop's engine-neutral RetentionSpec into the engine's own ``KvCacheRetentionConfig``.
+
+    ``mode`` other than DRAM (GDS, POSIX_DEBUG_FALLBACK) sends this run's offloads to files in ``directory``
+    (``kvCacheTransferManager.cpp`` ``copyBlock``: ``{directory}/block_{id}_pool_{n}.bin``) instead of the pinned
+    host pool: the secondary tier's blocks then live on disk.
+    """
     cls = module.KvCacheRetentionConfig
+    extra: tuple[Any, ...] = () if mode == "DRAM" else (transfer_mode(module, mode), directory)
 
     def make(spec: RetentionSpec) -> Any:
         ranges = [cls.TokenRangeRetentionConfig(start, end, prio, dur) for start, end, prio, dur in spec.ranges]
-        return cls(ranges, spec.decode_priority, spec.decode_duration_ms)
+        return cls(ranges, spec.decode_priority, spec.decode_duration_ms, *extra)
 
     return make
 

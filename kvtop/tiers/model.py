@@ -69,6 +69,7 @@ import json
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from kvtop.records import Record, RecordError, parse_engine_dict
@@ -1421,6 +1422,12 @@ class TierModel:
 
     @property
     def host(self) -> TierState:
+        st = self._host()
+        medium = self.meta.get("secondary_medium")
+        # KvCacheRetentionConfig(transfer_mode=GDS / POSIX_DEBUG_FALLBACK) offloads into files: same blocks, disk
+        return replace(st, medium=medium) if isinstance(medium, str) else st
+
+    def _host(self) -> TierState:
         if self._stream is not None:
             return self._stream.tier_state("host")  # type: ignore[no-any-return]
         cap, _ = self._capacity(HOST)

@@ -28,6 +28,7 @@ class TierState:
     tokens_per_block: int | None = None
     bytes_per_block: int | None = None
     cached_approximate: bool = False
+    medium: str | None = None  # what holds the tier's data when it is not the usual (a host tier sent to files)
 
     @property
     def label(self) -> str:
@@ -75,6 +76,7 @@ class TierState:
             "capacity_bytes": self.capacity_bytes, "in_use_bytes": self.in_use_bytes,
             "cached_bytes": self.cached_bytes, "free_bytes": self.free_bytes,
             "cached_approximate": self.cached_approximate,
+            **({"medium": self.medium} if self.medium is not None else {}),
         }
 
 

@@ -428,6 +428,7 @@ class KvtopApp(App[int]):
         cold = getattr(model, "cold", None)  # TensorRT-LLM's V2 manager: host and disk reported as one sum
         for panel, st in zip(panels, tiers):
             label, medium = tier_label(str(getattr(st, "name", "")))
+            medium = getattr(st, "medium", None) or medium  # a host tier whose offloads go to files says so
             history = self._tier_history(model, st, label, step)
             note = None
             if label != "GPU" and cold is not None and cold.capacity_blocks is not None:
