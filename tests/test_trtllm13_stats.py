@@ -403,3 +403,17 @@ def test_any_value_in_any_v2_field_is_folded_or_one_bad_record() -> None:
         assert m.hit_rate.hits <= m.hit_rate.lookups or m.hit_rate.lookups == 0
 
     check()
+
+
+def test_the_cli_flag_reaches_the_simulator() -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "kvtop", "--engine", "sim", "--trtllm-version", "1.3", "--speed", "0",
+                          "--headless", "--json", "--duration", "2", "--host-cache", "1GB"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout)
+    assert s["stats_schema"] == "1.3" and s["engine_version"] == "TensorRT-LLM 1.3 (simulated by kvtop)"
+    assert s["moves"]["source"] == "stats" and s["tiers"]["host"]["capacity_blocks"] > 0
