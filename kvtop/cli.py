@@ -91,7 +91,8 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-block", type=int, default=32)
     p.add_argument("--gpu-blocks", type=int, default=None, help="GPU pool in blocks (default: sized from the GPU)")
     p.add_argument("--gpu-cache-fraction", type=float, default=0.9)
-    p.add_argument("--host-cache", default="0", help="host cache size, or a comma list for a sweep: 0,2GB,8GB")
+    p.add_argument("--host-cache", default="0", help="host cache size, or a comma list for a sweep: 0,2GB,8GB, or "
+                                                     "START:STOP:N for N sizes evenly spaced (0:64GB:16)")
     p.add_argument("--host-blocks", default=None, help="host pool in blocks (or a comma list)")
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--max-num-tokens", type=int, default=8192)
@@ -99,14 +100,49 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--json", action="store_true", help="print {\"runs\": [...]} as JSON")
     p.add_argument("--plot", default=None, help="draw hit rate against host cache size into this PNG")
+    p.add_argument("--hit-rate-only", action="store_true",
+                   help="replay the block manager alone, one request at a time, without engine timing")
+    p.add_argument("--one-pass", action="store_true",
+                   help="every host size from one replay at the largest (stack distances; implies --hit-rate-only)")
+    p.add_argument("--belady", action="store_true",
+                   help="add the offline optimum per size (Belady's MIN over GPU + host blocks) to the output")
     return p
+
+
+def _host_cache_list(text: str) -> list[int]:
+    """``0,8GB,32GB`` or ``START:STOP:N`` (N sizes from START to STOP, evenly spaced) in bytes."""
+    from kvtop.engines.sizing import parse_size
+
+    text = text.strip()
+    if text.count(":") == 2:
+        start_text, stop_text, count_text = text.split(":")
+        try:
+            count = int(count_text)
+        except ValueError:
+            raise SettingsError("--host-cache", f"START:STOP:N needs a whole N, got {count_text!r}") from None
+        if count < 2:
+            raise SettingsError("--host-cache", f"START:STOP:N needs N >= 2, got {count}")
+        try:
+            start, stop = parse_size(start_text.strip()), parse_size(stop_text.strip())
+        except ValueError as exc:
+            raise SettingsError("--host-cache", str(exc)) from None
+        if stop < start:
+            raise SettingsError("--host-cache", f"START:STOP:N needs STOP >= START, got {text!r}")
+        return [start + (stop - start) * i // (count - 1) for i in range(count)]
+    sizes = []
+    for part in text.split(","):
+        try:
+            sizes.append(parse_size(part.strip()))
+        except ValueError as exc:
+            raise SettingsError("--host-cache", str(exc)) from None
+    return sizes
 
 
 def cmd_sim(argv: Sequence[str]) -> int:
     from kvtop.engines.gpus import resolve_gpu
     from kvtop.engines.models import resolve_model
     from kvtop.engines.sim.offline import TraceRunConfig, run_trace
-    from kvtop.engines.sizing import format_bytes, parse_size, primary_blocks, secondary_blocks
+    from kvtop.engines.sizing import format_bytes, primary_blocks, secondary_blocks
     from kvtop.workload.trace import TraceError, read_trace
 
     a = _sim_parser().parse_args(list(argv))
@@ -139,11 +175,7 @@ def cmd_sim(argv: Sequence[str]) -> int:
                 raise SettingsError("--host-blocks", f"expected block counts, got {part!r}") from None
             sweep.append((n * model.kv_bytes_per_block(tpb), n))
     else:
-        for part in str(a.host_cache).split(","):
-            try:
-                size = parse_size(part.strip())
-            except ValueError as exc:
-                raise SettingsError("--host-cache", str(exc)) from None
+        for size in _host_cache_list(str(a.host_cache)):
             sweep.append((size, secondary_blocks(model, tpb, size)))
     try:
         requests = list(read_trace(a.trace, limit=a.limit))
@@ -151,6 +183,8 @@ def cmd_sim(argv: Sequence[str]) -> int:
         raise SettingsError("--trace", f"line {exc.line}: {exc.problem}") from None
     except OSError as exc:
         raise SettingsError("--trace", f"cannot read {a.trace}: {exc.strerror}") from None
+    if a.hit_rate_only or a.one_pass:
+        return _sim_hit_rates(a, requests, model, gpu, tpb, primary, sweep)
     runs = []
     for host_bytes, host_blocks in sweep:
         cfg = TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
@@ -168,12 +202,64 @@ def cmd_sim(argv: Sequence[str]) -> int:
                   f"wall {result['wall_seconds']:6.1f} s"
                   + (f"  FAILED {result['failed']} of {result['failed'] + result['requests']} requests"
                      if result["failed"] else ""), flush=True)
+    if a.belady:
+        from kvtop.engines.sim.sweep import belady_curve
+
+        for r, optimum in zip(runs, belady_curve(requests, [primary + r["secondary_blocks"] for r in runs], tpb)):
+            r["belady_hit_rate"] = optimum
+            if not a.json:
+                print(f"host {format_bytes(r['host_cache_bytes']):>10}: optimal (Belady's MIN over GPU + host blocks, "
+                      f"prompts only) {100 * optimum:5.1f}%")
     if a.plot:
         from kvtop.report.report import plot_sweep
 
         plot_sweep(runs, a.plot)
     if a.json:
         print(json.dumps({"model": model.name, "gpu": gpu.name, "tokens_per_block": tpb, "runs": runs}))
+    return 0
+
+
+def _sim_hit_rates(a: argparse.Namespace, requests: list[Any], model: Any, gpu: Any, tpb: int, primary: int,
+                   sweep: list[tuple[int, int]]) -> int:
+    """``kvtop sim --hit-rate-only`` / ``--one-pass`` [``--belady``]: block-manager hit rates, no engine timing."""
+    import time
+
+    from kvtop.engines.sim.sweep import belady_curve, host_curve, replay_hit_rates
+    from kvtop.engines.sizing import format_bytes
+
+    wall0 = time.perf_counter()
+    bytes_of = dict((blocks, size) for size, blocks in sweep)
+    if a.one_pass:
+        mode = "one-pass"
+        runs = host_curve(requests, primary, [blocks for _, blocks in sweep], tpb)
+    else:
+        mode = "hit-rate-only"
+        runs = [replay_hit_rates(requests, primary, blocks, tpb) for blocks in sorted(set(b for _, b in sweep))]
+    optimum = belady_curve(requests, [primary + r["secondary_blocks"] for r in runs], tpb) if a.belady else None
+    wall = time.perf_counter() - wall0
+    for i, r in enumerate(runs):
+        r["host_cache_bytes"] = bytes_of[r["secondary_blocks"]]
+        r["primary_blocks"] = primary
+        if optimum is not None:
+            r["belady_hit_rate"] = optimum[i]
+        if not a.json:
+            print(f"host {format_bytes(r['host_cache_bytes']):>10} ({r['secondary_blocks']:>6} blocks): hit rate "
+                  f"{100 * r['cache_hit_rate']:5.1f}%  reused {r['reused_blocks']:>8}  missed {r['missed_blocks']:>8}"
+                  f"  onboarded {r['onboarded_blocks']:>8}"
+                  + (f"  optimal (Belady) {100 * optimum[i]:5.1f}%" if optimum is not None else ""))
+    if runs and runs[0]["failed"]:
+        print(f"kvtop sim: {runs[0]['failed']} requests skipped: each needs more KV blocks than the GPU pool has "
+              f"({primary})", file=sys.stderr)
+    if not a.json:
+        print(f"{mode}: {len(runs)} sizes in {wall:.1f} s, one request at a time, no engine timing"
+              + ("; Belady's MIN over GPU + host blocks, prompts only" if optimum is not None else ""))
+    if a.plot:
+        from kvtop.report.report import plot_sweep
+
+        plot_sweep(runs, a.plot)
+    if a.json:
+        print(json.dumps({"model": model.name, "gpu": gpu.name, "tokens_per_block": tpb, "mode": mode,
+                          "wall_seconds": wall, "runs": runs}))
     return 0
 
 

@@ -589,8 +589,10 @@ def plot_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
     xs = [p[0] / GIB for p in pts]
     ys = [100 * p[1] for p in pts]
     ax.plot(xs, ys, "o-", color=HOST_COLOR, lw=1.8)
-    for x, y in zip(xs, ys):
-        ax.annotate(f"{y:.1f}%", (x, y), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=9)
+    every = max(1, -(-len(xs) // 8))  # at most 8 labels: a 16-size curve labelled at every point is unreadable
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        if i % every == 0 or i == len(xs) - 1:
+            ax.annotate(f"{y:.1f}%", (x, y), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=9)
     gpu_only = []
     for (_, rate, r), x in zip(pts, xs):
         lookups = (r.get("reused_blocks") or 0) + (r.get("missed_blocks") or 0)
@@ -601,6 +603,14 @@ def plot_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
         ax.plot(xs, [g for _, g in gpu_only], "s--", color=GPU_COLOR, lw=1.2)
         _end_label(ax, xs, [g for _, g in gpu_only], "served from GPU", GPU_COLOR)
         _end_label(ax, xs, ys, "all hits (GPU + host)", HOST_COLOR)
+    optimum = [100 * float(p[2]["belady_hit_rate"]) for p in pts if p[2].get("belady_hit_rate") is not None]
+    if len(optimum) == len(xs) and xs:
+        # the offline bound (kvtop sim --belady): how far TensorRT-LLM's policy is from any policy's best
+        ax.plot(xs, optimum, "^:", color="0.35", lw=1.4)
+        _end_label(ax, xs, optimum, "optimal (Belady, offline)", "0.35")
+        if len(gpu_only) != len(xs):
+            _end_label(ax, xs, ys, "TensorRT-LLM's policy (simulated)", HOST_COLOR)
+        ys = ys + optimum
     ax.set_xlabel("host cache size (GiB)")
     ax.set_ylabel("block hit rate (% of lookups)")
     ax.set_title("hit rate against host cache size")

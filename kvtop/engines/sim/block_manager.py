@@ -294,7 +294,8 @@ class TokenRuns(Sequence[int]):
 class _Block:
     """``KVCacheBlock``: an identity (id, key, tree links, priority) bound to a memory slot of one tier."""
 
-    __slots__ = ("id", "primary", "key", "hash", "prev", "children", "refs", "priority", "duration_ms", "qstamp")
+    __slots__ = ("id", "primary", "key", "hash", "prev", "children", "refs", "priority", "duration_ms", "qstamp",
+                 "offload_seq")
 
     def __init__(self, block_id: int, primary: bool):
         self.id = block_id
@@ -314,6 +315,10 @@ class _Block:
         # The stamp of its live entry in the free queue of its tier and priority (see _EvictionPolicy); -1 when it
         # is in no free queue.
         self.qstamp = -1
+        # The manager's offload count just after this block's last offload to the host tier (0: never offloaded).
+        # An onboard reads it: offloads since = host queue entries pushed behind the block, what a smaller host
+        # tier would have evicted it for (kvtop.engines.sim.sweep's one-pass curve).
+        self.offload_seq = 0
 
     @property
     def level(self) -> int:
@@ -748,6 +753,7 @@ class BlockManager:
         append = taken.append
         taken_before = len(taken)
         new_blocks = offloaded = silent_offloads = evicted = evicted_host = 0
+        offloads_before = self.offloaded_blocks
         try:
             for _ in range(min(count, free_primary)):
                 from_host = False  # True when the block is an offload target: its host data is what gets dropped
@@ -780,6 +786,7 @@ class BlockManager:
                         expiry.pop(target.id, None)
                     block.primary, target.primary = False, True  # swap memory slots
                     offloaded += 1
+                    block.offload_seq = offloads_before + offloaded
                     if block.prev is None:  # not in the tree (it has a key): no event
                         silent_offloads += 1
                     elif events:

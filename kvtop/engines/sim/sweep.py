@@ -1,0 +1,360 @@
+"""Hit-rate sweeps over host cache sizes without engine timing (``kvtop sim --trace ... --hit-rate-only``).
+
+Three answers to "what hit rate would a host tier of size H give on this trace?", from slowest and most exact to
+fastest:
+
+- ``replay_hit_rates``: TensorRT-LLM's block manager (``BlockManager``, the project's ground truth) replays the trace
+  with no engine in between: one request at a time, in trace order (prefill: ``add_sequence`` +
+  ``store_context_blocks``; decode: ``add_token`` per generated token but the last; ``remove_sequence``). No
+  batching, so no timing and no requests running side by side: where the timed replay (``offline.run_trace``) holds
+  a few requests' blocks at once, this one holds one, so its hit rates are close to, not equal to, the timed ones.
+  One full replay per host size.
+- ``host_curve``: every host size from one replay, at the largest size. The host tier is a FIFO of its H slots:
+  each offload pushes a block at the back and takes the front slot; an onboard takes a block out of the middle. So
+  a block offloaded when the manager's offload count was s is still on the host at an onboard when the count is S
+  iff fewer than H slots were taken from the front in between: the ``S - s`` offloads since (stack distance over
+  the host tier's queue), plus the onboards of blocks older than it that a tier of size H still held. The curve
+  counts a host hit at size H iff the block's distance, and that of every host block before it in the same
+  prompt (reuse stops at the first miss), is below H, the older onboards counted for that H. What it assumes: the
+  GPU tier evolves as in the largest size's replay whatever H is (an onboarded block and a recomputed one both end
+  up on the GPU; their eviction order can differ). The largest size is exact (it is the replay);
+  tests/test_sim_sweep.py holds the others within 1 point of full replays.
+- ``belady_curve``: the offline optimum for a cache of GPU + host blocks (Belady's MIN over the trace's prefix tree:
+  on a miss with the cache full, evict the cached leaf whose next use is farthest, and do not insert a block used
+  later than every candidate), the bound that says how far TensorRT-LLM's LRU-by-priority policy is from what
+  any policy could reuse on this trace. Counted over 512-token trace blocks weighted by their KV blocks, prompts
+  only.
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from kvtop.engines.sim.block_manager import BlockManager, TokenRuns, _Block
+from kvtop.engines.sim.core import generated_token
+from kvtop.workload.trace import TRACE_BLOCK_TOKENS, TraceRequest
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """The cyclic collector walked every live key and block again and again (13% of a replay, offline.py)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _blocks_of(tr: TraceRequest, tokens_per_block: int) -> int:
+    return -(-(tr.input_length + tr.output_length) // tokens_per_block)
+
+
+def _replay(bm: BlockManager, requests: Sequence[TraceRequest], after_add: Callable[[], None] | None = None
+            ) -> tuple[int, int]:
+    """Drive ``bm`` through the trace one request at a time. Returns (replayed, skipped): a request needing more
+    blocks than the GPU pool is skipped, as the engine rejects it."""
+    tpb = bm.tokens_per_block
+    primary = bm.primary_blocks
+    skipped = 0
+    add, store, add_token, remove = bm.add_sequence, bm.store_context_blocks, bm.add_token, bm.remove_sequence
+    for rid, tr in enumerate(requests):
+        if tr.input_length == 0 or _blocks_of(tr, tpb) > primary:
+            skipped += 1
+            continue
+        prompt = TokenRuns(tr.prompt_runs())
+        add(rid, prompt)
+        if after_add is not None:
+            after_add()
+        store(rid)
+        digest = hash(prompt.runs)  # the engine's digest of a trace prompt: the same generated ids (core.submit)
+        out = [generated_token(digest, 0)]
+        for pos in range(1, max(tr.output_length, 1)):
+            add_token(rid, out[-1])
+            out.append(generated_token(digest, pos))
+        remove(rid, final_tokens=out[-1:])
+    return len(requests) - skipped, skipped
+
+
+def _counters(bm: BlockManager, host_blocks: int, replayed: int, skipped: int) -> dict[str, Any]:
+    reused, missed = bm.reused_blocks, bm.missed_blocks
+    return {
+        "secondary_blocks": host_blocks,
+        "requests": replayed,
+        "failed": skipped,
+        "reused_blocks": reused,
+        "missed_blocks": missed,
+        "cache_hit_rate": reused / (reused + missed) if reused > 0 else 0.0,
+        "offloaded_blocks": bm.offloaded_blocks,
+        "onboarded_blocks": bm.onboarded_blocks,
+    }
+
+
+def replay_hit_rates(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: int,
+                     tokens_per_block: int) -> dict[str, Any]:
+    """One full block-manager replay without timing (see the module docstring)."""
+    with _no_gc():
+        bm = BlockManager(primary_blocks, host_blocks, tokens_per_block)
+        replayed, skipped = _replay(bm, requests)
+        return _counters(bm, host_blocks, replayed, skipped)
+
+
+class _DistanceRecorder(BlockManager):
+    """A block manager that notes, at each onboard, where the onboarded block stood in the host tier's queue."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # per onboard, in order: (offloads since the block's own, the offload count at its offload, at the onboard)
+        self.onboards: list[tuple[int, int, int]] = []
+        self.request_starts: list[int] = []  # index into onboards where each request's onboards start
+
+    def add_sequence(self, request_id: Any, token_ids: Sequence[int], retention: Any = None) -> int:
+        self.request_starts.append(len(self.onboards))  # the onboards happen inside add_sequence
+        return super().add_sequence(request_id, token_ids, retention)
+
+    def _onboard(self, block: _Block) -> None:
+        if self.onboard_blocks and not block.primary:
+            now = self.offloaded_blocks
+            self.onboards.append((now - block.offload_seq, block.offload_seq, now))
+        super()._onboard(block)
+
+
+def host_curve(requests: Sequence[TraceRequest], primary_blocks: int, host_sizes: Sequence[int],
+               tokens_per_block: int) -> list[dict[str, Any]]:
+    """Hit rates for every host size (in blocks) from one replay at the largest (see the module docstring)."""
+    sizes = sorted(set(int(h) for h in host_sizes))
+    if not sizes or sizes[0] < 0:
+        raise ValueError("host_sizes: expected block counts >= 0")
+    largest = sizes[-1]
+    with _no_gc():
+        bm = _DistanceRecorder(primary_blocks, largest, tokens_per_block)
+        replayed, skipped = _replay(bm, requests)
+    total = bm.reused_blocks + bm.missed_blocks
+    gpu_hits = bm.reused_blocks - bm.onboarded_blocks
+    in_front_max = _in_front_at_largest(bm.onboards)
+    out = []
+    for h in sizes:
+        host_hits = (_host_hits(bm.onboards, bm.request_starts, h, in_front_max) if h < largest
+                     else bm.onboarded_blocks)
+        reused = gpu_hits + host_hits
+        out.append({"secondary_blocks": h, "requests": replayed, "failed": skipped, "reused_blocks": reused,
+                    "missed_blocks": total - reused, "cache_hit_rate": reused / total if total else 0.0,
+                    "onboarded_blocks": host_hits, "one_pass": h < largest})
+    return out
+
+
+class _Fenwick:
+    """Counts of points over [0, n), prefix counts in O(log n)."""
+
+    __slots__ = ("n", "tree")
+
+    def __init__(self, n: int):
+        self.n = n
+        self.tree = [0] * (n + 1)
+
+    def add(self, i: int) -> None:
+        i += 1
+        tree, n = self.tree, self.n
+        while i <= n:
+            tree[i] += 1
+            i += i & -i
+
+    def below(self, i: int) -> int:
+        """How many points are < i."""
+        tree = self.tree
+        total = 0
+        while i > 0:
+            total += tree[i]
+            i -= i & -i
+        return total
+
+
+def _in_front_at_largest(onboards: list[tuple[int, int, int]]) -> list[int]:
+    """Per onboard: the onboards before it, of blocks offloaded before it and onboarded after it was offloaded (slots
+    freed in front of it), at the largest size, where every onboard is a hit: a bound for every smaller size."""
+    n = max((now for _, _, now in onboards), default=0) + 2
+    offloaded_at, onboarded_at = _Fenwick(n), _Fenwick(n)
+    out = []
+    for _, seq, now in onboards:
+        # offload count < seq, less those onboarded before seq too (onboard count < seq: offloaded before it)
+        out.append(offloaded_at.below(seq) - onboarded_at.below(seq))
+        offloaded_at.add(seq)
+        onboarded_at.add(now)
+    return out
+
+
+def _host_hits(onboards: list[tuple[int, int, int]], request_starts: list[int], size: int,
+               in_front_max: list[int]) -> int:
+    """Host hits a tier of ``size`` slots would have had. A block offloaded at count s and onboarded at count S
+    survived iff (S - s) + (onboards, hits at this size, of blocks offloaded before s and onboarded after it) < size:
+    each offload takes the front slot, each such onboard one in front of it. Reuse stops at a prompt's first miss.
+
+    Most onboards are decided by bounds: a miss when S - s >= size, a hit when S - s + ``in_front_max`` < size (the
+    count at the largest size, where every onboard is a hit). The others count the hits (or, when most onboards are
+    hits, the misses) of this size so far, whichever is the smaller set to keep."""
+    if size <= 0:
+        return 0
+    n = max((now for _, _, now in onboards), default=0) + 2
+    few_hits = sum(1 for since, _, _ in onboards if since < size) < len(onboards) // 2
+    kept_offloaded, kept_onboarded = _Fenwick(n), _Fenwick(n)  # the hits so far if few_hits, else the misses
+    hits = 0
+    starts = request_starts + [len(onboards)]
+    for r in range(len(request_starts)):
+        alive = True
+        for i in range(starts[r], starts[r + 1]):
+            since, seq, now = onboards[i]
+            if alive:
+                if since >= size:
+                    alive = False
+                elif since + in_front_max[i] >= size:
+                    kept = kept_offloaded.below(seq) - kept_onboarded.below(seq)
+                    alive = since + (kept if few_hits else in_front_max[i] - kept) < size
+            if alive:
+                hits += 1
+            if alive == few_hits:
+                kept_offloaded.add(seq)
+                kept_onboarded.add(now)
+    return hits
+
+
+# ---------------------------------------------------------------------------------------------- Belady
+
+@dataclass
+class _Plan:
+    nodes: list[int]        # per reference (request order, prompt order): its prefix-tree node
+    weights: list[int]      # what a hit on it counts: its KV blocks
+    next_use: list[int]     # per reference: the next request using the node (len(requests) if none)
+    parent: list[int]       # per node
+    node_weight: list[int]  # per node: the cache room it takes, in KV blocks
+    starts: list[int]       # per request: its first reference
+
+
+def _belady_plan(requests: Sequence[TraceRequest], tokens_per_block: int, as_peer: bool = False) -> _Plan:
+    """``as_peer``: kvcache-simulator's units (a trace block is a node whatever its length, takes one unit of room,
+    and a hit counts its tokens), for the cross-check against it."""
+    edges: dict[tuple[int, int, int], int] = {}
+    parent = [0]
+    node_weight = [0]
+    nodes: list[int] = []
+    weights: list[int] = []
+    starts: list[int] = []
+    for tr in requests:
+        starts.append(len(nodes))
+        node = 0
+        remaining = tr.input_length
+        for h in tr.hash_ids:
+            if remaining <= 0:
+                break
+            length = min(TRACE_BLOCK_TOKENS, remaining)
+            remaining -= length
+            key = (node, h, 0 if as_peer else length)
+            child = edges.get(key)
+            if child is None:
+                child = edges[key] = len(parent)
+                parent.append(node)
+                node_weight.append(1 if as_peer else -(-length // tokens_per_block))
+            node = child
+            nodes.append(node)
+            weights.append(length if as_peer else -(-length // tokens_per_block))
+    starts.append(len(nodes))
+    never = len(requests)
+    next_use = [never] * len(nodes)
+    last = [never] * len(parent)
+    for r in range(len(requests) - 1, -1, -1):
+        for i in range(starts[r], starts[r + 1]):
+            next_use[i] = last[nodes[i]]
+        for i in range(starts[r], starts[r + 1]):
+            last[nodes[i]] = r
+    return _Plan(nodes, weights, next_use, parent, node_weight, starts)
+
+
+def belady_curve(requests: Sequence[TraceRequest], capacities: Sequence[int], tokens_per_block: int,
+                 measure_from: int = 0, as_peer: bool = False) -> list[float]:
+    """Belady's MIN hit rate (reused KV blocks / prompt KV blocks) for each capacity in KV blocks, counted over the
+    requests from index ``measure_from`` on (kvcache-simulator measures the second half)."""
+    plan = _belady_plan(requests, tokens_per_block, as_peer)
+    first = plan.starts[min(measure_from, len(requests))]
+    total = sum(plan.weights[first:])
+    return [(_belady_hits(plan, int(c), first) / total if total else 0.0) for c in capacities]
+
+
+def _belady_hits(plan: _Plan, capacity: int, first_measured: int = 0) -> int:
+    if capacity <= 0:
+        return 0
+    nodes, weights, next_use, parent, starts = plan.nodes, plan.weights, plan.next_use, plan.parent, plan.starts
+    node_weight = plan.node_weight
+    n = len(parent)
+    present = bytearray(n)
+    present[0] = 1
+    children = [0] * n
+    key = [0] * n           # the next request using a cached node
+    version = [0] * n
+    heap: list[tuple[int, int, int]] = []  # (-next use, node, version): the farthest first; leaves only
+    used = 0
+    hits = 0
+    for r in range(len(starts) - 1):
+        a, b = starts[r], starts[r + 1]
+        alive = True
+        for i in range(a, b):  # lookup: the cached prefix is reused, and its next use moves on
+            node = nodes[i]
+            if alive and present[node]:
+                if i >= first_measured:
+                    hits += weights[i]
+                key[node] = next_use[i]
+                if children[node] == 0:
+                    version[node] += 1
+                    heapq.heappush(heap, (-next_use[i], node, version[node]))
+            else:
+                alive = False
+        protected = {nodes[i] for i in range(a, b)}
+        for i in range(a, b):  # insert what is missing, evicting the farthest-used leaves not on this path
+            node = nodes[i]
+            if present[node]:
+                continue
+            if not present[parent[node]]:
+                break
+            w = node_weight[node]
+            skipped: list[tuple[int, int, int]] = []
+            fits = True
+            while used + w > capacity:
+                if not heap:
+                    fits = False
+                    break
+                top = heapq.heappop(heap)
+                neg_use, victim, ver = top
+                if not present[victim] or children[victim] or version[victim] != ver:
+                    continue
+                if victim in protected:
+                    skipped.append(top)
+                    continue
+                if -neg_use <= next_use[i]:  # every leaf is used again sooner than this block: do not insert
+                    skipped.append(top)
+                    fits = False
+                    break
+                present[victim] = 0
+                used -= node_weight[victim]
+                p = parent[victim]
+                children[p] -= 1
+                if p and present[p] and children[p] == 0:
+                    version[p] += 1
+                    heapq.heappush(heap, (-key[p], p, version[p]))
+            for item in skipped:
+                heapq.heappush(heap, item)
+            if not fits:
+                break
+            present[node] = 1
+            used += w
+            key[node] = next_use[i]
+            p = parent[node]
+            children[p] += 1
+            version[node] += 1
+            heapq.heappush(heap, (-next_use[i], node, version[node]))
+    return hits
+
+
