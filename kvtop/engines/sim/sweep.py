@@ -35,9 +35,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from kvtop.engines.inputs import TRACE_BLOCK_TOKENS, TraceRequest
 from kvtop.engines.sim.block_manager import BlockManager, TokenRuns, _Block
 from kvtop.engines.sim.core import generated_token
-from kvtop.workload.trace import TRACE_BLOCK_TOKENS, TraceRequest
 
 
 @contextmanager
