@@ -168,3 +168,28 @@ def test_frames_the_engine_dropped_itself_are_not_another_reader(serve: FakeServ
         asyncio.run(src.poll_once())
     assert not src.stats_drained
     assert not any("another reader" in msg for _, msg in statuses)
+
+
+def test_moves_from_the_prometheus_byte_counters(serve: FakeServe) -> None:
+    # JSON stats off: the collector sees every iteration; its onboard/offload byte totals become blocks.
+    serve.status["/metrics"] = 404
+    m = TierModel()
+    src = _source(serve, m, [])
+    bpb = QWEN3_8B_PER_TOKEN * 32
+    serve.raw["/prometheus/metrics"] = prometheus_text(onboard_bytes=10 * bpb)
+    for _ in range(2):  # off, then the baseline scrape (moves before it are the server's history)
+        asyncio.run(src.poll_once())
+    serve.raw["/prometheus/metrics"] = prometheus_text(onboard_bytes=13 * bpb + bpb // 2)  # 3.5 blocks more
+    asyncio.run(src.poll_once())
+    assert m.bad_records == 0, m.last_bad_reason
+    assert m.moves.onboarded_blocks == 3 and m.moves.source == "stats"
+    serve.raw["/prometheus/metrics"] = prometheus_text(onboard_bytes=14 * bpb)  # the half block completes
+    asyncio.run(src.poll_once())
+    assert m.moves.onboarded_blocks == 4
+    assert m.hit_rate.host_hits == 4  # every onboard is a host hit
+
+
+def test_a_malformed_moves_field_is_one_bad_record() -> None:
+    m = TierModel()
+    m.apply_stats({"kvtopSource": "prometheus", "kvtopPrometheusMoves": {"onboardBytes": -3}}, 1.0)
+    assert m.bad_records == 1 and "kvtopPrometheusMoves.onboardBytes" in (m.last_bad_reason or "")

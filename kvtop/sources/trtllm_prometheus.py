@@ -16,9 +16,12 @@ What maps onto what (collector.py ``log_iteration_stats``):
 - ``trtllm_num_requests_running`` / ``_waiting``: ``numActiveRequests`` / ``numQueuedRequests``.
 - ``trtllm_num_requests_completed_total``: the sum of ``numCompletedRequests``; kvtop passes its increase since the
   last scrape as that scrape's ``numCompletedRequests``.
-- ``trtllm_kv_cache_host_utilization`` (secondary used / max) and ``trtllm_kv_cache_onboard_bytes_total`` /
-  ``_offload_bytes_total`` are kept in the record (``prometheus``) for the screen; the fold takes no moves from them
-  (bytes, not blocks, and no per-iteration split).
+- ``trtllm_kv_cache_onboard_bytes_total`` / ``_offload_bytes_total``: the collector sums each iteration's
+  ``iterOnboardBytes`` / ``iterOffloadBytes``; their increase since the previous scrape goes in
+  ``kvtopPrometheusMoves`` (bytes), which the fold turns into blocks once the block size is known. Each iteration
+  reaches one reader only (``/metrics`` or the collector), so these increases and the JSON stats' own per-iteration
+  counters add up to every move, with no iteration counted twice.
+- ``trtllm_kv_cache_host_utilization`` (secondary used / max) is kept in the record (``prometheus``) as it is.
 
 The result is a ``stats`` record whose data uses TensorRT-LLM's own key names for what it maps, plus
 ``"kvtopSource": "prometheus"``, so the TierModel folds it with the code that folds JSON stats and says on screen
@@ -71,6 +74,7 @@ class PrometheusStats:
 
     def __init__(self) -> None:
         self._completed: float | None = None
+        self._moved: dict[str, float] = {}  # the last scrape's byte totals
         self.scrapes = 0
 
     def stats(self, samples: dict[str, float], *, counters: bool) -> dict[str, Any] | None:
@@ -96,6 +100,19 @@ class PrometheusStats:
             if counters and self._completed is not None and done >= self._completed:
                 top["numCompletedRequests"] = int(done - self._completed)
             self._completed = done
+        moves: dict[str, int] = {}
+        for name, key in (("trtllm_kv_cache_offload_bytes_total", "offloadBytes"),
+                          ("trtllm_kv_cache_onboard_bytes_total", "onboardBytes")):
+            total = samples.get(name)
+            if total is None:
+                continue
+            last = self._moved.get(name)
+            if last is not None:
+                # A total that went down is a restarted server: its whole new total is the increase.
+                moves[key] = int(total - last) if total >= last else int(total)
+            self._moved[name] = total
+        if moves:
+            top["kvtopPrometheusMoves"] = moves
         top["prometheus"] = {k: samples[k] for k in KEPT if k in samples}
         return top
 

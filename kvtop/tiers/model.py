@@ -408,6 +408,8 @@ class TierModel:
         self._it_moves_seen = False
         self._stats_schema: str | None = None     # which TensorRT-LLM's stats shape the numbers come from
         self._prom_seen = False                    # stats mapped from trtllm-serve's Prometheus metrics
+        self._prom_bytes = [0, 0]                  # offloaded, onboarded bytes from Prometheus counters
+        self._prom_blocks = [0, 0]                 # ...and the whole blocks already counted from them
         self._level_tiers: list[str] | None = None  # kvCacheLevelTiers (V2): the tier of each cache level
         self._level_hits: dict[int, int] = {}     # reused blocks per cache level (V2 lifecycles), warm-up excluded
         self._stats_completed = 0
@@ -979,6 +981,13 @@ class TierModel:
                         "allocNewBlocks", "reusedBlocks", "missedBlocks"):
                 kvv[key] = _count(kv.get(key), f"kvCacheStats.{key}")
         it_iter, schema, level_tiers, level_hits = self._kv_iteration(d, kv is not None)
+        prom_moves: dict[str, int] | None = None
+        raw_moves = d.get("kvtopPrometheusMoves") if d.get("kvtopSource") == "prometheus" else None
+        if raw_moves is not None:
+            if not isinstance(raw_moves, dict):
+                raise _Bad("kvtopPrometheusMoves", f"must be an object, got {_describe(raw_moves)}")
+            prom_moves = {k: _required_count(raw_moves[k], f"kvtopPrometheusMoves.{k}")
+                          for k in ("offloadBytes", "onboardBytes") if k in raw_moves}
         iteration = _count(d.get("iter"), "iter")
         completed = _count(d.get("numCompletedRequests"), "numCompletedRequests")
         active = _count(d.get("numActiveRequests"), "numActiveRequests")
@@ -1043,6 +1052,23 @@ class TierModel:
                 self._free_num_blocks = kvv["freeNumBlocks"]
             if kvv["tokensPerBlock"]:
                 self._stats_tpb = kvv["tokensPerBlock"]
+        if prom_moves:
+            # Bytes moved, from trtllm-serve's Prometheus counters: blocks from the running byte totals, so partial
+            # copies add up rather than being floored away scrape by scrape.
+            bpb = self.bytes_per_block
+            if bpb is not None:
+                self._it_moves_seen = True
+                self._prom_bytes[0] += prom_moves.get("offloadBytes", 0)
+                self._prom_bytes[1] += prom_moves.get("onboardBytes", 0)
+                off, onb = self._prom_bytes[0] // bpb - self._prom_blocks[0], self._prom_bytes[1] // bpb - \
+                    self._prom_blocks[1]
+                self._prom_blocks = [self._prom_blocks[0] + off, self._prom_blocks[1] + onb]
+                self._it_offloaded += off
+                self._it_onboarded += onb
+                if was_warm:
+                    self._st_warm_host_hits += onb
+                else:
+                    self._st_host_hits += onb
         if d.get("kvtopSource") == "prometheus":
             self._prom_seen = True  # trtllm-serve's Prometheus metrics, mapped (kvtop/sources/trtllm_prometheus.py)
         elif schema is not None:
