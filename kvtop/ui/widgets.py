@@ -541,6 +541,10 @@ class TierPanel(Panel):
         super().on_mount()
         self._title()
 
+    def on_resize(self) -> None:
+        super().on_resize()
+        self._title()   # the subtitle's detail follows the width
+
     def show(self, data: Any) -> bool:
         changed = super().show(data)
         if changed:
@@ -580,7 +584,8 @@ class TierPanel(Panel):
         else:
             parts = [f"{fmt.count(st.capacity_blocks)} blocks"]
             tok = st.capacity_tokens
-            if tok is not None:
+            # The border has room for the tokens from ~44 cells (80x24's 40-cell panels cut the GiB off)
+            if tok is not None and self.size.width >= 44:
                 parts.append(f"{fmt.count(tok)} tok")
             parts.append(fmt.gib(st.capacity_bytes, "?") + " GiB")
             subtitle = " · ".join(parts)
