@@ -6,6 +6,11 @@ to the compositor again) must look exactly like a screen drawn once, fresh, from
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,9 +18,10 @@ from textual.geometry import Region
 
 from kvtop.records import SourceId, read_jsonl
 from kvtop.session import Session
+from kvtop.ui import widgets
 from kvtop.ui.app import KvtopApp, build_app
 from kvtop.ui.testing import BUSY_RECORDING, FROZEN_STARTED_AT
-from kvtop.ui.widgets import Panel
+from kvtop.ui.widgets import Panel, strip_cache_enabled
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
 
@@ -72,6 +78,7 @@ async def test_a_screen_updated_refresh_by_refresh_matches_a_fresh_one(size: tup
     assert live == await _fresh_screen(session, size)  # ...and what was repainted adds up to the whole
 
 
+@pytest.mark.skipif(not widgets._CACHE_RENDERS, reason=f"strip reuse off: {widgets.STRIP_CACHE_REASON}")
 async def test_an_unchanged_panel_hands_the_compositor_its_last_strips() -> None:
     session = _session()
     records = list(read_jsonl(BUSY_RECORDING))
@@ -93,3 +100,49 @@ async def test_an_unchanged_panel_hands_the_compositor_its_last_strips() -> None
         assert made == [2]  # that row alone is made again (under the top border)...
         assert once_more == again  # ...exactly as Textual drew it
 
+
+
+@pytest.mark.parametrize(("version", "env", "on"), [
+    ("8.2.8", {}, True), ("7.0.0", {}, True), ("8.99.1", {}, True),
+    ("6.12.0", {}, False), ("9.0.0", {}, False), ("0.80.1", {}, False), ("main", {}, False),
+    ("8.2.8", {"KVTOP_UI_STRIP_CACHE": "0"}, False), ("8.2.8", {"KVTOP_UI_STRIP_CACHE": "off"}, False),
+    ("8.2.8", {"KVTOP_UI_STRIP_CACHE": "1"}, True),
+])
+def test_the_private_strip_reuse_is_on_only_where_tested_and_not_switched_off(version: str, env: dict[str, str],
+                                                                              on: bool) -> None:
+    enabled, why = strip_cache_enabled(version, env)
+    assert enabled is on
+    assert (version in why) or ("KVTOP_UI_STRIP_CACHE" in why)
+
+
+def test_with_the_strip_reuse_off_the_public_path_draws_the_same_screen() -> None:
+    """The fallback (Textual's public Line API alone) is the path any untested Textual gets: the screen updated
+    refresh by refresh must match a fresh one there too, and not a line of the private hook may be installed."""
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "KVTOP_UI_STRIP_CACHE": "0", "PYTHONPATH": str(repo)}
+    probe = subprocess.run(
+        [sys.executable, "-c", "from kvtop.ui.widgets import Panel, _CACHE_RENDERS\n"
+         "print(_CACHE_RENDERS, '_set_dirty' in Panel.__dict__, 'render_lines' in Panel.__dict__)"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert probe.stdout.split() == ["False", "False", "False"], probe.stderr
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::"
+         "test_a_screen_updated_refresh_by_refresh_matches_a_fresh_one",
+         f"{__file__}::test_an_unchanged_panel_hands_the_compositor_its_last_strips"],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "2 passed, 1 skipped" in out.stdout
+
+
+def test_the_declared_textual_floor_is_the_one_ci_tests_and_the_reuse_starts_at() -> None:
+    """pyproject.toml's textual>=X, the floor .ci/run runs the UI tests on, and the strip reuse's first release
+    are one number: a floor moved in one place only would claim a range nothing tests."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    repo = Path(__file__).resolve().parents[1]
+    deps = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["dependencies"]
+    floor = next(re.fullmatch(r"textual>=(\d+)\.(\d+)", d) for d in deps if d.startswith("textual"))
+    assert floor is not None
+    ci = re.search(r"^TEXTUAL_FLOOR=(\d+)\.(\d+)\.\d+$", (repo / ".ci" / "run").read_text(), re.M)
+    assert ci is not None
+    assert (int(floor[1]), int(floor[2])) == (int(ci[1]), int(ci[2])) == widgets.STRIP_CACHE_TEXTUAL[0]

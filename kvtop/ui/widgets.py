@@ -121,8 +121,41 @@ def _fit(ln: Line, width: int) -> Line:
 
 
 # Panel.render_lines hands the compositor a clean panel's last strips again. That needs to see every time Textual marks
-# the panel dirty, which it does through Widget._set_dirty (Textual 0.x to 8.x); without it, no reuse.
-_CACHE_RENDERS = callable(getattr(Widget, "_set_dirty", None))
+# the panel dirty, which it does through Widget._set_dirty: a private method, so the reuse is on only for the Textual
+# releases it is tested on (.ci/run runs the UI tests on the floor, 7.0.0, and on the pinned 8.2.8) and can be
+# switched off (KVTOP_UI_STRIP_CACHE=0). Off, Panel keeps Textual's public Line API alone (render_line per line,
+# refresh(*regions) per changed run of lines): the same screen (tests/test_ui_repaint.py runs both paths), at the
+# cost of restyling unchanged panels that overlap a repaint (~a third of the compositor's time, see render_lines).
+STRIP_CACHE_TEXTUAL = ((7, 0), (9, 0))  # [first, past-last) Textual (major, minor) the reuse is tested on
+STRIP_CACHE_ENV = "KVTOP_UI_STRIP_CACHE"
+
+
+def strip_cache_enabled(textual_version: str | None = None, environ: Any = None) -> tuple[bool, str]:
+    """Whether Panel reuses its last strips (Textual's private ``Widget._set_dirty``), and why (for the log)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if str(env.get(STRIP_CACHE_ENV, "1")).strip().lower() in ("0", "false", "no", "off"):
+        return False, f"{STRIP_CACHE_ENV}={env.get(STRIP_CACHE_ENV)}"
+    if textual_version is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            textual_version = version("textual")
+        except PackageNotFoundError:
+            return False, "Textual's version is unknown"
+    match = re.match(r"(\d+)\.(\d+)", textual_version)
+    if match is None:
+        return False, f"Textual {textual_version}: not a version kvtop can read"
+    first, past = STRIP_CACHE_TEXTUAL
+    if not first <= (int(match[1]), int(match[2])) < past:
+        return False, f"Textual {textual_version} is outside {first[0]}.{first[1]} to {past[0]}.x, where it is tested"
+    if not callable(getattr(Widget, "_set_dirty", None)):
+        return False, f"Textual {textual_version} has no Widget._set_dirty"
+    return True, f"Textual {textual_version}"
+
+
+_CACHE_RENDERS, STRIP_CACHE_REASON = strip_cache_enabled()
 
 
 def _lines(lines: Sequence[Line], width: int, height: int) -> list[Line]:
@@ -267,8 +300,6 @@ class Panel(Widget):
         outline and hatch, looked up per line): that path is kept for full repaints, and for any panel whose rows
         it did not draw exactly as ``_framed`` does (checked on every full repaint, in ``_learn_frame``).
         """
-        if not _CACHE_RENDERS:
-            return super().render_lines(crop)
         filters = tuple(self.app.get_line_filters())
         rendered = self._rendered
         if rendered is not None and rendered[0] == crop and rendered[1] == filters:
@@ -395,6 +426,11 @@ class Panel(Widget):
             self._row_x = self.region.x - self.content_region.x
             self._row_width = self.outer_size.width
         return inner
+
+
+if not _CACHE_RENDERS:
+    # Off: not a line of the private hook is installed; Textual's own render_lines and _set_dirty run as they are.
+    del Panel._set_dirty, Panel.render_lines, Panel._framed, Panel._learn_frame
 
 
 # ------------------------------------------------------------------------------------------------ header
