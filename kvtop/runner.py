@@ -104,6 +104,12 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
     choice = choice or (EngineChoice("sim", "injected engine") if engine is not None else choose_engine(settings))
     ab_note = _size_for_ab(settings) if engine is None else None
     source = SourceId.local(run=settings.run_name or f"{settings.scenario}-{os.getpid()}")
+    if settings.disk_cache:  # checked before any engine starts
+        if choice.kind == "sim":
+            raise RunError("--disk-cache: the simulator has no disk tier (use --engine trtllm, TensorRT-LLM 1.3+)")
+        if not settings.disk_cache_path or not os.path.isdir(settings.disk_cache_path):
+            raise RunError(f"--disk-cache-path: {settings.disk_cache_path or '(not given)'} is not a directory "
+                           "(TensorRT-LLM refuses a disk cache without one)")
     if settings.offload_transfer_mode != "DRAM":  # checked before any engine starts
         if not settings.offload_directory:
             raise RunError(f"--offload-transfer-mode {settings.offload_transfer_mode} needs --offload-directory DIR "

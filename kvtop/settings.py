@@ -40,6 +40,9 @@ class Settings:
     gpu: str = _opt("H200", "GPU profile for the simulator and estimates: H200, H100, GH200, or a profile .json")
     host_cache: int = _opt(32 * 10**9, "host (pinned DRAM) KV cache size, e.g. 10GB, 512MiB, 0 to disable",
                            kind="size")
+    disk_cache: int = _opt(0, "real engine, TensorRT-LLM 1.3+: disk KV cache size (KvCacheConfig.disk_cache_size, "
+                              "the V2 manager's third tier), e.g. 200GB; 0 for none", kind="size")
+    disk_cache_path: str | None = _opt(None, "directory for the disk KV cache (KvCacheConfig.disk_cache_path)")
     gpu_cache_tokens: int | None = _opt(131072, "GPU KV cache size in tokens (max_tokens); the demo default keeps "
                                                "the pool small enough to fill in seconds", kind="int_or_none")
     gpu_cache_fraction: float = _opt(0.9, "free_gpu_memory_fraction when --gpu-cache-tokens is not given",

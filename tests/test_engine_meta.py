@@ -281,3 +281,36 @@ def test_file_offloads_need_a_directory_and_a_real_engine(tmp_path: Path, monkey
                                  str(tmp_path)], tmp_path, monkeypatch)
     with pytest.raises(runner.RunError, match="simulator models DRAM"):
         runner.build_session(settings, choice=runner.EngineChoice("sim", "test"), sample_gpu=False)
+
+
+def test_a_disk_cache_on_13_builds_the_v2_manager_and_a_disk_tier(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = tb.stand_in()
+    mod.llmapi.KvCacheConfig.FIELDS = tb.KV_CACHE_CONFIG_FIELDS_MAIN
+    mod.llmapi.KvCacheConfig.model_fields = dict.fromkeys(tb.KV_CACHE_CONFIG_FIELDS_MAIN)
+    settings = tb.settings_from(["--engine", "trtllm", "--host-cache", "10GB", "--disk-cache", "200GB",
+                                 "--disk-cache-path", str(tmp_path)], tmp_path, monkeypatch)
+    session = runner.build_session(settings, choice=runner.EngineChoice("trtllm", "test", mod), sample_gpu=False)
+    kv = mod.llmapi.KvCacheConfig.instances[-1].kwargs
+    assert (kv["disk_cache_size"], kv["disk_cache_path"], kv["use_kv_cache_manager_v2"]) == (
+        200 * 10**9, str(tmp_path), True)
+    bpb = QWEN3_8B_PER_TOKEN * 32
+    assert session.meta["disk_blocks"] == 200 * 10**9 // bpb
+    m = TierModel()
+    m.apply(make("meta", session.meta, time=1.0))
+    assert [t.name for t in m.tiers] == ["gpu", "host", "disk"]
+
+
+def test_a_disk_cache_is_refused_where_it_cannot_be(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = tb.stand_in()  # 1.2: no disk_cache_size
+    settings = tb.settings_from(["--engine", "trtllm", "--disk-cache", "1GB", "--disk-cache-path", str(tmp_path)],
+                                tmp_path, monkeypatch)
+    with pytest.raises(runner.RunError, match="TensorRT-LLM 1.3 or later"):
+        runner.build_session(settings, choice=runner.EngineChoice("trtllm", "test", mod), sample_gpu=False)
+    settings = tb.settings_from(["--engine", "trtllm", "--disk-cache", "1GB", "--disk-cache-path",
+                                 str(tmp_path / "nope")], tmp_path, monkeypatch)
+    with pytest.raises(runner.RunError, match="is not a directory"):
+        runner.build_session(settings, choice=runner.EngineChoice("trtllm", "test", mod), sample_gpu=False)
+    settings = tb.settings_from(["--engine", "sim", "--disk-cache", "1GB"], tmp_path, monkeypatch)
+    with pytest.raises(runner.RunError, match="simulator has no disk tier"):
+        runner.build_session(settings, choice=runner.EngineChoice("sim", "test"), sample_gpu=False)

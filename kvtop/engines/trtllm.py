@@ -86,6 +86,16 @@ def build_llm(settings: Any, trtllm: ModuleType | None = None) -> Any:
     fields = getattr(llmapi.KvCacheConfig, "model_fields", None)
     if isinstance(fields, Mapping) and "onboard_blocks" not in fields:
         del kv_kwargs["onboard_blocks"]
+    disk = int(getattr(settings, "disk_cache", 0) or 0)
+    if disk > 0:
+        # The disk tier is the V2 manager's (llm_args.py: "Only used by KV cache manager v2 in the PyTorch
+        # backend"), so asking for one asks for that manager too.
+        if isinstance(fields, Mapping) and "disk_cache_size" not in fields:
+            raise ValueError("--disk-cache needs TensorRT-LLM 1.3 or later: this KvCacheConfig has no disk_cache_size")
+        if not settings.disk_cache_path:
+            raise ValueError("--disk-cache needs --disk-cache-path DIR (an existing directory)")
+        kv_kwargs.update(disk_cache_size=disk, disk_cache_path=str(settings.disk_cache_path),
+                         use_kv_cache_manager_v2=True)
     kv_cache_config = llmapi.KvCacheConfig(**kv_kwargs)
     # SchedulerConfig(capacity_scheduler_policy=CapacitySchedulerPolicy.X): llm_args.py's StrEnum, by name
     scheduler_config = llmapi.SchedulerConfig(capacity_scheduler_policy=getattr(
