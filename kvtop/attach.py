@@ -6,13 +6,17 @@ or a recording (``FILE.jsonl``)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtop.records import RecordError, SourceId
-from kvtop.session import Session
+from kvtop.records import MAX_LINE_BYTES, RecordError, SourceId
+from kvtop.session import MAX_SOURCES, Session
 from kvtop.settings import SettingsError, load_settings
+from kvtop.textsafe import clean
+
+# replay: an idle stretch of a recording (a pause overnight, a clock that jumped) lasts at most 10 s on screen.
+MAX_GAP_S = 10.0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -33,6 +37,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
     else:
         p.add_argument("file", help="a kvtop recording (JSONL)")
     p.add_argument("--speed", default="1", help="replay speed: 1 = as recorded, 0 = as fast as possible")
+    p.add_argument("--max-gap", default=None, metavar="SECONDS",
+                   help="replay: an idle stretch of the recording lasts at most this long (default 10)")
+    p.add_argument("--max-line-bytes", default=None, metavar="BYTES",
+                   help="a recording line or MQTT payload larger than this is skipped as bad (default 8 MiB)")
+    p.add_argument("--max-sources", default=None, metavar="N",
+                   help="keep at most N sources; records of more are refused and counted (default 4096)")
     p.add_argument("--headless", action="store_const", const=True, default=None)
     p.add_argument("--json", action="store_const", const=True, default=None)
     p.add_argument("--duration", default=None, help="stop after this many seconds")
@@ -58,11 +68,12 @@ def _float(option: str, text: str) -> float:
 
 def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: str | None = None,
                          password_file: str | None = None, interval_s: float = 0.5,
-                         warmup_requests: int = 0) -> Session:
+                         warmup_requests: int = 0, max_gap_s: float | None = MAX_GAP_S,
+                         max_line_bytes: int = MAX_LINE_BYTES, max_sources: int = MAX_SOURCES) -> Session:
     """A session whose only producer is the remote source; sinks are added by the caller."""
     # No meta of its own: the first source heard from becomes session.model, and its meta names its engine.
     session = Session(source=SourceId(host=target, rank=0, run=run or ""), warmup_requests=warmup_requests,
-                      meta={"attached_to": target})
+                      meta={"attached_to": clean(target)}, max_sources=max_sources)
     lowered = target.lower()
     if command == "attach" and lowered.startswith(("zmq://", "vllm://", "sglang://")):
         from kvtop.sources.kv_events_zmq import ZmqUrlError, attach_stream
@@ -75,18 +86,27 @@ def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: 
     if command == "replay" or (not lowered.startswith(("mqtt://", "mqtts://", "http://", "https://"))):
         path = Path(target)
         if not path.exists():
-            raise SettingsError("FILE", f"no such recording: {target}")
+            raise SettingsError("FILE", f"no such recording: {clean(target)}")
+        if path.is_dir():
+            raise SettingsError("FILE", f"{clean(target)} is a directory, not a recording (a .jsonl file)")
         from kvtop.sources.replay import replay_into
 
         bad: list[RecordError] = []
+        name = clean(path.name, 80)
 
         def on_bad(err: RecordError) -> None:
             bad.append(err)  # the fold never sees a bad line; the log names it, with its line number
-            session.note("warn", f"{path.name}: {err}")
+            session.problems.report("replay.bad_line", f"{name}: {err} ({len(bad):,} bad line(s) so far)",
+                                    lost=True)
 
         async def run_replay() -> None:
-            await replay_into(path, session.emit, speed, on_error=on_bad)
-            session.note("info", f"replay of {path.name} finished"
+            n = await replay_into(path, session.emit, speed, on_error=on_bad, max_gap_s=max_gap_s,
+                                  max_line_bytes=max_line_bytes)
+            if n == 0:
+                session.problems.report("replay.no_records", f"{name}: no records"
+                                        + (f" ({len(bad):,} bad lines: not a kvtop recording?)" if bad
+                                           else " (empty file)"))
+            session.note("info", f"replay of {name} finished"
                          + (f" ({len(bad)} bad lines skipped)" if bad else ""))
 
         session.meta["attached_to"] = str(path)
@@ -97,21 +117,44 @@ def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: 
 
         try:
             sub = subscriber_from_url(target, session.emit, password_file=password_file, run=run,
-                                      on_status=session.on_source_status, on_error=session.on_source_error)
+                                      on_status=session.on_source_status, on_error=_log_only(session),
+                                      problems=session.problems)
         except MqttUrlError as exc:
             raise SettingsError("URL", str(exc)) from None
-        session.meta["attached_to"] = sub.url.display() if hasattr(sub.url, "display") else "mqtt"
+        sub.max_payload_bytes = max_line_bytes
+        session.meta["attached_to"] = clean(sub.url.display()) if hasattr(sub.url, "display") else "mqtt"
+        session.stale.enabled = True  # remote sources: one that stops sending without a last will goes stale
         session.add_producer("mqtt", sub.run, sub.stop)
         return session
     from kvtop.sources.trtllm_serve import serve_source_from_url
 
     try:
         src = serve_source_from_url(target, session.emit, interval_s=interval_s, run=run,
-                                    on_status=session.on_source_status, on_error=session.on_source_error)
+                                    on_status=session.on_source_status, on_error=_log_only(session),
+                                    problems=session.problems)
     except ValueError as exc:
         raise SettingsError("URL", str(exc)) from None
     session.add_producer("trtllm-serve", src.run, src.stop)
     return session
+
+
+def _log_only(session: Session) -> Callable[[str, str], None]:
+    """on_error for sources that report their problems themselves: the event log only, no second problem."""
+
+    def on_error(name: str, message: str) -> None:
+        session.note("warn", f"{name}: {message}")
+
+    return on_error
+
+
+def _int(option: str, text: str, minimum: int) -> int:
+    try:
+        value = int(float(text))
+    except (ValueError, OverflowError):
+        raise SettingsError(option, f"expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise SettingsError(option, f"must be >= {minimum}, got {text!r}")
+    return value
 
 
 def main(command: str, argv: Sequence[str]) -> int:
@@ -126,9 +169,15 @@ def main(command: str, argv: Sequence[str]) -> int:
     speed = _float("--speed", a.speed)
     target = a.url if command == "attach" else a.file
     interval = _float("--interval", a.interval) if command == "attach" and a.interval else 0.5
+    max_gap = _float("--max-gap", a.max_gap) if a.max_gap is not None else MAX_GAP_S
     session = build_attach_session(target, command=command, speed=speed,
                                    run=getattr(a, "run", None), password_file=getattr(a, "mqtt_password_file", None),
-                                   interval_s=interval or 0.5, warmup_requests=settings.warmup_requests)
+                                   interval_s=interval or 0.5, warmup_requests=settings.warmup_requests,
+                                   max_gap_s=max_gap or None,
+                                   max_line_bytes=_int("--max-line-bytes", a.max_line_bytes, 1024)
+                                   if a.max_line_bytes is not None else MAX_LINE_BYTES,
+                                   max_sources=_int("--max-sources", a.max_sources, 1)
+                                   if a.max_sources is not None else MAX_SOURCES)
     try:
         runner.add_sinks(session, settings)
     except runner.RunError as exc:
@@ -138,10 +187,9 @@ def main(command: str, argv: Sequence[str]) -> int:
 
         until = ("replay",) if "replay" in [n for n, _ in session._producers] else ()
         return run_headless_until(session, settings.duration, settings.json, until)
-    from kvtop.ui.app import build_app
+    from kvtop.cli import run_dashboard
 
-    build_app(session, settings).run()
-    return 0
+    return run_dashboard(session, settings)
 
 
 __all__ = ["build_attach_session", "main"]

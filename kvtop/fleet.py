@@ -14,19 +14,84 @@ How the aggregate is formed (the "all" row):
   unknown for the fleet too (``None``, shown "?"), never a sum of the known part that would read as the whole.
 - Sources whose status is ``offline`` (their MQTT last will) keep their row, with their last figures, but are
   left out of the aggregate: their engine is gone, and its last rates would be counted as if it still ran.
+- So are ``stale`` ones: a source that vanished without a last will (a cable, a frozen VM, a broker that lost
+  the will) or whose only message is an old retained ``meta``. :class:`StaleClock` calls a source stale after
+  ``STALE_INTERVALS`` (5) of its own send intervals without a record, and never sooner than ``STALE_MIN_S``
+  (5 s: a publisher sends every 0.1-0.25 s, so a healthy source is never near it). It is counted again as soon
+  as it sends.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvtop.tiers import TierModel
 
-__all__ = ["EXCLUDED_STATUSES", "FleetRow", "aggregate", "combine", "source_row", "source_status"]
+__all__ = ["EXCLUDED_STATUSES", "STALE_INTERVALS", "STALE_MIN_S", "FleetRow", "StaleClock", "aggregate", "combine",
+           "source_row", "source_status"]
 
-EXCLUDED_STATUSES = frozenset({"offline"})
+EXCLUDED_STATUSES = frozenset({"offline", "stale"})
+STALE_INTERVALS = 5.0
+STALE_MIN_S = 5.0
+_BURST_S = 0.005  # records closer than 5 ms came in one message (a batch): one arrival, not a 0-s interval
+
+
+class StaleClock:
+    """When each source was last heard from, and its usual interval between messages (pure: times are passed).
+
+    ``heard(key, kind, now)`` on every record (returns True if the source was stale: it is back);
+    ``newly_stale(now)`` the keys that went stale since the last call. A source whose only records are
+    ``meta`` (a retained message from a source that may be long gone) has no interval yet: the floor applies.
+    """
+
+    def __init__(self, intervals: float = STALE_INTERVALS, min_s: float = STALE_MIN_S, *, enabled: bool = False):
+        self.intervals = intervals
+        self.min_s = min_s
+        self.enabled = enabled  # off for a local engine (an idle one sends nothing and is not gone)
+        self._last: dict[str, float] = {}
+        self._gap: dict[str, float] = {}  # EWMA of the interval between arrivals
+        self._stale: set[str] = set()
+
+    def heard(self, key: str, kind: str = "stats", now: float | None = None) -> bool:
+        if not self.enabled:
+            return False
+        t = time.monotonic() if now is None else now
+        last = self._last.get(key)
+        if last is not None and kind != "meta":
+            gap = t - last
+            if gap > _BURST_S:
+                old = self._gap.get(key)
+                self._gap[key] = gap if old is None else 0.8 * old + 0.2 * gap
+        if kind != "meta" or last is None:
+            self._last[key] = t
+        if key in self._stale and kind != "meta":
+            self._stale.discard(key)
+            return True
+        return False
+
+    def limit(self, key: str) -> float:
+        gap = self._gap.get(key)
+        return self.min_s if gap is None else max(self.min_s, self.intervals * gap)
+
+    def silence(self, key: str, now: float) -> float:
+        last = self._last.get(key)
+        return 0.0 if last is None else now - last
+
+    def newly_stale(self, now: float) -> list[str]:
+        if not self.enabled:
+            return []
+        out = []
+        for key, last in self._last.items():
+            if key not in self._stale and now - last > self.limit(key):
+                self._stale.add(key)
+                out.append(key)
+        return out
+
+    def stale_keys(self) -> set[str]:
+        return set(self._stale)
 
 
 @dataclass(frozen=True)
@@ -96,7 +161,7 @@ def _sum(values: list[Any]) -> Any:
 
 
 def combine(rows: Iterable[FleetRow], key: str = "all") -> FleetRow:
-    """The aggregate of ``rows`` (those not offline): see the module docstring for each figure's rule."""
+    """The aggregate of ``rows`` (those not offline or stale): see the module docstring for each figure's rule."""
     counted = [r for r in rows if r.status not in EXCLUDED_STATUSES]
     hits = sum(r.hits for r in counted)
     lookups = sum(r.lookups for r in counted)

@@ -143,6 +143,9 @@ def parse_mqtt_url(url: str, *, password_file: str | os.PathLike[str] | None = N
     ca_file = query["ca"][-1] if "ca" in query else None
     if ca_file and scheme != "mqtts":
         raise MqttUrlError(f"{_redact(url)}: ?ca= needs mqtts:// (TLS)")
+    if ca_file and not os.path.isfile(ca_file):
+        raise MqttUrlError(f"{_redact(url)}: ?ca={ca_file}: no such file (a PEM file of the CA that signed the "
+                           "broker's certificate)")
     prefix = "/".join(p for p in unquote(parts.path).split("/") if p)
     if any(c in prefix for c in "+#\0"):
         raise MqttUrlError(f"{_redact(url)}: the topic prefix may not contain +, # or NUL")

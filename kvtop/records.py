@@ -14,6 +14,20 @@ A record is a small envelope around a payload:
 Decoding validates the envelope and the parts of ``data`` that the fold relies on, and raises
 :class:`RecordError` naming the field and the problem. Callers (replay, MQTT, the HTTP attach) catch it, count
 the bad input and go on: one bad line never ends a run.
+
+Bounds (the record boundary is where one absurd value is stopped, so nothing behind it has to cope):
+- every number anywhere in ``data`` is finite and of magnitude below 2^64 (block hashes are 64-bit; 10**400
+  would break a Prometheus scrape, 1e308 a screen's arithmetic);
+- block counts (``*Block*`` keys of ``kvCacheStats`` / ``kvCacheIterationStats``, ``num_blocks_per_cache_level``,
+  meta ``primary_blocks`` / ``secondary_blocks``) are at most 2^40 (``MAX_BLOCKS``: 2^40 blocks of the smallest
+  KV block, ~100 KiB, is ~100 EiB, far past any machine);
+- ``time`` is seconds since the epoch between 1970 and 2100 (``TIME_MAX``): a clock in milliseconds (1.7e12) is
+  rejected, not taken as a date 50,000 years ahead that would stall a replay and a report;
+- a line or payload is at most ``MAX_LINE_BYTES`` (8 MiB; ``read_jsonl(max_line_bytes=...)``): the largest real
+  message, 2,000 events of a busy engine with token ids, is ~4 MB.
+- the strings of the envelope (``source.host``, ``source.run``) and of kvtop's own kinds (``meta``, ``gpu``,
+  ``host``, ``request``) are cleaned of control characters (:func:`kvtop.textsafe.clean_any`); an engine's
+  ``stats`` and ``kv_event`` dicts stay verbatim (nothing in them is drawn).
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtop.compact import expand_event
+from kvtop.textsafe import clean, clean_any
 
 SCHEMA_VERSION = 1
 # kv_batch: one message of the engines' common KV event stream (vLLM, SGLang, Dynamo; kvtop/kv_stream.py);
@@ -50,6 +65,14 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
     "summary": {"tiers": (dict,)},
 }
 _EVENT_TYPES = ("created", "stored", "removed", "updated")
+
+MAX_BLOCKS = 1 << 40       # no pool holds more blocks (see the module docstring)
+MAX_MAGNITUDE = 1 << 64    # no number anywhere in a record is this large (64-bit hashes are just below)
+TIME_MAX = 4102444800.0    # 2100-01-01 UTC: a later "time" is a clock in ms or us, not seconds
+MAX_LINE_BYTES = 8 << 20   # 8 MiB per line or payload (see the module docstring)
+STRING_LEN = 1000          # strings of kvtop's own kinds are cut here (a model name is < 100 characters)
+_OWN_KINDS = frozenset({"meta", "gpu", "host", "request"})
+_META_BLOCKS = ("primary_blocks", "secondary_blocks")
 
 
 class RecordError(ValueError):
@@ -105,9 +128,9 @@ class Record:
 
 def make(kind: str, data: dict[str, Any], source: SourceId | None = None, time: float | None = None) -> Record:
     """Build a record now (or at ``time``), validating it as a reader would."""
-    rec = Record(kind=kind, data=data, source=source or SourceId(), time=_time.time() if time is None else time)
     _check_kind_data(kind, data)
-    return rec
+    return Record(kind=kind, data=_own_data(kind, data), source=source or SourceId(),
+                  time=_time.time() if time is None else time)
 
 
 # ---------------------------------------------------------------------------------------------- encoding
@@ -152,6 +175,95 @@ def _check_type(path: str, value: Any, types: tuple[type, ...]) -> None:
         raise RecordError(path, f"must be a finite number, got {value}")
 
 
+def _bounded(value: Any, limit: int = MAX_MAGNITUDE) -> bool:
+    """True if every number in ``value`` is finite with magnitude below ``limit`` (fast: no paths built).
+
+    A stored block's ``tokens`` are skipped: nothing computes with token ids (they are compared, as keys), and
+    walking 32 token dicts per block would cost ~20x the rest of the check.
+    """
+    cls = value.__class__
+    if cls is int or cls is float:
+        return -limit < value < limit  # NaN fails both comparisons
+    if cls is dict:
+        for k, v in value.items():
+            c = v.__class__
+            if c is int or c is float:
+                if not -limit < v < limit:
+                    return False
+            elif (c is dict or c is list) and k != "tokens" and not _bounded(v, limit):
+                return False
+        return True
+    if cls is list:
+        for v in value:
+            c = v.__class__
+            if c is int or c is float:
+                if not -limit < v < limit:
+                    return False
+            elif (c is dict or c is list) and not _bounded(v, limit):
+                return False
+    return True
+
+
+def _find_unbounded(path: str, value: Any, limit: int, what: str) -> None:
+    """Raise RecordError naming the first number out of bounds (slow; only after _bounded said there is one)."""
+    cls = value.__class__
+    if cls is int or cls is float:
+        if not -limit < value < limit:
+            shown = _describe(value) if cls is float or abs(value) < 10 ** 30 else "a larger integer"
+            raise RecordError(path, f"{what}, got {shown}")
+    elif cls is dict:
+        for k, v in value.items():
+            if k != "tokens":
+                _find_unbounded(f"{path}.{k}", v, limit, what)
+    elif cls is list:
+        for i, v in enumerate(value):
+            _find_unbounded(f"{path}[{i}]", v, limit, what)
+
+
+def _check_bounds(path: str, value: Any, limit: int = MAX_MAGNITUDE,
+                  what: str = "must be a finite number below 2^64") -> None:
+    try:
+        if _bounded(value, limit):
+            return
+        _find_unbounded(path, value, limit, what)
+    except RecursionError:
+        raise RecordError(path, "nested too deeply to be a record") from None
+    raise RecordError(path, what)  # not reached: _find_unbounded raises for what _bounded refused
+
+
+_BLOCKS_WHAT = f"a block count must be at most 2^40 ({MAX_BLOCKS:,})"
+_BLOCK_LIMIT = MAX_BLOCKS + 1
+
+
+def _blocks_ok(part: Any) -> bool:
+    """Numbers under keys naming blocks (``freeNumBlocks``, ``primaryMaxNumBlocks``, ...) are at most 2^40."""
+    if part.__class__ is dict:
+        for k, v in part.items():
+            c = v.__class__
+            if c is dict or c is list:
+                if not _blocks_ok(v):
+                    return False
+            elif (c is int or c is float) and v > MAX_BLOCKS and "Block" in k:
+                return False
+    elif part.__class__ is list:
+        return all(_blocks_ok(v) for v in part)
+    return True
+
+
+def _check_block_counts(path: str, part: Any) -> None:
+    if _blocks_ok(part):
+        return
+    if part.__class__ is dict:
+        for k, v in part.items():
+            if v.__class__ is dict or v.__class__ is list:
+                _check_block_counts(f"{path}.{k}", v)
+            elif "Block" in str(k):
+                _check_bounds(f"{path}.{k}", v, _BLOCK_LIMIT, _BLOCKS_WHAT)
+    elif part.__class__ is list:
+        for i, v in enumerate(part):
+            _check_block_counts(f"{path}[{i}]", v)
+
+
 def _check_event(path: str, ev: dict[str, Any]) -> None:
     data = ev["data"]
     etype = data.get("type")
@@ -178,6 +290,7 @@ def _check_event(path: str, ev: dict[str, Any]) -> None:
         if not isinstance(levels, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in levels):
             raise RecordError(f"{path}.data.num_blocks_per_cache_level",
                               f"must be a list of integers, got {_describe(levels)}")
+        _check_bounds(f"{path}.data.num_blocks_per_cache_level", levels, _BLOCK_LIMIT, _BLOCKS_WHAT)
 
 
 def _check_kind_data(kind: str, data: Any) -> None:
@@ -189,12 +302,37 @@ def _check_kind_data(kind: str, data: Any) -> None:
         if key not in data:
             raise RecordError(f"data.{key}", "is missing")
         _check_type(f"data.{key}", data[key], types)
+    _check_bounds("data", data)
     if kind == "kv_event":
         _check_event("data", data)
     elif kind == "stats":
         kv = data.get("kvCacheStats")
         if kv is not None and not isinstance(kv, dict):
             raise RecordError("data.kvCacheStats", f"must be an object, got {_describe(kv)}")
+        for key in ("kvCacheStats", "kvCacheIterationStats"):
+            part = data.get(key)
+            if part is not None:
+                _check_block_counts(f"data.{key}", part)
+    elif kind == "meta":
+        for key in _META_BLOCKS:
+            if data.get(key) is not None:
+                _check_bounds(f"data.{key}", data[key], _BLOCK_LIMIT, _BLOCKS_WHAT)
+
+
+def _check_time(t: Any) -> float:
+    _check_type("time", t, _NUMBER)
+    if not 0 <= t <= TIME_MAX:
+        hint = " (milliseconds? kvtop records seconds since the epoch)" if TIME_MAX < t < TIME_MAX * 1e7 else ""
+        shown = _describe(t) if abs(t) < 10 ** 30 else "an integer too large for a time"
+        raise RecordError("time", f"must be seconds since the epoch between 1970 and 2100, got {shown}{hint}")
+    return float(t)
+
+
+def _own_data(kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    """kvtop's own kinds with their strings cleaned (they are drawn); an engine's dicts as they are."""
+    if kind in _OWN_KINDS:
+        return clean_any(data, STRING_LEN)  # type: ignore[no-any-return]
+    return data
 
 
 def from_obj(obj: Any) -> Record:
@@ -213,7 +351,7 @@ def from_obj(obj: Any) -> Record:
     t = obj.get("time")
     if t is None:
         raise RecordError("time", "is missing")
-    _check_type("time", t, _NUMBER)
+    seconds = _check_time(t)
     src = obj.get("source", {})
     if not isinstance(src, dict):
         raise RecordError("source", f"must be an object, got {_describe(src)}")
@@ -227,11 +365,10 @@ def from_obj(obj: Any) -> Record:
     if kind == "kv_event":
         expand_event(data)  # a recording's compacted token lists back in TensorRT-LLM's shape (kvtop/compact.py)
     _check_kind_data(kind, data)
-    try:
-        seconds = float(t)
-    except OverflowError:  # an integer literal too large for a float: JSON allows it, a clock does not
-        raise RecordError("time", f"out of range: {_describe(t)}") from None
-    return Record(kind=kind, data=data, source=SourceId(host, rank, run), time=seconds, v=v)
+    if not -MAX_MAGNITUDE < rank < MAX_MAGNITUDE:
+        raise RecordError("source.rank", "must be an integer below 2^64")
+    return Record(kind=kind, data=_own_data(kind, data), source=SourceId(clean(host), rank, clean(run)),
+                  time=seconds, v=v)
 
 
 def _loads(text: str | bytes, what: str = "json") -> Any:
@@ -239,22 +376,29 @@ def _loads(text: str | bytes, what: str = "json") -> Any:
     out: 100,000 nested brackets in one MQTT payload must not end a replay)."""
     try:
         return json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RecordError(what, f"not valid JSON ({exc})") from None
+    except ValueError as exc:  # bad JSON, bad UTF-8, or an integer past Python's 4,300-digit limit
+        raise RecordError(what, f"not valid JSON ({str(exc)[:200]})") from None
     except RecursionError:
         raise RecordError(what, "nested too deeply to be a record") from None
 
 
-def decode(text: str | bytes) -> Record:
-    """One JSON line to a record; :class:`RecordError` on anything malformed."""
+def _check_size(text: str | bytes, limit: int, what: str) -> None:
+    if len(text) > limit:
+        raise RecordError(what, f"{len(text):,} bytes, more than the {limit:,}-byte limit")
+
+
+def decode(text: str | bytes, max_bytes: int = MAX_LINE_BYTES) -> Record:
+    """One JSON line to a record; :class:`RecordError` on anything malformed (or over ``max_bytes``)."""
+    _check_size(text, max_bytes, "line")
     return from_obj(_loads(text))
 
 
-def decode_payload(payload: str | bytes) -> list[Record]:
-    """An MQTT (or HTTP) payload: one record, or a JSON array of records.
+def decode_payload(payload: str | bytes, max_bytes: int = MAX_LINE_BYTES) -> list[Record]:
+    """An MQTT (or HTTP) payload: one record, or a JSON array of records (at most ``max_bytes``).
 
     A bad element of a batch raises for the whole payload: the error names its index.
     """
+    _check_size(payload, max_bytes, "payload")
     obj = _loads(payload)
     if isinstance(obj, list):
         out = []
@@ -267,17 +411,42 @@ def decode_payload(payload: str | bytes) -> list[Record]:
     return [from_obj(obj)]
 
 
-def read_jsonl(path: str | os.PathLike[str]) -> Iterator[Record | RecordError]:
+def _lines(fh: Any, max_bytes: int) -> Iterator[tuple[bytes | None, int]]:
+    """(line, size) for each line of ``fh``; ``None`` for a line over ``max_bytes``, which is read past in
+    1 MiB chunks and never held whole (a 1 GB file with no newline costs 1 MiB, not 1 GB)."""
+    while True:
+        raw = fh.readline(max_bytes + 1)
+        if not raw:
+            return
+        if len(raw) <= max_bytes or raw.endswith(b"\n"):
+            yield raw, len(raw)
+            continue
+        size = len(raw)
+        while True:
+            chunk = fh.readline(1 << 20)
+            size += len(chunk)
+            if not chunk or chunk.endswith(b"\n"):
+                break
+        yield None, size
+
+
+def read_jsonl(path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_BYTES
+               ) -> Iterator[Record | RecordError]:
     """Every line of a recording: a Record, or the RecordError for that line (with its number).
 
     Blank lines are skipped. A truncated last line (a crash mid-write) comes back as an error, never raises.
+    A line longer than ``max_line_bytes`` is an error too, and costs no more memory than the limit.
+    Raises ``OSError`` if the file cannot be opened (a directory, no permission).
     """
     with Path(path).open("rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+        for lineno, (raw, size) in enumerate(_lines(fh, max_line_bytes), start=1):
+            if raw is None:
+                yield RecordError("line", f"{size:,} bytes, more than the {max_line_bytes:,}-byte limit", lineno)
+                continue
             if not raw.strip():
                 continue
             try:
-                yield decode(raw)
+                yield decode(raw, max_line_bytes + 1)
             except RecordError as exc:
                 yield exc.at_line(lineno)
 

@@ -19,6 +19,7 @@ from kvtop.settings import Settings
 from kvtop.sources.host import HostSource
 from kvtop.sources.nvml import NvmlSource
 from kvtop.sources.poller import EnginePoller
+from kvtop.textsafe import clean
 from kvtop.workload.driver import WorkloadDriver
 from kvtop.workload.scenarios import RetentionSpec, make_scenario
 from kvtop.workload.trace import read_trace
@@ -212,9 +213,10 @@ def add_sinks(session: Session, settings: Settings) -> None:
         from kvtop.sinks.recorder import Recorder
 
         try:
-            recorder = Recorder(settings.record)
+            recorder = Recorder(settings.record, problems=session.problems)
         except OSError as exc:
             raise RunError(f"--record: cannot write {settings.record}: {exc.strerror}") from None
+        session.recorder = recorder
         session.add_sink(recorder.write, recorder.close)
     if settings.publish:
         from kvtop.mqtt_wire import MqttUrlError
@@ -223,9 +225,11 @@ def add_sinks(session: Session, settings: Settings) -> None:
         try:
             publisher = mqtt_sink.publisher_from_url(settings.publish, source=session.source,
                                                      password_file=settings.mqtt_password_file,
-                                                     on_status=session.on_source_status)
+                                                     on_status=session.on_source_status,
+                                                     problems=session.problems)
         except MqttUrlError as exc:
             raise RunError(f"--publish: {exc}") from None
+        session.publisher = publisher
         session.add_sink(publisher.publish, None)
         session.add_producer("mqtt-publish", publisher.run, publisher.stop)
     if settings.prometheus_port is not None:
@@ -238,7 +242,39 @@ def add_sinks(session: Session, settings: Settings) -> None:
         except OSError as exc:
             raise RunError(f"--prometheus-port: cannot listen on {settings.prometheus_addr}:"
                            f"{settings.prometheus_port}: {exc.strerror}") from None
+        except OverflowError:
+            raise RunError(f"--prometheus-port: {settings.prometheus_port} is not a port (0 to 65535)") from None
+        if not is_loopback(settings.prometheus_addr):
+            session.problems.report("prometheus.exposed", f"--prometheus-addr {settings.prometheus_addr}: /metrics "
+                                    "is served beyond this machine, without authentication (model names, run "
+                                    "names and load are readable by anyone who can reach the port)")
         session.add_sink(exporter.observe, exporter.stop)
+
+
+def is_loopback(addr: str) -> bool:
+    """True for an address only this machine can reach (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if addr.strip().lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(addr.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
+
+
+def finish_problems(session: Session) -> None:
+    """What only the end of a run can tell: it never got data; a sink still held records it could not send."""
+    publisher = getattr(session, "publisher", None)
+    if publisher is not None:
+        unsent = publisher.queued
+        if unsent:
+            session.problems.report("mqtt-publish.dropped", f"{unsent:,} record(s) never reached "
+                                    f"{publisher.url.display()} ({publisher.dropped:,} dropped before)",
+                                    count=unsent, lost=True)
+    if session.records_in == 0:
+        where = session.meta.get("attached_to") or "the engine"
+        session.problems.report("run.no_data", f"no records from {where} in this run")
 
 
 def summary(session: Session) -> dict[str, Any]:
@@ -251,6 +287,15 @@ def summary(session: Session) -> dict[str, Any]:
                            "scenario": session.meta.get("scenario")}
     out.update(session.model.summary())
     out["what_if"] = session.what_if()
+    from kvtop.fleet import source_status as _source_status
+
+    # Every source's state (connected / disconnected / offline / stale) and every link's (mqtt, trtllm-serve,
+    # mqtt-publish, recorder), so a script can tell "nothing happened" from "could not see".
+    out["records"] = session.records_in
+    out["sources"] = {k: _source_status(k, session.status) or "connected" for k in session.models}
+    out["links"] = {k: link_state(v) for k, v in session.status.items() if k not in session.models}
+    out["refused_sources"] = session.refused_sources
+    out["problems"] = session.problems.to_json()
     if len(session.models) > 1:  # attached to a fleet: every source and the aggregate row the dashboard shows
         from kvtop.fleet import aggregate, source_row, source_status
 
@@ -260,6 +305,18 @@ def summary(session: Session) -> dict[str, Any]:
             "all": aggregate(session.models, session.status),
         }
     return out
+
+
+def link_state(message: str) -> str:
+    """A status message as one word: connected, disconnected, offline, failed, done, or the message's first."""
+    text = str(message).lower()
+    if text.startswith(("disconnected", "cannot reach", "unreachable")) or "retrying" in text:
+        return "disconnected"
+    if text.startswith(("connected", "reconnected", "attached", "online", "ok")):
+        return "connected"
+    if text in ("offline", "failed", "done", "error", "stale"):
+        return text
+    return text.split(" ", 1)[0] or "unknown"
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -299,7 +356,17 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"{st.get('bad_events', 0)} bad events"
                      + ("; counts are SINCE ATTACH: the engine announced nothing it cached before"
                         if st.get("since_attach") else ""))
-    return "\n".join(lines)
+    sources = s.get("sources") or {}
+    odd = {k: v for k, v in sources.items() if v not in ("connected", "online")}
+    if len(sources) > 1 or odd:
+        lines.append(f"sources: {len(sources)}" + "".join(f", {k} {v}" for k, v in list(odd.items())[:10])
+                     + (f" (+{len(odd) - 10} more not connected)" if len(odd) > 10 else "")
+                     + (f"; {s['refused_sources']:,} records of sources past the limit refused"
+                        if s.get("refused_sources") else ""))
+    for p in s.get("problems") or []:
+        lines.append(f"problem: {p['kind']} x{p['count']:,}: {p['message']}")
+    # Every string above may have come from outside (model, engine, source names, messages).
+    return "\n".join(clean(line, None) for line in lines)
 
 
 def _n(x: Any) -> str:

@@ -16,17 +16,24 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from kvtop.fleet import STALE_INTERVALS, StaleClock
+from kvtop.problems import Problems
 from kvtop.records import Record, SourceId, make
+from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
 from kvtop.tiers.whatif import WhatIf
 
 Sink = Callable[[Record], None]
 LOG_LINES = 500  # the event log keeps the newest 500 lines; older ones are dropped, never queued
+# Sources a session keeps a TierModel for. A model is ~50 KB idle (more with a big reuse tree), so 4,096 sources
+# are ~200 MB at most; a fleet of 1,000 engines fits, 10,000 fake source ids on a shared broker do not get in.
+MAX_SOURCES = 4096
 
 
 class Session:
     def __init__(self, *, source: SourceId | None = None, warmup_requests: int = 0,
-                 meta: dict[str, Any] | None = None):
+                 meta: dict[str, Any] | None = None, max_sources: int = MAX_SOURCES,
+                 stale_intervals: float = STALE_INTERVALS):
         self.source = source or SourceId.local()
         self.warmup_requests = warmup_requests
         self.model = TierModel(warmup_requests=warmup_requests)
@@ -39,6 +46,16 @@ class Session:
         self.status: dict[str, str] = {}
         self.sinks: list[Sink] = []
         self.records = 0
+        self.records_in = 0  # records from the run's sources (not the session's own meta): exit status 3 if 0
+        # Everything that went wrong, for every mode (kvtop.problems); sources and sinks report into it.
+        self.problems = Problems()
+        self.max_sources = max_sources
+        self.refused_sources = 0  # records of new sources past max_sources, dropped
+        self._refused_keys: set[str] = set()  # up to 64 remembered, for the message
+        self.stale = StaleClock(stale_intervals)  # when each source was last heard from
+        self._own_meta = False
+        self.recorder: Any = None   # the --record sink, when there is one (its counters go in the summary)
+        self.publisher: Any = None  # the --publish sink, likewise
         self.driver: Any = None
         self._producers: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._stoppers: list[Callable[[], None]] = []
@@ -50,11 +67,25 @@ class Session:
 
     def emit(self, record: Record) -> None:
         """Fold one record and fan it out. Never raises: a sink that fails is logged and kept."""
-        self.records += 1
-        if record.kind == "meta":
-            self.meta.update(record.data)
         key = record.source.key()
         model = self.models.get(key)
+        if model is None and len(self.models) >= self.max_sources:
+            self.refused_sources += 1
+            if len(self._refused_keys) < 64:
+                self._refused_keys.add(key)
+            self.problems.report("source.refused", f"more than {self.max_sources:,} sources: records of new "
+                                 f"sources are dropped ({self.refused_sources:,} so far, e.g. {clean(key, 80)}); "
+                                 "raise --max-sources if the fleet is that large")
+            return
+        self.records += 1
+        if self._own_meta:
+            self._own_meta = False
+        else:
+            self.records_in += 1
+        if record.kind == "meta":
+            self.meta.update(record.data)
+        if self.stale.heard(key, record.kind):
+            self._unstale(key)
         if model is None:
             # The session's own source, or else the first source heard from, is folded into self.model.
             taken = any(m is self.model for m in self.models.values())
@@ -63,7 +94,10 @@ class Session:
             else:
                 model = TierModel(warmup_requests=self.warmup_requests)
             self.models[key] = model
+        bad = model.bad_records
         model.apply(record)
+        if model.bad_records != bad:
+            self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
         if model is self.model:
             try:
                 if record.kind == "kv_event":
@@ -84,7 +118,7 @@ class Session:
                                         "host_capacity_blocks")}
 
     def note(self, level: str, text: str) -> None:
-        self.log.append((time.time(), level, text))
+        self.log.append((time.time(), level, clean(text, 500)))
 
     def on_source_error(self, name: str, message: str) -> None:
         self.status[name] = "error"
@@ -92,8 +126,41 @@ class Session:
 
     def on_source_status(self, name: str, message: str) -> None:
         """A source's state changed ("connected", "reconnected after 3.2 s", "offline"): shown, not an error."""
+        name = clean(name, 120)
+        if name not in self.status and len(self.status) >= self.max_sources + 64:
+            return  # status topics of sources past the cap: as refused as their records
+        if self.status.get(name) == "stale" and message == "online":
+            return  # a retained "online" says nothing about whether the source still sends
         self.status[name] = message
         self.note("info", f"{name}: {message}")
+
+    # ------------------------------------------------------------------------------------------ problems
+
+    def tick(self, now: float | None = None, monotonic: float | None = None) -> list[str]:
+        """Housekeeping every mode calls a few times a second: marks sources stale, and returns the problem
+        lines due (also put into the event log). Headless prints them to stderr; the dashboard shows the log."""
+        mono = time.monotonic() if monotonic is None else monotonic
+        for key in self.stale.newly_stale(mono):
+            if self.status.get(key) == "offline":
+                continue  # its last will said so already: offline, not stale
+            self.status[key] = "stale"
+            self.problems.report("source.stale", f"{clean(key, 80)}: nothing heard for "
+                                 f"{self.stale.silence(key, mono):.0f} s ({self.stale.intervals:g} intervals); "
+                                 "left out of the fleet totals until it sends again")
+        lines = self.problems.take_lines(now)
+        for line in lines:
+            self.log.append((time.time() if now is None else now, "warn", line))
+        return lines
+
+    def _unstale(self, key: str) -> None:
+        if self.status.get(key) == "stale":
+            self.status[key] = "online"
+            self.note("info", f"{key}: sending again")
+        if not self.stale.stale_keys():
+            self.problems.resolve("source.stale")
+
+    def stale_sources(self) -> list[str]:
+        return [k for k, v in self.status.items() if v == "stale"]
 
     # ------------------------------------------------------------------------------------------ wiring
 
@@ -154,6 +221,7 @@ class Session:
             self._stop.set()
         self.started_at = time.time()
         if isinstance(self.meta.get("engine"), str):  # a driven run describes its engine; an attach waits to hear
+            self._own_meta = True
             self.emit(make("meta", dict(self.meta), self.source))
         tasks: dict[asyncio.Task[None], str] = {}
         for name, producer in self._producers:
@@ -190,12 +258,14 @@ class Session:
         self.status[name] = "ok"
         try:
             await producer()
-            self.status[name] = "done"
+            if self.status.get(name) in (None, "ok"):  # not over what the source said last ("disconnected ...")
+                self.status[name] = "done"
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a producer that dies is reported on screen; the others go on
             self.status[name] = "failed"
             self.note("error", f"{name} stopped: {type(exc).__name__}: {exc}")
+            self.problems.report(f"{name}.failed", f"{name} stopped: {type(exc).__name__}: {exc}", lost=True)
 
     def stop(self) -> None:
         self._stopped = True

@@ -13,8 +13,8 @@ from kvtop import cli
 BUSY = Path(__file__).parent / "data" / "busy.jsonl"
 
 
-def _summary(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict:
-    assert cli.main(argv) == 0
+def _summary(capsys: pytest.CaptureFixture[str], argv: list[str], status: int = 0) -> dict:
+    assert cli.main(argv) == status
     return json.loads(capsys.readouterr().out)
 
 
@@ -35,9 +35,12 @@ def test_attach_file_equals_replay_and_survives_bad_lines(tmp_path: Path,
     shutil.copy(BUSY, damaged)
     with damaged.open("a") as fh:
         fh.write('{"v": 1, "kind": "stats", "time": "noon"}\n{"truncated": ')  # a bad line, then a cut one
-    s = _summary(capsys, ["attach", str(damaged), "--speed", "0", "--headless", "--json"])
+    # The bad lines are data lost: exit status 4, and counted in the summary's problems.
+    s = _summary(capsys, ["attach", str(damaged), "--speed", "0", "--headless", "--json"], status=4)
     assert s["tiers"] == good["tiers"] and s["moves"] == good["moves"]
     assert s["requests"]["completed"] == good["requests"]["completed"]
+    assert [(p["kind"], p["count"], p["lost"]) for p in s["problems"]] == [("replay.bad_line", 2, True)]
+    assert good["problems"] == [] and good["records"] == 3324
 
 
 def test_replay_of_a_missing_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

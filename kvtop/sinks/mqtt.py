@@ -43,6 +43,7 @@ from kvtop.mqtt_wire import (
     parse_mqtt_url,
     topic_for,
 )
+from kvtop.problems import Problems
 from kvtop.records import Record, SourceId, encode, encode_batch
 from kvtop.stopsignal import StopSignal
 
@@ -99,9 +100,11 @@ class MqttPublisher:
         min_interval_s: float = MIN_INTERVAL_S,
         max_batch: int = MAX_BATCH,
         include_tokens: bool = False,
+        problems: Problems | None = None,
         logger: logging.Logger | None = None,
     ):
         self.url = url if isinstance(url, MqttUrl) else parse_mqtt_url(url, password_file=password_file)
+        self.problems = problems  # connection losses and drops are reported there
         self.source = source or SourceId.local()
         self.on_status = on_status
         if max_queue < 1:
@@ -137,6 +140,8 @@ class MqttPublisher:
             if len(self._queue) >= self.max_queue:
                 self._queue.popleft()
                 self.dropped += 1
+                if self.dropped - self._dropped_reported >= 1000 or self._dropped_reported == 0:
+                    self._report_drops()  # while the broker is down nothing else reports them
             self._queue.append(record)
         self._poke()
 
@@ -176,6 +181,8 @@ class MqttPublisher:
             self.connected = True
             self.connects += 1
             self._status(f"connected to {self.url.display()}")
+            if self.problems is not None:
+                self.problems.resolve("mqtt-publish.connection", f"connected to {self.url.display()}")
             try:
                 await client.publish(status_topic, ONLINE, qos=1, retain=True, timeout=PUBLISH_TIMEOUT_S)
                 self._metas_dirty.update(self._metas)  # the broker may have lost its retained messages
@@ -191,9 +198,15 @@ class MqttPublisher:
             self.last_error = message
             self._status(f"{message}; retrying (every {BACKOFF_MAX_S:g} s at most), keeping the newest "
                          f"{self.max_queue:,} records meanwhile")
+            if self.problems is not None:
+                self.problems.report("mqtt-publish.connection", f"{message}; records are queued (the newest "
+                                     f"{self.max_queue:,}) until it is back")
 
-        await keep_connected(self.url, client, session, stopped=lambda: self._stop.requested, stop_event=stop_event,
-                             lost=lost)
+        try:
+            await keep_connected(self.url, client, session, stopped=lambda: self._stop.requested,
+                                 stop_event=stop_event, lost=lost)
+        finally:
+            self._report_drops(force=True)
 
     async def _goodbye(self, client: Any, status_topic: str) -> None:
         # Best effort, bounded: what is queued, then "offline" (a clean disconnect does not fire the will).
@@ -280,9 +293,13 @@ class MqttPublisher:
             topic = self._topics[key] = topic_for(self.url.prefix, source, kind)
         return topic
 
-    def _report_drops(self) -> None:
+    def _report_drops(self, force: bool = False) -> None:
         now = time.monotonic()
-        if self.dropped != self._dropped_reported and now - self._dropped_reported_at >= DROP_REPORT_S:
+        if self.dropped != self._dropped_reported and (force or now - self._dropped_reported_at >= DROP_REPORT_S):
+            if self.problems is not None:
+                self.problems.report("mqtt-publish.dropped", f"{self.dropped:,} record(s) dropped: the broker was "
+                                     "slower than the engine, or down", count=self.dropped - self._dropped_reported,
+                                     lost=True)
             self._dropped_reported_at = now
             self._status(f"dropped {self.dropped - self._dropped_reported:,} record(s) (total {self.dropped:,}): "
                          f"the broker was slower than the engine or down")
@@ -297,10 +314,11 @@ class MqttPublisher:
 
 def publisher_from_url(url: str, source: SourceId | None = None, *,
                        password_file: str | os.PathLike[str] | None = None,
-                       on_status: StatusCallback | None = None, include_tokens: bool = False) -> MqttPublisher:
+                       on_status: StatusCallback | None = None, include_tokens: bool = False,
+                       problems: Problems | None = None) -> MqttPublisher:
     """What ``--publish mqtt://...`` calls. Raises :class:`kvtop.mqtt_wire.MqttUrlError` for a bad URL."""
     return MqttPublisher(parse_mqtt_url(url, password_file=password_file), source, on_status=on_status,
-                         include_tokens=include_tokens)
+                         include_tokens=include_tokens, problems=problems)
 
 
 __all__ = ["MqttPublisher", "publisher_from_url", "strip_tokens", "QOS"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtop.compact import compact_event
+from kvtop.problems import Problems
 from kvtop.records import Record, encode
 
 FLUSH_INTERVAL_S = 1.0
@@ -55,8 +56,10 @@ class Recorder:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = True,
-                 flush_interval_s: float = FLUSH_INTERVAL_S, flush_bytes: int = FLUSH_BYTES):
+                 flush_interval_s: float = FLUSH_INTERVAL_S, flush_bytes: int = FLUSH_BYTES,
+                 problems: Problems | None = None):
         self.path = Path(path)
+        self.problems = problems  # write failures are reported there ("recorder.write", lost data)
         flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
         self._fd: int | None = os.open(self.path, flags, 0o644)
         self.flush_interval_s = flush_interval_s
@@ -144,6 +147,10 @@ class Recorder:
                 n = os.write(self._fd, view)
                 view = view[n:]
                 self.bytes += n
+            if self.error is not None:
+                self.error = None
+                if self.problems is not None:
+                    self.problems.resolve("recorder.write", f"writing {self.path} again")
         except OSError as exc:
             # Disk full or the file gone: keep the unwritten tail for the next flush, so a line already begun
             # is finished before any other (the file stays valid line by line if the disk frees up). Past
@@ -151,11 +158,18 @@ class Recorder:
             # grow memory without bound.
             self.error = f"cannot write {self.path}: {exc.strerror}"
             tail = bytes(view)
+            dropped = 0
             if len(tail) > 4 * self.flush_bytes:
                 end = tail.find(b"\n") + 1
-                self.dropped_lines += tail.count(b"\n", end)
+                dropped = tail.count(b"\n", end)
+                self.dropped_lines += dropped
                 tail = tail[:end]
             self._pending = tail
+            if self.problems is not None:
+                held = tail.count(b"\n")
+                self.problems.report("recorder.write", f"{self.error}: {held:,} line(s) held back, "
+                                     f"{self.dropped_lines:,} dropped so far (the file stays valid line by line)",
+                                     count=max(1, dropped), lost=True)
         self.flushes += 1
 
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -29,16 +30,21 @@ from kvtop.mqtt_wire import (
     MqttUrlError,
     StatusCallback,
     TopicParts,
+    _level,
+    describe_error,
     keep_connected,
     log,
     new_client_id,
     parse_mqtt_url,
     parse_topic,
     resolve_password,
+    source_level,
     topic_for,
 )
-from kvtop.records import KINDS, Record, RecordError, decode_payload
+from kvtop.problems import Problems
+from kvtop.records import KINDS, MAX_LINE_BYTES, Record, RecordError, decode_payload
 from kvtop.stopsignal import StopSignal
+from kvtop.textsafe import clean
 
 # ---------------------------------------------------------------------------------------------- subscriber
 
@@ -61,9 +67,13 @@ class MqttSubscriber:
         on_status: StatusCallback | None = None,
         on_error: ErrorCallback | None = None,
         max_queued_messages: int = 10_000,
+        max_payload_bytes: int = MAX_LINE_BYTES,
+        problems: Problems | None = None,
         logger: logging.Logger | None = None,
     ):
         self.url = url if isinstance(url, MqttUrl) else parse_mqtt_url(url, password_file=password_file)
+        self.problems = problems  # connection, malformed, overflow and mismatch problems are reported there
+        self.max_payload_bytes = max_payload_bytes
         self.sink = sink
         self.run_filter = run
         self.on_status = on_status
@@ -78,6 +88,8 @@ class MqttSubscriber:
         self.records_received = 0
         self.malformed = 0
         self.last_malformed: str | None = None
+        self.overflowed = 0  # messages dropped because the incoming queue was full (the consumer fell behind)
+        self.mismatched = 0  # records whose source is not the one their topic names: dropped
         self.connects = 0
         self.gaps: list[float] = []  # seconds without a broker, one per reconnect
         self.sources: dict[str, str] = {}  # source key -> "online" | "offline"
@@ -121,9 +133,23 @@ class MqttSubscriber:
         first_try = time.monotonic()
         lost_at: float | None = None  # monotonic time a connection that was up dropped; None otherwise
 
+        owner = self
+
+        class CountingQueue(asyncio.Queue):  # type: ignore[type-arg]
+            """aiomqtt's queue, but full means: drop the oldest message and count it (aiomqtt would log one
+            warning line per message dropped, and drop the newest)."""
+
+            def put_nowait(self, item: Any) -> None:
+                if self.full():
+                    with contextlib.suppress(asyncio.QueueEmpty):
+                        self.get_nowait()
+                    owner._overflow()
+                super().put_nowait(item)
+
         def client() -> Any:
             return aiomqtt.Client(identifier=new_client_id("sub"), logger=self.logger,
-                                  max_queued_incoming_messages=self.max_queued_messages, **self.url.client_kwargs())
+                                  max_queued_incoming_messages=self.max_queued_messages, queue_type=CountingQueue,
+                                  **self.url.client_kwargs())
 
         async def session(client: Any) -> None:
             nonlocal lost_at
@@ -134,10 +160,14 @@ class MqttSubscriber:
                 gap = time.monotonic() - lost_at
                 self.gaps.append(gap)
                 self._status("mqtt", f"reconnected to {self.url.display()} after {gap:.1f} s")
+                if self.problems is not None:
+                    self.problems.resolve("mqtt.connection", f"reconnected after {gap:.1f} s")
             else:
                 waited = time.monotonic() - first_try
                 self._status("mqtt", f"connected to {self.url.display()}"
                              + (f" (after {waited:.1f} s of retries)" if waited >= 1.0 else ""))
+                if self.problems is not None:
+                    self.problems.resolve("mqtt.connection", f"connected after {waited:.1f} s")
             lost_at = None
             try:
                 await self._consume(client)
@@ -147,9 +177,18 @@ class MqttSubscriber:
             finally:
                 self.connected = False
 
-        await keep_connected(self.url, client, session, stopped=lambda: self._stop.requested, stop_event=stop_event,
-                             lost=lambda message: self._status("mqtt", f"{message}; retrying (every "
-                                                                       f"{BACKOFF_MAX_S:g} s at most)"))
+        def lost(message: str) -> None:
+            self._status("mqtt", f"{message}; retrying (every {BACKOFF_MAX_S:g} s at most)")
+            self._problem("mqtt.connection", message)
+
+        try:
+            await keep_connected(self.url, client, session, stopped=lambda: self._stop.requested,
+                                 stop_event=stop_event, lost=lost)
+        except (OSError, ssl.SSLError, ValueError) as exc:  # a TLS context that cannot be built: ?ca= unreadable
+            message = f"cannot connect to {self.url.display()}: {describe_error(exc)}"
+            self._status("mqtt", message)
+            self._problem("mqtt.connection", message)
+            raise
 
     async def _consume(self, client: Any) -> None:
         """Handle messages until the connection drops (raises MqttError) or :meth:`stop` (returns)."""
@@ -195,24 +234,45 @@ class MqttSubscriber:
         if not payload:  # an empty retained message clears a topic (someone cleaning up): not an error
             return
         try:
-            records = decode_payload(payload if isinstance(payload, (bytes, str)) else bytes(payload))
+            records = decode_payload(payload if isinstance(payload, (bytes, str)) else bytes(payload),
+                                     self.max_payload_bytes)
         except RecordError as exc:
             self._malformed(topic, str(exc))
             return
         except (TypeError, ValueError) as exc:  # a payload type aiomqtt may give that is not bytes
             self._malformed(topic, f"unreadable payload ({exc})")
             return
-        self.records_received += len(records)
+        # A record speaks for the source its topic names, nothing else: one node must not write into another's
+        # row (a broker's ACLs are per topic, so the topic is what can be trusted).
+        kept = [r for r in records if _level(r.source.run) == parts.run and source_level(r.source) == parts.source
+                and r.kind == parts.kind]
+        if len(kept) != len(records):
+            bad = len(records) - len(kept)
+            self.mismatched += bad
+            wrong = next(r for r in records if r not in kept)
+            self._problem("mqtt.source_mismatch", f"{bad} record(s) on {topic} claim another source or kind "
+                          f"({wrong.source.key()} {wrong.kind}); dropped ({self.mismatched:,} so far)", count=bad)
+        self.records_received += len(kept)
         if self.sink is not None:
-            for rec in records:
+            for rec in kept:
                 self.sink(rec)  # a sink's exception is the consumer's bug: it propagates
 
     def _malformed(self, topic: str, problem: str) -> None:
         self.malformed += 1
-        self.last_malformed = f"{topic}: {problem}"
+        self.last_malformed = clean(f"{topic}: {problem}", 500)
+        self._problem("mqtt.malformed", f"malformed message #{self.malformed} on {topic}: {problem}", lost=True)
         if self.on_error is not None:
             with contextlib.suppress(Exception):
                 self.on_error("mqtt", f"malformed message #{self.malformed} on {topic}: {problem}")
+
+    def _overflow(self) -> None:
+        self.overflowed += 1
+        self._problem("mqtt.queue_overflow", f"{self.overflowed:,} message(s) dropped: they arrived faster than "
+                      f"kvtop folds them (queue of {self.max_queued_messages:,} full)", lost=True)
+
+    def _problem(self, kind: str, message: str, *, count: int = 1, lost: bool = False) -> None:
+        if self.problems is not None:
+            self.problems.report(kind, message, count=count, lost=lost)
 
     def _status(self, name: str, message: str) -> None:
         self.logger.info("%s: %s", name, message)
@@ -233,10 +293,10 @@ def _text(payload: Any) -> str | None:
 def subscriber_from_url(url: str, sink: Callable[[Record], None] | None = None, *,
                         password_file: str | os.PathLike[str] | None = None, run: str | None = None,
                         on_status: StatusCallback | None = None,
-                        on_error: ErrorCallback | None = None) -> MqttSubscriber:
+                        on_error: ErrorCallback | None = None, problems: Problems | None = None) -> MqttSubscriber:
     """What ``kvtop attach mqtt://...`` calls. Raises :class:`MqttUrlError` for a URL it cannot use."""
     return MqttSubscriber(parse_mqtt_url(url, password_file=password_file), sink, run=run, on_status=on_status,
-                          on_error=on_error)
+                          on_error=on_error, problems=problems)
 
 
 __all__ = [

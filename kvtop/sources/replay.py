@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable
 
-from kvtop.records import Record, RecordError, read_jsonl
+from kvtop.records import MAX_LINE_BYTES, Record, RecordError, read_jsonl
 
 # Yield to the event loop every 256 records at speed 0: a 1 GB recording must not freeze a dashboard that shares
 # the loop (256 records decode in ~2 ms).
@@ -26,14 +26,14 @@ BURST_S = 0.05
 
 async def replay(path: str | os.PathLike[str], speed: float = 1.0, *,
                  on_error: Callable[[RecordError], None] | None = None,
-                 max_gap_s: float | None = None) -> AsyncIterator[Record]:
+                 max_gap_s: float | None = None, max_line_bytes: int = MAX_LINE_BYTES) -> AsyncIterator[Record]:
     """Yield the records of ``path``. Raises ``OSError`` only if the file cannot be opened at all."""
     if speed < 0:
         raise ValueError(f"speed must be >= 0 (0 = as fast as possible), got {speed}")
     t0: float | None = None  # the recording's time of the pacing origin
     w0 = 0.0  # the wall (monotonic) time that origin maps to
     since_yield = 0
-    for item in read_jsonl(path):
+    for item in read_jsonl(path, max_line_bytes=max_line_bytes):
         if isinstance(item, RecordError):
             if on_error is not None:
                 on_error(item)
@@ -62,10 +62,10 @@ async def replay(path: str | os.PathLike[str], speed: float = 1.0, *,
 
 async def replay_into(path: str | os.PathLike[str], sink: Callable[[Record], None], speed: float = 1.0, *,
                       on_error: Callable[[RecordError], None] | None = None,
-                      max_gap_s: float | None = None) -> int:
+                      max_gap_s: float | None = None, max_line_bytes: int = MAX_LINE_BYTES) -> int:
     """Replay ``path`` into ``sink`` (a producer for a session); returns the number of records replayed."""
     n = 0
-    async for rec in replay(path, speed, on_error=on_error, max_gap_s=max_gap_s):
+    async for rec in replay(path, speed, on_error=on_error, max_gap_s=max_gap_s, max_line_bytes=max_line_bytes):
         sink(rec)
         n += 1
     return n

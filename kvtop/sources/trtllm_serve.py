@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvtop.engines.meta import real_engine_meta
+from kvtop.problems import Problems
 from kvtop.records import Record, RecordError, SourceId, make, parse_engine_dict
 from kvtop.sources.trtllm_prometheus import PrometheusStats, parse_samples
 from kvtop.stopsignal import StopSignal
@@ -137,7 +138,9 @@ class TrtllmServeSource:
         perf_metrics: bool = True,
         timeout_s: float = HTTP_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
+        problems: Problems | None = None,
     ):
+        self.problems = problems  # unreachable server, endpoint errors, malformed items
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{url}: expected http://host:port of a running trtllm-serve")
@@ -292,6 +295,8 @@ class TrtllmServeSource:
             except RecordError as exc:
                 ep.bad += 1
                 self._error(f"trtllm-serve.{ep.name}", f"malformed item skipped ({ep.bad} so far): {exc}")
+                self._problem("trtllm-serve.malformed", f"{ep.path}: malformed item skipped ({ep.bad} so far): "
+                              f"{exc}", lost=True)
                 continue
             self.sink(rec)
             n += 1
@@ -398,6 +403,7 @@ class TrtllmServeSource:
             return
         ep.due = time.monotonic() + min(self.interval_s * 2.0 ** ep.failures, MAX_BACKOFF_S)
         message = f"{ep.method} {ep.path}: {exc}"
+        self._problem("trtllm-serve.endpoint", f"{self.base}: {message}")
         if ep.last_error != message:
             ep.last_error = message
             ep.state = "error"
@@ -432,8 +438,12 @@ class TrtllmServeSource:
     # ------------------------------------------------------------------------------------------ reporting
 
     def _set_reachable(self, ok: bool, message: str) -> None:
+        if not ok:
+            self._problem("trtllm-serve.connection", message)
         if self.reachable is ok:
             return
+        if ok and self.problems is not None:
+            self.problems.resolve("trtllm-serve.connection", message)
         self.reachable = ok
         if not ok:
             message += f"; retrying (every {MAX_BACKOFF_S:g} s at most), showing what was received so far"
@@ -443,6 +453,10 @@ class TrtllmServeSource:
         if self.on_status is not None:
             with contextlib.suppress(Exception):
                 self.on_status(name, message)
+
+    def _problem(self, kind: str, message: str, *, lost: bool = False) -> None:
+        if self.problems is not None:
+            self.problems.report(kind, message, lost=lost)
 
     def _error(self, name: str, message: str) -> None:
         if self.on_error is not None:
@@ -490,12 +504,13 @@ def request_from_perf(item: dict[str, Any]) -> dict[str, Any]:
 
 
 def serve_source_from_url(url: str, sink: Sink, *, interval_s: float = 0.5, run: str | None = None,
-                          on_status: Callback | None = None, on_error: Callback | None = None) -> TrtllmServeSource:
+                          on_status: Callback | None = None, on_error: Callback | None = None,
+                          problems: Problems | None = None) -> TrtllmServeSource:
     """What ``kvtop attach http://host:port`` calls. Raises ``ValueError`` for a URL it cannot use."""
     src = None
     if run:
         src = SourceId(host=urlsplit(url if "://" in url else f"http://{url}").netloc, rank=0, run=run)
-    return TrtllmServeSource(url, src, interval_s, sink, on_status=on_status, on_error=on_error)
+    return TrtllmServeSource(url, src, interval_s, sink, on_status=on_status, on_error=on_error, problems=problems)
 
 
 __all__ = ["DRAINED_HINT", "HINTS", "PROM", "TrtllmServeSource", "request_from_perf", "serve_source_from_url"]

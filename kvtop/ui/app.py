@@ -163,6 +163,9 @@ class KvtopApp(App[int]):
     ENABLE_COMMAND_PALETTE = True
     BINDINGS: ClassVar = [
         Binding("q", "quit", "Quit"),
+        # Ctrl-C quits like q, with status 130 as a shell expects of an interrupt (Textual would only hint
+        # "press ctrl+q"; priority: no focused widget may take it).
+        Binding("ctrl+c", "interrupt", "Quit", show=False, priority=True),
         Binding("p", "pause", "Pause"),
         Binding("r", "reset_window", "Reset"),
         Binding("t", "cycle_theme", "Theme"),
@@ -371,6 +374,9 @@ class KvtopApp(App[int]):
         """Read the model and show it. Runs on the UI loop every ``refresh_s``; never blocks (no I/O)."""
         t0 = time.perf_counter()
         now = wall_clock()
+        tick = getattr(self.session, "tick", None)
+        if callable(tick):
+            tick()  # stale sources, and the problem lines due, into the session's log
         self._feed_log()
         if self.paused:
             # The figures stay frozen; the header still knows whether records arrive (a paused screen over a
@@ -633,6 +639,14 @@ class KvtopApp(App[int]):
             flags.append(f"{model.bad_records} bad records")
         if q is not None and q.host_without_events:
             flags.append("host unknown")
+        problems = getattr(self.session, "problems", None)
+        if problems is not None and len(problems):
+            active = [p for p in problems.snapshot() if p.active]  # a few entries; copied under its lock
+            if active:
+                flags.append(f"{len(active)} problem{'s' if len(active) > 1 else ''}: {active[0].kind}")
+        stale_sources = getattr(self.session, "stale_sources", None)
+        if callable(stale_sources) and (n_stale := len(stale_sources())):
+            flags.append(f"{n_stale} source{'s' if n_stale > 1 else ''} stale")
         status = getattr(self.session, "status", None) or {}
         # Statuses of sources (their keys) are in the sources table's status column, not in the header.
         models = getattr(self.session, "models", None) or {}
@@ -784,7 +798,7 @@ class KvtopApp(App[int]):
         self.push_screen(HelpScreen(getattr(req, "last_error", None), getattr(req, "failed", 0) or 0))
         self.post_message(self.HelpShown())
 
-    async def action_quit(self) -> None:
+    async def action_quit(self, return_code: int = 0) -> None:
         """Stop the session (engine, driver, pollers), give it 3 s to close cleanly, then exit with status 0."""
         with contextlib.suppress(Exception):
             self.session.stop()
@@ -792,7 +806,11 @@ class KvtopApp(App[int]):
         if worker is not None and not worker.is_finished:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(worker.wait(), timeout=3.0)
-        self.exit(0)
+        self.exit(return_code=return_code)
+
+    async def action_interrupt(self) -> None:
+        """Ctrl-C: as q, with exit status 130."""
+        await self.action_quit(130)
 
     # -- message handlers: each action's message also lands in the event log --
     def on_kvtop_app_pause_toggled(self, message: PauseToggled) -> None:

@@ -1,7 +1,8 @@
 """Number formatting for the screen: pure functions, no Textual, so they are unit-tested on their own.
 
 Every function takes ``None`` for "unknown" and says so ("?" in tight places, "unknown" where there is room):
-an unknown count is never shown as 0.
+an unknown count is never shown as 0. None of them raises for a number: NaN and infinities read as unknown,
+and values past what the columns hold (records are bounded at 2^64, a fleet's sum may be more) as ">999G".
 """
 
 from __future__ import annotations
@@ -19,11 +20,28 @@ KIB = 1 << 10
 SPARK_CHARS = "▁▂▃▄▅▆▇█"
 
 
+HUGE = ">999G"
+
+
+def _finite(n: int | float | None) -> float | None:
+    """``n`` as a float, or None for None, NaN, an infinity or an integer too large for a float."""
+    if n is None:
+        return None
+    try:
+        v = float(n)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
 def count(n: int | float | None, unknown: str = UNKNOWN) -> str:
     """A count, short: 987, 9,876, 98.8k, 987k, 9.88M. Fixed width at most 6 characters."""
+    n = _finite(n)
     if n is None:
         return unknown
     a = abs(n)
+    if a >= 999.5e9:
+        return HUGE
     if a < 10_000:
         return f"{n:,.0f}"
     if a < 1_000_000:
@@ -35,9 +53,12 @@ def count(n: int | float | None, unknown: str = UNKNOWN) -> str:
 
 def nbytes(n: int | float | None, unknown: str = UNKNOWN) -> str:
     """Bytes in binary units, 3 significant figures: 512 B, 4.50 MiB, 1.07 GiB, 141 GiB, 1.83 TiB."""
+    n = _finite(n)
     if n is None:
         return unknown
     a = abs(n)
+    if a >= 999.5 * (1 << 40):
+        return ">999 TiB"
     for unit, scale in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if a >= scale:
             v = n / scale
@@ -47,22 +68,29 @@ def nbytes(n: int | float | None, unknown: str = UNKNOWN) -> str:
 
 def gib(n: int | float | None, unknown: str = UNKNOWN) -> str:
     """Bytes as GiB with two decimals (tier rows use one unit so columns line up)."""
+    n = _finite(n)
     if n is None:
         return unknown
     v = n / GIB
+    if abs(v) >= 1e9:
+        return HUGE
     return f"{v:.2f}" if v < 100 else f"{v:.0f}"
 
 
 def pct(fraction: float | None, unknown: str = UNKNOWN, digits: int = 1) -> str:
     """A fraction as a percentage: 0.4831 -> '48.3%'."""
-    if fraction is None or not math.isfinite(fraction):
+    fraction = _finite(fraction)
+    if fraction is None:
         return unknown
+    if abs(fraction) >= 9.995:  # past 999%: no fraction kvtop shows gets here but by bad input
+        return ">999%" if fraction > 0 else "<-999%"
     return f"{fraction * 100:.{digits}f}%"
 
 
 def rate(per_s: float | None, unknown: str = UNKNOWN) -> str:
     """A per-second rate, 3 significant figures, at most 6 characters: 0, 4.12, 41.2, 412, 4.12k, 41.2k."""
-    if per_s is None or not math.isfinite(per_s):
+    per_s = _finite(per_s)
+    if per_s is None:
         return unknown
     a = abs(per_s)
     if a < 0.005:
@@ -80,8 +108,11 @@ def rate(per_s: float | None, unknown: str = UNKNOWN) -> str:
 
 def seconds_ms(s: float | None, unknown: str = UNKNOWN) -> str:
     """A latency: 8.7 ms, 412 ms, 1.23 s."""
-    if s is None or not math.isfinite(s):
+    s = _finite(s)
+    if s is None or s < 0:
         return unknown
+    if s >= 9999.5:
+        return ">9999 s"
     if s < 0.01:
         return f"{s * 1000:.1f} ms"
     if s < 1:
@@ -91,8 +122,11 @@ def seconds_ms(s: float | None, unknown: str = UNKNOWN) -> str:
 
 def duration(s: float | None, unknown: str = UNKNOWN) -> str:
     """An uptime: 0:04:07, 27:04:07 (hours keep counting; a run of days is still readable)."""
-    if s is None or not math.isfinite(s):
+    s = _finite(s)
+    if s is None:
         return unknown
+    if s >= 3.6e9:  # a million hours
+        return ">999999h"
     s = max(0, int(s))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
@@ -105,7 +139,7 @@ def sparkline(values: Sequence[float | None], width: int, top: float | None = No
     """
     if width <= 0:
         return ""
-    tail = list(values)[-width:]
+    tail = [_finite(v) for v in list(values)[-width:]]  # NaN, inf: a gap
     known = [v for v in tail if v is not None]
     hi = top if top is not None else (max(known) if known else 0.0)
     chars = []
@@ -122,13 +156,14 @@ def sparkline(values: Sequence[float | None], width: int, top: float | None = No
 
 def cells(part: int | None, whole: int | None, width: int) -> int:
     """How many of ``width`` cells ``part / whole`` fills, rounded to nearest, at least 1 when part > 0."""
-    if part is None or not whole or width <= 0:
+    p, w = _finite(part), _finite(whole)
+    if p is None or not w or width <= 0:
         return 0
-    n = int(round(min(max(part / whole, 0.0), 1.0) * width))
-    return max(n, 1) if part > 0 else n
+    n = int(round(min(max(p / w, 0.0), 1.0) * width))
+    return max(n, 1) if p > 0 else n
 
 
-__all__ = ["GIB", "SPARK_CHARS", "UNKNOWN", "cells", "count", "duration", "gib", "nbytes", "pct", "rate",
+__all__ = ["GIB", "HUGE", "SPARK_CHARS", "UNKNOWN", "cells", "count", "duration", "gib", "nbytes", "pct", "rate",
            "seconds_ms", "sparkline"]
 
 

@@ -1,0 +1,277 @@
+"""Issue 10, "trust off the happy path": bounds at the record boundary, the problems registry, the sanitizer,
+exit statuses, and failures that must be visible in every mode (stderr, JSON, exit status)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvtop.problems import EXIT_LOST_DATA, EXIT_NO_DATA, Problems
+from kvtop.records import MAX_BLOCKS, RecordError, SourceId, decode, decode_payload, make, read_jsonl
+from kvtop.textsafe import clean
+from kvtop.ui import format as fmt
+
+ROOT = Path(__file__).resolve().parent.parent
+BUSY = ROOT / "tests" / "data" / "busy.jsonl"
+T0 = 1764430000.0
+
+
+def kvtop_cli(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m kvtop ARGS`` in a subprocess, this tree first on the path."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env.pop("KVTOP_MQTT_PASSWORD", None)
+    return subprocess.run([sys.executable, "-m", "kvtop", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd or ROOT)
+
+
+def stats_line(free: Any = 10, t: Any = T0, **kv: Any) -> str:
+    return json.dumps({"v": 1, "kind": "stats", "source": {"host": "h", "rank": 0, "run": "r"}, "time": t,
+                       "data": {"iter": 1, "kvCacheStats": {"maxNumBlocks": 100, "freeNumBlocks": free, **kv}}})
+
+
+# ---------------------------------------------------------------------------------------------- sanitizer
+
+HOSTILE = [
+    "\x1b]0;pwned\x07",                       # OSC 0: retitle the window
+    "\x1b]52;c;Y3VybCBldmlsfHNo\x07",         # OSC 52: write the clipboard
+    "\x1b]52;c;Y3VybCBldmlsfHNo\x1b\\",       # ... with ST instead of BEL
+    "\x1b[2J\x1b[H",                          # clear the screen, cursor home
+    "\x9b2J",                                 # the same, as an 8-bit C1 CSI
+    "\x9d0;pwned\x9c",                        # 8-bit OSC
+    "\x1bP1$r\x1b\\",                         # DCS
+    "\x1b[31mred\x1b[0m",
+    "a\x00b\x07c\x08d\x7fe",
+    "\u202eevil\u202c",                       # bidi override
+    "\x1b]8;;http://x\x07link\x1b]8;;\x07",   # OSC 8 hyperlink
+    "\x1b",                                   # a lone ESC
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_clean_removes_escape_sequences_and_controls(text: str) -> None:
+    out = clean(text)
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0x202A <= ord(c) <= 0x202E for c in out), repr(out)
+    assert "52;" not in out and "0;pwned" not in out  # a sequence's parameters go with it
+
+
+def test_clean_keeps_printable_text_of_any_script() -> None:
+    for text in ("Qwen/Qwen3-8B", "gpu-07/0/ab-host10g", "モデル-名前 🚀", "exp_$1_$2", "naïve [bold]x[/]"):
+        assert clean(text) == text
+    assert clean("a\tb\nc") == "a b c"
+    assert clean("x" * 1000) == "x" * 197 + "..." and len(clean("x" * 1000, None)) == 1000
+    assert clean("\x1b[31mred\x1b[0m text") == "red text"
+
+
+@given(st.text())
+def test_clean_never_leaves_a_control_character(text: str) -> None:
+    out = clean(text, None)
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0x202A <= ord(c) <= 0x202E
+                   or 0x2066 <= ord(c) <= 0x2069 for c in out)
+    if all(0x20 <= ord(c) < 0x7F for c in text):
+        assert out == text  # plain ASCII passes untouched
+
+
+def test_records_clean_the_envelope_and_kvtops_own_kinds_but_keep_engine_dicts() -> None:
+    rec = decode(json.dumps({"v": 1, "kind": "meta", "source": {"host": "h\x1b]0;t\x07", "rank": 0,
+                                                                 "run": "r\x1b[2J"}, "time": T0,
+                             "data": {"engine": "trtllm\x1b]52;c;eA==\x07", "model": "m\x9b2J"}}))
+    assert rec.source == SourceId("h", 0, "r")
+    assert rec.data == {"engine": "trtllm", "model": "m"}
+    stats = decode(json.dumps({"v": 1, "kind": "stats", "time": T0, "data": {"timestamp": "t\x1b"}}))
+    assert stats.data["timestamp"] == "t\x1b"  # an engine's dict is verbatim (the recording is the bug report)
+    local = make("request", {"request_id": 1, "ok": False, "error": "boom\x1b[2J"})
+    assert local.data["error"] == "boom"
+
+
+# ---------------------------------------------------------------------------------------------- bounds
+
+@pytest.mark.parametrize("line, field", [
+    (stats_line(free=1e308), "data.kvCacheStats.freeNumBlocks"),
+    (stats_line(free=10 ** 400), "data.kvCacheStats.freeNumBlocks"),
+    (stats_line(free=MAX_BLOCKS + 1), "data.kvCacheStats.freeNumBlocks"),
+    (stats_line(usedNumBlocks=2 ** 41), "data.kvCacheStats.usedNumBlocks"),
+    (stats_line().replace('"iter": 1', '"iter": 1e400'), "data.iter"),         # parses as inf
+    (stats_line().replace('"iter": 1', '"iter": NaN'), "data.iter"),           # Python's json takes NaN
+    (stats_line().replace('"iter": 1', '"iter": -Infinity'), "data.iter"),
+    (stats_line().replace('"iter": 1', '"iter": ' + "9" * 5000), "json"),      # past Python's int digit limit
+    (stats_line(t=T0 * 1000), "time"),                                         # milliseconds
+    (stats_line(t=T0 * 1e6), "time"),                                          # microseconds
+    (stats_line(t=-5.0), "time"),
+    (stats_line(t=10 ** 400), "time"),
+])
+def test_absurd_values_are_a_record_error(line: str, field: str) -> None:
+    with pytest.raises(RecordError) as info:
+        decode(line)
+    assert info.value.field == field, str(info.value)
+
+
+def test_bounds_name_the_field_and_keep_real_values() -> None:
+    with pytest.raises(RecordError, match="milliseconds"):
+        decode(stats_line(t=T0 * 1000))
+    created = {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [10, 2 ** 41]}}
+    with pytest.raises(RecordError, match=r"num_blocks_per_cache_level.*2\^40"):
+        make("kv_event", created)
+    with pytest.raises(RecordError, match="primary_blocks"):
+        make("meta", {"engine": "x", "primary_blocks": 2 ** 50})
+    # What real engines send passes: 64-bit hashes, signed ones, a 2 TiB host, 2^40 blocks exactly.
+    make("kv_event", {"event_id": 1, "data": {"type": "removed", "block_hashes": [2 ** 64 - 1, -(2 ** 63)]}})
+    make("host", {"system_total_bytes": 2 * 2 ** 40})
+    decode(stats_line(free=MAX_BLOCKS))
+    for rec in read_jsonl(BUSY):
+        assert not isinstance(rec, RecordError)
+
+
+def test_a_bad_element_of_a_batch_payload_is_one_error() -> None:
+    payload = "[" + stats_line() + "," + stats_line(free=1e308) + "]"
+    with pytest.raises(RecordError, match=r"\[1\]\.data\.kvCacheStats\.freeNumBlocks"):
+        decode_payload(payload)
+    with pytest.raises(RecordError, match="limit"):
+        decode_payload(b"[" + b" " * 2000 + b"]", max_bytes=1000)
+
+
+def test_a_huge_line_costs_no_more_than_the_limit(tmp_path: Path) -> None:
+    """A NUL-filled recording (a crashed filesystem, a hostile file): one bad line, memory bounded by the
+    limit, not by the file (64 MiB of NULs and a 1 MiB limit: ~4 MiB at peak, the limit and a chunk twice)."""
+    path = tmp_path / "nul.jsonl"
+    with path.open("wb") as fh:
+        fh.write(stats_line().encode() + b"\n")
+        chunk = b"\0" * (1 << 20)
+        for _ in range(64):
+            fh.write(chunk)
+        fh.write(b"\n" + stats_line().encode() + b"\n")
+    tracemalloc.start()
+    try:
+        items = list(read_jsonl(path, max_line_bytes=1 << 20))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert [type(i).__name__ for i in items] == ["Record", "RecordError", "Record"]
+    assert isinstance(items[1], RecordError) and items[1].line == 2 and "limit" in items[1].problem
+    assert peak < 8 << 20, peak
+
+
+# ---------------------------------------------------------------------------------------------- format
+
+@pytest.mark.parametrize("value", [1e308, -1e308, 10 ** 400, float("inf"), float("nan"), 2 ** 64, -(10 ** 30)])
+def test_format_never_raises_and_stays_short(value: Any) -> None:
+    for f in (fmt.count, fmt.nbytes, fmt.gib, fmt.pct, fmt.rate, fmt.seconds_ms, fmt.duration):
+        out = f(value)
+        assert isinstance(out, str) and len(out) <= 9, (f.__name__, out)
+    assert 0 <= fmt.cells(value, 100, 10) <= 10 and 0 <= fmt.cells(5, value, 10) <= 10
+    assert len(fmt.sparkline([value, 1.0, None], 5)) == 5
+
+
+# ---------------------------------------------------------------------------------------------- problems
+
+def test_problems_rate_limit_lines_and_keep_counts() -> None:
+    p = Problems(line_interval_s=5.0)
+    p.report("mqtt.malformed", "bad 1", now=100.0, lost=True)
+    for i in range(2, 1001):
+        p.report("mqtt.malformed", f"bad {i}", now=100.0 + i / 1000)
+    assert p.take_lines(now=101.0) == ["mqtt.malformed: bad 1"]  # one line at once, the rest folded
+    assert p.take_lines(now=104.0) == []
+    assert p.take_lines(now=105.0) == ["mqtt.malformed: bad 1000 (999 more in 5 s, 1,000 in all)"]
+    got = p.get("mqtt.malformed")
+    assert got is not None and (got.count, got.first, got.last, got.lost) == (1000, 100.0, 101.0, True)
+    assert p.exit_status(records=5) == EXIT_LOST_DATA and p.exit_status(records=0) == EXIT_NO_DATA
+    # A connection problem resolves, and says so when it comes back.
+    p.report("mqtt.connection", "disconnected", now=110.0)
+    p.resolve("mqtt.connection", "reconnected after 2.0 s", now=112.0)
+    p.report("mqtt.connection", "disconnected again", now=120.0)
+    assert p.take_lines(now=120.0) == ["mqtt.connection: disconnected", "mqtt.connection: reconnected after 2.0 s",
+                                       "mqtt.connection: disconnected again"]
+    assert [x["kind"] for x in p.to_json()] == ["mqtt.connection", "mqtt.malformed"]
+    assert Problems().exit_status(records=1) == 0
+
+
+def test_problems_are_bounded_and_clean() -> None:
+    p = Problems(max_kinds=3)
+    for i in range(100):
+        p.report(f"kind{i}", "x\x1b]0;t\x07" + "y" * 10_000)
+    assert len(p) == 4 and p.count("problems.overflow") == 97
+    assert all("\x1b" not in x["message"] and len(x["message"]) <= 300 for x in p.to_json())
+
+
+# ---------------------------------------------------------------------------------------------- every mode
+
+def _json_out(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert proc.stdout.strip(), proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_attach_to_a_dead_broker_says_so_and_exits_3() -> None:
+    proc = kvtop_cli("attach", "mqtt://127.0.0.1:1/x", "--headless", "--duration", "1.5", "--json")
+    assert proc.returncode == EXIT_NO_DATA, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert any("mqtt.connection" in ln and "127.0.0.1:1" in ln for ln in lines), proc.stderr
+    assert any("run.no_data" in ln for ln in lines)
+    assert len(lines) <= 4, proc.stderr  # rate-limited: not a line per retry
+    s = _json_out(proc)
+    kinds = {p["kind"]: p for p in s["problems"]}
+    assert {"mqtt.connection", "run.no_data"} <= set(kinds) and s["records"] == 0
+    assert s["links"]["mqtt"] == "disconnected"
+
+
+def test_replay_of_files_that_are_not_recordings(tmp_path: Path) -> None:
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "binary.jsonl").write_bytes(bytes(range(256)) * 40)
+    (tmp_path / "dir.jsonl").mkdir()
+    empty = kvtop_cli("replay", str(tmp_path / "empty.jsonl"), "--speed", "0", "--headless", "--json")
+    assert empty.returncode == EXIT_NO_DATA and "replay.no_records" in empty.stderr and "empty" in empty.stderr
+    binary = kvtop_cli("replay", str(tmp_path / "binary.jsonl"), "--speed", "0", "--headless", "--json")
+    assert binary.returncode == EXIT_NO_DATA, binary.stderr
+    assert "replay.bad_line" in binary.stderr and "not a kvtop recording" in binary.stderr
+    assert "\x1b" not in binary.stderr and "\x9b" not in binary.stderr  # the bytes are not echoed raw
+    d = kvtop_cli("replay", str(tmp_path / "dir.jsonl"), "--headless")
+    assert d.returncode == 2 and d.stderr.count("\n") == 1 and "is a directory" in d.stderr
+
+
+def test_replay_caps_gaps_and_ms_records_do_not_stall(tmp_path: Path) -> None:
+    """One record in milliseconds amid seconds: rejected (exit 4, named), and the replay is not stalled; a real
+    gap of an hour lasts --max-gap seconds."""
+    src = tmp_path / "gappy.jsonl"
+    lines = BUSY.read_text().splitlines()[:200]
+    out = []
+    for i, line in enumerate(lines):
+        rec = json.loads(line)
+        if i == 50:
+            rec["time"] *= 1000
+        if i >= 100:
+            rec["time"] += 3600  # an hour of nothing
+        out.append(json.dumps(rec))
+    src.write_text("\n".join(out) + "\n")
+    t0 = time.monotonic()
+    proc = kvtop_cli("replay", str(src), "--speed", "1", "--max-gap", "0.5", "--headless", "--json", timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == EXIT_LOST_DATA, proc.stderr
+    assert "line 51: time" in proc.stderr and "milliseconds" in proc.stderr
+    assert took < 20, took  # ~1 s of recorded time + one capped gap, plus start-up
+    assert _json_out(proc)["records"] == 199
+
+
+def test_a_bad_record_is_counted_and_rendered_in_every_mode() -> None:
+    """1e308 where a count belongs: the fold never sees it, the summary and stderr say so."""
+    from kvtop.cli import run_headless_until
+    from kvtop.session import Session
+
+    session = Session(meta={})
+    session.emit(decode(stats_line()))
+    with pytest.raises(RecordError):
+        session.emit(decode(stats_line(free=1e308)))
+    # A record that passed the boundary but the fold refuses (a negative count) is a problem, lost data.
+    session.emit(make("stats", {"kvCacheStats": {"freeNumBlocks": -1}}, SourceId("h", 0, "r"), T0 + 1))
+    assert session.problems.count("record.bad") == 1
+    assert session.problems.exit_status(session.records_in) == EXIT_LOST_DATA
+    assert math.isfinite(T0) and run_headless_until is not None
