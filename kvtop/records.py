@@ -16,7 +16,7 @@ Decoding validates the envelope and the parts of ``data`` that the fold relies o
 the bad input and go on: one bad line never ends a run.
 
 Bounds (the record boundary is where one absurd value is stopped, so nothing behind it has to cope):
-- every number anywhere in ``data`` is finite and of magnitude below 2^64 (block hashes are 64-bit; 10**400
+- every number anywhere in ``data`` is finite and of magnitude at most 2^64 (block hashes are 64-bit; 10**400
   would break a Prometheus scrape, 1e308 a screen's arithmetic);
 - block counts (``*Block*`` keys of ``kvCacheStats`` / ``kvCacheIterationStats``, ``num_blocks_per_cache_level``,
   meta ``primary_blocks`` / ``secondary_blocks``) are at most 2^40 (``MAX_BLOCKS``: 2^40 blocks of the smallest
@@ -67,7 +67,7 @@ _REQUIRED: dict[str, dict[str, tuple[type, ...]]] = {
 _EVENT_TYPES = ("created", "stored", "removed", "updated")
 
 MAX_BLOCKS = 1 << 40       # no pool holds more blocks (see the module docstring)
-MAX_MAGNITUDE = 1 << 64    # no number anywhere in a record is this large (64-bit hashes are just below)
+MAX_MAGNITUDE = 1 << 64    # no number anywhere in a record is larger (64-bit hashes are just below)
 TIME_MAX = 4102444800.0    # 2100-01-01 UTC: a later "time" is a clock in ms or us, not seconds
 MAX_LINE_BYTES = 8 << 20   # 8 MiB per line or payload (see the module docstring)
 STRING_LEN = 1000          # strings of kvtop's own kinds are cut here (a model name is < 100 characters)
@@ -183,12 +183,12 @@ def _bounded(value: Any, limit: int = MAX_MAGNITUDE) -> bool:
     """
     cls = value.__class__
     if cls is int or cls is float:
-        return -limit < value < limit  # NaN fails both comparisons
+        return -limit <= value <= limit  # NaN fails both comparisons
     if cls is dict:
         for k, v in value.items():
             c = v.__class__
             if c is int or c is float:
-                if not -limit < v < limit:
+                if not -limit <= v <= limit:
                     return False
             elif (c is dict or c is list) and k != "tokens" and not _bounded(v, limit):
                 return False
@@ -197,7 +197,7 @@ def _bounded(value: Any, limit: int = MAX_MAGNITUDE) -> bool:
         for v in value:
             c = v.__class__
             if c is int or c is float:
-                if not -limit < v < limit:
+                if not -limit <= v <= limit:
                     return False
             elif (c is dict or c is list) and not _bounded(v, limit):
                 return False
@@ -208,7 +208,7 @@ def _find_unbounded(path: str, value: Any, limit: int, what: str) -> None:
     """Raise RecordError naming the first number out of bounds (slow; only after _bounded said there is one)."""
     cls = value.__class__
     if cls is int or cls is float:
-        if not -limit < value < limit:
+        if not -limit <= value <= limit:
             shown = _describe(value) if cls is float or abs(value) < 10 ** 30 else "a larger integer"
             raise RecordError(path, f"{what}, got {shown}")
     elif cls is dict:
@@ -221,7 +221,7 @@ def _find_unbounded(path: str, value: Any, limit: int, what: str) -> None:
 
 
 def _check_bounds(path: str, value: Any, limit: int = MAX_MAGNITUDE,
-                  what: str = "must be a finite number below 2^64") -> None:
+                  what: str = "must be a finite number of magnitude at most 2^64") -> None:
     try:
         if _bounded(value, limit):
             return
@@ -232,7 +232,7 @@ def _check_bounds(path: str, value: Any, limit: int = MAX_MAGNITUDE,
 
 
 _BLOCKS_WHAT = f"a block count must be at most 2^40 ({MAX_BLOCKS:,})"
-_BLOCK_LIMIT = MAX_BLOCKS + 1
+_BLOCK_LIMIT = MAX_BLOCKS
 
 
 def _blocks_ok(part: Any) -> bool:
@@ -365,8 +365,8 @@ def from_obj(obj: Any) -> Record:
     if kind == "kv_event":
         expand_event(data)  # a recording's compacted token lists back in TensorRT-LLM's shape (kvtop/compact.py)
     _check_kind_data(kind, data)
-    if not -MAX_MAGNITUDE < rank < MAX_MAGNITUDE:
-        raise RecordError("source.rank", "must be an integer below 2^64")
+    if not -MAX_MAGNITUDE <= rank <= MAX_MAGNITUDE:
+        raise RecordError("source.rank", "must be an integer of magnitude at most 2^64")
     return Record(kind=kind, data=_own_data(kind, data), source=SourceId(clean(host), rank, clean(run)),
                   time=seconds, v=v)
 
