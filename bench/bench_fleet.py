@@ -4,11 +4,12 @@ subscriber (kvtop's own data path: MqttSubscriber -> Session.emit -> a TierModel
     python bench/bench_fleet.py                                  # 1,000 sources at 2 Hz for 30 s
     python bench/bench_fleet.py --sources 200 --rate 2 --duration 10
 
-Publishers: child processes, each running its share of the agents, one kvtop MqttPublisher per agent (its own
-connection and last will, as real agents have), each publishing what ``kvtop agent`` publishes: a retained meta,
+Publishers: child processes, each running its share of the agents, one MQTT connection per agent (its own last
+will and retained status, as real agents have), each publishing what ``kvtop agent`` publishes: a retained meta,
 then every 1/R s a ``summary`` record built by ``kvtop.agent.summary_data`` from a TierModel that folded a real
 KV event stream (a vLLM-format batch of stores, offloads and evictions per round), so the payload is the real size
-and shape. Sources are out of step (random phase), as real nodes are.
+and shape (encoded once, stamped per message: the agents' CPU is not this machine's). Sources are out of step
+(random phase), as real nodes are.
 
 Subscriber (this process): ``kvtop attach mqtt://`` minus the screen: the same Session and subscriber. Every record
 is timed after its fold (now - the agent's stamp; same machine, same clock) and every source's ``seq`` is checked,
@@ -65,50 +66,73 @@ def _stream_model() -> Any:
 
 
 def fleet_child(url: str, first: int, count: int, rate: float, duration: float) -> None:
-    from kvtop.agent import summary_data
-    from kvtop.sinks.mqtt import MqttPublisher
+    """``count`` agents, one MQTT connection each (its own client id and last will, as real agents have).
 
+    The payload is what ``kvtop agent`` publishes (``summary_data`` of a folded stream, encoded as kvtop encodes a
+    record), made once and stamped per message (seq, time, growing totals) by string substitution: the agents'
+    own CPU belongs to 1,000 other machines, not to this bench's two cores, which the subscriber needs."""
+    import aiomqtt
+
+    from kvtop.agent import summary_data
+    from kvtop.records import encode
+    from kvtop.sources.mqtt import OFFLINE, ONLINE, STATUS, parse_mqtt_url, topic_for
+
+    murl = parse_mqtt_url(url)
     model = _stream_model()
     base = summary_data(model, 0, 1.0 / rate, "agent-bench")
+    marks = {"offloaded": -1111111, "evicted_gpu": -2222222, "lookups": -3333333, "hits": -4444444}
 
     async def main() -> None:
-        pubs = []
-        for i in range(first, first + count):
-            src = SourceId(f"node-{i // 8:04d}:5557", i % 8, "fleet")
-            pub = MqttPublisher(url, SourceId(f"agent-{i:04d}", 0, "fleet"))
-            pub.publish(Record("meta", {"engine": "vllm", "agent": f"agent-{i:04d}/0/fleet"}, src, time.time()))
-            pubs.append((pub, src))
-        tasks = [asyncio.ensure_future(p.run()) for p, _ in pubs]
-        while not all(p.connected for p, _ in pubs):
-            await asyncio.sleep(0.05)
-        print("ready", flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
         period = 1.0 / rate
-        start = time.monotonic()
+        ready = asyncio.Event()
+        go = asyncio.Event()
+        connected = [0]
         sent = [0] * count
 
         async def agent(k: int) -> None:
-            pub, src = pubs[k]
-            rnd = random.Random(first + k)
-            t = start + rnd.random() * period
-            seq = 0
-            totals = dict(base["totals"])
-            while t < start + duration:
-                await asyncio.sleep(max(0.0, t - time.monotonic()))
-                for key in ("offloaded", "evicted_gpu", "lookups", "hits"):
-                    totals[key] += rnd.randrange(50, 150)
-                pub.publish(Record("summary", {**base, "seq": seq, "totals": dict(totals)}, src, time.time()))
-                seq += 1
-                sent[k] += 1
-                t += period
+            i = first + k
+            src = SourceId(f"node-{i // 8:04d}:5557", i % 8, "fleet")
+            me = SourceId(f"agent-{i:04d}", 0, "fleet")
+            status = topic_for(murl.prefix, me, STATUS)
+            topic = topic_for(murl.prefix, src, "summary")
+            rnd = random.Random(i)
+            template = encode(Record("summary", {**base, "seq": -5555555, "totals": {**base["totals"], **marks}},
+                                     src, -6666666.0))
+            async with aiomqtt.Client(murl.host, murl.port, identifier=f"bench-agent-{i}",
+                                      will=aiomqtt.Will(status, OFFLINE, qos=1, retain=True)) as client:
+                await client.publish(status, ONLINE, qos=1, retain=True)
+                await client.publish(topic_for(murl.prefix, src, "meta"), encode(Record(
+                    "meta", {"engine": "vllm", "agent": me.key()}, src, time.time())), qos=1, retain=True)
+                connected[0] += 1
+                if connected[0] == count:
+                    ready.set()
+                await go.wait()
+                start = time.monotonic()
+                t = start + rnd.random() * period
+                seq = 0
+                totals = {key: base["totals"][key] for key in marks}
+                while t < start + duration:
+                    await asyncio.sleep(max(0.0, t - time.monotonic()))
+                    payload = template.replace("-5555555", str(seq), 1).replace("-6666666.0", repr(time.time()), 1)
+                    for key, mark in marks.items():
+                        totals[key] += rnd.randrange(50, 150)
+                        payload = payload.replace(str(mark), str(totals[key]), 1)
+                    await client.publish(topic, payload, qos=0)
+                    seq += 1
+                    sent[k] += 1
+                    t += period
+                await asyncio.sleep(1.0)
+                await client.publish(status, OFFLINE, qos=1, retain=True)
 
-        await asyncio.gather(*(agent(k) for k in range(count)))
-        await asyncio.sleep(1.0)
-        for p, _ in pubs:
-            p.stop()
+        tasks = [asyncio.ensure_future(agent(k)) for k in range(count)]
+        await ready.wait()
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)  # "go"
+        cpu0 = time.process_time()
+        go.set()
         await asyncio.gather(*tasks)
-        print(json.dumps({"sent": sum(sent), "dropped": sum(p.dropped for p, _ in pubs),
-                          "messages": sum(p.messages for p, _ in pubs)}), flush=True)
+        print(json.dumps({"sent": sum(sent), "dropped": 0, "messages": sum(sent),
+                          "cpu_s": time.process_time() - cpu0}), flush=True)
 
     asyncio.run(main())
 
@@ -179,6 +203,7 @@ async def bench(port: int, sources: int, rate: float, duration: float, procs: in
         outs.append(json.loads((await child.stdout.readline()).decode()))
         await child.wait()
     sent = sum(o["sent"] for o in outs)
+    publishers_cpu = sum(o["cpu_s"] for o in outs)
     deadline = time.monotonic() + 10
     while state["received"] - base < sent and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
@@ -198,7 +223,9 @@ async def bench(port: int, sources: int, rate: float, duration: float, procs: in
             "subscriber_cpu_pct": 100 * cpu / wall,
             "fleet_table_cpu_pct": 100 * state["table_s"] / wall,
             "fleet_table_ms_per_refresh": 1000 * state["table_s"] / max(1, state["tables"]),
-            "mosquitto_cpu_pct": 100 * (cpu_seconds(broker_pid) - mcpu0) / wall, "wall_s": wall}
+            "mosquitto_cpu_pct": 100 * (cpu_seconds(broker_pid) - mcpu0) / wall,
+            "publishers_cpu_pct": 100 * publishers_cpu / wall, "wall_s": wall,
+            "subscriber_us_per_message": 1e6 * cpu / max(1, received)}
 
 
 def main() -> None:
