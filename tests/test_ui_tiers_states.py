@@ -315,3 +315,16 @@ async def test_the_palettes_screenshot_goes_to_the_working_directory(tmp_path: A
         assert (tmp_path / path.split("/")[-1]).read_text().startswith("<svg")
         log = "\n".join(line.text for line in app.screen.query_one(EventLog).lines)
         assert f"screenshot saved: {path}" in log
+
+
+async def test_the_help_scrolls_where_it_is_taller_than_the_screen() -> None:
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("question_mark")
+        await pilot.pause()
+        scroll = app.screen.query_one("#help-scroll")
+        assert app.screen.focused is scroll and scroll.max_scroll_y > 0
+        await pilot.press("end")
+        await pilot.pause()
+        assert scroll.scroll_y == scroll.max_scroll_y     # the last lines can be reached

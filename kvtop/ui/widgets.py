@@ -24,6 +24,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style as RichStyle
 from textual.app import ComposeResult
+from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.geometry import Region
 from textual.reactive import reactive
@@ -1339,31 +1340,39 @@ HELP_TEXT = """\
 [b $primary]kvtop[/]: where the KV cache blocks of the engine live, and how they move
 
 [b]Keys[/]
-  [b]q[/]  quit            [b]p[/]  pause / resume the screen (the engine and the fold go on)
-  [b]r[/]  reset window    [b]t[/]  next theme (dark, light, high-contrast)
-  [b]e[/]  event log       [b]s[/]  next source (when several are attached)
-  [b]?[/]  this help       [b]ctrl+p[/]  command palette
+  [b]q[/] quit          [b]p[/] pause / resume the screen (the engine goes on)
+  [b]r[/] reset window  [b]t[/] next theme (dark, light, high-contrast)
+  [b]e[/] event log     [b]s[/] next source (when several are attached)
+  [b]?[/] this help     [b]ctrl+p[/] commands (screenshot: into the working dir)
 
-[b]Tiers[/]  one bar per tier; its parts never overlap and add up to the pool
-  [$kv-in-use]█[/] [b]in use[/]       held by running requests (TensorRT-LLM: capacity - freeNumBlocks)
-  [$kv-cached]█[/] [b]cached idle[/]  reusable KV held by no request: the first to be evicted or offloaded
-  [$kv-free]█[/] [b]empty[/]        held by no request, nothing reusable in it
-  TensorRT-LLM's [b]free[/] (freeNumBlocks) = cached idle + empty (the ┐┘ bracket); its [b]cached[/]
-  (the reuse tree) = cached idle + the cached blocks requests hold ("reuse tree" line).
-  GPU headline: % in use. Host headline: % cached (host blocks are never held in 1.0-1.2).
-  [$warning]≈[/] the cached/empty split is an estimate (held blocks taken as cached first), or TensorRT-LLM 1.2
-  may have detached a cached block silently: an upper bound.
+[b]Tiers[/]  one bar per tier: parts that never overlap and fill the pool
+  [$kv-in-use]█[/] [b]in use[/]       held by running requests
+                 (TensorRT-LLM: capacity - freeNumBlocks)
+  [$kv-cached]█[/] [b]cached idle[/]  reusable KV no request holds: evicted or
+                 offloaded first
+  [$kv-free]█[/] [b]empty[/]        no request holds it, nothing reusable in it
+  TensorRT-LLM's [b]free[/] (freeNumBlocks) = cached idle + empty: the ┐┘
+  bracket. Its [b]cached[/] (the reuse tree) also counts blocks requests
+  hold: the "reuse tree" line.
+  Headline: GPU % in use, host % cached.
+  [$warning]≈[/] the split is an estimate (held blocks taken as cached first), or
+    TensorRT-LLM 1.2 dropped a cached block silently (an upper bound).
 
-[b]Hit rate[/]  reused prompt blocks / prompt blocks looked up, over the window and since start;
-  GPU + host = total, where a host hit is a block onboarded from host memory.
-[b]Requests[/]  failed N: the last error is under the counts, in the event log, and at the end of this help.
-[b]Moves[/]  offload: GPU→host on eviction; onboard: host→GPU on reuse; evict: dropped from a tier.
-[b]What-if[/]  "all 38% → host×2 42% ×4 45%": this run's hit rate since start, then the hit rate it would
-  have had with a 2x / 4x host cache (estimated from the blocks it dropped), same span, same blocks.
-[b]Sources[/]  (2+ attached) one row each, ▶ the one shown. [b]all[/]: sums of blocks and rates,
-  hit rate = total hits / total lookups, TTFT p99 = max of the sources'; offline ones left out.
+[b]Hit rate[/]  reused prompt blocks / prompt blocks looked up, over the window
+  and since start; GPU + host = total (a host hit: onboarded from host).
+[b]What-if[/]  "all 38% → host×2 42% ×4 45%": this run's hit rate since start,
+  then with a 2x / 4x host cache (from the blocks it dropped), same span.
+  No host cache: x2 of 0 is 0, nothing to estimate.
+[b]Moves[/]  offload GPU→host on eviction, onboard host→GPU on reuse, evict:
+  dropped from a tier.
+[b]Requests[/]  failed N: the last error is under the counts, in the event log
+  and at the top of this help.
+[b]Header[/]  PAUSED: the screen froze, the engine goes on. FINISHED: no more
+  data will come (replay end, --duration). [$warning]no data 8s[/]: data should come.
+[b]Sources[/]  (2+ attached) one row each, ▶ the one shown. [b]all[/]: sums of
+  blocks and rates, hit = hits / lookups, TTFT p99 = max of the sources'.
 
-[dim]esc or ? closes this help[/]
+[dim]↑↓ scroll · esc or ? closes this help[/]
 """
 
 
@@ -1374,10 +1383,11 @@ class HelpScreen(ModalScreen[None]):
                           ("q", "dismiss", "Close")]
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
-    HelpScreen > Static {
-        width: auto; max-width: 100%; height: auto; max-height: 100%;
+    HelpScreen > VerticalScroll {
+        width: 82; max-width: 100%; height: auto; max-height: 100%;
         border: round $primary; background: $surface; padding: 0 1;
     }
+    HelpScreen Static { width: 100%; height: auto; }
     """
 
     def __init__(self, last_error: str | None = None, failed: int = 0):
@@ -1388,11 +1398,16 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         text = Content.from_markup(HELP_TEXT)
         if self.last_error:
-            # The last failed request's error, whole (the panel cuts it to its width); already stripped of
+            # The last failed request's error, whole (the panel cuts it to its width), first: stripped of
             # control characters, and put in as plain text, never as markup.
-            text = Content.assemble(text, "\n", ("Last error", "bold $error"),
-                                    f" ({self.failed} failed): ", fmt.clean(self.last_error, limit=600))
-        yield Static(text, id="help-text")
+            text = Content.assemble(("Last error", "bold $error"), f" ({self.failed} failed): ",
+                                    fmt.clean(self.last_error, limit=600), "\n\n", text)
+        # Scrollable: at 80x24 the help is taller than the screen.
+        with VerticalScroll(id="help-scroll"):
+            yield Static(text, id="help-text")
+
+    def on_mount(self) -> None:
+        self.query_one("#help-scroll").focus()
 
     def action_dismiss(self, result: None = None) -> Any:
         return self.dismiss(result)
