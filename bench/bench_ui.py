@@ -8,7 +8,7 @@ How, and why this way (issue 4, "Cost"; nvitop's 7.3% of a core was measured the
 
 - The engine is not in the process: the dashboard replays a recording of a busy simulated run
   (``tests/data/make_busy_recording.py --scale 1``: a 1,024-block GPU pool, ~900 host blocks, 14 requests/s,
-  ~800 records/s, made once and kept in /tmp), through ``python -m kvtop.ui.demo``, in a real pseudo-terminal
+  ~800 records/s, made once and kept in /tmp), through ``python tests/replay_demo.py``, in a real pseudo-terminal
   (tmux, 120x40, TERM=xterm-256color), so every byte of every repaint is really written.
 - CPU: the process's CPU time (psutil, from outside; all threads: Textual's input and writer threads too) over a
   60 s window that starts after 5 s of warm-up, and over the whole run start-up included. The replay's own work
@@ -44,6 +44,7 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # recordings.py, replay_demo.py: test helpers, not shipped
 
 WARMUP_S = 5.0
 
@@ -170,7 +171,8 @@ def _staleness(recording: Path, data: dict[str, Any], rows: list[list[Any]]) -> 
 
 def measure_terminal(recording: Path, seconds: float, refresh: float, use_pty: bool = False) -> dict[str, Any]:
     bench_out = Path(tempfile.mkdtemp(prefix="kvtop-bench-")) / "ui.json"
-    cmd = (f"{shlex.quote(sys.executable)} -m kvtop.ui.demo {shlex.quote(str(recording))} --refresh {refresh} "
+    cmd = (f"env PYTHONPATH={shlex.quote(str(REPO))} {shlex.quote(sys.executable)} tests/replay_demo.py "
+           f"{shlex.quote(str(recording))} --refresh {refresh} "
            f"--bench-out {shlex.quote(str(bench_out))}")
     os.chdir(REPO)
     kind = "pty" if use_pty or shutil.which("tmux") is None else "tmux"
@@ -229,11 +231,12 @@ def measure_terminal(recording: Path, seconds: float, refresh: float, use_pty: b
 
 async def _hour(refresh: float, hours: float) -> dict[str, Any]:
     """Memory over simulated time: the committed recording, looped with shifted times and event ids."""
+    from recordings import BUSY_RECORDING
+
     from kvtop.records import Record, read_jsonl
     from kvtop.session import Session
     from kvtop.ui import app as app_module
     from kvtop.ui.app import build_app
-    from kvtop.ui.testing import BUSY_RECORDING
 
     records = [r for r in read_jsonl(BUSY_RECORDING) if isinstance(r, Record)]
     t0, t1 = records[0].time, records[-1].time

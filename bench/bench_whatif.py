@@ -21,14 +21,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # sim_runs.py: simulated runs for tests and benches, not shipped
 
-from kvtop.report.fixtures import (  # noqa: E402
+from sim_runs import (  # noqa: E402
     WorkItem,
     chat_workload,
     mooncake_workload,
     simulate,
     zipf_prefix_workload,
 )
+
 from kvtop.tiers.whatif import WhatIf  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"

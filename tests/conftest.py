@@ -181,8 +181,9 @@ def frozen_ui_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     only the UI tests may pull in Textual."""
     import time
 
+    from recordings import FROZEN_NOW
+
     from kvtop.ui import app as app_module
-    from kvtop.ui.testing import FROZEN_NOW
 
     monkeypatch.setattr(app_module, "wall_clock", lambda: FROZEN_NOW)
     monkeypatch.setenv("TZ", "UTC")

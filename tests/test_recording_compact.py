@@ -10,13 +10,13 @@ from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from recordings import BUSY_RECORDING
 
 from kvtop.compact import compact_event, expand_event
 from kvtop.records import Record, RecordError, read_jsonl
 from kvtop.sinks.recorder import Recorder
 from kvtop.tiers import TierModel
 from kvtop.tiers.whatif import WhatIf
-from kvtop.ui.testing import BUSY_RECORDING
 
 
 def _fold(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[Record]]:

@@ -10,8 +10,9 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from sim_runs import record_sim_run  # noqa: E402
+
 from kvtop.records import read_jsonl  # noqa: E402
-from kvtop.report.fixtures import record_sim_run  # noqa: E402
 from kvtop.report.report import build_report, load_run, main, plot_sweep  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"

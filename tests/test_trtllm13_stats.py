@@ -256,8 +256,9 @@ def test_a_three_tier_run_in_json_report_and_dashboard(tmp_path: Any) -> None:
 
 
 async def test_a_three_tier_run_on_the_dashboard(tmp_path: Any) -> None:
+    from recordings import session_from_recording
+
     from kvtop.ui.app import build_app
-    from kvtop.ui.testing import session_from_recording
     from kvtop.ui.widgets import HeaderBar, TierPanel
 
     class Settings:

@@ -6,6 +6,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from recordings import BUSY_RECORDING, FROZEN_NOW, fleet_session, session_from_recording
+from replay_demo import build_replay_session
 from textual.command import CommandPalette
 from textual.message import Message
 
@@ -13,8 +15,6 @@ from kvtop.records import SourceId, make, read_jsonl
 from kvtop.session import Session
 from kvtop.tiers import TierModel
 from kvtop.ui.app import KvtopApp, build_app, layout_for
-from kvtop.ui.demo import build_replay_session
-from kvtop.ui.testing import BUSY_RECORDING, FROZEN_NOW, fleet_session, session_from_recording
 from kvtop.ui.widgets import EventLog, HelpScreen, HitRatePanel, Panel, PriorityPanel, SourcesPanel, TierPanel
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py

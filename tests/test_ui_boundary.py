@@ -11,14 +11,14 @@ import subprocess
 import sys
 import textwrap
 
-from kvtop.ui.testing import REPO
+from recordings import REPO
 
 PROBE = textwrap.dedent("""
     import importlib, json, pkgutil, sys
     import kvtop
     core = ["kvtop", "kvtop.tiers", "kvtop.session", "kvtop.engines.sim", "kvtop.records", "kvtop.settings",
             "kvtop.runner", "kvtop.cli", "kvtop.sources.poller", "kvtop.sources.nvml", "kvtop.sources.host",
-            "kvtop.ui.format", "kvtop.ui.testing"]
+            "kvtop.ui.format"]
     imported, skipped = [], {}
     for name in core:
         importlib.import_module(name)

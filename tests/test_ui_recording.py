@@ -6,9 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from recordings import BUSY_RECORDING, REPO
+
 from kvtop.records import RecordError, read_jsonl
 from kvtop.tiers import TierModel
-from kvtop.ui.testing import BUSY_RECORDING, REPO
 
 SCRIPT = REPO / "tests" / "data" / "make_busy_recording.py"
 

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from recordings import BUSY_RECORDING, FROZEN_STARTED_AT
 from textual.geometry import Region
 
 from kvtop.records import SourceId, read_jsonl
 from kvtop.session import Session
 from kvtop.ui import widgets
 from kvtop.ui.app import KvtopApp, build_app
-from kvtop.ui.testing import BUSY_RECORDING, FROZEN_STARTED_AT
 from kvtop.ui.widgets import Panel, strip_cache_enabled
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py

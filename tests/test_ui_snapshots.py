@@ -10,18 +10,18 @@ import pytest
 
 pytest.importorskip("pytest_textual_snapshot", reason="pip install pytest-textual-snapshot==1.1.0")
 
-from textual.pilot import Pilot  # noqa: E402
-
-from kvtop.records import SourceId, make, read_jsonl  # noqa: E402
-from kvtop.session import Session  # noqa: E402
-from kvtop.ui.app import build_app  # noqa: E402
-from kvtop.ui.testing import (  # noqa: E402
+from recordings import (  # noqa: E402
     BUSY_RECORDING,
     FROZEN_NOW,
     FROZEN_STARTED_AT,
     fleet_session,
     session_from_recording,
 )
+from textual.pilot import Pilot  # noqa: E402
+
+from kvtop.records import SourceId, make, read_jsonl  # noqa: E402
+from kvtop.session import Session  # noqa: E402
+from kvtop.ui.app import build_app  # noqa: E402
 
 SIZES = {"120x40": (120, 40), "80x24": (80, 24), "40x12": (40, 12)}
 THEMES = ("dark", "light", "high-contrast")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from recordings import session_from_recording
 
 from kvtop.ui.app import build_app
-from kvtop.ui.testing import session_from_recording
 from kvtop.ui.themes import VARIABLE_DEFAULTS, ThemeError, _parse_simple_toml, load_theme, load_themes, theme_dirs
 
 

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from recordings import FROZEN_NOW, session_from_recording
 
 from kvtop.occupancy import cells, occupancy
 from kvtop.records import make
 from kvtop.tiers import TierState
 from kvtop.ui import app as app_module
 from kvtop.ui.app import STALE_AFTER_S, build_app
-from kvtop.ui.testing import FROZEN_NOW, session_from_recording
 from kvtop.ui.widgets import HeaderBar, TierPanel
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py

@@ -1,6 +1,6 @@
 """The dashboard in a real terminal: tmux at 120x40, read the pane, press keys, quit, exit status 0.
 
-Runs ``python -m kvtop.ui.demo`` on the committed busy recording (the replay at recorded speed, so the figures
+Runs ``python tests/replay_demo.py`` on the committed busy recording (the replay at recorded speed, so the figures
 move while the test reads them). A private tmux server (``-L``) keeps it away from anyone's own sessions.
 """
 
@@ -18,8 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
-from kvtop.ui.testing import BUSY_RECORDING, REPO
+from recordings import BUSY_RECORDING, REPO
 
 pytestmark = [pytest.mark.tmux,
               pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]
@@ -55,9 +54,11 @@ class Pane:
 def pane(tmp_path: Path) -> Iterator[tuple[Pane, Path]]:
     server = f"kvtop-test-{uuid.uuid4().hex[:8]}"
     status = tmp_path / "status"
-    cmd = (f"cd {shlex.quote(str(REPO))} && {shlex.quote(sys.executable)} -m kvtop.ui.demo "
+    cmd = (f"cd {shlex.quote(str(REPO))} && {shlex.quote(sys.executable)} tests/replay_demo.py "
            f"{shlex.quote(str(BUSY_RECORDING))} --refresh 0.25; echo $? > {shlex.quote(str(status))}; sleep 60")
-    env = dict(os.environ, TERM="xterm-256color")
+    # PYTHONPATH: this checkout's kvtop, whatever an installed one says (the script's own folder comes first)
+    env = dict(os.environ, TERM="xterm-256color",
+               PYTHONPATH=os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
     subprocess.run(["tmux", "-L", server, "-f", "/dev/null", "new-session", "-d", "-s", "kvtop", "-x", "120",
                     "-y", "40", cmd], check=True, env=env, timeout=10)
     p = Pane(server, "kvtop")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from sim_runs import chat_workload, simulate, zipf_prefix_workload
 
-from kvtop.report.fixtures import chat_workload, simulate, zipf_prefix_workload
 from kvtop.tiers.whatif import WhatIf, _RankedGhosts
 
 

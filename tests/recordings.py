@@ -1,4 +1,5 @@
-"""Helpers for the UI's tests and bench: a session folded from a recording, and the frozen clock they use.
+"""Helpers for the UI's tests and bench (in tests/: not shipped in the wheel): a session folded from a recording,
+and the frozen clock they use.
 
 No Textual here: building the session is the data side; only ``build_app`` (called by the tests) brings the UI.
 """
@@ -11,7 +12,7 @@ from pathlib import Path
 from kvtop.records import RecordError, SourceId, make, read_jsonl
 from kvtop.session import Session
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 BUSY_RECORDING = REPO / "tests" / "data" / "busy.jsonl"
 # The frozen "now" of the UI tests: one hour and 83 s after the recording's first record (2025-11-29 15:26:40
 # UTC), so the header's uptime reads 0:01:23 with ``started_at = FROZEN_STARTED_AT``.

@@ -1,4 +1,4 @@
-"""Replay a recording on the dashboard: ``python -m kvtop.ui.demo FILE [--speed X] [--loop]``.
+"""Replay a recording on the dashboard: ``python tests/replay_demo.py FILE [--speed X] [--loop]``.
 
 A stand-in for ``kvtop replay FILE`` (the CLI's) that the UI's terminal test and its cost bench use: it builds a
 real ``kvtop.session.Session`` whose one producer reads the JSONL recording and emits each record when its time
@@ -128,7 +128,7 @@ class _Settings:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m kvtop.ui.demo", description="Replay a kvtop recording on the "
+    ap = argparse.ArgumentParser(prog="python tests/replay_demo.py", description="Replay a kvtop recording on the "
                                  "dashboard.")
     ap.add_argument("recording", help="a JSONL recording (e.g. tests/data/busy.jsonl)")
     ap.add_argument("--speed", type=float, default=1.0, help="replay speed (1 = as recorded, 0 = all at once)")
