@@ -328,3 +328,8 @@ async def test_the_help_scrolls_where_it_is_taller_than_the_screen() -> None:
         await pilot.press("end")
         await pilot.pause()
         assert scroll.scroll_y == scroll.max_scroll_y     # the last lines can be reached
+
+
+def test_a_small_share_is_never_shown_as_none() -> None:
+    assert TierPanel._share(8, 6781) == "<1%" and TierPanel._share(0, 6781) == "0%"
+    assert TierPanel._share(34, 6781) == "1%" and TierPanel._share(None, 10) == "?"

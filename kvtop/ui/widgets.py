@@ -639,6 +639,16 @@ class TierPanel(Panel):
         idle_name = "cached idle" if d.label == "GPU" else "cached"
         return (("in use", S_IN_USE, o.in_use), (idle_name, S_CACHED, o.cached_idle), ("empty", S_FREE, o.empty))
 
+    @staticmethod
+    def _share(part: int | None, whole: int | None) -> str:
+        """A part of the pool in whole percent, "<1%" for a part that is there but rounds to 0 (8 blocks of a
+        6,781-block host pool read "0%", as if none)."""
+        if part is None or not whole:
+            return "?"
+        if 0 < part < 0.005 * whole:
+            return "<1%"
+        return fmt.pct(part / whole, digits=0)
+
     def _headline(self, short: bool = False) -> Line:
         """GPU: the share in use; other tiers: the share cached (what moves there)."""
         d: TierData = self.data
@@ -648,8 +658,7 @@ class TierPanel(Panel):
             part, word = o.in_use, "in use" if not short else "use"
         else:
             part, word = o.cached_idle, "cached"
-        frac = part / cap if part is not None and cap else None
-        return line_of((_pad(fmt.pct(frac, digits=0), 4), S_FIG), (f" {word}", S_DIM))
+        return line_of((_pad(self._share(part, cap), 4), S_FIG), (f" {word}", S_DIM))
 
     def _bar(self, width: int) -> Line:
         """The stacked bar: in use | cached idle | empty, cells adding up to ``width``. Unknown parts are drawn
@@ -708,7 +717,7 @@ class TierPanel(Panel):
             unknown = blocks is None
             parts = [("█ ", style), (f"{name:<{name_w}}", "bold"),
                      (_pad("?" if unknown else fmt.count(blocks), 6), S_DIM if unknown else S_FIG),
-                     (_pad(fmt.pct(blocks / cap if cap and blocks is not None else None, digits=0), 5), S_DIM)]
+                     (_pad(self._share(blocks, cap), 5), S_DIM)]
             if show_gib:
                 parts.append(_pad(fmt.gib(st.bytes(blocks), "?"), 7))
             if show_tokens:
