@@ -366,9 +366,9 @@ GOLDEN: dict[str, str] = {
     "expiry_ties_host/3": "07de08f4261fb9ced160080edbd94521",
 }
 ENGINE_GOLDEN: dict[int, str] = {
-    1: "d1951690863a729f3b52dba4f2c49805",
-    2: "1aede42fc2f113884fca95ce411c4909",
-    3: "62865ef368aa327357538a1d238d62ff",
+    1: "dc7aef9d81a4fd23d08f572c55276dd5",
+    2: "41fc4dab25b24e39650f437057962e28",
+    3: "cd49b539276ff5e8ee085f604d4e716f",
 }
 
 # The in-repo slice of the synthetic Mooncake trace (tests/data/mooncake_slice.jsonl, 499 requests, see its NOTICE) at
@@ -390,11 +390,11 @@ TRACE_SLICE_8GB: dict[str, Any] = {
     "onboarded_blocks": 608,
     "reused_tokens": 108544,
     "input_tokens": 7288597,
-    "ttft_p50_s": 89.72041784353769,
-    "ttft_p99_s": 165.4374654742876,
-    "simulated_seconds": 822.8511541328558,
-    "busy_seconds": 295.95015413285523,
-    "iterations": 2147,
+    "ttft_p50_s": 107.15077747423595,
+    "ttft_p99_s": 199.3666262130597,
+    "simulated_seconds": 857.6850028351838,
+    "busy_seconds": 330.7840028351835,
+    "iterations": 2044,
     "failures": [],
 }
 
@@ -415,10 +415,10 @@ TRACE_300: dict[str, Any] = {
     "onboarded_blocks": 2288,
     "reused_tokens": 109984,
     "input_tokens": 3853165,
-    "ttft_p50_s": 24.588012617442686,
-    "ttft_p99_s": 55.284459579268855,
-    "simulated_seconds": 148.60226431211515,
-    "busy_seconds": 148.60226431211515,
+    "ttft_p50_s": 32.1502506108864,
+    "ttft_p99_s": 71.70977072809637,
+    "simulated_seconds": 166.54954991218457,
+    "busy_seconds": 166.54954991218457,
     "iterations": 1301,
     "failures": [],
 }

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtop.engines.gpus import GpuProfile, load_profile, save_profile
+from kvtop.engines.gpus import load_profile
 from kvtop.report import calibrate as cal
 
 
@@ -53,17 +53,43 @@ def test_unknown_model_is_refused_before_torch(tmp_path: Path, capsys: pytest.Ca
     assert "unknown model" in capsys.readouterr().err
 
 
-def test_profile_with_a_measured_prefill_efficiency_drives_estimate(tmp_path: Path) -> None:
-    # The shape of what calibrate writes; estimate takes the measured efficiency over the built-in 0.88.
+def test_a_calibrated_profile_drives_estimate_and_the_simulator(tmp_path: Path) -> None:
+    # What calibrate writes: raw measurements, from which load_profile derives the cost model's rates. A GPU whose
+    # GEMMs and attention ran at half the H200's rates recomputes twice as slowly, in estimate and in the simulator
+    # (which ignored a calibrated profile's prefill figures before).
+    import dataclasses
+    import json
+
+    from kvtop.engines.gpus import BUILTIN_GPUS
+    from kvtop.engines.sim.llm import SamplingParams, SimLLM
     from kvtop.report.estimate import estimate
 
-    prof = GpuProfile(name="H200", memory_bytes=143771 << 20, hbm_GBps=4250.0, bf16_tflops=791.3, h2d_GBps=55.28,
-                      d2h_GBps=55.22, link_name="pcie5", source="measured: test", copy_latency_us=3.57,
-                      measured={"prefill_efficiency": 0.44})
-    path = tmp_path / "h200.json"
-    save_profile(prof, path)
-    assert load_profile(path).measured["prefill_efficiency"] == 0.44
-    base = estimate("Qwen/Qwen3-8B", "H200")
-    slow = estimate("Qwen/Qwen3-8B", str(path))
-    assert slow["recompute_s"] == pytest.approx(2 * base["recompute_s"], rel=1e-3)  # 0.44 is half of 0.88
-    assert slow["reload_s"] == pytest.approx(base["reload_s"])
+    measured = json.loads((Path(__file__).parents[1] / "profiles" / "h200-calibrated-2026-12-01.json")
+                          .read_text())["measured"]
+    slow_measured = dict(measured)
+    for key in ("gemm_layer_s_bf16", "gemm_layer_s_fp8", "gemm_layer_s_fp8fast"):
+        slow_measured[key] = [[m, 2 * t] for m, t in measured[key]]
+    slow_measured["attention_prefill_tokens_s_tflops"] = [[n, 2 * t, f / 2]
+                                                          for n, t, f in measured["attention_prefill_tokens_s_tflops"]]
+    h200 = BUILTIN_GPUS["H200"]
+    paths = {}
+    for label, m in (("fast", measured), ("slow", slow_measured)):
+        prof = dataclasses.replace(h200, measured=m, gemm_correction={}, attention_prefill_tflops=[], fp8_tflops=None)
+        paths[label] = tmp_path / f"{label}.json"
+        data = {k: v for k, v in prof.to_dict().items()
+                if k not in ("gemm_correction", "attention_prefill_tflops", "fp8_tflops")}
+        paths[label].write_text(json.dumps(data))
+    fast, slow = load_profile(paths["fast"]), load_profile(paths["slow"])
+    assert fast.fp8_tflops == pytest.approx(1430.5, rel=1e-3) and fast.bf16_tflops == pytest.approx(678.8, rel=1e-3)
+    assert slow.fp8_tflops == pytest.approx(1430.5 / 2, rel=1e-3)
+    e_fast = estimate("Qwen/Qwen3-8B", str(paths["fast"]))
+    e_slow = estimate("Qwen/Qwen3-8B", str(paths["slow"]))
+    assert e_slow["recompute_s"] / e_fast["recompute_s"] == pytest.approx(2.0, rel=0.1)
+    assert e_slow["reload_s"] == pytest.approx(e_fast["reload_s"])
+    ttft = {}
+    for label in ("fast", "slow"):
+        with SimLLM("Qwen/Qwen3-8B", gpu=str(paths[label]), speed=0) as llm:
+            out = llm.generate([list(range(4096))], SamplingParams(max_tokens=1))[0]
+            ttft[label] = llm.sim_time_s
+            assert len(out.outputs[0].token_ids) == 1
+    assert ttft["slow"] / ttft["fast"] == pytest.approx(2.0, rel=0.15)

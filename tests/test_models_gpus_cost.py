@@ -192,7 +192,8 @@ def test_h200_profile_is_the_anchor(h200: GpuProfile) -> None:
     assert h200.h2d_GBps == pytest.approx(55.3, abs=0.05)
     assert h200.d2h_GBps == pytest.approx(55.2, abs=0.05)
     assert h200.hbm_GBps == pytest.approx(4250, rel=0.001)
-    assert h200.bf16_tflops == pytest.approx(790, rel=0.01)
+    # sustained one-layer GEMM rate of the 2026-12-01 calibration (the anchor's 791 was a short burst)
+    assert h200.bf16_tflops == pytest.approx(679, rel=0.01)
     assert h200.link_name == "pcie5"
     assert "anchors/h200-2026-11-29.json" in h200.source
     assert h200.measured["onboard_64x4.5MiB_blocks_GBps"] == ONBOARD_BLOCKS_GBPS
@@ -341,13 +342,15 @@ def test_recompute_over_reload_matches_the_anchor(qwen8b: ModelShape, h200: GpuP
     assert ratio == pytest.approx(RECOMPUTE_OVER_RELOAD_8192, rel=0.25)
 
 
-def test_decode_step_is_hbm_bound(qwen8b: ModelShape, h200: GpuProfile) -> None:
-    cost = CostModel(qwen8b, h200)
-    step = cost.decode_step_s(8, 8 * 4096)
-    hbm_bytes = qwen8b.weight_read_bytes + 147456 * (8 * 4096 + 8)
-    assert step == pytest.approx(hbm_bytes / (h200.hbm_GBps * 1e9))
-    assert 0.004 < step < 0.006
-    assert cost.decode_step_s(16, 16 * 4096) > step  # more KV to read
+def test_decode_steps_match_graphed_h200_steps() -> None:
+    # bench/results/h200-cost-2026-12-01-ttft-llama31-8b-graph.json: plain-PyTorch decode steps of Llama-3.1-8B
+    # (bf16, every layer, CUDA-graphed, tokens back on the host) on the H200: 5.09, 7.19 and 23.3 ms.
+    cost = CostModel(resolve_model("meta-llama/Llama-3.1-8B-Instruct"), resolve_gpu("H200"))
+    for batch, ctx, measured in ((1, 2048, 0.005088), (64, 1024, 0.007186), (256, 2048, 0.023301)):
+        assert cost.iteration_s([], [ctx] * batch) == pytest.approx(measured, rel=0.10)
+    # Weights and KV are read by different kernels, one after the other: more KV adds time even when the
+    # GEMMs' weight stream would have hidden it in a single roofline.
+    assert cost.decode_step_s(64, 64 * 4096) > cost.decode_step_s(64, 64 * 1024) + 0.003
     assert cost.decode_step_s(0, 0) == 0.0
 
 

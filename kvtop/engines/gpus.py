@@ -35,8 +35,11 @@ from kvtop.engines.models import read_json_object
 __all__ = [
     "BLOCK_COPY_LATENCY_US",
     "BUILTIN_GPUS",
+    "COST_FIELDS",
     "LINKS",
     "GpuProfile",
+    "cost_rates_from_measured",
+    "gemm_layer_model_s",
     "known_gpu_names",
     "load_profile",
     "parse_link",
@@ -87,6 +90,27 @@ class GpuProfile:
     """Fixed cost of one host<->GPU block copy on top of bytes / bandwidth, microseconds."""
     measured: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Raw measured figures behind the profile (calibration output), verbatim."""
+    # --- the two-part cost model's rates (kvtop.engines.sim.cost); None: the H200's measured value (Hopper) ---
+    fp8_tflops: float | None = None
+    """Dense FP8 GEMM rate, TFLOP/s, measured (one layer's GEMMs at 16,384 tokens), or None: no FP8 GEMMs."""
+    hbm_read_GBps: float | None = None
+    """HBM read rate of a streaming kernel (decode attention reading KV), GB/s: weights and KV reads use it."""
+    gemm_kernel_us: float | None = None
+    """Fixed time of one GEMM kernel on top of its roofline (tail, launch inside a graph), microseconds."""
+    gemm_correction: dict[str, list[list[float]]] = field(default_factory=dict, compare=False, hash=False)
+    """Per GEMM dtype ("bf16", "fp8"): [tokens, measured / modelled time] of one calibrated layer, which the cost
+    model interpolates (log tokens) to correct its GEMM roofline near the compute/memory knee."""
+    attention_prefill_tflops: list[list[float]] = field(default_factory=list, compare=False, hash=False)
+    """[new tokens, TFLOP/s] of causal prefill attention (FlashAttention via SDPA), interpolated on log tokens."""
+    step_overhead_us: float | None = None
+    """Fixed cost of one engine iteration: graphed small kernels (norms, RoPE, activations) + sampling + host
+    round trip, microseconds."""
+    copy_duplex_penalty: float | None = None
+    """Onboard and offload on their own CUDA streams at once take max(on, off) + this x min(on, off)."""
+    allreduce_GBps: float | None = None
+    """All-reduce bus rate between tensor-parallel GPUs (NVLink), GB/s; None: Hopper SXM's assumed figure."""
+    allreduce_latency_us: float | None = None
+    """Fixed cost of one all-reduce, microseconds."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
@@ -112,17 +136,126 @@ class GpuProfile:
         return dataclasses.asdict(self)
 
 
+COST_FIELDS = ("fp8_tflops", "hbm_read_GBps", "gemm_kernel_us", "gemm_correction", "attention_prefill_tflops",
+                "step_overhead_us", "copy_duplex_penalty", "allreduce_GBps", "allreduce_latency_us")
+
+
+def gemm_layer_model_s(shapes: list[tuple[int, int]] | list[list[int]], tokens: int, tflops: float,
+                       read_GBps: float, weight_bytes: float, kernel_us: float) -> float:
+    """One layer's GEMMs at `tokens` rows, uncorrected: per GEMM, max(FLOPs / peak, (weights + bf16 activations
+    in and out) / HBM read rate) + a fixed kernel time. The cost model multiplies this by the calibrated
+    correction at `tokens`."""
+    total = 0.0
+    for k, n in shapes:
+        flops = 2.0 * tokens * k * n
+        nbytes = k * n * weight_bytes + 2.0 * tokens * (k + n)
+        total += max(flops / (tflops * 1e12), nbytes / (read_GBps * 1e9)) + kernel_us * 1e-6
+    return total
+
+
+def cost_rates_from_measured(measured: dict[str, Any]) -> dict[str, Any]:
+    """The cost model's rates from a `kvtop calibrate` run's raw figures (its `measured` dict). Keys it cannot
+    find are left out (the H200's values stand in). How each is read:
+
+    - hbm_read_GBps: the decode-attention KV read rate (a pure streaming read; the copy rate counts read + write);
+    - per GEMM dtype, from one layer's four GEMMs timed at 1 to 16,384 tokens: the peak from the largest count,
+      the fixed kernel time from the smallest (time - weight bytes / read rate, per GEMM), then a correction per
+      token count = measured / modelled. FP8 takes the faster of exact and fast accumulation at each count;
+    - attention_prefill_tflops, step_overhead_us: as measured; copy_duplex_penalty from 64 blocks each way alone
+      and at once.
+    """
+    out: dict[str, Any] = {}
+    read = measured.get("attention_decode_GBps")
+    shapes = measured.get("gemm_layer_shapes_KN")
+    if isinstance(read, (int, float)) and read > 0:
+        out["hbm_read_GBps"] = round(float(read), 1)
+    curves: dict[str, dict[int, float]] = {}
+    for key, label in (("gemm_layer_s_bf16", "bf16"), ("gemm_layer_s_fp8", "fp8"), ("gemm_layer_s_fp8fast", "fp8")):
+        rows = measured.get(key)
+        if isinstance(rows, list) and rows:
+            curve = curves.setdefault(label, {})
+            for m, t in rows:
+                curve[int(m)] = min(float(t), curve.get(int(m), float("inf")))
+    if "hbm_read_GBps" in out and isinstance(shapes, list) and curves:
+        correction: dict[str, list[list[float]]] = {}
+        kernel_us = []
+        for label, curve in curves.items():
+            wbytes = 1.0 if label == "fp8" else 2.0
+            big = max(curve)
+            peak = sum(2.0 * big * k * n for k, n in shapes) / curve[big] / 1e12
+            small = min(curve)
+            stream = gemm_layer_model_s(shapes, small, peak, out["hbm_read_GBps"], wbytes, 0.0)
+            kus = max(0.0, (curve[small] - stream) / len(shapes) * 1e6)
+            kernel_us.append(kus)
+            correction[label] = [[m, round(curve[m] / gemm_layer_model_s(shapes, m, peak, out["hbm_read_GBps"],
+                                                                         wbytes, kus), 4)] for m in sorted(curve)]
+            if label == "fp8":
+                out["fp8_tflops"] = round(peak, 1)
+            else:
+                out["bf16_tflops"] = round(peak, 1)  # the peak the bf16 correction is relative to
+        out["gemm_kernel_us"] = round(sum(kernel_us) / len(kernel_us), 2)
+        out["gemm_correction"] = correction
+    att = measured.get("attention_prefill_tokens_s_tflops")
+    if isinstance(att, list) and att:
+        out["attention_prefill_tflops"] = [[int(n), round(float(tf), 1)] for n, _t, tf in att]
+    step = measured.get("step_overhead_s")
+    if isinstance(step, (int, float)) and step > 0:
+        out["step_overhead_us"] = round(step * 1e6, 1)
+    on, off, both = (measured.get(k) for k in ("overlap_onboard_s", "overlap_offload_s", "overlap_both_s"))
+    if all(isinstance(v, (int, float)) and v > 0 for v in (on, off, both)):
+        assert isinstance(on, (int, float)) and isinstance(off, (int, float)) and isinstance(both, (int, float))
+        out["copy_duplex_penalty"] = round(max(0.0, (both - max(on, off)) / min(on, off)), 3)
+    return out
+
+
 # Ratios measured on the H200 anchor against its datasheet, used to derate other Hopper parts.
 _H200_HBM_GBPS = 4250.321883738074  # hbm_copy_GBps_read_plus_write
 _H200_BF16_TFLOPS = (796.0737734484912 + 786.4560084891509) / 2  # two GEMM shapes: 791.3
 _HBM_DERATE = _H200_HBM_GBPS / 4800.0  # 0.885 of the 4.8 TB/s datasheet
 _BF16_DERATE = _H200_BF16_TFLOPS / 989.0  # 0.800 of the 989 TFLOP/s dense datasheet
 
+# The two-part cost model's rates, measured by `kvtop calibrate` on the H200 device machine on 2026-12-01
+# (profiles/h200-calibrated-2026-12-01.json, Llama-3.1-8B's layer shapes; cost_rates_from_measured of its
+# `measured`, which a test checks): FP8 GEMMs (torch._scaled_mm, fast accumulation) at 1,430 TFLOP/s against bf16's
+# 679 on the same layer at 16,384 tokens (2.1x), and 1.6x at decode sizes, where both stream weights; decode
+# attention reads KV at 4,496 GB/s; the fixed step cost is 159 us (128 graphed small kernels 113 us, sampling and
+# the host round trip 46 us); onboard and offload at once take 1.135x the longer of the two.
+_H200_COST: dict[str, Any] = {
+    "fp8_tflops": 1430.5,
+    "hbm_read_GBps": 4496.4,
+    "gemm_kernel_us": 7.52,
+    "gemm_correction": {
+        "bf16": [[1, 1.0], [16, 0.9829], [64, 1.0593], [128, 1.1585], [256, 0.9959], [512, 0.8575], [1024, 0.8486],
+                 [2048, 0.854], [4096, 0.8548], [8192, 0.9591], [16384, 0.9972]],
+        "fp8": [[1, 1.0], [16, 0.9741], [64, 1.0275], [128, 1.0942], [256, 1.0995], [512, 0.9376], [1024, 0.9229],
+                [2048, 0.9396], [4096, 0.9381], [8192, 0.9812], [16384, 0.9939]],
+    },
+    "attention_prefill_tflops": [[1024, 244.1], [4096, 520.5], [16384, 629.1]],
+    "step_overhead_us": 159.1,
+    "copy_duplex_penalty": 0.135,
+    # Not measured here (one GPU): NVLink 4 between SXM Hopper GPUs, 450 GB/s per direction in theory; nccl-tests
+    # all-reduce bus bandwidth is commonly reported at ~360 GB/s for large messages on DGX H100, and small
+    # all-reduces (a decode step's) cost a few microseconds in TensorRT-LLM's custom kernels: assumed 8 us.
+    "allreduce_GBps": 360.0,
+    "allreduce_latency_us": 8.0,
+}
+_HBM_READ_DERATE = _H200_COST["hbm_read_GBps"] / 4800.0  # 0.937 of the datasheet
+
+
+def _hopper_cost(hbm_datasheet_GBps: float) -> dict[str, Any]:
+    return {**_H200_COST, "hbm_read_GBps": round(hbm_datasheet_GBps * _HBM_READ_DERATE, 1)}
+
+
+# Sustained bf16 GEMM rate: one Llama-3.1-8B layer's GEMMs at 16,384 tokens, 2026-12-01 (the rate the GEMM
+# corrections above are relative to). The 2026-11-29 anchor's 791 was a short burst on a cool GPU; sustained
+# batches ran at 686 on the 11-29 calibration and 679 here.
+_H200_SUSTAINED_BF16_TFLOPS = 678.8
+
 _H200 = GpuProfile(
     name="H200",
     memory_bytes=143771 * _MIB,  # 150,754,820,096 bytes: NVML total of an H200 (141 GB HBM3e part)
     hbm_GBps=round(_H200_HBM_GBPS, 1),
-    bf16_tflops=round(_H200_BF16_TFLOPS, 1),
+    bf16_tflops=_H200_SUSTAINED_BF16_TFLOPS,
     h2d_GBps=55.28,  # pinned 1 GiB; scattered 4.5 MiB blocks reach 53.06 via copy_latency_us
     d2h_GBps=55.22,
     link_name="pcie5",
@@ -141,32 +274,36 @@ _H200 = GpuProfile(
         "reload_s_per_8192_tokens_pinned": 0.021809999465942382,
         "pcie_gen_width": [5, 16],
     },
+    **_H200_COST,
 )
 
 _H100 = GpuProfile(
     name="H100",
     memory_bytes=81559 * _MIB,  # 85,520,809,984 bytes: NVML total of an H100 80GB HBM3 (SXM)
     hbm_GBps=round(3350.0 * _HBM_DERATE, 1),  # 3.35 TB/s datasheet x 0.885 = 2,966
-    bf16_tflops=round(989.0 * _BF16_DERATE, 1),  # same 989 datasheet as the H200, so the same 791
+    bf16_tflops=_H200_SUSTAINED_BF16_TFLOPS,  # same die and clocks as the H200
     h2d_GBps=55.28,  # PCIe Gen5 x16, like the H200: its measured link
     d2h_GBps=55.22,
     link_name="pcie5",
     source="derived: H100 SXM datasheet (80 GB HBM3 3.35 TB/s, 989 dense BF16 TFLOP/s) x the H200 anchor's "
            "measured/datasheet ratios (HBM 0.885, BF16 0.800); PCIe Gen5 x16 link as measured on the H200; "
-           "memory: NVML total 81,559 MiB",
+           "memory: NVML total 81,559 MiB; FP8, attention, step and copy-overlap rates the H200's (same die)",
+    **_hopper_cost(3350.0),
 )
 
 _GH200 = GpuProfile(
     name="GH200",
     memory_bytes=97871 * _MIB,  # 102,625,181,696 bytes: NVML total of the 96 GB HBM3 GH200
     hbm_GBps=round(4000.0 * _HBM_DERATE, 1),  # 4.0 TB/s datasheet (96 GB HBM3 variant) x 0.885 = 3,542
-    bf16_tflops=round(989.0 * _BF16_DERATE, 1),  # same H100 die: 989 datasheet x 0.800
+    bf16_tflops=_H200_SUSTAINED_BF16_TFLOPS,  # same H100 die
     h2d_GBps=LINKS["c2c"],  # 346 GB/s measured host->GPU by one user; 450 in theory
     d2h_GBps=LINKS["c2c"],  # not measured: assumed equal to host->GPU
     link_name="c2c",
     source="derived: GH200 96GB HBM3 (the 144GB HBM3e variant differs) datasheet 4.0 TB/s, 989 dense BF16 "
            "TFLOP/s x the H200 anchor's ratios (HBM 0.885, BF16 0.800); NVLink-C2C 346 GB/s host->GPU as "
-           "one user measured (450 in theory), GPU->host assumed equal; memory: NVML total 97,871 MiB",
+           "one user measured (450 in theory), GPU->host assumed equal; memory: NVML total 97,871 MiB; FP8, "
+           "attention, step and copy-overlap rates the H200's (same die)",
+    **_hopper_cost(4000.0),
 )
 
 BUILTIN_GPUS: dict[str, GpuProfile] = {p.name: p for p in (_H200, _H100, _GH200)}
@@ -232,6 +369,15 @@ def load_profile(path: str | Path) -> GpuProfile:
     kwargs: dict[str, Any] = {k: data[k] for k in _REQUIRED}
     if "copy_latency_us" in data:
         kwargs["copy_latency_us"] = float(data["copy_latency_us"])
+    # The cost model's rates: as written, else derived from the raw measurements (profiles from before they were
+    # fields), else the H200's (GpuProfile's None).
+    derived = cost_rates_from_measured(measured)
+    if "gemm_correction" not in data and "bf16_tflops" in derived:
+        kwargs["bf16_tflops"] = derived["bf16_tflops"]  # the corrections are relative to this peak
+    for key in COST_FIELDS:
+        value = data.get(key, derived.get(key))
+        if value is not None:
+            kwargs[key] = value
     try:
         kwargs["memory_bytes"] = int(kwargs["memory_bytes"])
         for k in ("hbm_GBps", "bf16_tflops", "h2d_GBps", "d2h_GBps"):

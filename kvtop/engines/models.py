@@ -15,6 +15,7 @@ Dense decoder-only transformers with SwiGLU MLPs only (Llama, Qwen2/3, Mistral a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ __all__ = [
     "estimate_num_params",
     "known_model_names",
     "model_from_config",
+    "quantization_of",
     "resolve_model",
 ]
 
@@ -47,10 +49,17 @@ class ModelShape:
     num_params: int
     """Total parameter count, embeddings (and an untied LM head) included."""
     dtype_bytes: int = 2
-    """Bytes per weight and per KV element: 2 for bf16/fp16 (TensorRT-LLM's KV dtype follows the model's
-    dtype unless an FP8 KV cache is configured)."""
+    """Bytes of the model's own dtype (config.json's torch_dtype): activations, embeddings, the LM head, and every
+    weight of an unquantized checkpoint. 2 for bf16/fp16."""
     tie_word_embeddings: bool = False
     """True when the LM head shares the embedding matrix (Qwen3-0.6B), so it is counted once in num_params."""
+    weight_quant: str | None = None
+    """"fp8" for a checkpoint whose linear layers (QKV, O, MLP) hold FP8 weights and run FP8 GEMMs (ModelOpt,
+    compressed-tensors, HF fine-grained FP8); embeddings, the LM head, norms and activations stay in the model's
+    dtype. None: every weight in the model's dtype."""
+    kv_dtype_bytes: int | None = None
+    """Bytes per KV cache element; None: the model's dtype. 1 for an FP8 KV cache (the checkpoint's
+    kv_cache_quant_algo, or KvCacheConfig(dtype="fp8"))."""
 
     def __post_init__(self) -> None:
         for field_name in ("num_layers", "num_kv_heads", "head_dim", "hidden_size", "num_attention_heads",
@@ -59,6 +68,33 @@ class ModelShape:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelShape {self.name!r}: {field_name} must be a positive int, "
                                  f"got {value!r}")
+        if self.weight_quant not in (None, "fp8"):
+            raise ValueError(f"ModelShape {self.name!r}: weight_quant must be None or 'fp8', got {self.weight_quant!r}")
+        if self.kv_dtype_bytes not in (None, 1, 2, 4):
+            raise ValueError(f"ModelShape {self.name!r}: kv_dtype_bytes must be 1, 2 or 4, got {self.kv_dtype_bytes!r}")
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of one KV element: the KV dtype's, else the model's."""
+        return self.kv_dtype_bytes if self.kv_dtype_bytes is not None else self.dtype_bytes
+
+    @property
+    def linear_weight_bytes(self) -> int:
+        """Bytes per weight of the linear layers: 1 for FP8 checkpoints, else the model's dtype."""
+        return 1 if self.weight_quant == "fp8" else self.dtype_bytes
+
+    def with_kv_cache_dtype(self, dtype: str | None) -> ModelShape:
+        """This model with TensorRT-LLM's ``KvCacheConfig.dtype``: "auto" (or None) keeps the checkpoint's KV
+        dtype (FP8 where its quantization config says so, else the model's dtype); "fp8" makes it FP8;
+        "bfloat16"/"float16"/"float32" set it explicitly."""
+        text = "auto" if dtype is None else str(dtype).strip().lower()
+        if text == "auto":
+            return self
+        return dataclasses.replace(self, kv_dtype_bytes=dtype_bytes_of(text))
+
+    def with_weight_quant(self, quant: str | None) -> ModelShape:
+        """This model with FP8 linear weights ("fp8") or none (None)."""
+        return dataclasses.replace(self, weight_quant=quant)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -69,7 +105,7 @@ class ModelShape:
         in bytes of the KV dtype). Qwen3-8B bf16: 2 x 36 x 8 x 128 x 2 = 147,456
         (anchors/h200-2026-11-29.json, `qwen3_8b_kv_bytes_per_token_bf16`).
         """
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_bytes
 
     def kv_bytes_per_block(self, tokens_per_block: int) -> int:
         """Bytes of one KV cache block: Qwen3-8B, 32 tokens: 4,718,592 (4.5 MiB, the anchors' block size)."""
@@ -79,8 +115,12 @@ class ModelShape:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of all weights in the model dtype: what loading the model takes from GPU memory."""
-        return self.num_params * self.dtype_bytes
+        """Bytes of all weights as loaded on the GPU: the linear layers in their (possibly FP8) dtype, the
+        embedding table and an untied LM head in the model's dtype. Llama-3.1-8B: 16.06 GB bf16, 9.08 GB FP8
+        (7.0 GB of FP8 linear weights + 2.1 GB of bf16 embedding and LM head). FP8 scales (one float per tensor)
+        are left out."""
+        untied_head = 0 if self.tie_word_embeddings else self.lm_head_params
+        return self.matmul_params * self.linear_weight_bytes + (self.embedding_params + untied_head) * self.dtype_bytes
 
     @property
     def embedding_params(self) -> int:
@@ -106,7 +146,7 @@ class ModelShape:
     def weight_read_bytes(self) -> int:
         """Weight bytes one forward pass streams from HBM: every matrix except the embedding table, of which
         only the rows of the batch's tokens are read (the LM head is read in full, tied or not)."""
-        return (self.matmul_params + self.lm_head_params) * self.dtype_bytes
+        return self.matmul_params * self.linear_weight_bytes + self.lm_head_params * self.dtype_bytes
 
     @property
     def attention_flops_per_context_token(self) -> int:
@@ -176,6 +216,15 @@ def _llama31(name: str, *, layers: int, hidden: int, heads: int, inter: int) -> 
                       num_params=params, dtype_bytes=2)
 
 
+def _fp8(base: ModelShape, name: str) -> ModelShape:
+    # NVIDIA's ModelOpt FP8 checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8, nvidia/Llama-3.3-70B-Instruct-FP8):
+    # FP8 weights and activations in the transformer blocks' linear layers only (model cards: "Only the weights and
+    # activations of the linear operators within transformers blocks are quantized"); FP8 KV cache, as TensorRT-LLM
+    # runs them: trtllm-bench maps an FP8 quant_algo to an FP8 KV cache (tensorrt_llm/bench/benchmark/utils/
+    # general.py, _KV_CACHE_MAP) and the LLM API takes the checkpoint's kv_cache_quant_algo.
+    return dataclasses.replace(base, name=name, weight_quant="fp8", kv_dtype_bytes=1)
+
+
 def _tinyllama() -> ModelShape:
     # TinyLlama-1.1B-Chat-v1.0 config.json: 22 layers, hidden 2048, 32 heads, 4 KV heads (head_dim 64),
     # intermediate 5632, vocab 32,000, untied, bf16. 2 x 22 x 4 x 64 x 2 = 22,528 KV bytes per token.
@@ -201,6 +250,12 @@ BUILTIN_MODELS: dict[str, ModelShape] = {
     )
 }
 
+BUILTIN_MODELS["nvidia/Llama-3.1-8B-Instruct-FP8"] = _fp8(BUILTIN_MODELS["meta-llama/Llama-3.1-8B-Instruct"],
+                                                       "nvidia/Llama-3.1-8B-Instruct-FP8")
+# Llama 3.3 70B has Llama 3.1 70B's config.json shape (80 layers, hidden 8192, 64 heads, 8 KV heads, 28,672, 128,256).
+BUILTIN_MODELS["nvidia/Llama-3.3-70B-Instruct-FP8"] = _fp8(BUILTIN_MODELS["meta-llama/Llama-3.1-70B-Instruct"],
+                                                        "nvidia/Llama-3.3-70B-Instruct-FP8")
+
 # The base models have the same shapes as their -Instruct versions (same config.json apart from ids).
 _ALIASES: dict[str, str] = {
     "meta-llama/Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct",
@@ -209,6 +264,8 @@ _ALIASES: dict[str, str] = {
     "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct",
     "meta-llama/Meta-Llama-3.1-70B-Instruct": "meta-llama/Llama-3.1-70B-Instruct",
     "meta-llama/Meta-Llama-3.1-70B": "meta-llama/Llama-3.1-70B-Instruct",
+    "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B-Instruct",
+    "nvidia/Llama-3.1-8B-FP8": "nvidia/Llama-3.1-8B-Instruct-FP8",
 }
 
 
@@ -296,10 +353,51 @@ def model_from_config(cfg: dict[str, Any], name: str, source: str = "config.json
             qk_norm=model_type.startswith("qwen3"),
             attention_bias=bool(cfg.get("attention_bias", model_type == "qwen2")),
         )
+    weight_quant, kv_quant = quantization_of(cfg.get("quantization_config"), source)
     return ModelShape(name=name, num_layers=layers, num_kv_heads=kv_heads, head_dim=head_dim,
                       hidden_size=hidden, num_attention_heads=heads, intermediate_size=inter,
                       vocab_size=vocab, num_params=num_params, dtype_bytes=dtype_bytes,
-                      tie_word_embeddings=tied)
+                      tie_word_embeddings=tied, weight_quant=weight_quant,
+                      kv_dtype_bytes=1 if kv_quant == "fp8" else None)
+
+
+_FP8_METHODS = ("fp8", "fbgemm_fp8")
+
+
+def quantization_of(qcfg: Any, source: str = "config.json") -> tuple[str | None, str | None]:
+    """(weight quantization, KV cache quantization) of a checkpoint's ``quantization_config`` (config.json) or
+    ModelOpt ``hf_quant_config.json`` "quantization" section: ("fp8" or None, "fp8" or None).
+
+    Understood: HF fine-grained FP8 and FBGEMM FP8 (``quant_method`` "fp8" / "fbgemm_fp8"), ModelOpt
+    (``quant_algo`` "FP8", ``kv_cache_quant_algo`` "FP8"), compressed-tensors (``config_groups`` whose weights are
+    8-bit floats; ``kv_cache_scheme`` of 8-bit floats). Other schemes (INT4 AWQ/GPTQ, NVFP4, ...) would size
+    weights wrongly, so they raise ValueError naming the method.
+    """
+    if qcfg is None:
+        return None, None
+    if not isinstance(qcfg, dict):
+        raise ValueError(f"{source}: quantization_config must be an object, got {type(qcfg).__name__}")
+    method = str(qcfg.get("quant_method") or "").lower()
+    algo = str(qcfg.get("quant_algo") or "").upper()
+    kv_algo = str(qcfg.get("kv_cache_quant_algo") or "").upper()
+    kv: str | None = "fp8" if kv_algo == "FP8" else None
+    scheme = qcfg.get("kv_cache_scheme")
+    if isinstance(scheme, dict) and scheme.get("num_bits") == 8 and str(scheme.get("type", "")).lower() == "float":
+        kv = "fp8"
+    if method in _FP8_METHODS or algo in ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_BLOCK_SCALES"):
+        return "fp8", kv
+    if method == "compressed-tensors":
+        groups = qcfg.get("config_groups") or {}
+        weights = [g.get("weights") for g in groups.values() if isinstance(g, dict)] if isinstance(groups, dict) else []
+        if weights and all(isinstance(w, dict) and w.get("num_bits") == 8 and str(w.get("type", "")).lower() == "float"
+                           for w in weights):
+            return "fp8", kv
+        raise ValueError(f"{source}: compressed-tensors quantization other than 8-bit float weights is not "
+                         "supported by this cost model")
+    if method in ("", "modelopt") and not algo:
+        return None, kv  # a KV-only quantization (or an empty section)
+    raise ValueError(f"{source}: quantization {method or algo!r} is not supported (FP8 checkpoints are); its "
+                     "weights would be sized wrongly")
 
 
 def read_json_object(path: Path, label: str) -> dict[str, Any]:
@@ -319,6 +417,11 @@ def read_json_object(path: Path, label: str) -> dict[str, Any]:
 def _load_config_file(path: Path) -> ModelShape:
     cfg = read_json_object(path, str(path))
     name = cfg.get("_name_or_path") or path.parent.name or str(path)
+    quant_file = path.parent / "hf_quant_config.json"  # ModelOpt checkpoints keep their quantization here
+    if "quantization_config" not in cfg and quant_file.is_file():
+        quant = read_json_object(quant_file, str(quant_file)).get("quantization")
+        if quant is not None:
+            cfg = {**cfg, "quantization_config": quant}
     return model_from_config(cfg, str(name), source=str(path))
 
 

@@ -76,14 +76,20 @@ def runtime_reserve_bytes(model: ModelShape, max_num_tokens: int = DEFAULT_MAX_N
 
 def primary_blocks(model: ModelShape, gpu: GpuProfile, tokens_per_block: int, max_tokens: int | None = None,
                    free_gpu_memory_fraction: float | None = DEFAULT_FREE_GPU_MEMORY_FRACTION,
-                   other_bytes: int | None = None) -> int:
+                   other_bytes: int | None = None, tensor_parallel_size: int = 1,
+                   max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS) -> int:
     """Blocks in the GPU pool, as TensorRT-LLM sizes it (see the module docstring).
 
-    `free_gpu_memory_fraction` of the memory left after the weights and `other_bytes` (default:
-    `runtime_reserve_bytes(model)`), in whole tokens, capped by `max_tokens` when given (TensorRT-LLM takes
-    the lesser), then rounded up to whole blocks. Qwen3-8B on an H200 at the defaults: about 25,000 blocks
-    of 32 tokens. Raises ValueError when the model does not fit.
+    `free_gpu_memory_fraction` of the memory left after the weights (their real bytes: FP8 linear layers, bf16
+    embeddings and LM head) and `other_bytes` (default: `runtime_reserve_bytes(model, max_num_tokens)`), in
+    whole tokens, capped by `max_tokens` when given (TensorRT-LLM takes the lesser), then rounded up to whole
+    blocks. With tensor parallelism each rank holds 1/tp of the weights and of every token's KV (its KV heads),
+    and every rank's pool has the same block count. Qwen3-8B on an H200 at the defaults: about 25,000 blocks of
+    32 tokens; Llama-3.1-8B FP8 with an FP8 KV cache: about 60,000. Raises ValueError when the model does not fit.
     """
+    if not isinstance(tensor_parallel_size, int) or tensor_parallel_size <= 0:
+        raise ValueError(f"tensor_parallel_size must be a positive int, got {tensor_parallel_size!r}")
+    tp = tensor_parallel_size
     if not isinstance(tokens_per_block, int) or tokens_per_block <= 0:
         raise ValueError(f"tokens_per_block must be a positive int, got {tokens_per_block!r}")
     fraction = free_gpu_memory_fraction
@@ -93,15 +99,18 @@ def primary_blocks(model: ModelShape, gpu: GpuProfile, tokens_per_block: int, ma
         raise ValueError(f"free_gpu_memory_fraction must be between 0 and 1, got {fraction}")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 0):
         raise ValueError(f"max_tokens must be a non-negative int or None, got {max_tokens!r}")
-    reserve = runtime_reserve_bytes(model) if other_bytes is None else other_bytes
+    reserve = runtime_reserve_bytes(model, max_num_tokens) if other_bytes is None else other_bytes
     if reserve < 0:
         raise ValueError(f"other_bytes must be >= 0, got {other_bytes}")
-    free = gpu.memory_bytes - model.weight_bytes - reserve
+    weights = -(-model.weight_bytes // tp)
+    free = gpu.memory_bytes - weights - reserve
     if free <= 0:
+        per = f" per GPU at tensor parallelism {tp}" if tp > 1 else ""
         raise ValueError(
-            f"{model.name} does not fit on {gpu.name}: weights {format_bytes(model.weight_bytes)} + runtime "
+            f"{model.name} does not fit on {gpu.name}: weights {format_bytes(weights)}{per} + runtime "
             f"{format_bytes(reserve)} >= GPU memory {format_bytes(gpu.memory_bytes)}")
-    tokens = int((free * fraction) // model.kv_bytes_per_token)
+    kv_per_token_rank = model.kv_bytes_per_token // min(tp, model.num_kv_heads)
+    tokens = int((free * fraction) // kv_per_token_rank)
     if max_tokens is not None:
         tokens = min(tokens, max_tokens)
     return math.ceil(tokens / tokens_per_block) if tokens > 0 else 0

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtop.engines.gpus import LINKS, GpuProfile, save_profile
+from kvtop.engines.gpus import COST_FIELDS, LINKS, GpuProfile, cost_rates_from_measured, save_profile
 from kvtop.engines.models import ModelShape, resolve_model
 
 __all__ = ["CalibrationUnavailable", "calibrate", "main", "run_calibrate"]
@@ -235,6 +235,218 @@ def _prefill_layer_s(torch: Any, timer: _Timer, model: ModelShape, tokens: int, 
         return min(times)
 
 
+def _fp8_usable(torch: Any, dev: Any) -> bool:
+    """FP8 GEMMs need compute capability 8.9+ (Ada, Hopper) and a torch with float8 types and _scaled_mm."""
+    try:
+        return (tuple(torch.cuda.get_device_capability(dev)) >= (8, 9) and hasattr(torch, "float8_e4m3fn")
+                and hasattr(torch, "_scaled_mm"))
+    except Exception:
+        return False
+
+
+def layer_gemm_shapes(model: ModelShape, tp: int = 1) -> list[tuple[int, int]]:
+    """(K, N) of the four GEMMs of one decoder layer, as TensorRT-LLM fuses them (QKV, O, gate+up, down), sharded
+    `tp` ways (column-parallel QKV and gate+up split N, row-parallel O and down split K)."""
+    h, hd = model.hidden_size, model.head_dim
+    nh, nkv, inter = model.num_attention_heads, model.num_kv_heads, model.intermediate_size
+    return [(h, (nh + 2 * nkv) * hd // tp), (nh * hd // tp, h), (h, 2 * inter // tp), (inter // tp, h)]
+
+
+GEMM_TOKENS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def _gemm_layer_s(torch: Any, timer: _Timer, shapes: Sequence[tuple[int, int]], m: int, fp8: bool,
+                  dev: Any, fast_accum: bool = False) -> float:
+    """Seconds for one layer's GEMMs at `m` tokens (bf16, or FP8 inputs with bf16 output via torch._scaled_mm,
+    per-tensor scales, as a ModelOpt FP8 checkpoint runs on Hopper). _scaled_mm wants dims that are multiples of 16,
+    so `m` is padded up to 16, as CUDA-graph padding does for small decode batches."""
+    bf16 = torch.bfloat16
+    mp = max(16, -(-m // 16) * 16) if fp8 else m
+    ops: list[Callable[[], None]] = []
+    for k, n in shapes:
+        a = torch.randn(mp, k, device=dev, dtype=bf16)
+        w = torch.randn(n, k, device=dev, dtype=bf16) * 0.02
+        if fp8:
+            a8 = a.to(torch.float8_e4m3fn)
+            w8 = w.to(torch.float8_e4m3fn).t()  # (K, N), column-major: what _scaled_mm's second operand must be
+            one = torch.ones((), device=dev, dtype=torch.float32)
+            ops.append(functools.partial(torch._scaled_mm, a8, w8, one, one, out_dtype=bf16,
+                                         use_fast_accum=fast_accum))
+        else:
+            wt = w.t()
+            ops.append(functools.partial(torch.matmul, a, wt))
+
+    def layer() -> None:
+        for op in ops:
+            op()
+
+    flops = sum(2.0 * mp * k * n for k, n in shapes)
+    reps = max(3, min(200, int(2e11 / max(flops, 1.0))))  # batches of ~0.3 ms or more at 700 TFLOP/s
+    return timer.seconds(layer, reps)
+
+
+def gemm_roofline_s(shapes: Sequence[tuple[int, int]], m: int, tflops: float, hbm_GBps: float,
+                    weight_bytes: float) -> float:
+    """The bound one layer's GEMMs cannot beat: max(FLOPs / peak, bytes / HBM), bytes being the weights once plus
+    bf16 activations in and out. The efficiency curves calibrate writes are this over the measured time."""
+    flops = sum(2.0 * m * k * n for k, n in shapes)
+    nbytes = sum(k * n * weight_bytes + 2.0 * m * (k + n) for k, n in shapes)
+    return max(flops / (tflops * 1e12), nbytes / (hbm_GBps * 1e9))
+
+
+def _gemm_curves(torch: Any, timer: _Timer, model: ModelShape, dev: Any, hbm_GBps: float, quick: bool,
+                 say: Callable[[str], None]) -> dict[str, Any]:
+    """One layer's GEMMs at decode and prefill token counts, bf16 and (where the GPU has it) FP8."""
+    shapes = layer_gemm_shapes(model)
+    tokens = GEMM_TOKENS[::2] if quick else GEMM_TOKENS
+    out: dict[str, Any] = {"gemm_layer_shapes_KN": [list(s) for s in shapes]}
+    # FP8 both ways: exact accumulation (torch's default) and fast accumulation (what FP8 GEMMs on Hopper commonly
+    # run with); the cost model takes the faster.
+    kinds = [("bf16", False, False)]
+    if _fp8_usable(torch, dev):
+        kinds += [("fp8", True, False), ("fp8fast", True, True)]
+    for label, fp8, fast in kinds:
+        # warm the clocks once per kind: the first GEMMs after idle run at a fraction of the clock
+        _gemm_layer_s(torch, _Timer(torch), shapes, 8192, fp8, dev, fast)
+        times = {m: _gemm_layer_s(torch, timer, shapes, m, fp8, dev, fast) for m in tokens}
+        flops_big = sum(2.0 * tokens[-1] * k * n for k, n in shapes)
+        peak = flops_big / times[tokens[-1]] / 1e12
+        out[f"gemm_layer_s_{label}"] = [[m, times[m]] for m in tokens]
+        out[f"{label}_gemm_layer_tflops_at_{tokens[-1]}"] = peak
+        say(f"  {label} layer GEMMs: " + ", ".join(f"{m}:{times[m] * 1e6:.0f}us" for m in tokens)
+            + f"  ({peak:.0f} TFLOP/s at {tokens[-1]} tokens)")
+    if f"fp8_gemm_layer_tflops_at_{tokens[-1]}" not in out:
+        out["fp8_unavailable"] = "no FP8 GEMM here (needs compute capability 8.9+ and torch._scaled_mm)"
+    return out
+
+
+def _attention(torch: Any, timer: _Timer, model: ModelShape, dev: Any, quick: bool,
+               say: Callable[[str], None]) -> dict[str, Any]:
+    """SDPA attention of one layer: decode (one query per request over its context, GQA) as a KV read rate, and
+    causal prefill as a FLOP rate. bf16 KV: SDPA has no FP8 KV path; TensorRT-LLM's FP8-KV kernels read half
+    the bytes at (the cost model assumes) the same rate."""
+    F = torch.nn.functional
+    bf16 = torch.bfloat16
+    nh, nkv, hd = model.num_attention_heads, model.num_kv_heads, model.head_dim
+    out: dict[str, Any] = {}
+    decode = []
+    with torch.inference_mode():
+        for batch, ctx in (((64, 2048),) if quick else ((16, 1024), (64, 2048), (128, 4096), (32, 16384))):
+            q = torch.randn(batch, nh, 1, hd, device=dev, dtype=bf16)
+            k = torch.randn(batch, nkv, ctx, hd, device=dev, dtype=bf16)
+            v = torch.randn(batch, nkv, ctx, hd, device=dev, dtype=bf16)
+            t = timer.seconds(functools.partial(F.scaled_dot_product_attention, q, k, v, enable_gqa=True), 20)
+            gbps = 2 * batch * nkv * ctx * hd * 2 / t / 1e9
+            decode.append([batch, ctx, t, gbps])
+            del q, k, v
+        prefill = []
+        for n in ((4096,) if quick else (1024, 4096, 16384)):
+            q = torch.randn(1, nh, n, hd, device=dev, dtype=bf16)
+            k = torch.randn(1, nkv, n, hd, device=dev, dtype=bf16)
+            v = torch.randn(1, nkv, n, hd, device=dev, dtype=bf16)
+            t = timer.seconds(functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True,
+                                                enable_gqa=True), 5)
+            tflops = 4.0 * nh * hd * (n * (n + 1) / 2) / t / 1e12
+            prefill.append([n, t, tflops])
+            del q, k, v
+    out["attention_decode_batch_ctx_s_GBps"] = decode
+    out["attention_prefill_tokens_s_tflops"] = prefill
+    out["attention_decode_GBps"] = max(row[3] for row in decode)
+    out["attention_prefill_tflops"] = prefill[-1][2]
+    say(f"  attention: decode KV read {out['attention_decode_GBps']:,.0f} GB/s, causal prefill "
+        f"{out['attention_prefill_tflops']:.0f} TFLOP/s at {prefill[-1][0]} tokens")
+    return out
+
+
+def _step_overhead(torch: Any, timer: _Timer, model: ModelShape, dev: Any,
+                   say: Callable[[str], None]) -> dict[str, Any]:
+    """What a decode step costs besides its GEMMs and attention: the small kernels between them (norms, RoPE,
+    activation, residual adds: 4 a layer, as TensorRT-LLM fuses them), replayed from one CUDA graph as
+    TensorRT-LLM's PyTorch backend does, plus greedy sampling of one token and the host round trip that hands
+    it back."""
+    layers = model.num_layers
+    x = torch.zeros(model.hidden_size, device=dev, dtype=torch.bfloat16)
+    n_small = 4 * layers
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            x.add_(1.0)
+    torch.cuda.current_stream(dev).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(n_small):
+            x.add_(1.0)
+    logits = torch.randn(1, model.vocab_size, device=dev, dtype=torch.bfloat16)
+    logits_b = torch.randn(256, model.vocab_size, device=dev, dtype=torch.bfloat16)
+    graph_s = timer.seconds(graph.replay, 50)
+    sample_s = timer.seconds(lambda: torch.argmax(logits, dim=-1).cpu(), 50)
+    sample_256_s = timer.seconds(lambda: torch.argmax(logits_b, dim=-1).cpu(), 50)
+
+    def step() -> None:
+        graph.replay()
+        torch.argmax(logits, dim=-1).cpu()
+
+    step_s = timer.seconds(step, 50)
+    out = {"small_kernels_per_step": n_small, "graph_small_kernels_s": graph_s,
+           "graph_us_per_kernel": graph_s / n_small * 1e6, "sample_1_roundtrip_s": sample_s,
+           "sample_256_roundtrip_s": sample_256_s, "step_overhead_s": step_s}
+    say(f"  per-step overhead {step_s * 1e6:.0f} us ({n_small} graphed small kernels {graph_s * 1e6:.0f} us, "
+        f"sampling + host round trip {sample_s * 1e6:.0f} us; batch 256 {sample_256_s * 1e6:.0f} us)")
+    return out
+
+
+def _copy_overlap(torch: Any, timer: _Timer, block_bytes: int, dev: Any, say: Callable[[str], None],
+                  n_blocks: int = 64) -> dict[str, Any]:
+    """Do onboard (host->GPU) and offload (GPU->host) block copies on separate streams overlap, as TensorRT-LLM
+    issues them, and does a copy slow a GEMM running beside it? Times each alone and both together."""
+    pool = 2 * n_blocks
+    host = torch.empty((pool, block_bytes), dtype=torch.uint8, pin_memory=True)
+    host.fill_(1)
+    gpu = torch.empty((pool, block_bytes), dtype=torch.uint8, device=dev)
+    s_on, s_off = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+
+    def onboard() -> None:
+        with torch.cuda.stream(s_on):
+            for i in range(n_blocks):
+                gpu[i].copy_(host[i], non_blocking=True)
+
+    def offload() -> None:
+        with torch.cuda.stream(s_off):
+            for i in range(n_blocks):
+                host[n_blocks + i].copy_(gpu[n_blocks + i], non_blocking=True)
+
+    def both() -> None:
+        onboard()
+        offload()
+
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+
+    def gemm() -> None:
+        torch.matmul(a, a)
+
+    def gemm_and_copy() -> None:
+        onboard()
+        for _ in range(4):
+            gemm()
+
+    on_s, off_s, both_s = timer.seconds(onboard, 5), timer.seconds(offload, 5), timer.seconds(both, 5)
+    def gemm4() -> None:
+        for _ in range(4):
+            gemm()
+
+    gemm4_s = timer.seconds(gemm4, 5)
+    gemm_copy_s = timer.seconds(gemm_and_copy, 5)
+    out = {"overlap_onboard_s": on_s, "overlap_offload_s": off_s, "overlap_both_s": both_s,
+           "overlap_both_over_sum": both_s / (on_s + off_s), "overlap_both_over_max": both_s / max(on_s, off_s),
+           "overlap_gemm4_s": gemm4_s, "overlap_gemm4_with_onboard_s": gemm_copy_s,
+           "overlap_blocks": n_blocks, "overlap_block_bytes": block_bytes}
+    say(f"  {n_blocks} blocks each way: onboard {on_s * 1e3:.2f} ms, offload {off_s * 1e3:.2f} ms, both at once "
+        f"{both_s * 1e3:.2f} ms ({out['overlap_both_over_max']:.2f}x the longer); 4 GEMMs {gemm4_s * 1e3:.2f} ms, "
+        f"with an onboard beside them {gemm_copy_s * 1e3:.2f} ms")
+    return out
+
+
 def _causal_prefill_flops(model: ModelShape, n: int) -> float:
     # As the cost model counts a fresh prompt, without the LM head (the proxy has none).
     return 2.0 * model.matmul_params * n + model.attention_flops_per_context_token * (n * (n + 1) // 2)
@@ -327,6 +539,23 @@ def calibrate(model: str | ModelShape = "Qwen/Qwen3-8B", quick: bool = False, de
     # TensorRT-LLM's fused, graphed kernels do not pay (anchor: 512 tokens ran 36% over the roofline).
     measured["prefill_efficiency"] = min(1.0, efficiency) if efficiency else None
 
+    # What the two-part cost model reads (kvtop.engines.sim.cost): GEMM curves by token count and dtype, attention
+    # rates, the fixed per-step cost, copy overlap. Each part is optional: one that fails is recorded and skipped.
+    say("cost model parts:")
+    parts: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("gemm", lambda: _gemm_curves(torch, timer, shape, dev, hbm, quick, say)),
+        ("attention", lambda: _attention(torch, timer, shape, dev, quick, say)),
+        ("step", lambda: _step_overhead(torch, timer, shape, dev, say)),
+        ("overlap", lambda: _copy_overlap(torch, timer, block, dev, say)),
+    ]
+    for part, run in parts:
+        try:
+            measured.update(run())
+        except Exception as exc:  # one part failing (an old torch without _scaled_mm) keeps the rest
+            measured[f"{part}_error"] = f"{type(exc).__name__}: {exc}"
+            say(f"  {part}: failed: {type(exc).__name__}: {exc}")
+        torch.cuda.empty_cache()
+
     h2d = measured[f"h2d_GBps_{_size_label(big)}_pinned"]
     d2h = measured[f"d2h_GBps_{_size_label(big)}_pinned"]
     onboard = scattered[f"onboard_64x{_size_label(block)}_blocks_GBps"]
@@ -342,13 +571,17 @@ def calibrate(model: str | ModelShape = "Qwen/Qwen3-8B", quick: bool = False, de
     short = name.removeprefix("NVIDIA ").strip() or name
     memory = measured.get("nvml_memory_total_bytes") or int(props.total_memory)
     measured["calibrate_seconds"] = time.perf_counter() - started
+    rates = cost_rates_from_measured(measured)
+    # the GEMM corrections are relative to the sustained one-layer rate, when it was measured
+    bf16 = rates.get("bf16_tflops", bf16)
     return GpuProfile(
         name=short, memory_bytes=int(memory), hbm_GBps=round(hbm, 1), bf16_tflops=round(bf16, 1),
         h2d_GBps=round(h2d, 2), d2h_GBps=round(d2h, 2), link_name=link,
         source=(f"measured: kvtop calibrate on {name}, {measured['date']}, torch {torch.__version__}, driver "
                 f"{measured.get('nvml_driver', '?')}, prefill proxy shaped like {shape.name}"
                 f"{' (quick)' if quick else ''}"),
-        copy_latency_us=round(latency_us, 2), measured=measured)
+        copy_latency_us=round(latency_us, 2), measured=measured,
+        **{k: v for k, v in rates.items() if k in COST_FIELDS})
 
 
 def run_calibrate(model: str = "Qwen/Qwen3-8B", out: str | Path = "gpu-profile.json", quick: bool = False,

@@ -44,7 +44,7 @@ from typing import Any
 
 from kvtop.engines.gpus import GpuProfile, resolve_gpu
 from kvtop.engines.models import ModelShape, resolve_model
-from kvtop.engines.sim.cost import PREFILL_EFFICIENCY, CostModel
+from kvtop.engines.sim.cost import CostModel
 from kvtop.engines.sizing import format_bytes
 
 __all__ = ["estimate", "main", "render_estimate", "run_estimate"]
@@ -59,15 +59,6 @@ def _resolve(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
     if link is not None:
         profile = profile.with_link(link)
     return shape, profile
-
-
-def _efficiency(gpu: GpuProfile) -> float:
-    # A `kvtop calibrate` profile carries the prefill efficiency it measured for its model shape; built-in
-    # profiles use the cost model's anchor-calibrated 0.88.
-    value = gpu.measured.get("prefill_efficiency") if gpu.measured else None
-    if isinstance(value, (int, float)) and 0 < value <= 1:
-        return float(value)
-    return PREFILL_EFFICIENCY
 
 
 def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float | None = None,
@@ -89,12 +80,11 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
     if not isinstance(batch, int) or batch <= 0:
         raise ValueError(f"batch must be a positive int, got {batch!r}")
     shape, prof = _resolve(model, gpu, link)
-    eff = _efficiency(prof)
-    cost = CostModel(shape, prof, prefill_efficiency=eff)
+    cost = CostModel(shape, prof)
     tpb = tokens_per_block
 
     kv_tok = shape.kv_bytes_per_token
-    flop_rate = prof.bf16_tflops * 1e12 * eff
+    gemm_tflops = prof.fp8_tflops if (shape.weight_quant == "fp8" and prof.fp8_tflops) else prof.bf16_tflops
     hbm_rate = prof.hbm_GBps * 1e9
     h2d_rate = prof.h2d_GBps * 1e9
     latency_s = prof.copy_latency_us * 1e-6
@@ -106,8 +96,9 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
     attn_positions = c * (c + 1) // 2
     flops_one = 2.0 * shape.matmul_params * c + shape.attention_flops_per_context_token * attn_positions
     flops = flops_one * batch
-    recompute_hbm_bytes = shape.weight_read_bytes + kv_tok * c * batch  # weights once, KV written
-    recompute_s = max(flops / flop_rate, recompute_hbm_bytes / hbm_rate) if c else 0.0
+    # The cost model's prefill of the cached tokens: GEMMs, attention, elementwise work and the LM head, timed apart
+    # and added (kvtop.engines.sim.cost), for `batch` such prompts in one forward pass.
+    recompute_s = cost._device_s([(c, 0)] * batch, []) if c else 0.0
     reload_s = (blocks * batch) * (kv_tok * tpb / h2d_rate + latency_s) if c else 0.0
     hbm_read_s = kv_bytes / hbm_rate
     ratio = recompute_s / reload_s if reload_s > 0 else None
@@ -133,7 +124,8 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
     kv_active = kv_tok * (ctx_total + batch)
     step_flops = batch * (2.0 * shape.matmul_params + 2.0 * shape.lm_head_params) + \
         shape.attention_flops_per_context_token * ctx_total
-    step_host = max(step_flops / flop_rate, shape.weight_read_bytes / hbm_rate, kv_active / h2d_rate) + overhead
+    step_host = max(step_flops / (gemm_tflops * 1e12), shape.weight_read_bytes / hbm_rate,
+                    kv_active / h2d_rate) + overhead
 
     per_tok_flops = flops_one / c if c else 0.0
     return {
@@ -155,8 +147,9 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
             "copy_latency_us": prof.copy_latency_us,
             "hbm_GBps": prof.hbm_GBps,
             "bf16_tflops": prof.bf16_tflops,
-            "prefill_efficiency": eff,
-            "prefill_tflops": flop_rate / 1e12,
+            "gemm_dtype": "fp8" if shape.weight_quant == "fp8" and prof.fp8_tflops else "bf16",
+            "gemm_tflops": gemm_tflops,
+            "prefill_tflops": flops / recompute_s / 1e12 if recompute_s else 0.0,
         },
         "reload_s": reload_s,
         "recompute_s": recompute_s,
@@ -201,8 +194,8 @@ def render_estimate(e: dict[str, Any]) -> str:
         "Rates used",
         f"  host->GPU link   {r['link_h2d_GBps']:.2f} GB/s pinned, + {r['copy_latency_us']:.2f} us per block copy",
         f"  HBM              {r['hbm_GBps']:,.0f} GB/s (read + write)",
-        f"  prefill          {r['bf16_tflops']:.1f} TFLOP/s bf16 GEMM x {r['prefill_efficiency']:.2f} efficiency "
-        f"= {r['prefill_tflops']:.1f} TFLOP/s",
+        f"  prefill          {r['gemm_tflops']:.1f} TFLOP/s {r['gemm_dtype']} GEMM peak; GEMMs, attention and "
+        f"elementwise work timed apart: {r['prefill_tflops']:.1f} TFLOP/s on the whole prefill",
         "",
         "Per token",
         f"  KV bytes         {kv:,} B ({format_bytes(kv)}); block of {tpb} = {format_bytes(e['kv_bytes_per_block'])}",

@@ -110,7 +110,8 @@ class SimEngineCore:
                  max_batch_size: int = 2048, max_num_tokens: int = 8192, max_seq_len: int = 40960,
                  enable_iter_perf_stats: bool = True, enable_iter_req_stats: bool = False,
                  max_stats_len: int = 1000, gpu_mem_usage_bytes: int = 0, epoch_s: float = 0.0,
-                 trtllm_version: str = "1.2", capacity_scheduler_policy: str = GUARANTEED_NO_EVICT):
+                 trtllm_version: str = "1.2", capacity_scheduler_policy: str = GUARANTEED_NO_EVICT,
+                 tensor_parallel_size: int = 1):
         if capacity_scheduler_policy not in CAPACITY_SCHEDULER_POLICIES:
             raise ValueError(f"capacity_scheduler_policy: must be one of {', '.join(CAPACITY_SCHEDULER_POLICIES)}, "
                              f"got {capacity_scheduler_policy!r}")
@@ -121,7 +122,7 @@ class SimEngineCore:
         self.model = model
         self.gpu = gpu
         self.bm = block_manager
-        self.cost = CostModel(model, gpu)
+        self.cost = CostModel(model, gpu, tensor_parallel_size=tensor_parallel_size)
         self.tpb = block_manager.tokens_per_block
         self.max_batch_size = max_batch_size
         self.max_num_tokens = max_num_tokens
@@ -405,8 +406,10 @@ class SimEngineCore:
         prefill_items = [(n, r.context_done) for r, n in chunks]
         onboards = bm.onboarded_blocks - moves_before[0]
         offloads = bm.offloaded_blocks - moves_before[1]
-        dt = (self.cost.iteration_s_unchecked(prefill_items, decode_contexts)
-              + self.cost.onboard_s(onboards, tpb) + self.cost.offload_s(offloads, tpb))
+        # Copies run on their own streams, at once, and the forward pass waits for them (CostModel.transfers_s).
+        dt = self.cost.iteration_s_unchecked(prefill_items, decode_contexts)
+        if onboards or offloads:
+            dt += self.cost.transfers_s(onboards, offloads, tpb)
         self.now_s += dt
         self.busy_s += dt
         now = self.now_s

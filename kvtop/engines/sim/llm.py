@@ -286,7 +286,8 @@ class SimLLM:
                  enable_iter_perf_stats: bool = False, enable_iter_req_stats: bool = False,
                  return_perf_metrics: bool = False, gpu: str | GpuProfile = "H200", speed: float = 1.0,
                  tokenizer: Tokenizer | str | None = None, max_stats_len: int = 1000, trtllm_version: str = "1.2",
-                 scheduler_config: SchedulerConfig | None = None, **unsupported: Any):
+                 scheduler_config: SchedulerConfig | None = None, tensor_parallel_size: int = 1,
+                 **unsupported: Any):
         if unsupported:
             # TensorRT-LLM's args are strict pydantic models: an unknown name is an error, not a silent no-op.
             raise TypeError(f"SimLLM: unsupported argument(s): {', '.join(sorted(unsupported))}")
@@ -300,13 +301,17 @@ class SimLLM:
         policy = self.scheduler_config.capacity_scheduler_policy
         self.capacity_scheduler_policy = policy.value if isinstance(policy, CapacitySchedulerPolicy) else str(policy)
         kvc = self.kv_cache_config
+        # KvCacheConfig.dtype: "auto" keeps the checkpoint's KV dtype (FP8 for FP8 checkpoints), "fp8" etc. set it.
+        self.model = self.model.with_kv_cache_dtype(kvc.dtype)
+        self.tensor_parallel_size = tensor_parallel_size
         tpb = kvc.tokens_per_block
         self.tokens_per_block = tpb
         self.speed = speed
         self.return_perf_metrics = return_perf_metrics
         self.max_seq_len = max_seq_len or getattr(self.model, "max_position_embeddings", None) or 40960
         self.primary_blocks = primary_blocks(self.model, self.gpu, tpb, max_tokens=kvc.max_tokens,
-                                             free_gpu_memory_fraction=kvc.free_gpu_memory_fraction or 0.9)
+                                             free_gpu_memory_fraction=kvc.free_gpu_memory_fraction or 0.9,
+                                             tensor_parallel_size=tensor_parallel_size, max_num_tokens=max_num_tokens)
         self.secondary_blocks = secondary_blocks(self.model, tpb, kvc.host_cache_size or 0)
         self.bytes_per_block = self.model.kv_bytes_per_block(tpb)
         window = min(kvc.max_attention_window) if kvc.max_attention_window else self.max_seq_len
@@ -326,7 +331,8 @@ class SimLLM:
                                    enable_iter_req_stats=enable_iter_req_stats, max_stats_len=max_stats_len,
                                    gpu_mem_usage_bytes=gpu_mem, epoch_s=time.time(),
                                    trtllm_version=trtllm_version,
-                                   capacity_scheduler_policy=self.capacity_scheduler_policy)
+                                   capacity_scheduler_policy=self.capacity_scheduler_policy,
+                                   tensor_parallel_size=tensor_parallel_size)
         self.trtllm_version = trtllm_version
         if isinstance(tokenizer, str) or tokenizer is None:
             self.tokenizer: Tokenizer = load_tokenizer(self.model.name, self.model.vocab_size,

@@ -1,0 +1,238 @@
+"""FP8 and the two-part cost model: weight and KV dtypes apart, pool sizing from real weight bytes, copies that
+overlap as TensorRT-LLM's two transfer streams run them, tensor parallelism, and calibrated rates.
+
+Measured figures are from the H200 device machine, 2026-12-01 (profiles/h200-calibrated-2026-12-01.json and
+bench/results/h200-cost-2026-12-01-*.json).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvtop.engines.gpus import BUILTIN_GPUS, cost_rates_from_measured, load_profile, resolve_gpu
+from kvtop.engines.models import model_from_config, quantization_of, resolve_model
+from kvtop.engines.sim.block_manager import BlockManager
+from kvtop.engines.sim.core import SimEngineCore, SimRequest
+from kvtop.engines.sim.cost import CostModel
+from kvtop.engines.sim.llm import KvCacheConfig, SimLLM
+from kvtop.engines.sizing import primary_blocks
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "profiles" / "h200-calibrated-2026-12-01.json"
+
+LLAMA_8B_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    "torch_dtype": "bfloat16",
+}
+
+
+# --- dtypes ---------------------------------------------------------------------------------------------------
+
+
+def test_fp8_weights_keep_embeddings_and_lm_head_in_bf16() -> None:
+    bf16 = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    fp8 = resolve_model("nvidia/Llama-3.1-8B-Instruct-FP8")
+    assert bf16.weight_bytes == 16_060_522_496  # 8,030,261,248 params x 2
+    # 6,979,321,856 linear params x 1 byte + 2 x 525,336,576 (embedding, LM head) x 2 bytes
+    assert fp8.weight_bytes == fp8.matmul_params + 2 * 2 * 128256 * 4096 == 9_080_934_400
+    assert fp8.weight_read_bytes == fp8.matmul_params + 128256 * 4096 * 2  # LM head read in bf16
+    # FP8 KV cache: half the bytes a token (the ModelOpt checkpoint, as trtllm-bench runs it)
+    assert (bf16.kv_bytes_per_token, fp8.kv_bytes_per_token) == (131072, 65536)
+    assert fp8.dtype_bytes == 2  # activations stay bf16
+
+
+def test_kv_cache_dtype_is_separate_from_the_weights() -> None:
+    bf16 = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    kv8 = bf16.with_kv_cache_dtype("fp8")
+    assert kv8.kv_bytes_per_token == 65536 and kv8.weight_bytes == bf16.weight_bytes
+    assert bf16.with_kv_cache_dtype("auto") is bf16
+    fp8 = resolve_model("nvidia/Llama-3.1-8B-Instruct-FP8")
+    assert fp8.with_kv_cache_dtype("bfloat16").kv_bytes_per_token == 131072  # FP8 weights, bf16 KV
+    with pytest.raises(ValueError, match="unknown dtype"):
+        bf16.with_kv_cache_dtype("int3")
+
+
+@pytest.mark.parametrize(("qcfg", "expected"), [
+    (None, (None, None)),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, ("fp8", None)),
+    ({"quant_method": "fbgemm_fp8"}, ("fp8", None)),
+    ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, ("fp8", "fp8")),
+    ({"quant_algo": "FP8", "kv_cache_quant_algo": None}, ("fp8", None)),  # hf_quant_config.json's section
+    ({"quant_method": "compressed-tensors",
+      "config_groups": {"group_0": {"weights": {"num_bits": 8, "type": "float"}}},
+      "kv_cache_scheme": {"num_bits": 8, "type": "float"}}, ("fp8", "fp8")),
+])
+def test_quantization_configs(qcfg: dict[str, object] | None, expected: tuple[str | None, str | None]) -> None:
+    assert quantization_of(qcfg) == expected
+
+
+@pytest.mark.parametrize("qcfg", [{"quant_method": "awq", "bits": 4}, {"quant_method": "gptq", "bits": 4},
+                                  {"quant_method": "compressed-tensors",
+                                   "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int"}}}}])
+def test_other_quantizations_are_refused_not_missized(qcfg: dict[str, object]) -> None:
+    with pytest.raises(ValueError, match="not supported"):
+        model_from_config({**LLAMA_8B_CONFIG, "quantization_config": qcfg}, "x", source="cfg.json")
+
+
+def test_modelopt_checkpoint_directory(tmp_path: Path) -> None:
+    # ModelOpt checkpoints keep their quantization in hf_quant_config.json beside config.json.
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_8B_CONFIG))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(
+        {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}))
+    shape = resolve_model(str(tmp_path))
+    assert shape.weight_bytes == resolve_model("nvidia/Llama-3.1-8B-Instruct-FP8").weight_bytes
+    assert shape.kv_bytes_per_token == 65536
+
+
+def test_pool_sizing_from_real_weight_bytes() -> None:
+    h200 = resolve_gpu("H200")
+    bf16 = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    fp8 = resolve_model("nvidia/Llama-3.1-8B-Instruct-FP8")
+    free_bf16 = h200.memory_bytes - bf16.weight_bytes
+    free_fp8 = h200.memory_bytes - fp8.weight_bytes
+    assert free_fp8 - free_bf16 == 6_979_588_096  # the linear layers' second byte, back for the KV cache
+    n_bf16 = primary_blocks(bf16, h200, 32)
+    n_fp8 = primary_blocks(fp8, h200, 32)
+    # FP8 KV halves a block and FP8 weights free 7 GB: 2.1x the blocks, not 2.0x
+    assert n_fp8 / n_bf16 == pytest.approx(2 * (free_fp8 - (2 << 30) - 1.04e9) / (free_bf16 - (2 << 30) - 1.04e9),
+                                           rel=0.01)
+    # tensor parallelism: each rank holds half the weights and half of every token's KV heads
+    big = resolve_model("nvidia/Llama-3.3-70B-Instruct-FP8")
+    h100 = resolve_gpu("H100")
+    tp1 = primary_blocks(big, h100, 32)  # 72.7 GB of weights on an 80 GB GPU: room for little KV
+    tp2 = primary_blocks(big, h100, 32, tensor_parallel_size=2)
+    assert tp2 > 10 * tp1
+    per_rank_kv = big.kv_bytes_per_token // 2
+    assert tp2 == pytest.approx((h100.memory_bytes - big.weight_bytes / 2 - (2 << 30) - 2.37e9) * 0.9
+                                / per_rank_kv / 32, rel=0.01)
+
+
+def test_simllm_honours_kv_cache_dtype() -> None:
+    base = SimLLM("meta-llama/Llama-3.1-8B-Instruct", speed=0)
+    fp8kv = SimLLM("meta-llama/Llama-3.1-8B-Instruct", kv_cache_config=KvCacheConfig(dtype="fp8"), speed=0)
+    try:
+        assert fp8kv.bytes_per_block * 2 == base.bytes_per_block
+        assert fp8kv.primary_blocks == pytest.approx(2 * base.primary_blocks, rel=0.001)
+    finally:
+        base.shutdown()
+        fp8kv.shutdown()
+
+
+# --- rates ----------------------------------------------------------------------------------------------------
+
+
+def test_builtin_h200_rates_are_the_calibration() -> None:
+    measured = json.loads(PROFILE.read_text())["measured"]
+    derived = cost_rates_from_measured(measured)
+    h200 = BUILTIN_GPUS["H200"]
+    for key in ("fp8_tflops", "hbm_read_GBps", "gemm_kernel_us", "gemm_correction", "attention_prefill_tflops",
+                "step_overhead_us", "copy_duplex_penalty"):
+        assert getattr(h200, key) == derived[key], key
+    assert h200.bf16_tflops == derived["bf16_tflops"]
+    # FP8 measured, not assumed 2x: 2.1x at 16,384 tokens, 1.6x at decode sizes (weight streaming)
+    assert h200.fp8_tflops / h200.bf16_tflops == pytest.approx(2.11, abs=0.01)
+    at_one = {key: dict(map(tuple, measured[f"gemm_layer_s_{key}"]))[1] for key in ("bf16", "fp8", "fp8fast")}
+    bf16_1, fp8_1 = at_one["bf16"], min(at_one["fp8"], at_one["fp8fast"])
+    assert bf16_1 / fp8_1 == pytest.approx(1.6, abs=0.05)
+    assert load_profile(PROFILE).fp8_tflops == h200.fp8_tflops
+
+
+def test_gemm_curves_transfer_to_the_70b_shapes() -> None:
+    # One 70B layer's GEMMs timed on the same machine (bench/results/h200-cost-2026-12-01-gemm-shapes.json),
+    # against the cost model calibrated on the 8B layer only: within 20% at every token count.
+    shapes = json.loads((ROOT / "bench" / "results" / "h200-cost-2026-12-01-gemm-shapes.json").read_text())
+    h200 = resolve_gpu("H200")
+    for tp in (1, 2):
+        for quant, key in ((None, "bf16"), ("fp8", "fp8fast")):
+            model = resolve_model("meta-llama/Llama-3.1-70B-Instruct").with_weight_quant(quant)
+            cost = CostModel(model, h200, tensor_parallel_size=tp)
+            for m, t in shapes[f"meta-llama/Llama-3.1-70B-Instruct|tp{tp}|{key}"]["tokens_s"]:
+                assert cost.gemm_layer_s(m) == pytest.approx(t, rel=0.20), (tp, key, m)
+
+
+def test_fp8_decode_is_faster_but_not_2x_and_kv_reads_add() -> None:
+    h200 = resolve_gpu("H200")
+    bf16 = CostModel(resolve_model("meta-llama/Llama-3.1-8B-Instruct"), h200)
+    fp8 = CostModel(resolve_model("nvidia/Llama-3.1-8B-Instruct-FP8"), h200)
+    small = bf16.iteration_s([], [1024]) / fp8.iteration_s([], [1024])
+    assert 1.3 < small < 1.7  # weights stream at 1 byte, LM head and overhead do not shrink
+    # a decode-heavy step: attention over FP8 KV reads half the bytes, and it adds to the GEMMs' time
+    ctx = [4096] * 256
+    kv_part = fp8.iteration_s([], ctx) - fp8.iteration_s([], [1] * 256)
+    kv_bytes = 256 * 4096 * 65536
+    assert kv_part == pytest.approx(kv_bytes / (h200.hbm_read_GBps * 1e9), rel=0.05)  # type: ignore[operator]
+
+
+def test_tensor_parallel_adds_all_reduces() -> None:
+    h200 = resolve_gpu("H200")
+    model = resolve_model("nvidia/Llama-3.3-70B-Instruct-FP8")
+    tp1, tp2 = CostModel(model, h200), CostModel(model, h200, tensor_parallel_size=2)
+    step1, step2 = tp1.iteration_s([], [2048] * 64), tp2.iteration_s([], [2048] * 64)
+    assert 0.5 < step2 / step1 < 0.7  # half the weights and KV per rank, plus 160 all-reduces of 8 us and more
+    # the all-reduces alone: 2 a layer x 80 layers x (8 us + 64 tokens x 8,192 x 2 bytes / 360 GB/s) = 1.75 ms
+    no_ar = CostModel(model, BUILTIN_GPUS["H200"].__class__(**{**h200.to_dict(), "allreduce_latency_us": 0.0,
+                                                               "allreduce_GBps": 1e12}), tensor_parallel_size=2)
+    assert step2 - no_ar.iteration_s([], [2048] * 64) == pytest.approx(2 * 80 * (8e-6 + 64 * 8192 * 2 / 360e9),
+                                                                        rel=0.01)
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        CostModel(model, h200, tensor_parallel_size=3)
+
+
+# --- copies ---------------------------------------------------------------------------------------------------
+
+
+def test_onboard_and_offload_overlap_as_measured() -> None:
+    # 64 4 MiB blocks each way on the H200: 5.02 ms onboard, 5.01 ms offload, 5.69 ms both at once.
+    cost = CostModel(resolve_model("meta-llama/Llama-3.1-8B-Instruct").with_kv_cache_dtype("bfloat16"),
+                     load_profile(PROFILE))
+    on, off = cost.onboard_s(64, 32), cost.offload_s(64, 32)
+    assert on == pytest.approx(5.02e-3, rel=0.03) and off == pytest.approx(5.01e-3, rel=0.03)
+    assert cost.transfers_s(64, 64, 32) == pytest.approx(5.69e-3, rel=0.03)
+    assert cost.transfers_s(64, 0, 32) == on and cost.transfers_s(0, 64, 32) == off
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 500), st.integers(0, 500))
+def test_transfers_never_exceed_the_sum_nor_undercut_the_longer(on_blocks: int, off_blocks: int) -> None:
+    cost = CostModel(resolve_model("Qwen/Qwen3-8B"), resolve_gpu("H200"))
+    on, off = cost.onboard_s(on_blocks, 32), cost.offload_s(off_blocks, 32)
+    t = cost.transfers_s(on_blocks, off_blocks, 32)
+    assert max(on, off) <= t <= on + off + 1e-15
+
+
+def test_engine_iteration_with_a_host_hit_that_evicts_pays_the_overlap_not_the_sum() -> None:
+    # 8 GPU blocks, 16 host blocks, 32-token blocks. A (128 tokens) finishes and stays cached; B (a different 192
+    # tokens) evicts A's blocks to the host; C = A's prompt again onboards them and evicts B's: one iteration with
+    # both copies. Its time must be the forward pass + max-plus-penalty, not forward + onboard + offload.
+    model, gpu = resolve_model("Qwen/Qwen3-8B"), resolve_gpu("H200")
+    core_ref: list[SimEngineCore] = []
+    bm = BlockManager(8, 16, 32, clock_ms=lambda: core_ref[0].now_s * 1000.0)
+    core = SimEngineCore(model, gpu, bm, max_batch_size=1, max_num_tokens=4096, enable_iter_perf_stats=False)
+    core_ref.append(core)
+    prompt_a = list(range(1000, 1128))
+    prompt_b = list(range(2000, 2192))
+    reqs = [SimRequest(rid, prompt, 1, arrival_s=0.0) for rid, prompt in ((1, prompt_a), (2, prompt_b), (3, prompt_a))]
+    for req in reqs:
+        core.submit(req)
+    seen = []
+    while not core.idle():
+        before = (core.now_s, bm.onboarded_blocks, bm.offloaded_blocks)
+        core.step()
+        seen.append((core.now_s - before[0], bm.onboarded_blocks - before[1], bm.offloaded_blocks - before[2]))
+    both = [s for s in seen if s[1] and s[2]]
+    assert both, seen
+    dt, on_n, off_n = both[0]
+    cost = core.cost
+    forward = dt - cost.transfers_s(on_n, off_n, 32)
+    summed = forward + cost.onboard_s(on_n, 32) + cost.offload_s(off_n, 32)
+    reused = reqs[2].reused_tokens
+    assert reused >= 32 * on_n
+    assert forward == pytest.approx(cost.iteration_s([(128 - reused, reused)], []), rel=1e-9)
+    # the copies' share: the old arithmetic charged their sum, 1.5x or more what the overlapped streams take
+    assert (summed - forward) / (dt - forward) > 1.5
