@@ -418,3 +418,38 @@ def test_the_cli_flag_reaches_the_simulator() -> None:
     s = json.loads(out.stdout)
     assert s["stats_schema"] == "1.3" and s["engine_version"] == "TensorRT-LLM 1.3 (simulated by kvtop)"
     assert s["moves"]["source"] == "stats" and s["tiers"]["host"]["capacity_blocks"] > 0
+
+
+def test_iterations_missing_from_any_stats_stream_are_counted_and_flagged() -> None:
+    """kvtop.watch(llm) while the user's script also calls get_stats, or trtllm-serve's collector drains the
+    queue: the fold counts the iterations it never saw (gaps in ``iter``) and the header says so."""
+    m = TierModel()
+    for i, it in enumerate([1, 2, 3, 7, 8, 12]):
+        m.apply(make("stats", {"iter": it, "kvCacheStats": {"maxNumBlocks": 10, "freeNumBlocks": 10}},
+                     time=1.0 + i))
+    assert m.quality.stats_iterations_missing == 3 + 3
+    m.apply(make("stats", {"iter": 0, "kvCacheStats": {"maxNumBlocks": 10, "freeNumBlocks": 10}}, time=9.0))
+    assert m.quality.stats_iterations_missing == 6 and m.quality.stats_restarts == 1  # a restart is no gap
+    assert m.summary()["quality"]["stats_iterations_missing"] == 6
+
+
+async def test_the_header_flags_missing_iterations(tmp_path: Any) -> None:
+    from kvtop.records import SourceId, encode
+    from kvtop.ui.app import build_app
+    from kvtop.ui.testing import session_from_recording
+    from kvtop.ui.widgets import HeaderBar
+
+    class Settings:
+        refresh = 0.25
+        theme = "dark"
+        duration = None
+
+    src = SourceId(host="node-a", rank=0, run="gaps")
+    rec = tmp_path / "gaps.jsonl"
+    rec.write_text("\n".join(encode(make("stats", {"iter": it, "kvCacheStats": {"maxNumBlocks": 10,
+                                                                                "freeNumBlocks": 10}},
+                                         src, 1000.0 + i)) for i, it in enumerate([1, 2, 9])) + "\n")
+    app = build_app(session_from_recording(rec, started_at=1000.0), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert "6 iterations missing" in app.screen.query_one(HeaderBar).text()

@@ -398,6 +398,7 @@ class TierModel:
         self._last_kv: dict[str, int | None] = {}
         self._last_iter: int | None = None
         self._stats_restarts = 0
+        self._iter_missing = 0                 # iterations absent from the stats stream (gaps in "iter")
         self._max_num_blocks: int | None = None
         self._free_num_blocks: int | None = None
         self._stats_tpb: int | None = None
@@ -1010,6 +1011,10 @@ class TierModel:
         if restarted:
             self._stats_restarts += 1
             last = {}
+        elif iteration is not None and self._last_iter is not None and iteration > self._last_iter + 1:
+            # Iterations that never reached kvtop: another reader of the drain-once stats queue (the user's own
+            # get_stats, trtllm-serve's collector loop) or the queue overflowing. Per-iteration sums undercount.
+            self._iter_missing += iteration - self._last_iter - 1
         if iteration is not None:
             self._last_iter = iteration
 
@@ -1682,7 +1687,7 @@ class TierModel:
             unknown_hashes=self._unknown_hashes, unknown_parents=self._unknown_parents,
             stale_cached_dropped=self._stale_dropped, pruned_entries=self._pruned,
             duplicate_events=self._duplicates, event_restarts=self._event_restarts,
-            stats_restarts=self._stats_restarts,
+            stats_restarts=self._stats_restarts, stats_iterations_missing=self._iter_missing,
             host_without_events=bool(host_cap) and not self._events_seen and "secondaryFreeNumBlocks" not in (
                 self._it or {}),
             capacity_source=cap_src, stats_max_includes_host=includes, stats_schema=self.stats_schema)

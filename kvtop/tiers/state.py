@@ -211,6 +211,7 @@ class Quality:
     duplicate_events: int = 0
     event_restarts: int = 0
     stats_restarts: int = 0
+    stats_iterations_missing: int = 0    # gaps in the stats' "iter": another reader drained them, or an overflow
     host_without_events: bool = False    # a host pool is configured but no event stream: host occupancy unknown
     capacity_source: str | None = None   # where the GPU capacity came from: stats, created, meta, derived
     stats_schema: str | None = None      # which TensorRT-LLM's stats shape: 1.0-1.2, 1.3, 1.3+ V2 (see TierModel)

@@ -647,6 +647,8 @@ class KvtopApp(App[int]):
         stale_sources = getattr(self.session, "stale_sources", None)
         if callable(stale_sources) and (n_stale := len(stale_sources())):
             flags.append(f"{n_stale} source{'s' if n_stale > 1 else ''} stale")
+        if q is not None and getattr(q, "stats_iterations_missing", 0):
+            flags.append(f"{q.stats_iterations_missing} iterations missing")  # another reader of the stats queue
         status = getattr(self.session, "status", None) or {}
         # Statuses of sources (their keys) are in the sources table's status column, not in the header.
         models = getattr(self.session, "models", None) or {}
