@@ -8,8 +8,9 @@ and values past what the columns hold (records are bounded at 2^64, a fleet's su
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Sequence
+
+from kvtop.textsafe import clean as _textsafe_clean
 
 UNKNOWN = "?"
 GIB = 1 << 30
@@ -167,14 +168,9 @@ __all__ = ["GIB", "HUGE", "SPARK_CHARS", "UNKNOWN", "cells", "count", "duration"
            "seconds_ms", "sparkline"]
 
 
-# ANSI escape sequences (CSI, OSC, and two-byte ESC forms), then every other C0/C1 control character and DEL.
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|\x9b[0-?]*[ -/]*[@-~]")
-_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
 
 def clean(text: object, limit: int = 300) -> str:
-    """Text from outside (an engine's error message, a source's name) made safe for a terminal: escape
-    sequences and control characters removed, newlines and tabs as spaces, at most ``limit`` characters. A
-    terminal that is sent ESC ] 52 writes the clipboard, ESC [ 2 J clears the screen; none of that may pass."""
-    s = _CONTROLS.sub("", _ESCAPES.sub("", str(text)).replace("\n", " ").replace("\r", " ").replace("\t", " "))
-    return s if len(s) <= limit else s[: limit - 1] + "…"
+    """Text from outside (an engine's error message, a source's name) made safe for a terminal: kvtop's one
+    sanitizer (kvtop/textsafe.py: escape sequences, control and bidi characters removed, newlines and tabs as
+    spaces), at most ``limit`` characters."""
+    return _textsafe_clean(text, max_len=limit)
