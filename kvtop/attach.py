@@ -183,11 +183,11 @@ def main(command: str, argv: Sequence[str]) -> int:
     except runner.RunError as exc:
         raise SettingsError("--record" if "record" in str(exc) else "sink", str(exc)) from None
     if settings.headless:
-        from kvtop.cli import run_headless_until
+        from kvtop.modes import run_headless_until
 
         until = ("replay",) if "replay" in [n for n, _ in session._producers] else ()
         return run_headless_until(session, settings.duration, settings.json, until)
-    from kvtop.cli import run_dashboard
+    from kvtop.modes import run_dashboard
 
     return run_dashboard(session, settings)
 

@@ -161,15 +161,9 @@ def test_the_walk_sees_lazy_imports_and_skips_type_checking() -> None:
     assert len(graph()[0]) > 60  # every module of kvtop was walked
 
 
-# Cycles being taken apart in issue 15, each named so that a new one fails and a fixed one must leave this list.
-KNOWN_CYCLES: list[list[str]] = [
-    ["kvtop.agent", "kvtop.attach", "kvtop.cli"],  # attach.main uses cli.run_headless_until
-]
-
-
 def test_no_import_cycles_among_kvtop_modules() -> None:
     cycles = _cycles(graph()[0])
-    assert cycles == KNOWN_CYCLES, f"import cycles: {cycles}"
+    assert cycles == [], f"import cycles: {cycles}"
 
 
 def test_only_the_ui_imports_textual_or_rich() -> None:

@@ -1,0 +1,81 @@
+"""How a session is shown: the dashboard, or headless (problems on stderr as they happen, a summary at the end).
+
+Every command that ends in a session (``kvtop``, ``kvtop attach``, ``kvtop replay``) hands it to one of these, so
+the exit statuses and the problem lines are the same everywhere. A module of its own, below kvtop/cli.py and
+kvtop/attach.py, so that neither imports the other (tests/test_layers.py: no import cycles).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from typing import Any
+
+
+def run_dashboard(session: Any, settings: Any) -> int:
+    """The dashboard until q (0) or Ctrl-C (130); a crash inside it is Textual's traceback and status 1."""
+    from kvtop import runner
+    from kvtop.ui.app import build_app
+
+    app = build_app(session, settings)
+    app.run()
+    runner.finish_problems(session)
+    # The screen is gone: what went wrong stays visible in the shell, one line per kind.
+    _print_problems([f"{p.kind} x{p.count:,}: {p.message}" for p in session.problems.snapshot()])
+    code = app.return_code
+    return int(code) if code else 0
+
+
+def run_headless(session: Any, duration_s: float, as_json: bool) -> int:
+    return run_headless_until(session, duration_s, as_json)
+
+
+PROBLEM_LINES_S = 0.25  # how often a headless run prints the problem lines that came due
+
+
+def _print_problems(lines: list[str]) -> None:
+    for line in lines:
+        print(f"kvtop: {line}", file=sys.stderr, flush=True)
+
+
+async def _run_reporting(session: Any, duration_s: float | None, until_done: tuple[str, ...]) -> None:
+    """``session.run`` with its problems printed to stderr as they happen (rate-limited by the registry)."""
+
+    async def pump() -> None:
+        while True:
+            await asyncio.sleep(PROBLEM_LINES_S)
+            _print_problems(session.tick())
+
+    task = asyncio.ensure_future(pump())
+    try:
+        await session.run(duration_s=duration_s, until_producers_done=until_done)
+    finally:
+        task.cancel()
+
+
+def run_headless_until(session: Any, duration_s: float | None, as_json: bool,
+                       until_done: tuple[str, ...] = ()) -> int:
+    """Run without a screen until the duration ends (or the named producers finish), then print a summary.
+
+    Problems go to stderr as they happen and into the summary; the exit status says whether the run got data
+    and lost none (kvtop.problems: 0, 3 no data, 4 lost data, 130 interrupted).
+    """
+    from kvtop import runner
+    from kvtop.problems import EXIT_INTERRUPTED
+
+    interrupted = False
+    try:
+        asyncio.run(_run_reporting(session, duration_s, until_done))
+    except KeyboardInterrupt:
+        interrupted = True
+        session.stop()
+    runner.finish_problems(session)
+    _print_problems(session.tick())
+    _print_problems(session.problems.take_lines(final=True))
+    summary = runner.summary(session)
+    print(json.dumps(summary) if as_json else runner.format_summary(summary), flush=True)
+    return EXIT_INTERRUPTED if interrupted else session.problems.exit_status(session.records_in)
+
+
+__all__ = ["run_dashboard", "run_headless", "run_headless_until"]
