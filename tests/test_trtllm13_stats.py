@@ -439,9 +439,10 @@ def test_iterations_missing_from_any_stats_stream_are_counted_and_flagged() -> N
 
 
 async def test_the_header_flags_missing_iterations(tmp_path: Any) -> None:
+    from recordings import session_from_recording
+
     from kvtop.records import SourceId, encode
     from kvtop.ui.app import build_app
-    from kvtop.ui.testing import session_from_recording
     from kvtop.ui.widgets import HeaderBar
 
     class Settings:
