@@ -92,6 +92,7 @@ _POSITIONAL = {
 _TOKEN_FIELDS = ("token_ids", "lookahead_token_ids")
 _MAX_EVENTS = 100_000  # one engine step's batch; a message claiming more is not a KV event batch
 _MAX_HASHES = 1_000_000
+_MAX_SMALL = 1 << 20  # ranks, block sizes, KV cache groups: small numbers; a larger one is not this format
 
 # medium (case-folded) -> kvtop tier. shared/engines-kv-events.md section 5.
 MEDIUM_TIERS: dict[str, str] = {
@@ -158,10 +159,13 @@ def _hash(value: Any, path: str) -> int:
 
 
 def _scalar(value: Any) -> bool:
-    # What a JSON record can carry verbatim (records are encoded with allow_nan=False: no inf, no NaN)
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return value is None or isinstance(value, (bool, int, str))
+    # What a record can carry verbatim: JSON without inf or NaN (allow_nan=False), and no number past 2^64
+    # (kvtop.records.MAX_MAGNITUDE: a record carrying one is rejected whole wherever it is read back)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return True
+    if isinstance(value, (int, float)):
+        return -_U64 <= value <= _U64  # NaN fails the comparison
+    return False
 
 
 def normalize_event(raw: Any, path: str = "event") -> dict[str, Any]:
@@ -176,7 +180,7 @@ def normalize_event(raw: Any, path: str = "event") -> dict[str, Any]:
         fields: dict[Any, Any] = dict(zip(names, raw[1:]))
     elif isinstance(raw, Mapping):
         etype = raw.get("type")
-        if etype not in _POSITIONAL:
+        if not isinstance(etype, str) or etype not in _POSITIONAL:
             raise WireError(f"{path}.type", f"must be one of {', '.join(EVENT_TYPES)}, got {_describe(etype)}")
         fields = dict(raw)
         fields.pop("type", None)
@@ -203,15 +207,15 @@ def normalize_event(raw: Any, path: str = "event") -> dict[str, Any]:
         parent = fields.get("parent_block_hash")
         out["parent_block_hash"] = None if parent is None else _hash(parent, f"{path}.parent_block_hash")
         size = fields.get("block_size")
-        if size is not None and (size.__class__ is not int or size <= 0):
-            raise WireError(f"{path}.block_size", f"must be a positive integer, got {_describe(size)}")
+        if size is not None and (size.__class__ is not int or not 0 < size < _MAX_SMALL):
+            raise WireError(f"{path}.block_size", f"must be an integer in [1, {_MAX_SMALL}), got {_describe(size)}")
         out["block_size"] = size
         tokens = fields.get("token_ids")
         if isinstance(tokens, (list, tuple)):
             out["num_tokens"] = len(tokens)
     group = fields.get("group_idx")
-    if group is not None and (group.__class__ is not int or group < 0):
-        raise WireError(f"{path}.group_idx", f"must be a non-negative integer, got {_describe(group)}")
+    if group is not None and (group.__class__ is not int or not 0 <= group < _MAX_SMALL):
+        raise WireError(f"{path}.group_idx", f"must be an integer in [0, {_MAX_SMALL}), got {_describe(group)}")
     for key, value in fields.items():
         if key in out or key in _TOKEN_FIELDS or not isinstance(key, str):
             continue
@@ -236,14 +240,14 @@ def decode_payload(payload: bytes, *, topic: str = "", seq: int = 0) -> Batch:
         rank = body[2] if len(body) > 2 else None
     else:
         raise WireError("payload", f"must be [ts, [events], dp_rank], got {_describe(body)}")
-    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts)):
-        raise WireError("payload.ts", f"must be a number, got {_describe(ts)}")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not -_U64 <= ts <= _U64):
+        raise WireError("payload.ts", f"must be a finite number, got {_describe(ts)}")
     if not isinstance(events, (list, tuple)):
         raise WireError("payload.events", f"must be a list, got {_describe(events)}")
     if len(events) > _MAX_EVENTS:
         raise WireError("payload.events", f"has {len(events)} events (at most {_MAX_EVENTS})")
-    if rank is not None and (rank.__class__ is not int or rank < 0):
-        raise WireError("payload.dp_rank", f"must be a non-negative integer, got {_describe(rank)}")
+    if rank is not None and (rank.__class__ is not int or not 0 <= rank < _MAX_SMALL):
+        raise WireError("payload.dp_rank", f"must be an integer in [0, {_MAX_SMALL}), got {_describe(rank)}")
     out: list[dict[str, Any]] = []
     bad = 0
     first_bad: str | None = None
@@ -253,6 +257,9 @@ def decode_payload(payload: bytes, *, topic: str = "", seq: int = 0) -> Batch:
         except WireError as exc:
             bad += 1
             first_bad = first_bad or str(exc)
+        except Exception as exc:  # anything else an odd event can raise: one bad event, never a dead source
+            bad += 1
+            first_bad = first_bad or f"events[{i}]: {type(exc).__name__}: {exc}"
     return Batch(topic, seq, None if ts is None else float(ts), rank, out, bad, first_bad)
 
 

@@ -317,3 +317,16 @@ def test_a_counter_that_appears_after_attach_counted_from_zero():
     m.apply(_metrics(text.format(c=0, i=474), 2))
     m.apply(_metrics(text.format(c=448, i=948), 3))
     assert (m.hit_rate.hits, m.hit_rate.lookups) == (28, 59)
+
+
+def test_numbers_no_record_may_carry_are_dropped_at_the_edge():
+    from kvtop.sources.engine_metrics import parse_metrics
+
+    # kvtop.records bounds every number at 2^64: a metric or an event field past it must not poison a record
+    assert parse_metrics("vllm:x_total 1e30\nvllm:y_total 5\n") == [["vllm:y_total", {}, 5.0]]
+    ev = normalize_event({"type": "BlockRemoved", "block_hashes": [1], "medium": None, "weird": 1e30, "ok": 3})
+    assert "weird" not in ev and ev["ok"] == 3
+    with pytest.raises(WireError, match="dp_rank"):
+        decode_payload(msgpack.packb([1.0, [], 2**40]))
+    with pytest.raises(WireError, match="ts"):
+        decode_payload(msgpack.packb([1e30, [], 0]))

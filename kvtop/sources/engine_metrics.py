@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvtop.records import Record, SourceId, make
+from kvtop.records import Record, RecordError, SourceId, make
 from kvtop.stopsignal import StopSignal
 
 Sink = Callable[[Record], None]
@@ -43,6 +43,7 @@ HTTP_TIMEOUT_S = 5.0
 MAX_BYTES = 8 << 20  # a /metrics page of a busy vLLM is ~100-300 KB; 8 MB is not a metrics page any more
 MAX_BACKOFF_S = 10.0
 _MAX_LABEL = 200
+_MAX_VALUE = float(1 << 64)
 
 
 def _clean(text: str) -> str:
@@ -65,8 +66,8 @@ def parse_metrics(text: str, keep: tuple[str, ...] = KEEP_PREFIXES) -> list[list
             if s.name.endswith("_bucket") or s.name.endswith("_created"):
                 continue
             value = float(s.value)
-            if value != value or value in (float("inf"), float("-inf")):
-                continue
+            if not -_MAX_VALUE <= value <= _MAX_VALUE:
+                continue  # NaN, infinities, and numbers no kvtop record may carry (records.MAX_MAGNITUDE)
             out.append([_clean(s.name), {_clean(k): _clean(str(v)) for k, v in s.labels.items()}, value])
     return out
 
@@ -170,8 +171,16 @@ class MetricsPoller:
         ranks = sorted(set(range(self.ranks)) | {r for r in parts if r is not None})
         for rank in ranks:
             own = parts.get(rank, [])
-            self.sink(make("metrics", {"engine": engine, "url": url, "samples": common + own},
-                           self.source_for(rank), now))
+            try:
+                rec = make("metrics", {"engine": engine, "url": url, "samples": common + own},
+                           self.source_for(rank), now)
+            except RecordError as exc:  # a page kvtop cannot carry as a record: reported, the poller goes on
+                self.failures += 1
+                self.last_error = str(exc)
+                if self.on_error is not None:
+                    self.on_error(f"metrics {url}", self.last_error)
+                return False
+            self.sink(rec)
         return True
 
 

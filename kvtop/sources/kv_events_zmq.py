@@ -235,6 +235,9 @@ class ZmqKvEventSource:
         except WireError as exc:
             self._bad(rs, str(exc))
             return
+        except Exception as exc:  # a message no rule above foresaw: counted like any bad one, never fatal
+            self._bad(rs, f"{type(exc).__name__}: {exc}")
+            return
         rs.received += 1
         if batch.bad_events:
             self._bad(rs, f"{batch.bad_events} bad events skipped (first: {batch.first_bad})", count=False)
