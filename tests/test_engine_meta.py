@@ -314,3 +314,11 @@ def test_a_disk_cache_is_refused_where_it_cannot_be(tmp_path: Path, monkeypatch:
     settings = tb.settings_from(["--engine", "sim", "--disk-cache", "1GB"], tmp_path, monkeypatch)
     with pytest.raises(runner.RunError, match="simulator has no disk tier"):
         runner.build_session(settings, choice=runner.EngineChoice("sim", "test"), sample_gpu=False)
+
+
+def test_auto_kv_dtype_keeps_an_fp8_checkpoints_kv_quantization() -> None:
+    # nvidia/Llama-3.1-8B-Instruct-FP8: a ModelOpt FP8 checkpoint, FP8 KV cache under KvCacheConfig(dtype="auto")
+    meta = real_engine_meta(model="nvidia/Llama-3.1-8B-Instruct-FP8", kv_dtype="auto", tokens_per_block=32)
+    assert meta["bytes_per_block"] == 2 * 32 * 8 * 128 * 1 * 32  # 32 layers, 8 KV heads, head_dim 128, 1 byte
+    bf16 = real_engine_meta(model="nvidia/Llama-3.1-8B-Instruct-FP8", kv_dtype="bfloat16", tokens_per_block=32)
+    assert bf16["bytes_per_block"] == 2 * meta["bytes_per_block"]

@@ -13,8 +13,9 @@ the record carries ``kv_bytes_per_token`` and the TierModel multiplies once the 
 worked out is named in ``meta_unknown`` (for the screen), never guessed.
 
 The KV dtype: ``KvCacheConfig.dtype`` (tensorrt_llm/llmapi/llm_args.py: ``'auto'``, ``'fp8'``, ``'fp8_ds_mla'``,
-``'nvfp4'`` or a torch dtype name). ``'auto'`` keeps the checkpoint's own KV quantization, which kvtop cannot read,
-so it is taken as the model's dtype and ``kv_dtype`` says "auto" so the screen can say the size assumes it.
+``'nvfp4'`` or a torch dtype name). ``'auto'`` keeps the checkpoint's own KV quantization: FP8 where its
+quantization config says so (``ModelShape.kv_bytes``, kvtop/engines/models.py), else the model's dtype; ``kv_dtype``
+says "auto" so the screen can say the size assumes it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ _KV_DTYPE_BYTES: dict[str, float | None] = {"fp8": 1, "fp8_ds_mla": None, "nvfp4
 def kv_dtype_bytes(kv_dtype: str | None, shape: ModelShape | None) -> int | None:
     """Bytes per KV element for ``KvCacheConfig.dtype`` (None / "auto": the model's own dtype)."""
     if kv_dtype is None or str(kv_dtype).lower() == "auto":
-        return shape.dtype_bytes if shape is not None else None
+        return shape.kv_bytes if shape is not None else None  # the checkpoint's KV quantization, else its dtype
     key = str(kv_dtype).lower()
     if key in _KV_DTYPE_BYTES:
         b = _KV_DTYPE_BYTES[key]
