@@ -98,6 +98,9 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=int, default=256)
     p.add_argument("--max-num-tokens", type=int, default=8192)
     p.add_argument("--time-scale", type=float, default=1.0, help="divide trace timestamps by this")
+    p.add_argument("--capacity-scheduler-policy", default="GUARANTEED_NO_EVICT",
+                   choices=("GUARANTEED_NO_EVICT", "MAX_UTILIZATION"),
+                   help="TensorRT-LLM's capacity scheduler for the timed replay (default GUARANTEED_NO_EVICT)")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--json", action="store_true", help="print {\"runs\": [...]} as JSON")
     p.add_argument("--plot", default=None, help="draw hit rate against host cache size into this PNG")
@@ -189,7 +192,8 @@ def cmd_sim(argv: Sequence[str]) -> int:
     runs = []
     for host_bytes, host_blocks in sweep:
         cfg = TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
-                             max_num_tokens=a.max_num_tokens, time_scale=a.time_scale)
+                             max_num_tokens=a.max_num_tokens, time_scale=a.time_scale,
+                             capacity_scheduler_policy=a.capacity_scheduler_policy)
         result = run_trace(requests, cfg)
         failures = result.pop("failures", None) or []
         if failures and not a.json:
