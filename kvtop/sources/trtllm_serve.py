@@ -10,7 +10,17 @@ Endpoints (trtllm-kv.md section 5; ``tensorrt_llm/serve/openai_server.py``):
 - ``GET /perf_metrics``: finished requests' timings and KV cache counters, each a ``request`` record (with
   ``ttft_s``/``e2e_s`` like the workload driver's). Needs ``return_perf_metrics: true`` and
   ``perf_metrics_max_requests > 0``; returns ``[]`` otherwise.
-- ``GET /version`` and ``GET /v1/models`` once, for the ``meta`` record.
+- ``GET /version`` and ``GET /v1/models`` once, for the ``meta`` record (the model id gives the block size,
+  kvtop/engines/meta.py).
+- ``GET /prometheus/metrics`` (TensorRT-LLM 1.3+ with ``return_perf_metrics``): its ``trtllm_*`` KV metrics as
+  ``stats`` records (kvtop/sources/trtllm_prometheus.py), read only while ``/metrics`` is off, empty or drained.
+
+Drained: 1.3's server runs its own Prometheus collector loop over the same ``get_stats_async`` queue that
+``/metrics`` reads, so each iteration reaches one reader only. Iterations missing between two of kvtop's polls
+(``iter``, or ``statsSequence`` where the server numbers its frames; not frames it says it dropped itself), or
+``/metrics`` staying empty while the collector counts finished requests, mean another reader: said once
+(``DRAINED_HINT``), and Prometheus read beside it. ``/v1/kv_cache_hints`` (a client's "truncate" request that
+drops blocks) is an action, not a reading: kvtop never calls it; the blocks it drops arrive as ``removed`` events.
 
 All are drain-once queues on the server: whoever polls first gets the items, so only one kvtop (or other
 collector) should attach to a server. The server answers an empty ``/metrics`` or ``/kv_cache_events`` only
