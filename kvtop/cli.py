@@ -15,6 +15,7 @@ A bad option prints one line naming it and exits 2; nothing prints a traceback f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -132,6 +133,9 @@ def _host_cache_list(text: str) -> list[int]:
             raise SettingsError("--host-cache", str(exc)) from None
         if stop < start:
             raise SettingsError("--host-cache", f"START:STOP:N needs STOP >= START, got {text!r}")
+        if count > MAX_SWEEP_POINTS:
+            raise SettingsError("--host-cache", f"START:STOP:N: at most {MAX_SWEEP_POINTS:,} sizes, got {count:,}")
+        _check_machine_size(stop, stop_text)
         return [start + (stop - start) * i // (count - 1) for i in range(count)]
     sizes = []
     for part in text.split(","):
@@ -139,7 +143,18 @@ def _host_cache_list(text: str) -> list[int]:
             sizes.append(parse_size(part.strip()))
         except ValueError as exc:
             raise SettingsError("--host-cache", str(exc)) from None
+        _check_machine_size(sizes[-1], part)
     return sizes
+
+
+MAX_SWEEP_POINTS = 10_000  # a sweep of more host sizes is a typo (each is a whole trace replay)
+
+
+def _check_machine_size(size: int, text: str) -> None:
+    from kvtop.settings import MAX_SIZE_BYTES
+
+    if size > MAX_SIZE_BYTES:
+        raise SettingsError("--host-cache", f"{text.strip()[:40]} is more than 64 TiB, which no machine holds")
 
 
 def cmd_sim(argv: Sequence[str]) -> int:
@@ -177,6 +192,8 @@ def cmd_sim(argv: Sequence[str]) -> int:
                 n = int(part)
             except ValueError:
                 raise SettingsError("--host-blocks", f"expected block counts, got {part!r}") from None
+            if not 0 <= n <= 1 << 40:
+                raise SettingsError("--host-blocks", f"must be a block count from 0 to 2^40, got {part[:40]!r}")
             sweep.append((n * model.kv_bytes_per_block(tpb), n))
     else:
         for size in _host_cache_list(str(a.host_cache)):
@@ -274,8 +291,13 @@ def cmd_run(argv: Sequence[str]) -> int:
     from kvtop import runner
 
     if ns.show_settings:
+        from kvtop.mqtt_wire import redact_url
+        from kvtop.textsafe import clean
+
         for name, value, origin in settings.describe():
-            print(f"{name:32} {value!s:24} {origin}")
+            # A URL may carry a password (kvtop refuses one in --publish, but a config file may hold any URL).
+            shown = redact_url(value) if isinstance(value, str) and "://" in value else value
+            print(clean(f"{name:32} {shown!s:24} {origin}", None))
         return 0
     try:
         session = runner.build_session(settings)
@@ -320,3 +342,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _broken_pipe()
+
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a program whose reader went away
+
+
+def _broken_pipe() -> int:
+    """``kvtop ... | head``: the reader left. One line, not a traceback (nor a second one at exit, when Python
+    flushes stdout again: it is pointed at /dev/null first)."""
+    import os
+
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    with contextlib.suppress(OSError, ValueError):
+        print("kvtop: output closed (broken pipe)", file=sys.stderr)
+    return EXIT_BROKEN_PIPE

@@ -160,6 +160,11 @@ def parse_mqtt_url(url: str, *, password_file: str | os.PathLike[str] | None = N
                    ca_file=ca_file)
 
 
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (for messages and ``--show-settings``)."""
+    return _redact(url)
+
+
 def _redact(url: str) -> str:
     """The URL with any password replaced by ``***`` (for error messages)."""
     try:

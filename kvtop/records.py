@@ -72,7 +72,7 @@ TIME_MAX = 4102444800.0    # 2100-01-01 UTC: a later "time" is a clock in ms or 
 MAX_LINE_BYTES = 8 << 20   # 8 MiB per line or payload (see the module docstring)
 STRING_LEN = 1000          # strings of kvtop's own kinds are cut here (a model name is < 100 characters)
 _OWN_KINDS = frozenset({"meta", "gpu", "host", "request"})
-_META_BLOCKS = ("primary_blocks", "secondary_blocks")
+_META_BLOCKS = ("primary_blocks", "secondary_blocks", "disk_blocks")
 
 
 class RecordError(ValueError):
@@ -411,7 +411,7 @@ def decode_payload(payload: str | bytes, max_bytes: int = MAX_LINE_BYTES) -> lis
     return [from_obj(obj)]
 
 
-def _lines(fh: Any, max_bytes: int) -> Iterator[tuple[bytes | None, int]]:
+def iter_lines(fh: Any, max_bytes: int) -> Iterator[tuple[bytes | None, int]]:
     """(line, size) for each line of ``fh``; ``None`` for a line over ``max_bytes``, which is read past in
     1 MiB chunks and never held whole (a 1 GB file with no newline costs 1 MiB, not 1 GB)."""
     while True:
@@ -439,7 +439,7 @@ def read_jsonl(path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_B
     Raises ``OSError`` if the file cannot be opened (a directory, no permission).
     """
     with Path(path).open("rb") as fh:
-        for lineno, (raw, size) in enumerate(_lines(fh, max_line_bytes), start=1):
+        for lineno, (raw, size) in enumerate(iter_lines(fh, max_line_bytes), start=1):
             if raw is None:
                 yield RecordError("line", f"{size:,} bytes, more than the {max_line_bytes:,}-byte limit", lineno)
                 continue

@@ -171,8 +171,14 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
             kwargs["requests"] = list(read_trace(settings.trace, errors=errors))
         except OSError as exc:
             raise RunError(f"--trace: cannot read {settings.trace}: {exc.strerror}") from None
-        for err in errors[:20]:
-            session.note("warn", f"trace: {err}")
+        if not kwargs["requests"]:
+            engine.shutdown()
+            first = f" (line {errors[0].line}: {errors[0].problem})" if errors else " (the file is empty)"
+            raise RunError(f"--trace: {clean(settings.trace)} holds no trace requests{first}; a Mooncake trace is "
+                           "one JSON object per line: timestamp, input_length, output_length, hash_ids")
+        for err in errors:
+            session.problems.report("trace.bad_line", f"{clean(settings.trace, 80)}: line {err.line}: "
+                                    f"{err.problem} ({len(errors):,} bad lines skipped)", lost=True)
         kwargs["time_scale"] = settings.trace_time_scale
     scenario = make_scenario(settings.scenario, **kwargs)
     if choice.kind == "trtllm":

@@ -15,6 +15,10 @@ from typing import Any
 
 from kvtop.engines.sizing import parse_size
 
+# A size setting past 64 TiB is a typo (1e14 for 1e11) or a test of kvtop: no machine holds that much host memory
+# or local disk for a KV cache, and a simulator sized from it would allocate until the machine stops.
+MAX_SIZE_BYTES = 64 << 40
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -91,7 +95,8 @@ class Settings:
     publish: str | None = _opt(None, "publish records to an MQTT broker: mqtt://[user@]host[:port]/prefix")
     mqtt_password_file: str | None = _opt(None, "file holding the MQTT password (or set KVTOP_MQTT_PASSWORD); "
                                                 "never put it on the command line")
-    prometheus_port: int | None = _opt(None, "serve Prometheus metrics on this port", kind="int_or_none")
+    prometheus_port: int | None = _opt(None, "serve Prometheus metrics on this port (0: any free port)",
+                                       kind="port_or_none")
     prometheus_addr: str = _opt("127.0.0.1", "address for the Prometheus server")
     run_name: str | None = _opt(None, "run name used in records and MQTT topics")
     origin: dict[str, str] = field(default_factory=dict, repr=False, metadata={"internal": True})
@@ -134,7 +139,18 @@ def _convert(f: Any, raw: Any) -> Any:
                 return False
             raise SettingsError(opt, f"expected true or false, got {raw!r}")
         if kind == "size":
-            return parse_size(raw if isinstance(raw, int) else str(raw))
+            size = parse_size(raw if isinstance(raw, int) else str(raw))
+            if size > MAX_SIZE_BYTES:
+                raise SettingsError(opt, f"{str(raw)[:40]} is more than 64 TiB, which no machine holds; "
+                                         "sizes are bytes or a unit: 32GB, 512GiB")
+            return size
+        if kind == "port_or_none":
+            if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("none", "")):
+                return None
+            port = int(str(raw).strip()) if not isinstance(raw, int) else raw
+            if not 0 <= port <= 65535:
+                raise SettingsError(opt, f"must be a port from 0 to 65535, got {str(raw)[:40]}")
+            return port
         if kind in ("int", "pos_int", "int_or_none", "pos_int_or_none", "priority", "priority_or_none"):
             if isinstance(raw, str) and raw.strip().lower() in ("none", ""):
                 if kind.endswith("_or_none"):

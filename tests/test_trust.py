@@ -275,3 +275,128 @@ def test_a_bad_record_is_counted_and_rendered_in_every_mode() -> None:
     assert session.problems.count("record.bad") == 1
     assert session.problems.exit_status(session.records_in) == EXIT_LOST_DATA
     assert math.isfinite(T0) and run_headless_until is not None
+
+
+# ---------------------------------------------------------------------------------------------- claims, report
+
+def test_a_hostile_created_claim_costs_no_memory_up_front() -> None:
+    """A `created` event claiming a 3e7-block host (and GPU) pool, then a little traffic: < 50 MB in all (the
+    what-if sized its arrays from the claim: 4 x 9e7 tree slots and 9e7 histogram slots, ~5 GB)."""
+    from kvtop.session import Session
+
+    src = SourceId("h", 0, "r")
+    tracemalloc.start()
+    try:
+        session = Session(meta={})
+        session.emit(make("kv_event", {"event_id": 0, "data": {
+            "type": "created", "num_blocks_per_cache_level": [30_000_000, 30_000_000]}}, src, T0))
+        blocks = [{"type": "stored_block", "block_hash": i, "tokens": [], "cache_level": 0, "priority": 35}
+                  for i in range(200)]
+        session.emit(make("kv_event", {"event_id": 1, "data": {"type": "stored", "parent_hash": None,
+                                                                "blocks": blocks}}, src, T0 + 1))
+        session.emit(make("kv_event", {"event_id": 2, "data": {"type": "removed",
+                                                                "block_hashes": list(range(200))}}, src, T0 + 2))
+        session.emit(make("kv_event", {"event_id": 3, "data": {"type": "stored", "parent_hash": None,
+                                                                "blocks": blocks[:50]}}, src, T0 + 3))
+        session.emit(make("stats", {"iter": 1, "kvCacheStats": {"maxNumBlocks": 30_000_000, "reusedBlocks": 5,
+                                                                "missedBlocks": 50}}, src, T0 + 4))
+        wi = session.what_if()
+        from kvtop import runner
+
+        text = runner.format_summary(runner.summary(session))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert wi["host_capacity_blocks"] == 30_000_000 and wi["host_x2_hit_rate"] is not None
+    assert "30,000,000" in text
+    assert peak < 50e6, peak
+
+
+def _report(*args: str) -> subprocess.CompletedProcess[str]:
+    return kvtop_cli("report", *args, timeout=120)
+
+
+def test_report_survives_math_names_clock_jumps_and_a_file_as_output(tmp_path: Path) -> None:
+    rec = tmp_path / "exp_$1_$2.jsonl"
+    lines = BUSY.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        obj = json.loads(line)
+        obj["source"]["run"] = "exp_$1_$2\x1b]0;pwned\x07"
+        if i == 60 and obj["kind"] == "stats":
+            obj["time"] = 4.0e9  # legal (before 2100) but 70 years ahead: bins widen, nothing walks there
+        if i == 61:
+            obj["time"] *= 1000  # milliseconds: a bad line
+        out.append(json.dumps(obj))
+    rec.write_text("\n".join(out) + "\n")
+    t0 = time.monotonic()
+    proc = _report(str(rec), "-o", str(tmp_path / "rep"))
+    assert proc.returncode == 0, proc.stderr
+    assert time.monotonic() - t0 < 60
+    assert "Traceback" not in proc.stderr and "line 62: time" in proc.stderr
+    assert "exp_$1_$2: " in proc.stdout and "\x1b" not in proc.stdout + proc.stderr and "pwned" not in proc.stdout
+    assert (tmp_path / "rep" / "index.html").is_file()
+    (tmp_path / "taken").write_text("x")
+    taken = _report(str(BUSY), "-o", str(tmp_path / "taken"))
+    assert taken.returncode == 2 and taken.stderr.count("\n") == 1 and "not a directory" in taken.stderr
+
+
+# ---------------------------------------------------------------------------------------------- command line
+
+@pytest.mark.parametrize("args, needle", [
+    (["--host-cache", "1e99", "--headless"], "64 TiB"),
+    (["--host-cache", "1e14", "--headless"], "64 TiB"),
+    (["sim", "--trace", str(ROOT / "tests" / "data" / "mooncake_slice.jsonl"), "--host-cache", "0,1e14"],
+     "64 TiB"),
+    (["sim", "--trace", str(ROOT / "tests" / "data" / "mooncake_slice.jsonl"), "--host-cache", "0:1e99:3"],
+     "64 TiB"),
+    (["--prometheus-port", "99999", "--headless"], "0 to 65535"),
+    (["attach", "mqtts://127.0.0.1/x?ca=/nonexistent/ca.pem", "--headless"], "no such file"),
+])
+def test_bad_options_are_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    proc = kvtop_cli(*args, timeout=60)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_binary_trace_is_one_line(tmp_path: Path) -> None:
+    trace = tmp_path / "x.trace"
+    trace.write_bytes(b"\xff\xfe\x00\x9b2J" * 500)
+    sim = kvtop_cli("sim", "--trace", str(trace))
+    assert sim.returncode == 2 and sim.stderr.count("\n") == 1 and "not UTF-8" in sim.stderr, sim.stderr
+    run = kvtop_cli("--scenario", "trace", "--trace", str(trace), "--headless", "--duration", "1")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and "no trace requests" in run.stderr, run.stderr
+    huge = tmp_path / "huge.trace"
+    huge.write_text(json.dumps({"timestamp": 0, "input_length": 1e99, "output_length": 1, "hash_ids": [1]}) + "\n")
+    big = kvtop_cli("sim", "--trace", str(huge))
+    assert big.returncode == 2 and "at most 16,777,216 tokens" in big.stderr, big.stderr
+
+
+def test_output_into_a_closed_pipe_is_one_line() -> None:
+    """`kvtop sim ... | head -c 1`: the reader leaves after the first line; the next ones meet a closed pipe."""
+    trace = ROOT / "tests" / "data" / "mooncake_slice.jsonl"
+    cmd = (f"set -o pipefail; {sys.executable} -m kvtop sim --trace {trace} --limit 50 "
+           "--host-cache 0,1GB,2GB,4GB,8GB,16GB | head -c 1 >/dev/null")
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 141, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip().splitlines() == ["kvtop: output closed (broken pipe)"], proc.stderr
+
+
+def test_show_settings_redacts_a_password_in_a_url(tmp_path: Path) -> None:
+    conf = tmp_path / "kvtop.toml"
+    conf.write_text('publish = "mqtt://kv:hunter2@broker.lab/x"\nrun_name = "r\\u001b]0;t\\u0007"\n')
+    proc = kvtop_cli("--config", str(conf), "--show-settings")
+    assert proc.returncode == 0, proc.stderr
+    assert "hunter2" not in proc.stdout and "mqtt://kv:***@broker.lab/x" in proc.stdout
+    assert "\x1b" not in proc.stdout
+
+
+def test_a_prometheus_scrape_survives_an_unbounded_integer() -> None:
+    from kvtop.sinks.prometheus import PrometheusExporter
+
+    model = {"gpu": {"capacity_blocks": 10 ** 400, "in_use_blocks": 5}, "bad_records": 10 ** 400}
+    exporter = PrometheusExporter(lambda: {"h/0/r": model}, port=0)
+    text = exporter.render().decode()
+    assert 'kvtop_kv_in_use_blocks{host="h",rank="0",run="r",tier="gpu"} 5.0' in text
+    assert "kvtop_kv_capacity_blocks{" not in text  # left out, never a failed scrape

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtop.records import Record, RecordError, read_jsonl
+from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
 from kvtop.tiers.whatif import WhatIf
 
@@ -295,8 +296,10 @@ def _plt() -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # text.parse_math off: run names are file names and user strings ("exp_$1_$2"), which mathtext would try
+    # to typeset (and raise on); no label of the report is meant as math.
     plt.rcParams.update({"figure.dpi": 100, "axes.spines.top": False, "axes.spines.right": False,
-                         "axes.grid": True, "grid.alpha": 0.3, "font.size": 10})
+                         "axes.grid": True, "grid.alpha": 0.3, "font.size": 10, "text.parse_math": False})
     return plt
 
 
@@ -336,7 +339,9 @@ def _bins(run: RunData) -> list[tuple[float, float, Sample, Sample]]:
     """(start, end, sample at start, sample at end) over about _BINS equal time bins."""
     if len(run.samples) < 2:
         return []
-    total = run.samples[-1].t
+    # The largest time, not the last: records of several sources interleave, and one far ahead (a clock that
+    # jumped) must widen the bins, never make the edge walk there one bin at a time (it hung on a 1e12 jump).
+    total = max(s.t for s in run.samples)
     width = max(total / _BINS, 1e-6)
     out: list[tuple[float, float, Sample, Sample]] = []
     prev = run.samples[0]
@@ -346,8 +351,8 @@ def _bins(run: RunData) -> list[tuple[float, float, Sample, Sample]]:
             if s.t > prev.t:
                 out.append((prev.t, s.t, prev, s))
             prev = s
-            while edge <= s.t:
-                edge += width
+            if edge <= s.t:
+                edge = (math.floor(s.t / width) + 1) * width
     return out
 
 
@@ -797,6 +802,12 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, warmup_reques
     return {**summary, "files": files}
 
 
+def _print(text: Any, file: Any = None) -> None:
+    """print() for the console output of ``kvtop report``: run names, paths and reasons come from recordings,
+    so each line is cleaned of control characters first (kvtop.textsafe)."""
+    print(clean(text, None), file=file if file is not None else sys.stdout)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`kvtop report RUN.jsonl [RUN2.jsonl ...] -o DIR [--warmup-requests N]`.
 
@@ -810,35 +821,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     no_plt = matplotlib_missing()
     if no_plt:
-        print(no_plt, file=sys.stderr)
+        _print(no_plt, file=sys.stderr)
         return 2
     missing = [p for p in a.recordings if not Path(p).is_file()]
     if missing:
-        print(f"kvtop report: no such recording: {', '.join(missing)}", file=sys.stderr)
+        _print(f"kvtop report: no such recording: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    if Path(a.out).exists() and not Path(a.out).is_dir():
+        _print(f"kvtop report: -o {a.out}: exists and is not a directory (the report is a directory of "
+               "charts and index.html)", file=sys.stderr)
         return 2
     try:
         result = build_report(a.recordings, a.out, a.warmup_requests)
     except RuntimeError as exc:
-        print(f"kvtop report: {exc}", file=sys.stderr)
+        _print(f"kvtop report: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        _print(f"kvtop report: cannot write {a.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    # Every line below carries strings from the recordings (run names, reasons): cleaned before the terminal.
     for path, bad in result["bad_lines"].items():
-        print(f"kvtop report: {path}: {len(bad)} bad line(s) skipped", file=sys.stderr)
+        _print(f"kvtop report: {path}: {len(bad)} bad line(s) skipped", file=sys.stderr)
         for line, why in bad[:MAX_BAD_LINES_SHOWN]:
-            print(f"  line {line}: {why}", file=sys.stderr)
+            _print(f"  line {line}: {why}", file=sys.stderr)
     for run in result["runs"]:
-        print(f"{run['name']}: {run['requests_completed']} requests, hit rate "
-              f"{_fmt(run['hit_rate'], 'pct')} (GPU {_fmt(run['gpu_hit_rate'], 'pct')}, host "
+        _print(f"{run['name']}: {run['requests_completed']} requests, hit rate "
+               f"{_fmt(run['hit_rate'], 'pct')} (GPU {_fmt(run['gpu_hit_rate'], 'pct')}, host "
               f"{_fmt(run['host_hit_rate'], 'pct')}), TTFT p50 {_fmt(run['ttft_p50_s'], 'ms')}, "
               f"p99 {_fmt(run['ttft_p99_s'], 'ms')}")
     base = result["runs"][0] if result["runs"] else None
     for name, ds in result.get("deltas", {}).items():
-        print(f"{name} against {base['name'] if base else '?'}:")
+        _print(f"{name} against {base['name'] if base else '?'}:")
         for d in ds:
-            print(f"  {d['metric']:<15} {_delta_text(d)}")
+            _print(f"  {d['metric']:<15} {_delta_text(d)}")
     for run in result["runs"]:
         by = run.get("ttft_by_source") or {}
-        print(f"{run['name']}: TTFT p50 by prefix source: " + ", ".join(
+        _print(f"{run['name']}: TTFT p50 by prefix source: " + ", ".join(
             f"{label} {_fmt((by.get(k) or {}).get('p50_s'), 'ms')} ({(by.get(k) or {}).get('requests', 0)} req)"
             for k, label in PREFIX_SOURCES))
-    print(f"wrote {Path(a.out) / 'index.html'}")
+    _print(f"wrote {Path(a.out) / 'index.html'}")
     return 0 if any(run["records"] for run in result["runs"]) else 1

@@ -47,9 +47,14 @@ def _get(obj: Any, name: str) -> Any:
 
 
 def _number(value: Any) -> float | None:
+    """A sample value, or None (left out): not a number, or an integer too large for a float (10**400 would
+    raise OverflowError inside the scrape and fail every metric of every source, not just this one)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return None
 
 
 def _first(*values: Any) -> Any:
@@ -63,7 +68,7 @@ def _labels(source: SourceId) -> list[str]:
 def _source_from_key(key: str) -> SourceId:
     host, _, rest = key.partition("/")
     rank, _, run = rest.partition("/")
-    return SourceId(host=host, rank=int(rank) if rank.isdigit() else 0, run=run)
+    return SourceId(host=host, rank=int(rank) if rank.isdigit() and len(rank) < 20 else 0, run=run)
 
 
 class _StateCollector(Collector):

@@ -58,7 +58,9 @@ class _RankedGhosts:
         self._seq: dict[int, int] = {}  # hash -> absolute sequence number (insertion order = drop order)
         self._base = 0                  # sequence number of tree slot 0
         self._next = 0
-        self._size = max(1024, 4 * self.capacity)
+        # The tree grows with the ghosts actually held, not with the capacity claimed: a `created` event
+        # claiming a 3e7-block host would otherwise cost 1.2e8 slots (~1 GB) before a single drop.
+        self._size = 1024
         self._tree = [0] * (self._size + 1)
 
     def __len__(self) -> int:
@@ -83,7 +85,7 @@ class _RankedGhosts:
 
     def _rebuild(self) -> None:
         live = sorted(self._seq.items(), key=lambda kv: kv[1])
-        self._size = max(1024, 4 * max(self.capacity, len(live)))
+        self._size = max(1024, 4 * len(live))  # room for 3x the live ghosts before the next rebuild: O(1) amortised
         self._tree = [0] * (self._size + 1)
         self._base = 0
         self._seq = {}
@@ -159,8 +161,9 @@ class WhatIf:
         old = self._ghosts
         self._ghosts = _RankedGhosts((self.factors[-1] - 1) * blocks)
         # _rank_hits[r]: re-stored ghosts that had r more recent ghosts ahead of them (a stack-distance
-        # histogram past the host's reach); bounded by the ghost capacity.
-        self._rank_hits = [0] * self._ghosts.capacity
+        # histogram past the host's reach); grown to the largest rank seen (bounded by the ghosts held, so by
+        # the run's own drops), never sized up front from the claimed capacity.
+        self._rank_hits = []
         for h in old._seq:  # keep what was ghosted so far, in order
             self._ghosts.push(h)
 
@@ -233,7 +236,9 @@ class WhatIf:
             if release_store:
                 self.release_store_ghosts += 1
                 continue
-            if newer < len(self._rank_hits):
+            if newer < self._ghosts.capacity:
+                if newer >= len(self._rank_hits):
+                    self._rank_hits.extend([0] * (newer + 1 - len(self._rank_hits)))
                 self._rank_hits[newer] += 1
 
     def _partial_ghost_match(self, parent: Any, token_ids: tuple[Any, ...]) -> int | None:

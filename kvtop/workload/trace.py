@@ -10,11 +10,19 @@ public trace is 43,923, i.e. tokens below 2.3e7).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
 from kvtop.engines.inputs import TRACE_BLOCK_TOKENS as TRACE_BLOCK_TOKENS  # re-exported: kvtop.engines.sim.sweep
 from kvtop.engines.inputs import TraceRequest
+
+# Bounds, so one bad line cannot make a run hang or fill memory: a prompt or an output of more than 2^24 tokens
+# (16.7M; the longest contexts are ~1-2M) and a timestamp past 2^50 ms (35,000 years) are bad lines, as is a
+# line longer than 8 MiB (the public trace's longest is ~4 KB).
+MAX_TOKENS = 1 << 24
+MAX_TIMESTAMP_MS = float(1 << 50)
+MAX_LINE_BYTES = 8 << 20
 
 
 class TraceError(ValueError):
@@ -25,11 +33,18 @@ class TraceError(ValueError):
 
 def _field(obj: dict, key: str, path: str, line: int, minimum: int = 0) -> int:
     value = obj.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TraceError(path, line, f"'{key}' must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TraceError(path, line, f"'{key}' must be a number, got {_short(value)}")
     if value < minimum:
-        raise TraceError(path, line, f"'{key}' must be >= {minimum}, got {value}")
+        raise TraceError(path, line, f"'{key}' must be >= {minimum}, got {_short(value)}")
+    if value > MAX_TOKENS:
+        raise TraceError(path, line, f"'{key}' must be at most {MAX_TOKENS:,} tokens, got {_short(value)}")
     return int(value)
+
+
+def _short(value: object) -> str:
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 30 else "a larger integer"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_trace_line(text: str, path: str = "<trace>", line: int = 0) -> TraceRequest:
@@ -37,15 +52,17 @@ def parse_trace_line(text: str, path: str = "<trace>", line: int = 0) -> TraceRe
         obj = json.loads(text)
     except json.JSONDecodeError as exc:
         raise TraceError(path, line, f"not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError):  # an integer past 4,300 digits; nesting too deep
+        raise TraceError(path, line, "not a trace line (a number too long, or nested too deeply)") from None
     if not isinstance(obj, dict):
         raise TraceError(path, line, "expected a JSON object")
     hash_ids = obj.get("hash_ids")
-    if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+    if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 1 << 64
                                                  for h in hash_ids):
-        raise TraceError(path, line, "'hash_ids' must be a list of non-negative integers")
+        raise TraceError(path, line, "'hash_ids' must be a list of non-negative 64-bit integers")
     ts = obj.get("timestamp", 0)
-    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0:
-        raise TraceError(path, line, f"'timestamp' must be a number of ms >= 0, got {ts!r}")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not 0 <= ts <= MAX_TIMESTAMP_MS:
+        raise TraceError(path, line, f"'timestamp' must be a number of ms from 0 to 2^50, got {_short(ts)}")
     return TraceRequest(line=line, timestamp_ms=float(ts), input_length=_field(obj, "input_length", path, line, 1),
                         output_length=_field(obj, "output_length", path, line, 1), hash_ids=tuple(hash_ids))
 
@@ -54,13 +71,22 @@ def read_trace(path: str | Path, errors: list[TraceError] | None = None,
                limit: int | None = None) -> Iterator[TraceRequest]:
     """Requests of a trace file. A malformed line raises :class:`TraceError` with its line number, unless an
     ``errors`` list is given: then it is appended there and skipped."""
+    from kvtop.records import iter_lines
+
     p = Path(path)
-    with p.open("r", encoding="utf-8") as fh:
+    with p.open("rb") as fh:
         count = 0
-        for lineno, text in enumerate(fh, start=1):
-            if not text.strip():
-                continue
+        for lineno, (raw, size) in enumerate(iter_lines(fh, MAX_LINE_BYTES), start=1):
             try:
+                if raw is None:
+                    raise TraceError(str(p), lineno, f"{size:,} bytes, more than the {MAX_LINE_BYTES:,}-byte limit")
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise TraceError(str(p), lineno, "not UTF-8 text (is this a trace? one JSON object per line)"
+                                     ) from None
+                if not text.strip():
+                    continue
                 req = parse_trace_line(text, str(p), lineno)
             except TraceError as exc:
                 if errors is None:
