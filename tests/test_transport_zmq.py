@@ -116,6 +116,8 @@ async def test_late_attacher_without_replay_says_since_attach_and_counts_gaps():
         assert s["stream"]["unknown_removals"] == 1 and s["tiers"]["gpu"]["cached_blocks"] == 2
         assert s["tiers"]["gpu"]["cached_approximate"] is True
         assert any("since attach" in text for _, _, text in session.log)
+        gap = session.problems.get("zmq.gap")
+        assert gap is not None and gap.count == 1 and gap.lost and "seq 11..11" in gap.message
         await _stop(session, task)
     finally:
         pub.close()
@@ -135,6 +137,9 @@ async def test_bad_messages_are_counted_and_the_stream_goes_on():
         assert m.gpu.cached_blocks == 1 and m.summary()["stream"]["bad_events"] == 1
         assert session.status[f"zmq tcp://127.0.0.1:{pub.port}"] == "error"
         assert any("not msgpack" in text for _, _, text in session.log)
+        # every mode reads the problems registry: 3 bad messages and 1 bad event, lost data (exit status 4)
+        assert session.problems.count("zmq.bad_message") == 3 and session.problems.count("zmq.bad_event") == 1
+        assert session.problems.lost_data
         await _stop(session, task)
     finally:
         pub.close()
@@ -353,6 +358,8 @@ async def test_a_dead_metrics_page_is_reported_and_the_stream_goes_on():
         await _until(lambda: any("cannot connect" in text for _, _, text in session.log))
         assert session.status["zmq"] == "ok" and any(k.startswith("metrics http") and v == "error"
                                                      for k, v in session.status.items())
+        p = session.problems.get("metrics.scrape")
+        assert p is not None and not p.lost and "cannot connect" in p.message
         await _stop(session, task)
     finally:
         pub.close()

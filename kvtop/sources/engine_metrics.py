@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from kvtop.problems import Problems
 from kvtop.records import Record, RecordError, SourceId, make
 from kvtop.stopsignal import StopSignal
 
@@ -119,7 +120,7 @@ class MetricsPoller:
 
     def __init__(self, urls: list[str], sink: Sink, source_for: Callable[[int], SourceId], *,
                  ranks: int = 1, interval_s: float = 1.0, on_status: Callback | None = None,
-                 on_error: Callback | None = None):
+                 on_error: Callback | None = None, problems: Problems | None = None):
         self.urls = urls
         self.sink = sink
         self.source_for = source_for
@@ -127,6 +128,7 @@ class MetricsPoller:
         self.interval_s = interval_s
         self.on_status = on_status
         self.on_error = on_error
+        self.problems = problems  # a page that cannot be read: a problem (not lost data: the stream goes on)
         self.scrapes = 0
         self.failures = 0
         self.last_error: str | None = None
@@ -156,12 +158,17 @@ class MetricsPoller:
         except Exception as exc:  # a scrape that fails is reported, then retried
             self.failures += 1
             self.last_error = describe_http_error(exc)
+            if self.problems is not None:
+                self.problems.report("metrics.scrape", f"{url}: {self.last_error}")
             if self._ok.get(url, True) and self.on_error is not None:
                 self.on_error(f"metrics {url}", self.last_error)
             self._ok[url] = False
             return False
-        if not self._ok.get(url, False) and self.on_status is not None:
-            self.on_status(f"metrics {url}", f"scraping ({len(samples)} samples)")
+        if not self._ok.get(url, False):
+            if self.on_status is not None:
+                self.on_status(f"metrics {url}", f"scraping ({len(samples)} samples)")
+            if self.problems is not None and self.problems.get("metrics.scrape") is not None:
+                self.problems.resolve("metrics.scrape", f"{url}: scraping again")
         self._ok[url] = True
         self.scrapes += 1
         engine = engine_of(samples)

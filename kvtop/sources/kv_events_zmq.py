@@ -35,8 +35,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from kvtop.kv_stream import Batch, WireError, decode_frames
+from kvtop.problems import Problems
 from kvtop.records import Record, SourceId, make
 from kvtop.stopsignal import StopSignal
+from kvtop.textsafe import clean
 
 Sink = Callable[[Record], None]
 Callback = Callable[[str, str], None]
@@ -177,7 +179,7 @@ class ZmqKvEventSource:
 
     def __init__(self, url: StreamUrl, sink: Sink, *, run: str | None = None, engine: str | None = None,
                  on_status: Callback | None = None, on_error: Callback | None = None,
-                 replay_idle_s: float = REPLAY_IDLE_S):
+                 replay_idle_s: float = REPLAY_IDLE_S, problems: Problems | None = None):
         self.url = url
         self.sink = sink
         self.run_name = run or ""
@@ -185,6 +187,8 @@ class ZmqKvEventSource:
         self.on_status = on_status
         self.on_error = on_error
         self.replay_idle_s = replay_idle_s
+        # Every mode reads it (kvtop/problems.py): bad messages and unfilled gaps are lost data (exit status 4)
+        self.problems = problems
         self.ranks = [RankState(ep, rp, i) for i, (ep, rp) in enumerate(zip(url.events, url.replay))]
         self._stop = StopSignal()
         self._last_report = 0.0
@@ -240,7 +244,8 @@ class ZmqKvEventSource:
             return
         rs.received += 1
         if batch.bad_events:
-            self._bad(rs, f"{batch.bad_events} bad events skipped (first: {batch.first_bad})", count=False)
+            self._bad(rs, f"{batch.bad_events} bad events skipped (first: {batch.first_bad})", count=False,
+                      kind="zmq.bad_event", n=batch.bad_events)
         expected = rs.next_seq
         if expected is None or batch.seq > expected:
             start = 0 if expected is None else expected
@@ -249,7 +254,13 @@ class ZmqKvEventSource:
                     rs.gaps += 1
                 got = await self._replay(ctx, rs, start, batch.seq) if rs.replay else 0
                 if expected is not None:
-                    rs.lost += batch.seq - start - got
+                    missing = batch.seq - start - got
+                    rs.lost += missing
+                    if missing and self.problems is not None:
+                        self.problems.report("zmq.gap", f"{rs.endpoint}: {missing:,} batch(es) of seq {start}.."
+                                             f"{batch.seq - 1} lost" + (" (not in the replay buffer)" if rs.replay
+                                                                         else " (no replay endpoint)"),
+                                             count=missing, lost=True)
         elif batch.seq < expected:
             rs.restarts += 1
             self._status(rs, f"seq went back {expected - 1} -> {batch.seq}: publisher restarted")
@@ -286,7 +297,8 @@ class ZmqKvEventSource:
                 if start <= batch.seq < upto:
                     got[batch.seq] = batch
         except Exception as exc:  # replay is a bonus: a failure leaves a gap the fold counts
-            self._bad(rs, f"replay from {rs.replay} failed: {type(exc).__name__}: {exc}", count=False)
+            self._bad(rs, f"replay from {rs.replay} failed: {type(exc).__name__}: {exc}", count=False,
+                      kind="zmq.replay", lost=False)
         finally:
             sock.close(linger=0)
         for seq in sorted(got):
@@ -311,10 +323,14 @@ class ZmqKvEventSource:
             rs.next_seq = batch.seq + 1  # a live batch sets it even backwards (a restarted publisher)
         self.sink(Record(kind="kv_batch", data=batch.record_data(replayed), source=source, time=now))
 
-    def _bad(self, rs: RankState, message: str, count: bool = True) -> None:
+    def _bad(self, rs: RankState, message: str, count: bool = True, *, kind: str = "zmq.bad_message",
+             n: int = 1, lost: bool = True) -> None:
         if count:
             rs.bad += 1
+        message = clean(message, 300)
         rs.last_error = message
+        if self.problems is not None:
+            self.problems.report(kind, f"{rs.endpoint}: {message}", count=n, lost=lost)
         now = time.monotonic()
         if self.on_error is not None and now - self._last_report >= ERROR_REPORT_S:
             self._last_report = now
@@ -337,8 +353,9 @@ def attach_stream(session: Any, target: str, *, run: str | None = None, interval
     from kvtop.sources.engine_metrics import MetricsPoller, discover_events
 
     url = parse_stream_url(target, discover=discover_events)
+    problems = getattr(session, "problems", None)
     src = ZmqKvEventSource(url, session.emit, run=run, on_status=session.on_source_status,
-                           on_error=session.on_source_error)
+                           on_error=session.on_source_error, problems=problems)
     session.meta["attached_to"] = url.display()
     session.meta["stream"] = {"events": list(url.events), "replay": [r for r in url.replay if r],
                               "metrics": list(url.metrics)}
@@ -346,7 +363,7 @@ def attach_stream(session: Any, target: str, *, run: str | None = None, interval
     if url.metrics:
         poller = MetricsPoller(list(url.metrics), session.emit, src.source_for, ranks=len(url.events),
                                interval_s=interval_s, on_status=session.on_source_status,
-                               on_error=session.on_source_error)
+                               on_error=session.on_source_error, problems=problems)
         session.add_producer("metrics", poller.run, poller.stop)
     session.note("info", f"{url.display()}: an engine announces nothing it cached before kvtop attached; block "
                          "counts are since attach unless replay reaches seq 0")
