@@ -124,18 +124,17 @@ class Agent:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from kvtop.attach import _Parser
+    from kvtop import options
 
-    p = _Parser(prog="kvtop agent", description="fold a local source and publish per-source summaries on MQTT")
+    p = options.OptionParser(prog="kvtop agent",
+                             description="fold a local source and publish per-source summaries on MQTT")
     p.add_argument("source", help="what to watch: zmq://, vllm://, sglang://, http:// (trtllm-serve), mqtt://, "
                                   "or FILE.jsonl")
     p.add_argument("--mqtt", required=True, help="broker to publish to: mqtt://[user@]host[:port]/prefix")
     p.add_argument("--run", default=None, help="run name in the topics (default: the host name)")
     p.add_argument("--interval", default=str(DEFAULT_INTERVAL_S), help="seconds between summaries (0.5-1 = 1-2 Hz)")
     p.add_argument("--raw", action="store_true", help="also publish the raw records (one source's drill-down)")
-    p.add_argument("--mqtt-password-file", default=None, help="broker password file (or KVTOP_MQTT_PASSWORD)")
-    p.add_argument("--duration", default=None, help="stop after this many seconds")
-    p.add_argument("--json", action="store_true", help="at the end, print what was published as JSON")
+    options.add_settings(p, options.AGENT_SETTINGS, help={"json": "at the end, print what was published as JSON"})
     return p
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
+from kvtop import options
 from kvtop.records import MAX_LINE_BYTES, RecordError, SourceId
 from kvtop.session import MAX_SOURCES, Session
 from kvtop.settings import SettingsError, load_settings
@@ -19,40 +19,29 @@ from kvtop.textsafe import clean
 MAX_GAP_S = 10.0
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:
-        raise SettingsError(self.prog, message)
-
-
 def _parser(command: str) -> argparse.ArgumentParser:
-    p = _Parser(prog=f"kvtop {command}")
+    p = options.OptionParser(prog=f"kvtop {command}")
     if command == "attach":
         p.add_argument("url", help="mqtt://[user@]host[:port]/prefix, mqtts://..., http://host:port (trtllm-serve), "
                                    "zmq://host:5557[?replay=tcp://host:5558] (vLLM/SGLang KV events), "
                                    "vllm://host:8000, sglang://host:30000, or FILE.jsonl")
         p.add_argument("--run", default=None, help="MQTT: only this run")
-        p.add_argument("--mqtt-password-file", default=None,
-                       help="MQTT password file (or KVTOP_MQTT_PASSWORD); never on the command line")
+        options.add_settings(p, options.ATTACH_ONLY_SETTINGS)
         p.add_argument("--interval", default=None, help="trtllm-serve poll interval in seconds (default 0.5)")
     else:
         p.add_argument("file", help="a kvtop recording (JSONL)")
-    p.add_argument("--speed", default="1", help="replay speed: 1 = as recorded, 0 = as fast as possible")
     p.add_argument("--max-gap", default=None, metavar="SECONDS",
                    help="replay: an idle stretch of the recording lasts at most this long (default 10)")
     p.add_argument("--max-line-bytes", default=None, metavar="BYTES",
                    help="a recording line or MQTT payload larger than this is skipped as bad (default 8 MiB)")
     p.add_argument("--max-sources", default=None, metavar="N",
                    help="keep at most N sources; records of more are refused and counted (default 4096)")
-    p.add_argument("--headless", action="store_const", const=True, default=None)
-    p.add_argument("--json", action="store_const", const=True, default=None)
-    p.add_argument("--duration", default=None, help="stop after this many seconds")
-    p.add_argument("--theme", default=None)
-    p.add_argument("--refresh", default=None)
-    p.add_argument("--record", default=None, help="also record what arrives into this JSONL file")
-    p.add_argument("--prometheus-port", default=None)
-    p.add_argument("--prometheus-addr", default=None)
-    p.add_argument("--warmup-requests", default=None)
-    p.add_argument("--config", default=None)
+    # --speed is the simulator's pacing setting, here the replay's; from the command line only (KVTOP_SPEED paces
+    # the simulator of a driven run, not a replay).
+    options.add_settings(p, ("speed",), help={"speed": "replay speed: 1 = as recorded, 0 = as fast as possible"})
+    options.add_settings(p, options.ATTACH_SETTINGS, help={
+        "duration": "stop after this many seconds (default: at the recording's end; a live source: never)"})
+    options.add_config_option(p)
     return p
 
 
@@ -161,12 +150,8 @@ def main(command: str, argv: Sequence[str]) -> int:
     from kvtop import runner
 
     a = _parser(command).parse_args(list(argv))
-    cli: dict[str, Any] = {k: v for k, v in {
-        "headless": a.headless, "json": a.json, "duration": a.duration, "theme": a.theme, "refresh": a.refresh,
-        "record": a.record, "prometheus_port": a.prometheus_port, "prometheus_addr": a.prometheus_addr,
-        "warmup_requests": a.warmup_requests}.items() if v is not None}
-    settings = load_settings(cli, config_path=a.config)
-    speed = _float("--speed", a.speed)
+    settings = load_settings(options.given(a, options.ATTACH_SETTINGS), config_path=a.config)
+    speed = options.converted(a, ("speed",))["speed"]
     target = a.url if command == "attach" else a.file
     interval = _float("--interval", a.interval) if command == "attach" and a.interval else 0.5
     max_gap = _float("--max-gap", a.max_gap) if a.max_gap is not None else MAX_GAP_S

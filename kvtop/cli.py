@@ -21,10 +21,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvtop import __version__
+from kvtop import __version__, options
 from kvtop.modes import run_dashboard, run_headless
 from kvtop.modes import run_headless_until as run_headless_until  # re-exported for callers of kvtop.cli
-from kvtop.settings import Settings, SettingsError, load_settings
+from kvtop.settings import SettingsError, load_settings
 
 SUBCOMMANDS = ("sim", "attach", "replay", "agent", "estimate", "calibrate", "report", "run")
 
@@ -40,25 +40,15 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
     """Every Settings field becomes --field-name (defaults stay None so that file and environment layers show)."""
-    for f in Settings.option_fields():
-        opt = "--" + f.name.replace("_", "-")
-        kind = f.metadata.get("kind")
-        help_text = f.metadata.get("doc", "")
-        if f.default is not None and kind != "bool":
-            help_text += f" (default: {f.default})"
-        if kind == "bool":
-            p.add_argument(opt, dest=f.name, action="store_const", const=True, default=None, help=help_text)
-        else:
-            p.add_argument(opt, dest=f.name, default=None, metavar=f.name.upper().replace("_", "-"),
-                           help=help_text)
+    options.add_settings(p)
     p.add_argument("--gpu-cache", dest="gpu_cache", default=None, metavar="TOKENS|FRACTION",
                    help="GPU KV cache: a token count (131072) or a fraction of free GPU memory (0.9)")
-    p.add_argument("--config", default=None, help="TOML settings file (default ~/.config/kvtop/kvtop.toml)")
+    options.add_config_option(p)
     p.add_argument("--show-settings", action="store_true", help="print every setting and where it came from")
 
 
 def _cli_values(ns: argparse.Namespace) -> dict[str, Any]:
-    values = {f.name: getattr(ns, f.name) for f in Settings.option_fields() if getattr(ns, f.name, None) is not None}
+    values = options.given(ns)
     gpu_cache = getattr(ns, "gpu_cache", None)
     if gpu_cache is not None:
         text = str(gpu_cache).strip()
@@ -85,25 +75,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+SIM_DEFAULTS = {"max_batch_size": 256}
+
+
 def _sim_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvtop sim", description="replay a Mooncake trace on the simulator, as fast as possible")
-    p.add_argument("--trace", required=True, help="Mooncake-format JSONL trace (512-token hash blocks)")
-    p.add_argument("--model", default="Qwen/Qwen3-8B")
-    p.add_argument("--gpu", default="H200")
-    p.add_argument("--tokens-per-block", type=int, default=32)
+    # The settings it shares with a driven run, declared from Settings; a trace replay batches up to 256 requests.
+    options.add_settings(p, options.SIM_SETTINGS, defaults=SIM_DEFAULTS, required=("trace",), help={
+        "trace": "Mooncake-format JSONL trace (512-token hash blocks)", "json": "print {\"runs\": [...]} as JSON",
+        "gpu_cache_fraction": "free_gpu_memory_fraction when --gpu-blocks is not given"})
     p.add_argument("--gpu-blocks", type=int, default=None, help="GPU pool in blocks (default: sized from the GPU)")
-    p.add_argument("--gpu-cache-fraction", type=float, default=0.9)
-    p.add_argument("--host-cache", default="0", help="host cache size, or a comma list for a sweep: 0,2GB,8GB, or "
-                                                     "START:STOP:N for N sizes evenly spaced (0:64GB:16)")
+    # not the host_cache setting (one size): a sweep of sizes
+    p.add_argument("--host-cache", dest="host_cache_sweep", default="0",
+                   help="host cache size, or a comma list for a sweep: 0,2GB,8GB, or "
+                        "START:STOP:N for N sizes evenly spaced (0:64GB:16)")
     p.add_argument("--host-blocks", default=None, help="host pool in blocks (or a comma list)")
-    p.add_argument("--max-batch-size", type=int, default=256)
-    p.add_argument("--max-num-tokens", type=int, default=8192)
     p.add_argument("--time-scale", type=float, default=1.0, help="divide trace timestamps by this")
     p.add_argument("--capacity-scheduler-policy", default="GUARANTEED_NO_EVICT",
                    choices=("GUARANTEED_NO_EVICT", "MAX_UTILIZATION"),
                    help="TensorRT-LLM's capacity scheduler for the timed replay (default GUARANTEED_NO_EVICT)")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
-    p.add_argument("--json", action="store_true", help="print {\"runs\": [...]} as JSON")
     p.add_argument("--plot", default=None, help="draw hit rate against host cache size into this PNG")
     p.add_argument("--hit-rate-only", action="store_true",
                    help="replay the block manager alone, one request at a time, without engine timing")
@@ -165,6 +156,7 @@ def cmd_sim(argv: Sequence[str]) -> int:
     from kvtop.workload.trace import TraceError, read_trace
 
     a = _sim_parser().parse_args(list(argv))
+    vars(a).update(options.converted(a, options.SIM_SETTINGS, SIM_DEFAULTS))  # validated as Settings validates
     if a.plot:
         from kvtop.report.report import matplotlib_missing
 
@@ -196,7 +188,7 @@ def cmd_sim(argv: Sequence[str]) -> int:
                 raise SettingsError("--host-blocks", f"must be a block count from 0 to 2^40, got {part[:40]!r}")
             sweep.append((n * model.kv_bytes_per_block(tpb), n))
     else:
-        for size in _host_cache_list(str(a.host_cache)):
+        for size in _host_cache_list(str(a.host_cache_sweep)):
             sweep.append((size, secondary_blocks(model, tpb, size)))
     try:
         requests = list(read_trace(a.trace, limit=a.limit))

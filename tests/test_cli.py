@@ -378,3 +378,56 @@ def test_scenario_ab_keeps_a_gpu_pool_the_user_set(tmp_path: Path) -> None:
                           "--speed", "0", "--gpu-cache", "4096", "--max-tokens", "4"], tmp_path)
     assert rc == 0, err
     assert json.loads(out)["tiers"]["gpu"]["capacity_blocks"] == 4096 // 32
+
+
+# ---------------------------------------------------------------------------------------------- options, once
+
+def _parsers() -> dict[str, Any]:
+    from kvtop import agent, attach, cli
+
+    return {"kvtop": cli.build_parser(), "sim": cli._sim_parser(), "attach": attach._parser("attach"),
+            "replay": attach._parser("replay"), "agent": agent._parser()}
+
+
+def test_every_subcommand_takes_its_settings_from_settings_never_by_hand() -> None:
+    """An option that is a setting (its dest a Settings field) is declared by kvtop.options in every subcommand:
+    same spelling, same doc, same validation. A hand-made --refresh in attach would have no kvtop_setting."""
+    names = {f.name for f in Settings.option_fields()}
+    by_hand: dict[str, list[str]] = {}
+    shared: dict[str, set[str]] = {}
+    for command, parser in _parsers().items():
+        for action in parser._actions:
+            if action.dest in names:
+                shared.setdefault(action.dest, set()).add(command)
+                if getattr(action, "kvtop_setting", None) != action.dest:
+                    by_hand.setdefault(command, []).append(action.dest)
+    assert by_hand == {}
+    # and the ones that matter are shared for real (the same field reaches several subcommands)
+    assert {"kvtop", "sim"} <= shared["model"] and {"kvtop", "attach", "replay"} <= shared["refresh"]
+    assert {"kvtop", "attach", "agent"} <= shared["mqtt_password_file"]
+
+
+@pytest.mark.parametrize("argv", [["--refresh", "0"], ["attach", "x.jsonl", "--refresh", "0"],
+                                  ["replay", "x.jsonl", "--refresh", "0"]])
+def test_a_setting_is_validated_the_same_in_every_subcommand(argv: list[str],
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from kvtop.cli import main
+
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == "kvtop: --refresh: must be > 0, got '0'"
+
+
+def test_sim_validates_its_settings_as_settings_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """kvtop sim --gpu-cache-fraction 1.5 was taken as it was (type=float); now it is refused as --gpu-cache-fraction
+    is everywhere, before the trace is read."""
+    from kvtop.cli import main
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 512, "output_length": 8, "hash_ids": [1]}\n')
+    assert main(["sim", "--trace", str(trace), "--gpu-cache-fraction", "1.5"]) == 2
+    assert "--gpu-cache-fraction: must be a fraction between 0 and 1" in capsys.readouterr().err
+    assert main(["sim", "--trace", str(trace), "--max-batch-size", "0"]) == 2
+    assert "--max-batch-size: must be a positive integer, got 0" in capsys.readouterr().err
+    assert main(["sim", "--trace", str(trace), "--json", "--max-batch-size", "8", "--gpu-blocks", "64"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"] == "Qwen/Qwen3-8B" and out["tokens_per_block"] == 32 and out["runs"][0]["requests"] == 1

@@ -1,0 +1,97 @@
+"""Command-line options, declared once: every option that is a setting comes from its ``Settings`` field.
+
+``kvtop``, ``kvtop attach`` / ``replay``, ``kvtop sim`` and ``kvtop agent`` each take the settings that mean
+something to them (``ATTACH_SETTINGS``, ``SIM_SETTINGS``...), declared here from the field's name, doc, kind and
+default, so that an option is spelled, documented and validated the same way in every subcommand
+(tests/test_cli.py checks that no subcommand declares a setting by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kvtop.settings import Settings, SettingsError
+
+# What each subcommand takes of the settings (the driven run takes them all).
+ATTACH_SETTINGS = ("headless", "json", "duration", "theme", "refresh", "record", "prometheus_port",
+                   "prometheus_addr", "warmup_requests")
+ATTACH_ONLY_SETTINGS = ("mqtt_password_file",)  # kvtop attach mqtt://, not kvtop replay
+SIM_SETTINGS = ("trace", "model", "gpu", "tokens_per_block", "gpu_cache_fraction", "max_batch_size",
+                "max_num_tokens", "json")
+AGENT_SETTINGS = ("mqtt_password_file", "duration", "json")
+
+
+class OptionParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line naming the command (``kvtop attach: ...``), never a usage dump."""
+
+    def error(self, message: str) -> Any:
+        raise SettingsError(self.prog, message)
+
+
+def _field(name: str) -> Any:
+    for f in Settings.option_fields():
+        if f.name == name:
+            return f
+    raise KeyError(f"no setting named {name!r}")
+
+
+def option_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_settings(p: argparse.ArgumentParser, names: Iterable[str] | None = None, *,
+                 defaults: Mapping[str, Any] | None = None, help: Mapping[str, str] | None = None,
+                 required: Iterable[str] = ()) -> None:
+    """Declare the named settings (all of them by default) as ``--field-name`` options.
+
+    Values stay ``None`` unless given, so that the file and environment layers (``load_settings``) show through;
+    ``defaults`` only changes what ``--help`` says (and what :func:`converted` falls back to), for a subcommand
+    whose default differs (``kvtop sim`` sizes batches for trace replays). ``help`` replaces a field's doc where a
+    subcommand means something narrower by it.
+    """
+    fields = Settings.option_fields() if names is None else [_field(n) for n in names]
+    defaults = defaults or {}
+    help = help or {}
+    must = set(required)
+    for f in fields:
+        kind = f.metadata.get("kind")
+        default = defaults.get(f.name, f.default)
+        text = help.get(f.name, f.metadata.get("doc", ""))
+        if default is not None and kind != "bool":
+            text += f" (default: {default})"
+        if kind == "bool":
+            action = p.add_argument(option_name(f.name), dest=f.name, action="store_const", const=True,
+                                    default=None, help=text)
+        else:
+            action = p.add_argument(option_name(f.name), dest=f.name, default=None, required=f.name in must,
+                                    metavar=f.name.upper().replace("_", "-"), help=text)
+        action.kvtop_setting = f.name  # type: ignore[attr-defined]  # how tests tell it from a hand-made one
+
+
+def add_config_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="TOML settings file (default ~/.config/kvtop/kvtop.toml)")
+
+
+def given(ns: argparse.Namespace, names: Iterable[str] | None = None) -> dict[str, Any]:
+    """The settings given on the command line, as typed (``load_settings`` converts them, naming the option)."""
+    fields = Settings.option_fields() if names is None else [_field(n) for n in names]
+    return {f.name: getattr(ns, f.name) for f in fields if getattr(ns, f.name, None) is not None}
+
+
+def converted(ns: argparse.Namespace, names: Iterable[str], defaults: Mapping[str, Any] | None = None
+              ) -> dict[str, Any]:
+    """The named settings from the command line alone (no file, no environment), converted and validated as
+    ``Settings`` does; a setting not given is its default (``defaults`` first, else the field's)."""
+    s = Settings()
+    names = list(names)
+    for name, value in (defaults or {}).items():
+        setattr(s, name, value)
+    for name, value in given(ns, names).items():
+        s.set(name, value, "command line")
+    return {name: getattr(s, name) for name in names}
+
+
+__all__ = ["AGENT_SETTINGS", "ATTACH_ONLY_SETTINGS", "ATTACH_SETTINGS", "OptionParser", "SIM_SETTINGS",
+           "add_config_option", "add_settings", "converted", "given", "option_name"]
