@@ -1,4 +1,9 @@
-"""Compact token lists in recorded KV events: what made recordings grow by ~1.5 MB/s.
+"""Compact KV events in recordings: what made recordings grow by ~1.3-1.5 MB/s.
+
+Three steps, all undone by every reader (``kvtop.records.read_jsonl``), so the fold sees TensorRT-LLM's dicts:
+runs of KV events of one source share a line (``BATCH_KIND``, written by kvtop/sinks/recorder.py: one envelope
+of ~110 bytes instead of one per event, each event's time kept exactly); an offload or onboard is packed into five
+numbers (``pack_event``); and token lists are plain ids (below). Measured in BENCHMARKS.md "Recording size".
 
 A TensorRT-LLM ``stored`` event lists every token of every block as a dict (``_utils.py``
 ``KVCacheEventSerializer``: ``{"type": "unique_token", "token_id": int, "token_extra_id": int}``): ~55 bytes of
@@ -19,7 +24,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["compact_event", "expand_event"]
+__all__ = ["BATCH_KIND", "compact_event", "expand_event", "pack_event", "unpack_event"]
+
+# A recording's line of several KV events of one source, written by the recorder (kvtop/sinks/recorder.py) and
+# expanded into ``kv_event`` records by ``kvtop.records.read_jsonl``; never seen by the fold or sent elsewhere.
+BATCH_KIND = "kv_events"
 
 _PLAIN = "unique_token"
 
@@ -116,3 +125,33 @@ def expand_event(event: Any) -> Any:
             else:
                 b["token_ids"] = ids   # not a list: left for what reads it to find wrong
     return event
+
+
+def pack_event(event: dict[str, Any]) -> dict[str, Any] | list[Any]:
+    """An event as it goes into a recording's batch line: an offload or onboard exactly as TensorRT-LLM writes
+    it (``{"event_id", "data": {"type": "updated", "block_hash", "cache_level": diff, "priority": None},
+    "window_size"}``, ~135 bytes of JSON) as ``[event_id, block_hash, old level, new level, window_size]`` (~45);
+    any other event compacted (``compact_event``). Half of a busy run's events are these."""
+    if type(event) is dict and len(event) == 3 and type(event.get("event_id")) is int \
+            and type(event.get("window_size")) is int:
+        data = event.get("data")
+        if (type(data) is dict and len(data) == 4 and data.get("type") == "updated" and "priority" in data
+                and data["priority"] is None and type(data.get("block_hash")) is int):
+            pair = _diff_pair(data.get("cache_level"))
+            if pair is not None:
+                return [event["event_id"], data["block_hash"], pair[0], pair[1], event["window_size"]]
+    return compact_event(event)
+
+
+def unpack_event(item: Any) -> Any:
+    """``pack_event`` undone: the packed list back into TensorRT-LLM's dict (a dict is expanded in place);
+    anything else is returned as it is, for the validation to name."""
+    if type(item) is list:
+        if len(item) == 5 and all(type(x) is int for x in item):
+            eid, h, old, new, window = item
+            return {"event_id": eid, "data": {"type": "updated", "block_hash": h,
+                                              "cache_level": {"type": "event_diff", "new_value": new,
+                                                              "old_value": old},
+                                              "priority": None}, "window_size": window}
+        return item
+    return expand_event(item)

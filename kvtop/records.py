@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtop.compact import expand_event
+from kvtop.compact import BATCH_KIND, expand_event, unpack_event
 from kvtop.textsafe import clean, clean_any
 
 SCHEMA_VERSION = 1
@@ -445,10 +445,42 @@ def read_jsonl(path: str | os.PathLike[str], *, max_line_bytes: int = MAX_LINE_B
                 continue
             if not raw.strip():
                 continue
+            if _BATCH_MARK in raw[:80]:
+                yield from _decode_batch(raw, lineno, max_line_bytes)
+                continue
             try:
                 yield decode(raw, max_line_bytes + 1)
             except RecordError as exc:
                 yield exc.at_line(lineno)
+
+
+# What a line of several KV events (kvtop/sinks/recorder.py, kvtop/compact.py) has near its start.
+_BATCH_MARK = b'"' + BATCH_KIND.encode() + b'"'
+
+
+def _decode_batch(raw: bytes, lineno: int, max_line_bytes: int) -> Iterator[Record | RecordError]:
+    """A recorder's batch line (``{"v":1,"kind":"kv_events","source":..., "time": t0, "data": {"times": [...],
+    "events": [...]}}``) as its ``kv_event`` records, each validated on its own: one bad event is one error
+    (with the line's number), the others are kept."""
+    try:
+        obj = _loads(raw)
+        if not isinstance(obj, dict) or obj.get("kind") != BATCH_KIND:
+            yield decode(raw, max_line_bytes + 1)   # the mark was in some other record's text
+            return
+        data = obj.get("data")
+        times = data.get("times") if isinstance(data, dict) else None
+        events = data.get("events") if isinstance(data, dict) else None
+        if not isinstance(times, list) or not isinstance(events, list) or len(times) != len(events):
+            raise RecordError("data", "a kv_events line needs lists 'times' and 'events' of one length")
+    except RecordError as exc:
+        yield exc.at_line(lineno)
+        return
+    envelope = {k: obj[k] for k in ("v", "source") if k in obj}
+    for i, (t, ev) in enumerate(zip(times, events)):
+        try:
+            yield from_obj({**envelope, "kind": "kv_event", "time": t, "data": unpack_event(ev)})
+        except RecordError as exc:
+            yield RecordError(f"events[{i}].{exc.field}", exc.problem, lineno)
 
 
 def parse_engine_dict(value: Any, what: str = "stats") -> dict[str, Any]:

@@ -40,7 +40,8 @@ def test_an_old_recording_and_its_compact_copy_fold_identically(tmp_path: Path) 
     assert new_summary == old_summary
     assert new_whatif == old_whatif
     # Record by record, the reader hands the fold the engine's own dicts again.
-    assert [(r.kind, r.time, r.data) for r in new_records] == [(r.kind, r.time, r.data) for r in old_records]
+    assert [(r.kind, r.source, r.time, r.data) for r in new_records] == \
+        [(r.kind, r.source, r.time, r.data) for r in old_records]
     # ... from a smaller file: the KV events (32-token blocks, every token a dict) to under 1/3.5, the whole
     # busy recording (which is mostly stats: 1,768 of them, 1,419 events) to under 60% (4.85 MB -> 2.63 MB)
     def event_bytes(path: Path) -> int:
@@ -49,8 +50,11 @@ def test_an_old_recording_and_its_compact_copy_fold_identically(tmp_path: Path) 
     assert event_bytes(new) < event_bytes(BUSY_RECORDING) / 3.5   # 2.99 MB -> 0.77 MB
     old_size, new_size = BUSY_RECORDING.stat().st_size, new.stat().st_size
     assert new_size < 0.6 * old_size, (old_size, new_size)
-    line = next(ln for ln in new.read_text().splitlines() if '"stored"' in ln)
+    lines = new.read_text().splitlines()
+    line = next(ln for ln in lines if '"stored"' in ln)
     assert '"token_ids":[' in line and "unique_token" not in line
+    # Runs of events share a line: fewer lines than records, and no offload written as a dict any more.
+    assert len(lines) < 0.7 * len(old_records) and '"type":"updated"' not in new.read_text()
 
 
 _token = st.fixed_dictionaries({"type": st.just("unique_token"), "token_id": st.integers(0, 2**31),
@@ -106,3 +110,51 @@ def test_other_events_pass_as_they_are() -> None:
     for ev in ({"event_id": 3, "data": {"type": "removed", "block_hashes": [1, 2]}},
                {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [8, 4]}}):
         assert compact_event(ev) is ev and expand_event(copy.deepcopy(ev)) == ev
+
+
+
+def _updated(eid: int, h: int, old: int, new: int) -> dict[str, Any]:
+    return {"event_id": eid, "data": {"type": "updated", "block_hash": h,
+                                      "cache_level": {"type": "event_diff", "new_value": new, "old_value": old},
+                                      "priority": None}, "window_size": 4096}
+
+
+@given(eid=st.integers(0, 2**40), h=st.integers(-(2**63), 2**64 - 1), old=st.integers(0, 1), new=st.integers(0, 1))
+def test_offloads_and_onboards_pack_to_five_numbers(eid: int, h: int, old: int, new: int) -> None:
+    from kvtop.compact import pack_event, unpack_event
+
+    ev = _updated(eid, h, old, new)
+    packed = pack_event(copy.deepcopy(ev))
+    assert packed == [eid, h, old, new, 4096]
+    assert unpack_event(json.loads(json.dumps(packed))) == ev
+    with_prio = copy.deepcopy(ev)
+    with_prio["data"]["priority"] = {"type": "event_diff", "new_value": 80, "old_value": 35}
+    assert isinstance(pack_event(with_prio), dict)           # anything else stays a dict
+    assert unpack_event(json.loads(json.dumps(pack_event(with_prio)))) == with_prio
+
+
+def test_a_bad_event_in_a_batch_line_is_one_error_and_the_rest_is_kept(tmp_path: Path) -> None:
+    from kvtop.records import SourceId, make
+
+    src, other = SourceId(host="a", rank=0, run="r"), SourceId(host="b", rank=1, run="r")
+    path = tmp_path / "run.jsonl"
+    with Recorder(path, append=False) as rec:
+        for i in range(4):
+            rec.write(make("kv_event", _updated(i, 100 + i, 0, 1), src, 10.0 + i / 8))
+        rec.write(make("kv_event", _updated(9, 200, 1, 0), other, 11.0))   # another source: a new line
+        rec.write(make("stats", {"iter": 1}, src, 11.5))
+        rec.write(make("kv_event", _updated(10, 300, 0, 1), src, 12.0))
+    lines = path.read_text().splitlines()
+    assert [json.loads(ln)["kind"] for ln in lines] == ["kv_events", "kv_events", "stats", "kv_events"]
+    got = [r for r in read_jsonl(path)]
+    assert [(r.source.host, r.time, r.data["event_id"] if r.kind == "kv_event" else None) for r in got] == \
+        [("a", 10.0, 0), ("a", 10.125, 1), ("a", 10.25, 2), ("a", 10.375, 3), ("b", 11.0, 9), ("a", 11.5, None),
+         ("a", 12.0, 10)]
+    first = json.loads(lines[0])
+    first["data"]["events"][2] = [1, 2]                     # a packed event cut short
+    lines[0] = json.dumps(first)
+    path.write_text("\n".join(lines) + "\n")
+    got = [r for r in read_jsonl(path)]
+    errors = [r for r in got if isinstance(r, RecordError)]
+    assert len(errors) == 1 and errors[0].line == 1 and errors[0].field.startswith("events[2]")
+    assert sum(1 for r in got if not isinstance(r, RecordError)) == 6

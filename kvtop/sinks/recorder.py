@@ -1,4 +1,5 @@
-"""JSONL recorder: every record as one line, flushed at least once a second, valid line by line after any death.
+"""JSONL recorder: every record as one line (runs of KV events of one source as one ``kv_events`` line, see
+kvtop/compact.py), flushed at least once a second, valid line by line after any death.
 
 Why the file survives SIGKILL, SIGTERM or a crash with whole lines only: lines are buffered in memory and handed
 to the kernel with ``os.write`` of whole lines, never a partial one from Python's side (a short write is
@@ -18,20 +19,21 @@ Cost: ``encode`` of a 1 KB iteration-stats dict is ~10 us; the write itself is a
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import threading
 import weakref
 from collections.abc import Iterable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvtop.compact import compact_event
+from kvtop.compact import BATCH_KIND, pack_event
 from kvtop.problems import Problems
-from kvtop.records import Record, encode
+from kvtop.records import SCHEMA_VERSION, Record, SourceId, _default, encode
 
 FLUSH_INTERVAL_S = 1.0
 FLUSH_BYTES = 1 << 20  # 1 MiB: ~1,000 stats dicts; a burst of events is written out well before a second
+BATCH_BYTES = 256 << 10  # a batch line of KV events ends here (~1,000 stored blocks), far under the readers' 8 MiB
 
 _open: weakref.WeakSet[Recorder] = weakref.WeakSet()
 
@@ -70,6 +72,10 @@ class Recorder:
         self.dropped_lines = 0  # only when writes fail (disk full) for more than 4 MiB of lines
         self.error: str | None = None  # the last write error (disk full...), reported, never raised by write()
         self._buf: list[bytes] = []
+        self._batch_source: SourceId | None = None   # the KV events not yet in a line: their source,
+        self._batch_times: list[str] = []              # times (JSON) and packed events (JSON)
+        self._batch_events: list[str] = []
+        self._batch_bytes = 0
         self._buf_bytes = 0
         self._pending = b""  # the unwritten tail of a short write: written first, so lines never interleave
         self._lock = threading.Lock()
@@ -81,16 +87,33 @@ class Recorder:
     # ------------------------------------------------------------------------------------------ sink
 
     def write(self, record: Record) -> None:
-        """Buffer one record as one line. Raises only for a record that cannot be encoded (a caller's bug)."""
+        """Buffer one record (a KV event: into the current batch line). Raises only for a record that cannot be
+        encoded (a caller's bug)."""
         if record.kind == "kv_event":
-            # Token lists compacted (kvtop/compact.py: ~55 bytes a token -> ~7); every reader expands them back.
-            data = compact_event(record.data)
-            if data is not record.data:
-                record = replace(record, data=data)
+            # Consecutive KV events of one source share a line (one envelope, each event's own time), packed
+            # and with compact token lists (kvtop/compact.py); read_jsonl gives them back one record each.
+            text = json.dumps(pack_event(record.data), separators=(",", ":"), default=_default, allow_nan=False)
+            stamp = json.dumps(record.time)
+            with self._lock:
+                if self._fd is None:
+                    raise ValueError(f"recorder for {self.path} is closed")
+                if self._batch_source is not None and self._batch_source != record.source:
+                    self._end_batch_locked()
+                self._batch_source = record.source
+                self._batch_times.append(stamp)
+                self._batch_events.append(text)
+                self._batch_bytes += len(text) + len(stamp) + 2
+                self.records += 1
+                if self._batch_bytes >= BATCH_BYTES:
+                    self._end_batch_locked()
+                if self._buf_bytes >= self.flush_bytes:
+                    self._flush_locked()
+            return
         line = encode(record).encode("utf-8") + b"\n"
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"recorder for {self.path} is closed")
+            self._end_batch_locked()   # the events before this record stay before it
             self._buf.append(line)
             self._buf_bytes += len(line)
             self.records += 1
@@ -134,7 +157,22 @@ class Recorder:
                     return
                 self._flush_locked()
 
+    def _end_batch_locked(self) -> None:
+        """The KV events gathered so far as one line in the buffer."""
+        if not self._batch_events:
+            return
+        src = self._batch_source
+        assert src is not None
+        line = (f'{{"v":{SCHEMA_VERSION},"kind":"{BATCH_KIND}","source":'
+                f'{json.dumps(src.to_json(), separators=(",", ":"))},"time":{self._batch_times[0]},'
+                f'"data":{{"times":[{",".join(self._batch_times)}],"events":[{",".join(self._batch_events)}]}}}}\n'
+                ).encode()
+        self._batch_times, self._batch_events, self._batch_bytes = [], [], 0
+        self._buf.append(line)
+        self._buf_bytes += len(line)
+
     def _flush_locked(self) -> None:
+        self._end_batch_locked()
         if self._fd is None or (not self._buf and not self._pending):
             return
         data = self._pending + b"".join(self._buf)
