@@ -83,7 +83,8 @@ def _sim_parser() -> argparse.ArgumentParser:
     # The settings it shares with a driven run, declared from Settings; a trace replay batches up to 256 requests.
     options.add_settings(p, options.SIM_SETTINGS, defaults=SIM_DEFAULTS, required=("trace",), help={
         "trace": "Mooncake-format JSONL trace (512-token hash blocks)", "json": "print {\"runs\": [...]} as JSON",
-        "gpu_cache_fraction": "free_gpu_memory_fraction when --gpu-blocks is not given"})
+        "gpu_cache_fraction": "free_gpu_memory_fraction when --gpu-blocks is not given",
+        "capacity_scheduler_policy": "TensorRT-LLM's capacity scheduler for the timed replay"})
     p.add_argument("--gpu-blocks", type=int, default=None, help="GPU pool in blocks (default: sized from the GPU)")
     # not the host_cache setting (one size): a sweep of sizes
     p.add_argument("--host-cache", dest="host_cache_sweep", default="0",
@@ -91,9 +92,6 @@ def _sim_parser() -> argparse.ArgumentParser:
                         "START:STOP:N for N sizes evenly spaced (0:64GB:16)")
     p.add_argument("--host-blocks", default=None, help="host pool in blocks (or a comma list)")
     p.add_argument("--time-scale", type=float, default=1.0, help="divide trace timestamps by this")
-    p.add_argument("--capacity-scheduler-policy", default="GUARANTEED_NO_EVICT",
-                   choices=("GUARANTEED_NO_EVICT", "MAX_UTILIZATION"),
-                   help="TensorRT-LLM's capacity scheduler for the timed replay (default GUARANTEED_NO_EVICT)")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--plot", default=None, help="draw hit rate against host cache size into this PNG")
     p.add_argument("--hit-rate-only", action="store_true",
