@@ -143,3 +143,20 @@ def test_kvtop_sim_replays_a_trace_under_either_policy() -> None:
     assert (max_util["requests"], max_util["failed"], max_util["paused"]) == (499, 0, 4)
     assert (no_evict["iterations"], max_util["iterations"]) == (3678, 3598)
     assert (no_evict["reused_blocks"], max_util["reused_blocks"]) == (2250, 4818)
+
+
+def test_max_utilization_keeps_paused_requests_within_the_batch() -> None:
+    """A paused request keeps its place in the active list: the walk reaches new requests only after every
+    earlier one was scheduled, so at most max_batch_size requests are ever active, paused ones included (as
+    TensorRT-LLM's executor, which fetches new requests up to that many active ones)."""
+    bm = BlockManager(24, 0, 16)
+    core = SimEngineCore(MODEL, GPU, bm, max_batch_size=4, max_num_tokens=4096,
+                         capacity_scheduler_policy="MAX_UTILIZATION")
+    for i in range(8):
+        core.submit(SimRequest(i, [1000 * i + k for k in range(64)], 100, arrival_s=0.0))
+    most_active = 0
+    while not core.idle():
+        core.step()
+        most_active = max(most_active, len(core.running))
+    assert core.completed == 8 and core.paused_total > 0
+    assert most_active == 4

@@ -65,7 +65,7 @@ def _replay(bm: BlockManager, requests: Sequence[TraceRequest], after_add: Calla
     skipped = 0
     add, store, add_token, remove = bm.add_sequence, bm.store_context_blocks, bm.add_token, bm.remove_sequence
     for rid, tr in enumerate(requests):
-        if tr.input_length == 0 or _blocks_of(tr, tpb) > primary:
+        if tr.input_length == 0 or tr.output_length <= 0 or _blocks_of(tr, tpb) > primary:
             skipped += 1
             continue
         prompt = TokenRuns(tr.prompt_runs())
@@ -75,7 +75,7 @@ def _replay(bm: BlockManager, requests: Sequence[TraceRequest], after_add: Calla
         store(rid)
         digest = hash(prompt.runs)  # the engine's digest of a trace prompt: the same generated ids (core.submit)
         out = [generated_token(digest, 0)]
-        for pos in range(1, max(tr.output_length, 1)):
+        for pos in range(1, tr.output_length):
             add_token(rid, out[-1])
             out.append(generated_token(digest, pos))
         remove(rid, final_tokens=out[-1:])
