@@ -264,9 +264,10 @@ def decode_payload(payload: bytes, *, topic: str = "", seq: int = 0) -> Batch:
 
 
 def _clean_topic(raw: bytes) -> str:
-    # Strings from outside reach a terminal: control characters out, length bounded.
-    text = raw[:200].decode("utf-8", "replace")
-    return "".join(ch if ch.isprintable() else "?" for ch in text)
+    # Strings from outside reach a terminal: kvtop's one sanitizer, length bounded.
+    from kvtop.textsafe import clean
+
+    return clean(raw[:200].decode("utf-8", "replace"))
 
 
 def decode_frames(frames: Sequence[bytes]) -> Batch:

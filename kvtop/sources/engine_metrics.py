@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from kvtop.problems import Problems
 from kvtop.records import Record, RecordError, SourceId, make
 from kvtop.stopsignal import StopSignal
+from kvtop.textsafe import clean
 
 Sink = Callable[[Record], None]
 Callback = Callable[[str, str], None]
@@ -48,9 +49,8 @@ _MAX_VALUE = float(1 << 64)
 
 
 def _clean(text: str) -> str:
-    # Label values come from outside and may reach a terminal: printable only, bounded.
-    text = text[:_MAX_LABEL]
-    return "".join(ch if ch.isprintable() else "?" for ch in text)
+    # Label values come from outside and may reach a terminal: kvtop's one sanitizer, bounded.
+    return clean(text, _MAX_LABEL)
 
 
 def parse_metrics(text: str, keep: tuple[str, ...] = KEEP_PREFIXES) -> list[list[Any]]:
