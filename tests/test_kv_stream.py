@@ -330,3 +330,56 @@ def test_numbers_no_record_may_carry_are_dropped_at_the_edge():
         decode_payload(msgpack.packb([1.0, [], 2**40]))
     with pytest.raises(WireError, match="ts"):
         decode_payload(msgpack.packb([1e30, [], 0]))
+
+
+_ops = st.lists(st.tuples(st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared"]),
+                          st.sampled_from([None, "GPU", "cpu", "CPU_PINNED", "STORAGE", "DISK"]),
+                          st.lists(st.integers(0, 12), max_size=5), st.sampled_from([0, 0, 1])), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ops)
+def test_fold_agrees_with_a_refcounted_reference(ops):
+    """Per tier, a block is live while more stores than removes of its (group, hash) were announced; a move is
+    counted exactly when a hash becomes live (store) or stops being live (remove)."""
+    m = TierModel()
+    ref: dict[str, dict[tuple[int, int], int]] = {t: {} for t in ("gpu", "host", "disk")}
+    offloads = onboards = evict_gpu = evict_host = unknown = 0
+    for i, (etype, medium, hashes, group) in enumerate(ops):
+        tier = tier_of(medium)
+        if etype == "AllBlocksCleared":
+            ev = cleared()
+            for live in ref.values():
+                live.clear()
+        elif etype == "BlockStored":
+            ev = stored(hashes, medium=medium, group_idx=group)
+            for h in hashes:
+                key = (group, h)
+                n = ref[tier].get(key, 0)
+                ref[tier][key] = n + 1
+                if n == 0 and tier == "host":
+                    offloads += 1
+                elif n == 0 and tier == "gpu" and (key in ref["host"] or key in ref["disk"]):
+                    onboards += 1
+        else:
+            ev = removed(hashes, medium=medium, group_idx=group)
+            for h in hashes:
+                key = (group, h)
+                n = ref[tier].get(key, 0)
+                if n == 0:
+                    unknown += tier in ("gpu", "host")
+                elif n == 1:
+                    del ref[tier][key]
+                    evict_gpu += tier == "gpu"
+                    evict_host += tier == "host"
+                else:
+                    ref[tier][key] = n - 1
+        m.apply(batch(i, [ev], t=1.0 + i))
+    assert m.bad_records == 0
+    if ops:
+        assert (m.gpu.cached_blocks, m.host.cached_blocks) == (len(ref["gpu"]), len(ref["host"]))
+        mv = m.moves
+        assert (mv.offloaded_blocks, mv.onboarded_blocks, mv.evicted_gpu_blocks, mv.evicted_host_blocks,
+                mv.evicted_unknown_blocks) == (offloads, onboards, evict_gpu, evict_host, unknown)
+        disk = m.disk
+        assert (disk.cached_blocks if disk is not None else 0) == len(ref["disk"])
