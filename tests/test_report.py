@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,3 +180,38 @@ def test_report_colours_are_the_dashboards(tmp_path: Path) -> None:
     light = tomllib.loads((Path(__file__).resolve().parents[1] / "themes" / "light.toml").read_text())
     flat = {**light, **light.get("variables", {})}
     assert (GPU_COLOR, HOST_COLOR) == (flat["kv-in-use"], flat["kv-cached"])
+
+
+def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_path: Path) -> None:
+    """Every text of every chart (titles, tick labels, values over bars, end labels), as drawn: no two boxes
+    intersect, for two runs side by side."""
+    import matplotlib.text
+
+    from kvtop.report import report as rep
+
+    plt = rep._plt()
+    closed: list[Any] = []
+
+    class Capture:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(plt, name)
+
+        def close(self, fig: Any) -> None:
+            closed.append(fig)
+
+    runs = [load_run(recordings["host0"]), load_run(recordings["host64"])]
+    for name, fn in (("compare", rep._plot_compare), ("ttft", rep._plot_ttft), ("hit_rate", rep._plot_hit_rate),
+                     ("occupancy", rep._plot_occupancy), ("moves", rep._plot_moves)):
+        fn(Capture(), runs, tmp_path / f"{name}.png")
+        fig = closed[-1]
+        renderer = fig.canvas.get_renderer()
+        boxes = []
+        for t in fig.findobj(matplotlib.text.Text):
+            if not t.get_visible() or not t.get_text().strip():
+                continue
+            # the text itself (an annotation's leader line may cross others: it is thin and points at its data)
+            boxes.append((t.get_text(), matplotlib.text.Text.get_window_extent(t, renderer)))
+        for i, (ta, a) in enumerate(boxes):
+            for tb, b in boxes[i + 1:]:
+                assert not a.overlaps(b), f"{name}: {ta!r} overlaps {tb!r}"
+        plt.close(fig)
