@@ -366,9 +366,9 @@ GOLDEN: dict[str, str] = {
     "expiry_ties_host/3": "07de08f4261fb9ced160080edbd94521",
 }
 ENGINE_GOLDEN: dict[int, str] = {
-    1: "dc7aef9d81a4fd23d08f572c55276dd5",
-    2: "41fc4dab25b24e39650f437057962e28",
-    3: "cd49b539276ff5e8ee085f604d4e716f",
+    1: "afeec5c228f224c207f9a07e01cb9ac3",
+    2: "c5731be4823671400bf9122658c36dd3",
+    3: "bbf48155c264c642aadfccf41788f630",
 }
 
 # The in-repo slice of the synthetic Mooncake trace (tests/data/mooncake_slice.jsonl, 499 requests, see its NOTICE) at
@@ -390,11 +390,11 @@ TRACE_SLICE_8GB: dict[str, Any] = {
     "onboarded_blocks": 608,
     "reused_tokens": 108544,
     "input_tokens": 7288597,
-    "ttft_p50_s": 107.15077747423595,
-    "ttft_p99_s": 199.3666262130597,
-    "simulated_seconds": 857.6850028351838,
-    "busy_seconds": 330.7840028351835,
-    "iterations": 2044,
+    "ttft_p50_s": 111.90635801435099,
+    "ttft_p99_s": 209.05216809231342,
+    "simulated_seconds": 867.5748925375932,
+    "busy_seconds": 340.67389253759296,
+    "iterations": 2025,
     "paused": 0,
     "max_scheduled": 118,
     "failures": [],
@@ -417,10 +417,10 @@ TRACE_300: dict[str, Any] = {
     "onboarded_blocks": 2288,
     "reused_tokens": 109984,
     "input_tokens": 3853165,
-    "ttft_p50_s": 32.1502506108864,
-    "ttft_p99_s": 71.70977072809637,
-    "simulated_seconds": 166.54954991218457,
-    "busy_seconds": 166.54954991218457,
+    "ttft_p50_s": 34.81485686994391,
+    "ttft_p99_s": 76.62086468956196,
+    "simulated_seconds": 171.84483476905083,
+    "busy_seconds": 171.84483476905083,
     "iterations": 1301,
     "failures": [],
 }

@@ -23,10 +23,10 @@ def test_h200_anchor_within_25_percent() -> None:
     assert e["reload_s"] == pytest.approx(RELOAD_8192_S, rel=0.25)
     assert e["recompute_s"] == pytest.approx(RECOMPUTE_8192_S, rel=0.25)
     assert e["recompute_over_reload"] == pytest.approx(RATIO_8192, rel=0.25)
-    # Tighter than required, as the docstring's table says: +4.4% reload, +6.7% recompute, +2.2% ratio.
+    # As the docstring's table says: +4.4% reload, +12.3% recompute (sustained rates against a burst), +7.6% ratio.
     assert e["reload_s"] == pytest.approx(0.02277, rel=0.01)
-    assert e["recompute_s"] == pytest.approx(0.2042, rel=0.01)
-    assert e["recompute_over_reload"] == pytest.approx(8.97, rel=0.01)
+    assert e["recompute_s"] == pytest.approx(0.2148, rel=0.01)
+    assert e["recompute_over_reload"] == pytest.approx(9.44, rel=0.01)
 
 
 @pytest.mark.parametrize("tokens", [2048, 8192])
@@ -43,8 +43,8 @@ def test_breakeven_link_makes_reload_equal_recompute() -> None:
     at_breakeven = estimate("Qwen/Qwen3-8B", "H200", link=e["breakeven_link_GBps"])
     assert at_breakeven["reload_s"] == pytest.approx(at_breakeven["recompute_s"], rel=1e-6)
     assert at_breakeven["recompute_over_reload"] == pytest.approx(1.0, rel=1e-6)
-    # 256 blocks of 4.5 MiB in 204.2 ms less 256 x 3.57 us of copy latency: 5.9 GB/s
-    assert e["breakeven_link_GBps"] == pytest.approx(5.94, rel=0.01)
+    # 256 blocks of 4.5 MiB in 214.8 ms less 256 x 3.57 us of copy latency: 5.6 GB/s
+    assert e["breakeven_link_GBps"] == pytest.approx(5.65, rel=0.01)
 
 
 def test_consistent_with_the_simulators_cost_model() -> None:

@@ -141,7 +141,7 @@ def test_kvtop_sim_replays_a_trace_under_either_policy() -> None:
     no_evict, max_util = runs["GUARANTEED_NO_EVICT"], runs["MAX_UTILIZATION"]
     assert (no_evict["requests"], no_evict["failed"], no_evict["paused"]) == (499, 0, 0)
     assert (max_util["requests"], max_util["failed"], max_util["paused"]) == (499, 0, 4)
-    assert (no_evict["iterations"], max_util["iterations"]) == (3678, 3598)
+    assert (no_evict["iterations"], max_util["iterations"]) == (3659, 3579)  # simulated time: the cost model's
     assert (no_evict["reused_blocks"], max_util["reused_blocks"]) == (2250, 4818)
 
 

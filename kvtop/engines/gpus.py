@@ -111,6 +111,12 @@ class GpuProfile:
     """All-reduce bus rate between tensor-parallel GPUs (NVLink), GB/s; None: Hopper SXM's assumed figure."""
     allreduce_latency_us: float | None = None
     """Fixed cost of one all-reduce, microseconds."""
+    gemm_sustained: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
+    """Per GEMM dtype: compute-bound GEMMs' rate under seconds of continuous load over calibrate's short bursts
+    (a busy GPU sits at its power limit and lowers its clocks)."""
+    request_step_us: float | None = None
+    """Engine work per running request per iteration that the GPU does not hide (TensorRT-LLM's sampler and request
+    bookkeeping), microseconds. Not measurable without TensorRT-LLM: fitted (see the built-in H200's note)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
@@ -137,7 +143,8 @@ class GpuProfile:
 
 
 COST_FIELDS = ("fp8_tflops", "hbm_read_GBps", "gemm_kernel_us", "gemm_correction", "attention_prefill_tflops",
-                "step_overhead_us", "copy_duplex_penalty", "allreduce_GBps", "allreduce_latency_us")
+                "step_overhead_us", "copy_duplex_penalty", "allreduce_GBps", "allreduce_latency_us", "gemm_sustained",
+                "request_step_us")
 
 
 def gemm_layer_model_s(shapes: list[tuple[int, int]] | list[list[int]], tokens: int, tflops: float,
@@ -238,6 +245,15 @@ _H200_COST: dict[str, Any] = {
     # all-reduces (a decode step's) cost a few microseconds in TensorRT-LLM's custom kernels: assumed 8 us.
     "allreduce_GBps": 360.0,
     "allreduce_latency_us": 8.0,
+    # bench/results/h200-cost-2026-12-01-sustained.json (bench/sustained_probe.py): one Llama-3.1-8B layer's GEMMs at
+    # 8,192 tokens back to back for 8 s ran at 1,410-1,425 MHz at the 700 W limit: FP8 2.79 ms against calibrate's
+    # 2.48 ms burst (0.888), bf16 5.42 against 5.08 ms (0.938); at 64 tokens (weight streaming) no slower.
+    "gemm_sustained": {"bf16": 0.938, "fp8": 0.888},
+    # Not measured (it needs TensorRT-LLM itself): TensorRT-LLM's per-request work each iteration that the GPU does
+    # not hide (sampler, request bookkeeping in its PyTorch backend). Fitted to ONE published table, v1.0's
+    # Llama-3.1-8B FP8 on H200 (kvtop/published 0.98-1.07 over its rows at 7 us, 1.00-1.20 at 0), and checked on
+    # every other row (H100, GH200, 70B at TP1 and TP2, v0.21): BENCHMARKS.md "Cost model".
+    "request_step_us": 7.0,
 }
 _HBM_READ_DERATE = _H200_COST["hbm_read_GBps"] / 4800.0  # 0.937 of the datasheet
 

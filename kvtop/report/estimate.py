@@ -16,21 +16,19 @@ Checked against the measured H200 anchors (`shared/anchors/h200-2026-11-29.json`
 | figure | anchor | estimate | off by |
 |---|---|---|---|
 | reload 8,192 tokens over pinned PCIe Gen5 | 21.81 ms | 22.77 ms | +4.4% |
-| recompute 8,192 tokens (36 layers) | 191.4 ms | 191.9 ms | +0.3% |
-| recompute / reload | 8.77 | 8.40 | -4.3% |
+| recompute 8,192 tokens (36 layers) | 191.4 ms | 214.8 ms | +12.3% |
+| recompute / reload | 8.77 | 9.44 | +7.6% |
 
 Why it differs:
 - Reload: the anchor timed *one contiguous* 1.125 GiB copy (55.3 GB/s). TensorRT-LLM onboards block by block
   (256 copies of 4.5 MiB for 8,192 tokens at 32 tokens per block), and each copy pays a fixed ~3.6 us of launch
   and DMA setup; the estimate counts that (the anchor's 64 scattered 4.5 MiB blocks ran at 53.1 GB/s), so it
   is ~1 ms slower than the contiguous copy. At 2 MiB blocks the gap would be larger (46.6 GB/s measured).
-- Recompute: the cost model's prefill efficiency (0.88 of the 791 TFLOP/s GEMM rate) was calibrated on this
-  very anchor, so the agreement at 8,192 tokens is by construction; at 512 tokens the anchor is 36% slower
-  than the estimate, because plain PyTorch pays ~20 kernel launches per layer that TensorRT-LLM's fused,
-  CUDA-graphed kernels mostly avoid. The anchor's plain-PyTorch prefill (unfused norms, RoPE, activations)
-  is, if anything, slower than TensorRT-LLM's, so the real ratio is likely a little *lower* than 8.8.
-- The anchor's recompute had no LM head; the estimate's recompute leaves it out too (a hit or a miss runs it
-  once either way), while the TTFT figures include it.
+- Recompute: the cost model's GEMM and attention rates are `kvtop calibrate`'s (2026-12-01), at the sustained
+  rate of a GPU at its 700 W limit (0.938 of the burst for bf16): the anchor's 191 ms was a burst on a cool GPU
+  (its 8192^3 GEMM ran at 791 TFLOP/s against 679 sustained); calibrate's own proxy of this prefill took 222 ms.
+  Plain PyTorch (the anchor) leaves norms, RoPE and activations unfused; TensorRT-LLM fuses them.
+- The estimate's recompute includes the LM head on the last token (0.3 ms), as a prefill runs it.
 """
 
 from __future__ import annotations
@@ -92,13 +90,13 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
     c = cached_tokens
     blocks = math.ceil(c / tpb)  # onboarding copies whole blocks, a partly filled last one too
     kv_bytes = c * kv_tok * batch
-    # Recompute: the cached tokens' prefill, causal (token i sees i positions), no LM head (see docstring).
+    # FLOPs of the cached tokens' prefill, causal (token i sees i positions), without the LM head: the rate shown.
     attn_positions = c * (c + 1) // 2
     flops_one = 2.0 * shape.matmul_params * c + shape.attention_flops_per_context_token * attn_positions
     flops = flops_one * batch
     # The cost model's prefill of the cached tokens: GEMMs, attention, elementwise work and the LM head, timed apart
     # and added (kvtop.engines.sim.cost), for `batch` such prompts in one forward pass.
-    recompute_s = cost._device_s([(c, 0)] * batch, []) if c else 0.0
+    recompute_s = cost.device_s([(c, 0)] * batch, []) if c else 0.0
     reload_s = (blocks * batch) * (kv_tok * tpb / h2d_rate + latency_s) if c else 0.0
     hbm_read_s = kv_bytes / hbm_rate
     ratio = recompute_s / reload_s if reload_s > 0 else None

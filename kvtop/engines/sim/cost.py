@@ -21,7 +21,10 @@ token (the LM head runs on the last prompt token only: no context logits by defa
 - All-reduce, with tensor parallelism: two a layer (after O and down), each a fixed latency + 2(tp-1)/tp x the
   bf16 activations over the NVLink bus rate.
 - Step overhead: 159 us on the H200 (128 graphed small kernels for Llama-3.1-8B, greedy sampling and the host
-  round trip), measured.
+  round trip), measured; plus 7 us per running request (TensorRT-LLM's sampler and request bookkeeping), the one
+  figure fitted rather than measured: to v1.0's published Llama-3.1-8B FP8 H200 table (GpuProfile.request_step_us).
+- Compute-bound GEMMs run at the sustained rate of a GPU at its power limit: 0.888 of the burst for FP8, 0.938
+  for bf16 on the H200 (bench/sustained_probe.py).
 
 Checked on the H200 against plain-PyTorch steps captured in CUDA graphs (bench/results/h200-cost-2026-12-01-*,
 Llama-3.1-8B bf16): decode batch 1 x 2,048 context 5.09 ms measured, batch 64 x 1,024 7.19 ms, batch 256 x 2,048
@@ -106,7 +109,13 @@ class CostModel:
         fp8 = model.weight_quant == "fp8"
         fp8_rate = gpu.fp8_tflops if gpu.fp8_tflops is not None else None
         # An FP8 checkpoint on a GPU without FP8 GEMMs would be dequantized to bf16 GEMMs: bf16's rate, FP8 bytes.
-        self._gemm_tflops = fp8_rate if (fp8 and fp8_rate) else gpu.bf16_tflops
+        gemm_key = "fp8" if fp8 and fp8_rate else "bf16"
+        sustained = (gpu.gemm_sustained or h200.gemm_sustained).get(gemm_key, 1.0)
+        self._gemm_tflops = (fp8_rate if (fp8 and fp8_rate) else gpu.bf16_tflops) * sustained
+        bf16_sustained = (gpu.gemm_sustained or h200.gemm_sustained).get("bf16", 1.0)
+        self._lm_tflops = gpu.bf16_tflops * bf16_sustained
+        rs = gpu.request_step_us if gpu.request_step_us is not None else (h200.request_step_us or 0.0)
+        self.request_step_s = rs * 1e-6
         corrections = gpu.gemm_correction or h200.gemm_correction
         self._corr = _curve(corrections.get("fp8" if fp8 and fp8_rate else "bf16", [[1, 1.0]]))
         self._corr_bf16 = _curve(corrections.get("bf16", [[1, 1.0]]))
@@ -169,7 +178,7 @@ class CostModel:
         """The bf16 LM head for `rows` requests (one rank's vocabulary shard)."""
         t = self._lm_memo.get(rows)
         if t is None:
-            base = gemm_layer_model_s(self._lm_shape, rows, self.gpu.bf16_tflops, self._read_rate / 1e9,
+            base = gemm_layer_model_s(self._lm_shape, rows, self._lm_tflops, self._read_rate / 1e9,
                                       float(self.model.dtype_bytes), self._kernel_us)
             t = self._lm_memo[rows] = base * _interp(*self._corr_bf16, rows)
         return t
@@ -222,6 +231,11 @@ class CostModel:
                      + self._ar_lat + tokens * self._ar_per_token)
         return self._layers * per_layer + self.lm_head_s(requests)
 
+    def device_s(self, prefill_items: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
+        """The GPU's part of an iteration (no step overhead, no per-request engine work): what a CUDA-graphed
+        plain-PyTorch step measures."""
+        return self._device_s(prefill_items, decode_contexts)
+
     def iteration_s(self, prefill_tokens_list: Iterable[PrefillItem],
                     decode_contexts: Sequence[int]) -> float:
         """Time of one in-flight-batching iteration: prefill chunks and decode tokens in one forward pass.
@@ -229,7 +243,7 @@ class CostModel:
         `prefill_tokens_list`: per context request, its new token count, or (new_tokens, context_before).
         `decode_contexts`: per generation request, the positions its new token attends to.
         All tokens share each layer's GEMMs (one pass over the weights), attention is per request, plus
-        `iteration_overhead_s`. An empty iteration costs nothing.
+        `iteration_overhead_s` and `request_step_s` per request. An empty iteration costs nothing.
         """
         items: list[tuple[int, int]] = []
         for item in prefill_tokens_list:
@@ -247,7 +261,10 @@ class CostModel:
         """``iteration_s`` for arguments already known to be valid: (new_tokens, context_before) pairs and context
         lengths, all non-negative ints (the engine loop's own counts), without the per-item checks."""
         device = self._device_s(prefill_items, decode_contexts)
-        return device + self.iteration_overhead_s if device else 0.0
+        if not device:
+            return 0.0
+        requests = len(decode_contexts) + sum(1 for n, _ in prefill_items if n)
+        return device + self.iteration_overhead_s + requests * self.request_step_s
 
     # --- host <-> GPU copies ---------------------------------------------------------------------------
 
