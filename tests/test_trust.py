@@ -400,3 +400,241 @@ def test_a_prometheus_scrape_survives_an_unbounded_integer() -> None:
     text = exporter.render().decode()
     assert 'kvtop_kv_in_use_blocks{host="h",rank="0",run="r",tier="gpu"} 5.0' in text
     assert "kvtop_kv_capacity_blocks{" not in text  # left out, never a failed scrape
+
+
+# ---------------------------------------------------------------------------------------------- sinks, sources
+
+def _valid_line_by_line(path: Path) -> int:
+    n = 0
+    for item in read_jsonl(path):
+        assert not isinstance(item, RecordError), item
+        n += 1
+    return n
+
+
+def test_record_onto_a_full_disk_is_visible_and_the_file_stays_valid(tmp_path: Path) -> None:
+    """`ulimit -f 64`: the file may not grow past 64 KiB (EFBIG, as a full disk's ENOSPC): the run says so on
+    stderr and in the summary, exits 4, and what was written is whole lines."""
+    rec = tmp_path / "run.jsonl"
+    cmd = (f"ulimit -f 64; exec {sys.executable} -m kvtop --headless --json --duration 4 --speed 0 "
+           f"--record {rec}")
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == EXIT_LOST_DATA, proc.stderr
+    assert "recorder.write" in proc.stderr and "File too large" in proc.stderr
+    s = _json_out(proc)
+    problem = next(p for p in s["problems"] if p["kind"] == "recorder.write")
+    assert problem["lost"] and problem["count"] >= 1
+    assert 0 < rec.stat().st_size <= 64 * 1024
+    assert _valid_line_by_line(rec) > 10
+
+
+def test_publish_to_a_dead_broker_is_visible() -> None:
+    proc = kvtop_cli("--headless", "--json", "--duration", "3", "--speed", "0", "--publish",
+                     "mqtt://127.0.0.1:1/x", timeout=120)
+    assert proc.returncode == EXIT_LOST_DATA, proc.stderr
+    assert "mqtt-publish.connection" in proc.stderr and "mqtt-publish.dropped" in proc.stderr
+    kinds = {p["kind"]: p for p in _json_out(proc)["problems"]}
+    assert kinds["mqtt-publish.dropped"]["count"] > 0 and kinds["mqtt-publish.dropped"]["lost"]
+
+
+def test_prometheus_on_all_interfaces_warns() -> None:
+    proc = kvtop_cli("--headless", "--duration", "1", "--speed", "0", "--prometheus-port", "0",
+                     "--prometheus-addr", "0.0.0.0", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "prometheus.exposed" in proc.stderr and "0.0.0.0" in proc.stderr
+    from kvtop.runner import is_loopback
+
+    assert [is_loopback(a) for a in ("127.0.0.1", "127.9.9.9", "::1", "localhost", "0.0.0.0", "::", "10.0.0.1",
+                                     "gpu-07")] == [True, True, True, True, False, False, False, False]
+
+
+def test_sigint_ends_a_headless_run_with_130_and_a_summary() -> None:
+    import signal
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "kvtop", "--headless", "--json", "--duration", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    time.sleep(4.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and json.loads(out.strip().splitlines()[-1])["records"] > 0
+
+
+class _Server:
+    """A tiny HTTP server in a thread: ``body`` for every path (HTML: a web server that is not trtllm-serve)."""
+
+    def __init__(self, body: bytes, content_type: str = "text/html"):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("case", ["dead", "broken"])
+def test_attach_to_a_dead_or_broken_trtllm_serve_says_so(case: str) -> None:
+    server = _Server(b"<html><title>\x1b]0;pwned\x07 not kvtop</title></html>") if case == "broken" else None
+    try:
+        port = server.port if server else 1
+        proc = kvtop_cli("attach", f"http://127.0.0.1:{port}", "--headless", "--json", "--duration", "2.5")
+    finally:
+        if server:
+            server.close()
+    assert proc.returncode == EXIT_NO_DATA, proc.stderr
+    kind = "trtllm-serve.connection" if case == "dead" else "trtllm-serve.endpoint"
+    assert kind in proc.stderr and "run.no_data" in proc.stderr, proc.stderr
+    assert "\x1b" not in proc.stderr and "pwned" not in proc.stderr
+    assert {p["kind"] for p in _json_out(proc)["problems"]} >= {kind, "run.no_data"}
+
+
+# ---------------------------------------------------------------------------------------------- fleet
+
+def test_stale_clock_marks_silent_sources_and_learns_their_interval() -> None:
+    from kvtop.fleet import StaleClock
+
+    clock2 = StaleClock(intervals=5, min_s=1.0, enabled=True)
+    for i in range(20):  # every 0.5 s: stale after 5 x 0.5 = 2.5 s of silence
+        clock2.heard("a", "stats", now=100 + 0.5 * i)
+    clock2.heard("z", "meta", now=109.5)  # a retained meta and nothing else: the floor (1 s)
+    assert clock2.newly_stale(now=110.0) == []
+    assert clock2.newly_stale(now=110.6) == ["z"]  # 1.1 s after the meta
+    assert clock2.newly_stale(now=111.9) == []     # 2.4 s after a's last stats: not yet
+    assert clock2.newly_stale(now=112.1) == ["a"]  # 2.6 s
+    assert clock2.newly_stale(now=113.0) == []     # said once
+    assert clock2.heard("a", "stats", now=113.5) is True and clock2.stale_keys() == {"z"}
+    assert StaleClock().newly_stale(now=1e9) == []  # off unless enabled (a local engine may idle)
+
+
+def test_stale_and_meta_only_sources_leave_the_fleet_totals() -> None:
+    """Three sources; one goes silent (no last will), one is only an old retained meta: after the stale limit
+    the totals are the live source's, not 'unknown', and the screen-side status says stale."""
+    from kvtop.fleet import aggregate
+    from kvtop.session import Session
+
+    session = Session(meta={})
+    session.stale.enabled, session.stale.min_s = True, 0.0
+    a, b, z = SourceId("a", 0, "r"), SourceId("b", 0, "r"), SourceId("z", 0, "r")
+    session.emit(make("meta", {"engine": "trtllm"}, z, T0))
+    for src in (a, b):
+        session.emit(make("meta", {"engine": "trtllm", "primary_blocks": 100, "secondary_blocks": 0}, src, T0))
+    for i in range(10):
+        for src in (a, b):
+            session.emit(make("stats", {"iter": i, "kvCacheStats": {"maxNumBlocks": 100, "freeNumBlocks": 60,
+                                                                    "usedNumBlocks": 40}}, src, T0 + i))
+    assert aggregate(session.models, session.status)["gpu_capacity"] is None  # z is unknown: so is the sum
+    mono = time.monotonic()
+    session.stale.heard("a/0/r", "stats", now=mono + 10.0)
+    lines = session.tick(monotonic=mono + 10.0)
+    assert sorted(session.stale_sources()) == ["b/0/r", "z/0/r"]
+    assert any("source.stale" in ln for ln in lines)
+    agg = aggregate(session.models, session.status)
+    assert agg["sources"] == 1 and agg["gpu_capacity"] == 100 and agg["gpu_in_use"] == 40
+    from kvtop import runner
+
+    assert runner.summary(session)["sources"] == {"z/0/r": "stale", "a/0/r": "connected", "b/0/r": "stale"}
+    session.emit(make("stats", {"iter": 11}, b, T0 + 11))  # b is back
+    assert session.stale_sources() == ["z/0/r"]
+
+
+def test_sources_are_capped_and_refused_ones_counted() -> None:
+    from kvtop.session import Session
+
+    session = Session(meta={}, max_sources=3)
+    for i in range(10_000):
+        session.emit(make("stats", {"iter": 1}, SourceId(f"fake-{i}", 0, "r"), T0))
+    assert len(session.models) == 3 and session.refused_sources == 9_997
+    p = session.problems.get("source.refused")
+    assert p is not None and p.count == 9_997 and "9,997" in p.message
+    assert len(session.tick()) == 1  # one line, not 9,997
+
+
+@pytest.mark.mqtt
+async def test_mqtt_records_are_bound_to_their_topic(mqtt_broker: Any) -> None:
+    import asyncio
+
+    import aiomqtt
+
+    from kvtop.records import encode
+    from kvtop.sources.mqtt import MqttSubscriber
+
+    got: list[Any] = []
+    problems = Problems()
+    sub = MqttSubscriber(mqtt_broker.url("lab"), got.append, problems=problems)
+    task = asyncio.ensure_future(sub.run())
+    for _ in range(250):
+        if sub.connected:
+            break
+        await asyncio.sleep(0.02)
+    honest, victim = SourceId("node-a", 0, "r"), SourceId("node-b", 0, "r")
+    async with aiomqtt.Client("127.0.0.1", mqtt_broker.port) as c:
+        # node-a's topic, a record claiming node-b: dropped; node-a's own: kept; a meta on a stats topic: dropped.
+        await c.publish("lab/kvtop/v1/r/node-a:0/stats", encode(make("stats", {"iter": 1}, victim, T0)), qos=1)
+        await c.publish("lab/kvtop/v1/r/node-a:0/stats", encode(make("meta", {"engine": "x"}, honest, T0)), qos=1)
+        await c.publish("lab/kvtop/v1/r/node-a:0/stats", encode(make("stats", {"iter": 2}, honest, T0)), qos=1)
+    for _ in range(250):
+        if got:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.2)
+    sub.stop()
+    await task
+    assert [(r.source, r.data) for r in got] == [(honest, {"iter": 2})]
+    assert sub.mismatched == 2 and problems.count("mqtt.source_mismatch") == 2
+
+
+@pytest.mark.mqtt
+async def test_mqtt_queue_overflow_is_counted_not_logged_per_message(mqtt_broker: Any,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+    import logging
+
+    import aiomqtt
+
+    from kvtop.records import encode
+    from kvtop.sources.mqtt import MqttSubscriber
+
+    caplog.set_level(logging.WARNING)
+    src = SourceId("h", 0, "r")
+    got: list[Any] = []
+
+    def slow(rec: Any) -> None:
+        got.append(rec)
+        if len(got) == 1:
+            time.sleep(1.0)  # the loop is held: what arrives meanwhile piles up in aiomqtt's queue
+
+    problems = Problems()
+    sub = MqttSubscriber(mqtt_broker.url("lab"), slow, max_queued_messages=5, problems=problems)
+    task = asyncio.ensure_future(sub.run())
+    for _ in range(250):
+        if sub.connected:
+            break
+        await asyncio.sleep(0.02)
+    async with aiomqtt.Client("127.0.0.1", mqtt_broker.port, max_inflight_messages=1000) as c:
+        for i in range(200):
+            await c.publish("lab/kvtop/v1/r/h:0/stats", encode(make("stats", {"iter": i}, src, T0)), qos=0)
+    await asyncio.sleep(2.0)
+    sub.stop()
+    await task
+    assert sub.overflowed > 0 and problems.count("mqtt.queue_overflow") == sub.overflowed
+    assert len(got) + sub.overflowed <= 200
+    assert not [r for r in caplog.records if "queue is full" in r.getMessage()]

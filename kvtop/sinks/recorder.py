@@ -78,6 +78,7 @@ class Recorder:
         self._batch_bytes = 0
         self._buf_bytes = 0
         self._pending = b""  # the unwritten tail of a short write: written first, so lines never interleave
+        self._partial = b""  # the start of an unfinished line already in the file (after a short write)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._flusher, name="kvtop-recorder", daemon=True)
@@ -183,8 +184,17 @@ class Recorder:
         try:
             while view:
                 n = os.write(self._fd, view)
+                written = view[:n]
                 view = view[n:]
                 self.bytes += n
+                # What of an unfinished line is in the file (a short write stops mid-line): a later failure
+                # cuts it off again, so the file ends on a whole line even if the disk never frees up.
+                nl = bytes(written[-1:]) == b"\n"
+                if nl:
+                    self._partial = b""
+                else:
+                    last = bytes(written).rfind(b"\n")
+                    self._partial = bytes(written[last + 1:]) if last >= 0 else self._partial + bytes(written)
             if self.error is not None:
                 self.error = None
                 if self.problems is not None:
@@ -196,6 +206,14 @@ class Recorder:
             # grow memory without bound.
             self.error = f"cannot write {self.path}: {exc.strerror}"
             tail = bytes(view)
+            if self._partial:
+                try:
+                    end = os.lseek(self._fd, 0, os.SEEK_END)
+                    os.ftruncate(self._fd, end - len(self._partial))
+                    self.bytes -= len(self._partial)
+                    tail, self._partial = self._partial + tail, b""
+                except OSError:
+                    pass  # the line's rest stays first in line: finished before any other, if the disk frees
             dropped = 0
             if len(tail) > 4 * self.flush_bytes:
                 end = tail.find(b"\n") + 1
