@@ -333,3 +333,26 @@ async def test_the_help_scrolls_where_it_is_taller_than_the_screen() -> None:
 def test_a_small_share_is_never_shown_as_none() -> None:
     assert TierPanel._share(8, 6781) == "<1%" and TierPanel._share(0, 6781) == "0%"
     assert TierPanel._share(34, 6781) == "1%" and TierPanel._share(None, 10) == "?"
+
+
+async def test_no_host_cache_says_so_in_a_small_panel() -> None:
+    from recordings import BUSY_RECORDING, FROZEN_STARTED_AT
+
+    from kvtop.records import SourceId, read_jsonl
+    from kvtop.session import Session
+
+    source = SourceId(host="sim", rank=0, run="busy")
+    session = Session(source=source)
+    session.emit(make("meta", {"engine": "sim", "model": "Qwen/Qwen3-8B", "tokens_per_block": 32,
+                               "primary_blocks": 256, "secondary_blocks": 0, "bytes_per_block": 4718592},
+                      source=source, time=FROZEN_STARTED_AT - 3600))
+    for rec in read_jsonl(BUSY_RECORDING):
+        if not isinstance(rec, Exception) and rec.kind == "stats":
+            session.emit(rec)
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        host = _panel(app, "host")
+        assert host.text().splitlines()[:2] == [" host: none (host_cache_size = 0)",
+                                                " evicted GPU blocks are dropped"]
+        assert host.region.height == 4 and _panel(app, "gpu").region.height == 6

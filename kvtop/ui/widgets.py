@@ -587,6 +587,9 @@ class TierPanel(Panel):
         if changed:
             self._title()
             self.state = self._health()
+            none = data.state.capacity_blocks == 0
+            if self.has_class("-none") != none:   # a class change restyles: only when it changes
+                self.set_class(none, "-none")
         return changed
 
     def _health(self) -> str:
@@ -683,8 +686,11 @@ class TierPanel(Panel):
             return BLANK
         st = d.state
         if st.capacity_blocks == 0:
-            return _lines([line_of((f"{d.label}: ", "bold"), (d.note or "no host tier (host_cache_size = 0)",
-                                                                  S_DIM))], width, height)
+            # Said in full within 36 cells (80x24): what "none" means for the blocks the GPU evicts.
+            lines = [line_of((f"{d.label}: ", "bold"), (d.note or "none (host_cache_size = 0)", S_DIM))]
+            if d.label == "host" and not d.note:
+                lines.append(styled("evicted GPU blocks are dropped", S_DIM))
+            return _lines(lines, width, height)
         o = occupancy(st)
         cap = o.capacity
         approx = st.cached_approximate or not o.exact
