@@ -93,7 +93,8 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--host-blocks", default=None, help="host pool in blocks (or a comma list)")
     p.add_argument("--time-scale", type=float, default=1.0, help="divide trace timestamps by this")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
-    p.add_argument("--plot", default=None, help="draw hit rate against host cache size into this PNG")
+    p.add_argument("--plot", default=None, help="draw hit rate against host cache size into this PNG "
+                   "(matplotlib: pip install 'kvtop[report]')")
     p.add_argument("--hit-rate-only", action="store_true",
                    help="replay the block manager alone, one request at a time, without engine timing")
     p.add_argument("--one-pass", action="store_true",

@@ -814,7 +814,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Exit 0 when the report was written (bad lines are listed on stderr and in the page), 1 when no recording
     had anything to chart, 2 on a missing file or matplotlib.
     """
-    ap = argparse.ArgumentParser(prog="kvtop report", description="charts and a summary page from recordings")
+    ap = argparse.ArgumentParser(prog="kvtop report", description="charts and a summary page from recordings "
+                                 "(needs matplotlib: pip install 'kvtop[report]')")
     ap.add_argument("recordings", nargs="+", help="JSONL recordings (kvtop --record / replay files)")
     ap.add_argument("-o", "--out", default="kvtop-report", help="output directory (default: kvtop-report)")
     ap.add_argument("--warmup-requests", type=int, default=0, help="leave the first N requests out of hit rates")
