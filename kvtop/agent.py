@@ -161,19 +161,27 @@ def main(argv: Sequence[str]) -> int:
         session.add_sink(pub.publish)
     session.add_producer("mqtt-publish", pub.run, pub.stop)
     session.add_producer("agent", agent.run)
+    from kvtop.modes import _print_problems, _run_reporting
+    from kvtop.problems import EXIT_INTERRUPTED
+
+    interrupted = False
     try:
-        asyncio.run(session.run(duration_s=duration))
+        asyncio.run(_run_reporting(session, duration, ()))  # problems to stderr as they happen, like headless
     except KeyboardInterrupt:
+        interrupted = True
         session.stop()
+    _print_problems(session.problems.take_lines(final=True))
     result = {"sources": sorted(agent.sources), "summaries": agent.published, "rounds": agent.seq,
               "mqtt_published": pub.published, "mqtt_dropped": pub.dropped, "broker": url.display(),
-              "errors": [text for _, level, text in session.log if level in ("warn", "error")][-10:]}
+              "errors": [text for _, level, text in session.log if level in ("warn", "error")][-10:],
+              "problems": session.problems.to_json()}
     if a.json:
         print(json.dumps(result))
     else:
         print(f"kvtop agent: {len(agent.sources)} source(s), {agent.published} summaries in {agent.seq} rounds, "
               f"{pub.published} records sent to {url.display()}" + (f", {pub.dropped} dropped" if pub.dropped else ""))
-    return 0
+    # kvtop's exit statuses: 3 when the source gave nothing, 4 when data was lost (kvtop.problems)
+    return EXIT_INTERRUPTED if interrupted else session.problems.exit_status(session.records_in)
 
 
 __all__ = ["Agent", "main", "summary_data"]

@@ -133,6 +133,12 @@ class Session:
             return  # a retained "online" says nothing about whether the source still sends
         self.status[name] = message
         self.note("info", f"{name}: {message}")
+        if message in ("online", "offline"):
+            # A kvtop agent's last will covers its connection, not each source it summarizes: its sources'
+            # rows follow its status (their summaries name it: kvtop/agent.py).
+            for key, model in self.models.items():
+                if key != name and getattr(model, "agent", None) == name:
+                    self.status[key] = message
 
     # ------------------------------------------------------------------------------------------ problems
 

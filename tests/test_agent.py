@@ -15,7 +15,7 @@ from kv_publisher import Publisher, removed, stored
 
 from kvtop.agent import summary_data
 from kvtop.attach import build_attach_session
-from kvtop.fleet import source_row, source_status
+from kvtop.fleet import aggregate, source_row, source_status
 from kvtop.records import Record, SourceId, decode, encode
 from kvtop.tiers import TierModel
 
@@ -98,6 +98,9 @@ async def test_agent_publishes_summaries_a_dashboard_shows_in_its_fleet_table(mq
         while dash.status.get(agent_key) != "offline" and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert dash.status.get(agent_key) == "offline"
+        # the agent's sources follow its status: their row says offline and the fleet's aggregate leaves them out
+        assert m.agent == agent_key and source_status(key, dash.status) == "offline"
+        assert aggregate(dash.models, dash.status)["sources"] == 0
         dash.stop()
         await asyncio.wait_for(task, 10)
     finally:

@@ -1693,6 +1693,13 @@ class TierModel:
             capacity_source=cap_src, stats_max_includes_host=includes, stats_schema=self.stats_schema)
 
     @property
+    def agent(self) -> str | None:
+        """The ``kvtop agent`` (its source key) whose summaries this model folds, else None."""
+        summary = None if self._stream is None else self._stream.summary
+        agent = summary.get("agent") if summary else None
+        return agent if isinstance(agent, str) else None
+
+    @property
     def since_attach(self) -> bool:
         """True when the counts come from the engines' common KV event stream (kvtop/kv_stream.py) and start at
         kvtop's attach: the engine announced nothing it had cached before (no state snapshot in vLLM 0.33)."""
