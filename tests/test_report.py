@@ -215,3 +215,12 @@ def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_pat
             for tb, b in boxes[i + 1:]:
                 assert not a.overlaps(b), f"{name}: {ta!r} overlaps {tb!r}"
         plt.close(fig)
+
+
+def test_a_change_that_rounds_to_nothing_reads_plus_zero() -> None:
+    from kvtop.report.report import _delta_text, deltas
+
+    d = {x["key"]: x for x in deltas({"ttft_p99_s": 0.5201, "hit_rate": 0.3}, {"ttft_p99_s": 0.52009,
+                                                                              "hit_rate": 0.29999})}
+    assert _delta_text(d["ttft_p99_s"]).startswith("+0.0% ")
+    assert _delta_text(d["hit_rate"]).startswith("+0.0 pt ")

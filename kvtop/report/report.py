@@ -264,15 +264,21 @@ def deltas(base: dict[str, Any], other: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _signed(v: float, unit: str) -> str:
+    """``+12.3%``; a change that rounds to nothing is "+0.0", never "-0.0"."""
+    r = round(v, 1)
+    return f"{0.0 if r == 0 else r:+.1f}{unit}"
+
+
 def _delta_text(d: dict[str, Any]) -> str:
     """"+12.3% (1,234 -> 1,386 tok/s)" style, for the terminal and the page."""
     kind, a, b, diff, pct = d["kind"], d["base"], d["value"], d["delta"], d["delta_pct"]
     if diff is None:
         return "n/a"
     if kind == "share":
-        return f"{100 * diff:+.1f} pt ({100 * a:.1f}% -> {100 * b:.1f}%)"
+        return f"{_signed(100 * diff, ' pt')} ({100 * a:.1f}% -> {100 * b:.1f}%)"
     unit = (lambda v: f"{1000 * v:,.1f} ms") if kind == "seconds" else (lambda v: f"{v:,.1f}")
-    rel = "n/a" if pct is None else f"{pct:+.1f}%"
+    rel = "n/a" if pct is None else _signed(pct, "%")
     return f"{rel} ({unit(a)} -> {unit(b)})"
 
 
@@ -679,8 +685,8 @@ def _answer(runs: Sequence[RunData]) -> list[str]:
                 worse = d["delta"] is not None and d["delta"] != 0 and ((d["delta"] < 0) == (better == "higher"))
                 cls = " class='bad'" if worse else ""
                 change = ("n/a" if d["delta"] is None else
-                          f"{100 * d['delta']:+.1f} pt" if kind == "share" else
-                          "n/a" if d["delta_pct"] is None else f"{d['delta_pct']:+.1f}%")
+                          _signed(100 * d["delta"], " pt") if kind == "share" else
+                          "n/a" if d["delta_pct"] is None else _signed(d["delta_pct"], "%"))
                 parts.append(f"<td>{_fmt(r.summary.get(key), fmt)}</td><td{cls}>{change}</td>")
             parts.append("</tr>")
         parts.append("</table>")
