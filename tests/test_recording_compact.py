@@ -158,3 +158,15 @@ def test_a_bad_event_in_a_batch_line_is_one_error_and_the_rest_is_kept(tmp_path:
     errors = [r for r in got if isinstance(r, RecordError)]
     assert len(errors) == 1 and errors[0].line == 1 and errors[0].field.startswith("events[2]")
     assert sum(1 for r in got if not isinstance(r, RecordError)) == 6
+
+
+def test_a_batch_never_writes_what_json_cannot_read(tmp_path: Path) -> None:
+    import pytest
+
+    from kvtop.records import Record, SourceId
+
+    rec = Recorder(tmp_path / "x.jsonl", append=False)
+    with pytest.raises(ValueError):
+        rec.write(Record(kind="kv_event", data=_updated(1, 2, 0, 1), source=SourceId(), time=float("nan")))
+    rec.close()
+    assert all(not isinstance(r, RecordError) for r in read_jsonl(tmp_path / "x.jsonl"))

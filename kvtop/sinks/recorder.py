@@ -94,7 +94,7 @@ class Recorder:
             # Consecutive KV events of one source share a line (one envelope, each event's own time), packed
             # and with compact token lists (kvtop/compact.py); read_jsonl gives them back one record each.
             text = json.dumps(pack_event(record.data), separators=(",", ":"), default=_default, allow_nan=False)
-            stamp = json.dumps(record.time)
+            stamp = json.dumps(record.time, allow_nan=False)  # a NaN time raises here, as encode() does
             with self._lock:
                 if self._fd is None:
                     raise ValueError(f"recorder for {self.path} is closed")
