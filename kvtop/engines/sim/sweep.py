@@ -6,9 +6,11 @@ fastest:
 - ``replay_hit_rates``: TensorRT-LLM's block manager (``BlockManager``, the project's ground truth) replays the trace
   with no engine in between: one request at a time, in trace order (prefill: ``add_sequence`` +
   ``store_context_blocks``; decode: ``add_token`` per generated token but the last; ``remove_sequence``). No
-  batching, so no timing and no requests running side by side: where the timed replay (``offline.run_trace``) holds
-  a few requests' blocks at once, this one holds one, so its hit rates are close to, not equal to, the timed ones.
-  One full replay per host size.
+  batching, so no timing and no requests running side by side. Its hit rates are not the timed replay's
+  (``offline.run_trace``: up to 256 requests at once, whose blocks crowd the GPU tier, and requests sharing a prefix
+  that prefill side by side before either stores it): on the Mooncake trace 12.5% against 4.2% with no host tier,
+  16.8% against 10.9% with 64 GB (BENCHMARKS.md, "Host-cache sweeps"). What it answers fast is how the block
+  manager's policy uses a host tier of each size, and how far that is from the optimum. One replay per host size.
 - ``host_curve``: every host size from one replay, at the largest size. The host tier is a FIFO of its H slots:
   each offload pushes a block at the back and takes the front slot; an onboard takes a block out of the middle. So
   a block offloaded when the manager's offload count was s is still on the host at an onboard when the count is S
