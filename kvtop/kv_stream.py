@@ -597,8 +597,11 @@ class StreamFold:
             self.hit_tokens[tier] = self.hit_tokens.get(tier, 0.0) + d
         self.lookup_tokens += self._delta("lookups", lookups)
         # --- moves from Dynamo KVBM (blocks): they win over the events' moves, like newer TensorRT-LLM's stats
+        # KVBM's counters carry no _total; prometheus_client's parser adds it to any TYPE counter: either name
         d2h = total("kvbm_offload_blocks_d2h")
+        d2h = total("kvbm_offload_blocks_d2h_total") if d2h is None else d2h
         h2d = total("kvbm_onboard_blocks_h2d")
+        h2d = total("kvbm_onboard_blocks_h2d_total") if h2d is None else h2d
         if d2h is not None or h2d is not None:
             self.metric_moves["offloaded"] += self._delta("kvbm:d2h", d2h)
             self.metric_moves["onboarded"] += self._delta("kvbm:h2d", h2d)

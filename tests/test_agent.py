@@ -137,3 +137,22 @@ def test_raw_records_beside_summaries_are_not_counted_twice():
     assert (remote.moves.offloaded_blocks, remote.moves.evicted_gpu_blocks) == (2, 1)
     assert (remote.gpu.cached_blocks, remote.host.cached_blocks) == (3, 2)
     assert remote.summary()["stream"]["raw_ignored"] == 2
+
+
+def test_a_prometheus_scrape_of_a_dashboard_serves_the_agents_sources():
+    """The fleet from summaries, for Prometheus: kvtop attach mqtt:// --prometheus-port exports each source."""
+    from test_kv_stream import batch
+
+    from kvtop.session import Session
+    from kvtop.sinks.prometheus import PrometheusExporter
+
+    session = Session(source=SourceId("dash", 0, ""))
+    for n in range(3):
+        local = TierModel()
+        local.apply(batch(0, [stored(list(range(10 * (n + 1))))], t=1.0))
+        session.emit(Record("summary", summary_data(local, 0, 0.5, f"agent-{n}/0/r"),
+                            SourceId(f"node-{n}:5557", 0, "r"), 1.0))
+    text = PrometheusExporter(lambda: session.models, port=0).render().decode()
+    for n in range(3):
+        line = f'kvtop_kv_cached_blocks{{host="node-{n}:5557",rank="0",run="r",tier="gpu"}} {10.0 * (n + 1)}'
+        assert line in text, [x for x in text.splitlines() if "kvtop_kv_cached_blocks{" in x][:6]

@@ -383,3 +383,35 @@ def test_fold_agrees_with_a_refcounted_reference(ops):
                 mv.evicted_unknown_blocks) == (offloads, onboards, evict_gpu, evict_host, unknown)
         disk = m.disk
         assert (disk.cached_blocks if disk is not None else 0) == len(ref["disk"])
+
+
+KVBM_METRICS = """\
+# TYPE kvbm_offload_blocks_d2h counter
+kvbm_offload_blocks_d2h {d2h}
+# TYPE kvbm_onboard_blocks_h2d counter
+kvbm_onboard_blocks_h2d {h2d}
+# TYPE kvbm_host_cache_hit_rate gauge
+kvbm_host_cache_hit_rate 0.25
+"""
+
+
+def test_kvbm_counters_are_the_moves_when_present():
+    # Dynamo KVBM :6880/metrics (DYN_KVBM_METRICS=true): its own offload/onboard counters beat the events' guess
+    m = TierModel()
+    m.apply(batch(0, [stored([1, 2], medium="CPU")], t=0.5))
+    m.apply(_metrics(KVBM_METRICS.format(d2h=100, h2d=10), 1))
+    m.apply(_metrics(KVBM_METRICS.format(d2h=164, h2d=42), 2))
+    assert (m.moves.offloaded_blocks, m.moves.onboarded_blocks, m.moves.source) == (64, 32, "stats")
+    assert m.summary()["stream"]["engine_gauges"]["kvbm_host_cache_hit_rate"] == 0.25
+
+
+def test_vllm_url_defaults():
+    from kvtop.sources.kv_events_zmq import parse_stream_url
+
+    u = parse_stream_url("vllm://gpu-7", discover=lambda base, host: {})
+    assert (u.http, u.events, u.replay, u.metrics) == ("http://gpu-7:8000", ("tcp://gpu-7:5557",), (None,),
+                                                        ("http://gpu-7:8000/metrics",))
+    u = parse_stream_url("sglang://gpu-7?events=6000&replay=6001&ranks=2", discover=lambda base, host: {})
+    assert u.events == ("tcp://gpu-7:6000", "tcp://gpu-7:6001") and u.replay == ("tcp://gpu-7:6001",
+                                                                                  "tcp://gpu-7:6002")
+    assert u.http == "http://gpu-7:30000"
