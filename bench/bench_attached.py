@@ -1,0 +1,210 @@
+"""What kvtop costs a user, beside nvitop: whole-process CPU in a 120x40 pseudo-terminal, 30 s, start-up included.
+
+    python bench/bench_attached.py                       # kvtop replay of a busy full-scale recording, and nvitop
+    python bench/bench_attached.py --json --out r.json   # one JSON object (also written to --out)
+    python bench/bench_attached.py --recording tests/data/busy.jsonl --seconds 10
+
+How (issue 15, "Cost, as a user feels it"):
+
+- Each program runs alone on a fresh pseudo-terminal of 120x40 (TERM=xterm-256color); a thread reads its output as
+  fast as it comes and throws it away, as a terminal would. The programs run one after the other in one run of this
+  script, on the same machine, so the figures compare.
+- CPU: the process's user + system time (psutil, all threads) from its start to the end of the window, divided by
+  the window: start-up is in it, as a user feels it. ``startup_cpu_s``: its CPU time when its first screen is out
+  (the first time the output holds the header text of its first screen: ``up 0:00`` for kvtop, ``NVITOP`` for nvitop).
+- kvtop: ``kvtop replay FILE --refresh 0.25`` of a busy recording at its recorded speed: reading, validating and
+  folding every record and drawing the dashboard, all in that one process. The default recording is
+  ``tests/data/make_busy_recording.py --scale 1`` for 40 s (~1,000 records/s, 62 MB; made once, kept in /tmp), so
+  the stream lasts the whole window.
+- nvitop: ``nvitop --interval 0.25`` (its monitor mode, refreshing every 0.25 s), when it is installed and NVML
+  finds a GPU; otherwise the row says why it is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+SIZE = (120, 40)
+
+
+def busy_recording(seconds: float) -> Path:
+    out = Path(tempfile.gettempdir()) / "kvtop-bench" / f"busy-scale1-{seconds:.0f}s.jsonl"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(REPO / "tests" / "data" / "make_busy_recording.py"), "--scale", "1",
+                        "--seconds", str(seconds), "--out", str(out)], check=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    return out
+
+
+class Terminal:
+    """A program on a pseudo-terminal of ``SIZE``; its output is drained and counted, never parsed."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        self.master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+                                     env={**env, "TERM": "xterm-256color", "COLUMNS": str(SIZE[0]),
+                                          "LINES": str(SIZE[1])})
+        os.close(slave)
+        self.bytes = 0
+        self.head = bytearray()  # the first 2 MB: enough to find the first screen's header and any error text
+        self.tail = bytearray()
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.bytes += len(chunk)
+            if len(self.head) < 2_000_000:
+                self.head += chunk
+            self.tail += chunk
+            del self.tail[:-100_000]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(3)
+        try:
+            os.close(self.master)
+        except OSError:
+            pass
+
+
+_ESCAPES = re.compile(rb"\x1b(\[[0-9;?]*[ -/]*[@-~]|[()][0-9A-Za-z]|[=>78])")  # CSI and the short ones
+
+
+def _cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+def measure(name: str, argv: list[str], marker: bytes, seconds: float, env: dict[str, str]) -> dict[str, Any]:
+    term = Terminal(argv, env)
+    proc = psutil.Process(term.proc.pid)
+    startup_cpu = startup_wall = None
+    cpu = 0.0
+    rss = 0
+    try:
+        while True:
+            now = time.monotonic() - term.started
+            if term.proc.poll() is not None:
+                break
+            try:
+                cpu = _cpu(proc)
+                rss = max(rss, proc.memory_info().rss)
+            except psutil.Error:
+                break
+            if startup_cpu is None and marker in _ESCAPES.sub(b"", bytes(term.head)):
+                startup_cpu, startup_wall = cpu, now
+            if now >= seconds:
+                break
+            time.sleep(0.02)
+        alive = term.proc.poll() is None
+    finally:
+        term.close()
+    wall = time.monotonic() - term.started
+    out: dict[str, Any] = {
+        "name": name, "command": shlex.join(argv), "window_s": round(min(wall, seconds), 2), "cpu_s": round(cpu, 3),
+        "cpu_percent_of_a_core": round(100 * cpu / max(min(wall, seconds), 1e-9), 2),
+        "startup_cpu_s": None if startup_cpu is None else round(startup_cpu, 3),
+        "startup_wall_s": None if startup_wall is None else round(startup_wall, 2),
+        "max_rss_mb": round(rss / 2**20, 1), "output_mb": round(term.bytes / 2**20, 2), "ran_to_the_end": alive,
+    }
+    if not alive or startup_cpu is None:
+        out["error"] = term.tail.decode("utf-8", "replace")[-600:]
+    return out
+
+
+def nvitop_command(refresh: float) -> list[str] | None:
+    exe = shutil.which("nvitop")
+    if exe:
+        return [exe, "--interval", str(refresh)]
+    import importlib.util
+
+    if importlib.util.find_spec("nvitop") is not None:  # installed without its script (pip --target)
+        return [sys.executable, "-m", "nvitop", "--interval", str(refresh)]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=30.0, help="the window, start-up included (default 30)")
+    ap.add_argument("--refresh", type=float, default=0.25)
+    ap.add_argument("--recording", action="append", default=None,
+                    help="a recording to replay (repeatable); default: a 40 s full-scale busy recording (made once, "
+                         "~1,000 records/s) and the committed tests/data/busy.jsonl (8 s at ~400 records/s, then idle)")
+    ap.add_argument("--no-nvitop", action="store_true")
+    ap.add_argument("--kvtop", default=None, help="the kvtop command (default: this Python's -m kvtop)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default=None, help="also write the JSON here")
+    a = ap.parse_args(argv)
+
+    recordings = ([Path(r) for r in a.recording] if a.recording
+                  else [busy_recording(max(a.seconds + 10, 40)), REPO / "tests" / "data" / "busy.jsonl"])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    kvtop = shlex.split(a.kvtop) if a.kvtop else [sys.executable, "-m", "kvtop"]
+    rows = [measure(f"kvtop replay {r.name}", [*kvtop, "replay", str(r), "--refresh", str(a.refresh)], b"up 0:00",
+                    a.seconds, env) for r in recordings]
+    nv = None if a.no_nvitop else nvitop_command(a.refresh)
+    if nv is not None:
+        rows.append(measure("nvitop", nv, b"NVITOP", a.seconds, env))
+    else:
+        rows.append({"name": "nvitop", "error": "not run: --no-nvitop" if a.no_nvitop else "nvitop not installed"})
+    result = {
+        "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
+                    "cores": os.cpu_count(), "python": platform.python_version(),
+                    "load_1m": round(os.getloadavg()[0], 2)},
+        "recordings": [{"path": str(r), "mb": round(r.stat().st_size / 2**20, 1)} for r in recordings],
+        "seconds": a.seconds, "refresh_s": a.refresh, "rows": rows,
+    }
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    if a.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(f"{a.seconds:.0f} s in a {SIZE[0]}x{SIZE[1]} pty, refresh {a.refresh} s, on {result['machine']}")
+        for r in rows:
+            if "cpu_s" in r:
+                print(f"  {r['name']:36} {r['cpu_percent_of_a_core']:6.2f}% of a core  start-up "
+                      f"{r['startup_cpu_s']} s CPU ({r['startup_wall_s']} s)  rss {r['max_rss_mb']} MB  "
+                      f"out {r['output_mb']} MB" + (f"  ERROR {r['error'][-200:]!r}" if "error" in r else ""))
+            else:
+                print(f"  {r['name']:36} {r['error']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
