@@ -121,6 +121,7 @@ class Session:
         self.log.append((time.time(), level, clean(text, 500)))
 
     def on_source_error(self, name: str, message: str) -> None:
+        name = clean(name, 120)
         self.status[name] = "error"
         self.note("warn", f"{name}: {message}")
 
@@ -131,6 +132,7 @@ class Session:
             return  # status topics of sources past the cap: as refused as their records
         if self.status.get(name) == "stale" and message == "online":
             return  # a retained "online" says nothing about whether the source still sends
+        message = clean(message, 300)  # shown in the header and the sources table: from servers and brokers
         self.status[name] = message
         self.note("info", f"{name}: {message}")
         if message in ("online", "offline"):

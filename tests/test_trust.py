@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtop.problems import EXIT_LOST_DATA, EXIT_NO_DATA, Problems
@@ -638,3 +638,138 @@ async def test_mqtt_queue_overflow_is_counted_not_logged_per_message(mqtt_broker
     assert sub.overflowed > 0 and problems.count("mqtt.queue_overflow") == sub.overflowed
     assert len(got) + sub.overflowed <= 200
     assert not [r for r in caplog.records if "queue is full" in r.getMessage()]
+
+
+# ---------------------------------------------------------------------------------------------- every mode, fuzzed
+
+_BASE = [json.loads(line) for line in BUSY.read_text().splitlines()[:400]]
+_HOSTILE: list[Any] = [1e308, -1e308, 10 ** 400, 2 ** 64, 2 ** 64 + 1, MAX_BLOCKS + 1, -1, 0, float("nan"),
+                       float("inf"), "\x1b]52;c;cHduZWQ=\x07", "\x1b[2J\x9b2J\u202e", "", None, [], {}, True, 1.5,
+                       10 ** 20, [1e308], {"x": 10 ** 400}]
+
+
+def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix] if prefix else []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out.extend(_paths(v, (*prefix, k)))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:4]):
+            out.extend(_paths(v, (*prefix, i)))
+    return out
+
+
+@st.composite
+def _mutated_recording(draw: Any) -> list[str]:
+    """The busy recording's first 400 lines with 1 to 6 of them mutated: one value anywhere (the envelope
+    included: time, source, kind) replaced by a hostile one."""
+    import copy
+
+    objs = [copy.deepcopy(o) for o in _BASE]
+    for _ in range(draw(st.integers(1, 6))):
+        i = draw(st.integers(0, len(objs) - 1))
+        path = draw(st.sampled_from(_paths(objs[i])))
+        target = objs[i]
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = copy.deepcopy(draw(st.sampled_from(_HOSTILE)))
+    return [json.dumps(o) for o in objs]
+
+
+def _fold(lines: list[str]) -> tuple[Any, int]:
+    from kvtop.session import Session
+
+    session = Session(source=SourceId("sim", 0, "busy"), meta={})
+    bad = 0
+    for line in lines:
+        try:
+            rec = decode(line)
+        except RecordError:
+            bad += 1
+            continue
+        session.emit(rec)
+    return session, bad
+
+
+_CONTROL = [chr(c) for c in (*range(0x20), *range(0x7F, 0xA0), *range(0x202A, 0x202F))]
+
+
+def _assert_clean(text: str, where: str) -> None:
+    # (A bad value may be *quoted* in a message, JSON-escaped as "\\u001b]52;...": printable, harmless.)
+    assert not [c for c in _CONTROL if c in text.replace("\n", "")], (where, text[:300])
+
+
+@settings(max_examples=40, deadline=None)
+@given(_mutated_recording())
+def test_mutated_records_fold_and_render_headless_json_prometheus_and_report(tmp_path_factory: Any,
+                                                                              lines: list[str]) -> None:
+    from kvtop import runner
+    from kvtop.report.report import _page, load_run
+    from kvtop.sinks.prometheus import PrometheusExporter
+
+    session, bad = _fold(lines)
+    summary = runner.summary(session)
+    text = runner.format_summary(summary)
+    _assert_clean(text, "headless")
+    json.dumps(summary, allow_nan=False)  # every number in the summary is finite
+    assert summary["records"] + bad + session.refused_sources == len(lines)
+    exposition = PrometheusExporter(lambda: dict(session.models), port=0).render().decode()
+    assert "kvtop_kv_" in exposition or not session.models
+    for line in session.tick():
+        _assert_clean(line, "stderr")
+    path = tmp_path_factory.mktemp("fuzz") / "run.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    run = load_run(path)
+    assert len(run.bad_lines) == bad
+    _page([run], {})
+
+
+@settings(max_examples=8, deadline=None)
+@given(_mutated_recording())
+def test_mutated_records_render_on_the_dashboard(lines: list[str]) -> None:
+    import asyncio
+
+    from kvtop.settings import Settings
+    from kvtop.ui.app import build_app
+
+    session, _ = _fold(lines)
+
+    async def show() -> str:
+        app = build_app(session, Settings(), run_session=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            app.refresh_view()
+            await pilot.pause()
+            shot = app.export_screenshot()
+        assert app.return_code in (None, 0)
+        return str(shot)
+
+    _assert_clean(asyncio.run(show()), "dashboard")
+
+
+async def test_hostile_names_never_reach_the_dashboard_and_ctrl_c_quits_with_130() -> None:
+    from kvtop.session import Session
+    from kvtop.settings import Settings
+    from kvtop.ui.app import build_app
+
+    session = Session(source=SourceId("sim", 0, "busy"), meta={})
+    for line in BUSY.read_text().splitlines()[:300]:
+        obj = json.loads(line)
+        obj["source"]["host"] = "node\x1b]0;pwned\x07"
+        if obj["kind"] == "meta":
+            obj["data"]["model"] = "Qwen\x1b]52;c;cHduZWQ=\x07\x1b[2J"
+            obj["data"]["engine_version"] = "1.2\u202egnp.exe"
+        session.emit(decode(json.dumps(obj)))
+    session.on_source_status("mqtt", "disconnected from \x1b]0;pwned\x07 broker")
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause()
+        app.refresh_view()
+        await pilot.pause()
+        shot = str(app.export_screenshot())
+        assert "Qwen" in shot
+        _assert_clean(shot, "dashboard")
+        assert "pwned" not in shot
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+    assert app.return_code == 130
