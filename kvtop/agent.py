@@ -155,7 +155,7 @@ def main(argv: Sequence[str]) -> int:
         raise SettingsError("--mqtt", str(exc)) from None
     session = build_attach_session(a.source, command="attach", run=run)
     me = SourceId(f"agent-{socket.gethostname()}", 0, run)
-    pub = MqttPublisher(url, me, on_status=session.on_source_status)
+    pub = MqttPublisher(url, me, on_status=session.on_source_status, problems=session.problems)
     agent = Agent(session, pub, interval_s=interval, agent=me)
     if a.raw:
         session.add_sink(pub.publish)

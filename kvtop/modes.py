@@ -14,7 +14,8 @@ from typing import Any
 
 
 def run_dashboard(session: Any, settings: Any) -> int:
-    """The dashboard until q (0) or Ctrl-C (130); a crash inside it is Textual's traceback and status 1."""
+    """The dashboard until q (0, or 3 / 4 as a headless run) or Ctrl-C (130); a crash inside it is Textual's
+    traceback and status 1."""
     from kvtop import runner
     from kvtop.ui.app import build_app
 
@@ -24,7 +25,8 @@ def run_dashboard(session: Any, settings: Any) -> int:
     # The screen is gone: what went wrong stays visible in the shell, one line per kind.
     _print_problems([f"{p.kind} x{p.count:,}: {p.message}" for p in session.problems.snapshot()])
     code = app.return_code
-    return int(code) if code else 0
+    # q after a run that never got data (or lost some) is still that run's status: 3 or 4, as headless.
+    return int(code) if code else session.problems.exit_status(session.records_in)
 
 
 def run_headless(session: Any, duration_s: float, as_json: bool) -> int:

@@ -28,6 +28,7 @@ LOG_LINES = 500  # the event log keeps the newest 500 lines; older ones are drop
 # Sources a session keeps a TierModel for. A model is ~50 KB idle (more with a big reuse tree), so 4,096 sources
 # are ~200 MB at most; a fleet of 1,000 engines fits, 10,000 fake source ids on a shared broker do not get in.
 MAX_SOURCES = 4096
+MAX_TIME_JUMP_S = 86400.0  # a record a day or more from its source's last one is flagged (record.time_jump)
 
 
 class Session:
@@ -95,6 +96,13 @@ class Session:
                 model = TierModel(warmup_requests=self.warmup_requests)
             self.models[key] = model
         bad = model.bad_records
+        last = model.now
+        if last is not None and abs(record.time - last) > MAX_TIME_JUMP_S:
+            # Legal times (1970-2100) but a day or more from this source's last: a clock stepped, or a writer
+            # that mixes units. Folded (the fold never goes back in time), and said, since rates will be off.
+            self.problems.report("record.time_jump", f"{clean(key, 80)}: a {record.kind} record at {record.time:.0f}"
+                                 f" is {abs(record.time - last) / 86400:,.1f} days from the one before "
+                                 f"({last:.0f}): a clock that jumped?")
         model.apply(record)
         if model.bad_records != bad:
             self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)

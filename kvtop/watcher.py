@@ -65,6 +65,11 @@ class WatchHandle:
         self._sinks: list[Callable[[Record], None]] = []
         self._on_status: StatusCallback | None = None
         self.crashed: BaseException | None = None
+        # What went wrong (kvtop.problems): a full disk under record=, records the broker never got. In
+        # summary()["problems"]; a script can check handle.problems.lost_data.
+        from kvtop.problems import Problems
+
+        self.problems = Problems()
 
     # ------------------------------------------------------------------------------------------ reading
 
@@ -74,7 +79,9 @@ class WatchHandle:
 
     def summary(self) -> dict[str, Any]:
         with self.lock:
-            return self.model.summary()
+            out = self.model.summary()
+        out["problems"] = self.problems.to_json()
+        return out
 
     # ------------------------------------------------------------------------------------------ records
 
@@ -135,14 +142,15 @@ def watch(llm: Any, publish: str | None = None, record: str | os.PathLike[str] |
     if publish:
         from kvtop.sinks.mqtt import publisher_from_url
 
-        publisher = publisher_from_url(publish, source, password_file=mqtt_password_file, on_status=handle.note)
+        publisher = publisher_from_url(publish, source, password_file=mqtt_password_file, on_status=handle.note,
+                                       problems=handle.problems)
         handle.publisher = publisher
         handle._sinks.append(publisher.publish)
     try:
         if record is not None:
             from kvtop.sinks.recorder import Recorder
 
-            handle.recorder = Recorder(record)
+            handle.recorder = Recorder(record, problems=handle.problems)
             handle._sinks.append(handle.recorder.write)
         if prometheus_port is not None:
             from kvtop.sinks.prometheus import PrometheusExporter

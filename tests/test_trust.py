@@ -773,3 +773,16 @@ async def test_hostile_names_never_reach_the_dashboard_and_ctrl_c_quits_with_130
         await pilot.press("ctrl+c")
         await pilot.pause()
     assert app.return_code == 130
+
+
+def test_a_clock_jump_is_flagged() -> None:
+    from kvtop.session import Session
+
+    session = Session(meta={})
+    src = SourceId("h", 0, "r")
+    session.emit(make("stats", {"iter": 1}, src, T0))
+    session.emit(make("stats", {"iter": 2}, src, T0 + 3600))  # an hour: fine (a pause)
+    assert session.problems.count("record.time_jump") == 0
+    session.emit(make("stats", {"iter": 3}, src, T0 + 40 * 86400))
+    p = session.problems.get("record.time_jump")
+    assert p is not None and "40.0 days" in p.message and not p.lost
