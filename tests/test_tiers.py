@@ -797,3 +797,32 @@ def test_cached_by_priority_never_exceeds_the_clamped_tier_count() -> None:
     split = m.cached_by_priority["gpu"]
     assert sum(split.values()) == 4
     assert split == {35: 3, 80: 1}  # 4 x (4/6, 2/6) = (2.67, 1.33): largest remainder goes to 35
+
+
+def test_per_priority_host_share_reads_the_drivers_host_hit_blocks() -> None:
+    """The driver records TensorRT-LLM's num_onboarded_blocks as host_hit_blocks; the per-priority split once read
+    only onboarded_blocks, so the dashboard said 'hit host 0%' beside a 31% host share of all hits."""
+    m = TierModel()
+    m.apply(Record("meta", {"engine": "sim", "tokens_per_block": 32}, SRC, 1.0))
+    for i, (reused, host) in enumerate([(10, 4), (6, 0), (8, 8)]):
+        m.apply(Record("request", {"request_id": i, "ok": True, "prompt_tokens": 320, "reused_blocks": reused,
+                                   "host_hit_blocks": host, "priority": 35}, SRC, 2.0 + i))
+    m.apply(Record("request", {"request_id": 9, "ok": True, "prompt_tokens": 320, "reused_blocks": 5,
+                               "onboarded_blocks": 2, "priority": 80}, SRC, 6.0))  # the older spelling still counts
+    split = m.hit_split_by_priority
+    assert split[35].lookups == 30 and split[35].hits == 24 and split[35].host_hits == 12
+    assert split[35].host == pytest.approx(12 / 30) and split[35].gpu == pytest.approx(12 / 30)
+    assert split[80].host_hits == 2 and split[80].gpu == pytest.approx(3 / 10)
+
+
+def test_simulated_run_splits_per_priority_hits_like_the_whole_run() -> None:
+    """End to end: a headless simulator run's per-priority host share matches its overall host share (one
+    priority in the default scenario), not 0."""
+    out = subprocess.run([sys.executable, "-m", "kvtop", "--headless", "--json", "--duration", "3", "--speed", "0"],
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    s = json.loads(out.stdout)
+    assert s["moves"]["onboarded_blocks"] > 0
+    (only,) = s["hit_rate_by_priority"].values()
+    overall_host_share = s["hit_rate"]["host_hits"] / s["hit_rate"]["hits"]
+    assert only["host"] > 0
+    assert only["host"] / only["cumulative"] == pytest.approx(overall_host_share, abs=0.1)

@@ -1230,7 +1230,12 @@ class TierModel:
         prompt = _count(data.get("prompt_tokens"), "prompt_tokens")
         output = _count(data.get("output_tokens"), "output_tokens")
         reused = _count(data.get("reused_blocks"), "reused_blocks")
-        onboarded = _count(data.get("onboarded_blocks"), "onboarded_blocks")  # optional: its host hits
+        # Its host hits: the driver writes TensorRT-LLM's num_onboarded_blocks as host_hit_blocks (and so do the
+        # recordings); onboarded_blocks is the older spelling. Reading only the latter left every per-priority
+        # host share at 0% while a third of the hits came from the host tier.
+        onboarded = _count(data.get("host_hit_blocks"), "host_hit_blocks")
+        if onboarded is None:
+            onboarded = _count(data.get("onboarded_blocks"), "onboarded_blocks")
         prio = data.get("priority")
         if prio is not None:
             prio = _priority(prio, "priority")
