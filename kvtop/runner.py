@@ -296,7 +296,10 @@ def summary(session: Session) -> dict[str, Any]:
                            "model": session.meta.get("model"),
                            "simulated": session.meta.get("simulated"),
                            "sim_reason": session.meta.get("sim_reason"),
-                           "scenario": session.meta.get("scenario")}
+                           "scenario": session.meta.get("scenario"),
+                           # the simulator's scheduler, and what it was asked for but does not model (SimLLM)
+                           "capacity_scheduler_policy": session.meta.get("capacity_scheduler_policy"),
+                           "not_modelled": list(session.meta.get("not_modelled") or [])}
     out.update(session.model.summary())
     out["what_if"] = session.what_if()
     from kvtop.fleet import source_status as _source_status
@@ -336,7 +339,9 @@ def format_summary(s: dict[str, Any]) -> str:
         return "unknown" if x is None else f"{100 * x:.1f}%"
 
     lines = [f"kvtop: {s.get('engine')} ({s.get('engine_version')}), model {s.get('model')}"
-             + (f" [SIM: {s.get('sim_reason')}]" if s.get("simulated") else "")]
+             + (f" [SIM: {s.get('sim_reason')}]" if s.get("simulated") else "")
+             + (f", scheduler {s['capacity_scheduler_policy']}" if s.get("capacity_scheduler_policy") else "")]
+    lines += [f"not modelled: {note}" for note in s.get("not_modelled") or []]
     req = s.get("requests", {})
     ttft = req.get("ttft_ms", {})
     lines.append(f"requests: {req.get('completed', 0)} completed, {req.get('failed', 0)} failed; TTFT p50 "

@@ -160,3 +160,20 @@ def test_max_utilization_keeps_paused_requests_within_the_batch() -> None:
         most_active = max(most_active, len(core.running))
     assert core.completed == 8 and core.paused_total > 0
     assert most_active == 4
+
+
+def test_headless_summary_names_the_scheduler(tmp_path: Any) -> None:
+    """``--capacity-scheduler-policy`` reaches the simulator and the headless summary (text and JSON)."""
+    import json
+
+    from test_sim_sweep import run_kvtop
+
+    args = ["--engine", "sim", "--headless", "--duration", "0.5", "--speed", "0", "--gpu-cache", "4096",
+            "--scenario", "ab", "--concurrency", "1", "--max-tokens", "4", "--capacity-scheduler-policy",
+            "MAX_UTILIZATION"]
+    done = run_kvtop([*args, "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    s = json.loads(done.stdout)
+    assert s["capacity_scheduler_policy"] == "MAX_UTILIZATION" and s["not_modelled"] == []
+    done = run_kvtop(args, tmp_path)
+    assert done.returncode == 0 and "scheduler MAX_UTILIZATION" in done.stdout.splitlines()[0]
