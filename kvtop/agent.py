@@ -31,7 +31,8 @@ from typing import Any
 
 from kvtop.records import Record, SourceId
 from kvtop.settings import SettingsError
-from kvtop.tiers import TierModel
+from kvtop.tiers import TierModel, TierSnapshot
+from kvtop.tiers.snapshot import reading
 
 DEFAULT_INTERVAL_S = 0.5  # 2 Hz: a dashboard's 4 Hz refresh sees every other frame move
 _TOTALS = ("hits", "lookups", "host_hits", "offloaded", "onboarded", "evicted_gpu", "evicted_host",
@@ -44,14 +45,16 @@ def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
 
-def summary_data(model: TierModel, seq: int, interval_s: float, agent: str) -> dict[str, Any]:
-    """One source's summary: what the fleet table and a Prometheus scrape need, nothing per block."""
+def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, agent: str) -> dict[str, Any]:
+    """One source's summary: what the fleet table and a Prometheus scrape need, nothing per block. Read from the
+    model's snapshot (the same one the fleet table and Prometheus read), never from the fold's internals."""
+    model = reading(model)
     mv = model.moves
     hr = model.hit_rate
     req = model.requests
     q = model.quality
     rates = model.rates
-    stream = model._stream.to_json() if model._stream is not None else None
+    stream = model.summary_data.get("stream")
     tiers = {}
     for t in model.tiers:
         tiers[t.name] = {"capacity_blocks": t.capacity_blocks, "in_use_blocks": t.in_use_blocks,
@@ -102,6 +105,7 @@ class Agent:
             src = self.sources.get(key)
             if src is None or model.records_applied == 0:
                 continue
+            model = model.snapshot()
             meta = {"engine": str(model.meta.get("engine") or "unknown"), "agent": self.agent.key(),
                     **{k: v for k, v in model.meta.items() if isinstance(v, (str, int, float, bool)) and k != "engine"}}
             if self._metas.get(key) != meta:

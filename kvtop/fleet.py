@@ -28,7 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kvtop.tiers import TierModel
+from kvtop.tiers import TierModel, TierSnapshot
+from kvtop.tiers.snapshot import reading
 
 __all__ = ["EXCLUDED_STATUSES", "STALE_INTERVALS", "STALE_MIN_S", "FleetRow", "StaleClock", "aggregate", "combine",
            "source_row", "source_status"]
@@ -133,8 +134,9 @@ def source_status(key: str, status: Mapping[str, str] | None) -> str | None:
     return own
 
 
-def source_row(key: str, model: TierModel, status: str | None = None) -> FleetRow:
-    """One source's row, read from its TierModel (~0.15 ms: the tiers, rates and the TTFT percentiles)."""
+def source_row(key: str, model: TierModel | TierSnapshot, status: str | None = None) -> FleetRow:
+    """One source's row, read from its snapshot (a live model gives its own: the same one while it is unchanged)."""
+    model = reading(model)
     gpu, host = model.gpu, model.host
     hit = model.hit_rate
     rates = model.rates
@@ -182,7 +184,8 @@ def combine(rows: Iterable[FleetRow], key: str = "all") -> FleetRow:
         ttft_p99_s=max(ttfts) if ttfts else None, sources=len(counted))
 
 
-def aggregate(models: Mapping[str, TierModel], status: Mapping[str, str] | None = None) -> dict[str, Any]:
+def aggregate(models: Mapping[str, TierModel | TierSnapshot],
+              status: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The fleet's aggregate row as a JSON-able dict (``FleetRow`` fields), from ``{source key: TierModel}``
     and, optionally, ``Session.status`` (offline sources are left out)."""
     return combine(source_row(k, m, source_status(k, status)) for k, m in models.items()).to_json()

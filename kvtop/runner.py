@@ -249,6 +249,9 @@ def add_sinks(session: Session, settings: Settings) -> None:
 
         exporter = PrometheusExporter(lambda: dict(session.models) or session.model,
                                       port=settings.prometheus_port, addr=settings.prometheus_addr)
+        # A scrape reads the snapshots the session publishes (kvtop/tiers/snapshot.py), never the live fold: at the
+        # refresh, or once a second at most often (a scrape comes every 15 s by Prometheus's default).
+        session.publish_s = max(settings.refresh, 1.0)
         try:
             exporter.start()
         except OSError as exc:
@@ -300,7 +303,7 @@ def summary(session: Session) -> dict[str, Any]:
                            # the simulator's scheduler, and what it was asked for but does not model (SimLLM)
                            "capacity_scheduler_policy": session.meta.get("capacity_scheduler_policy"),
                            "not_modelled": list(session.meta.get("not_modelled") or [])}
-    out.update(session.model.summary())
+    out.update(session.model.snapshot().summary())  # the same reading Prometheus and the fleet table get
     out["what_if"] = session.what_if()
     from kvtop.fleet import source_status as _source_status
 

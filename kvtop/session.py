@@ -63,6 +63,9 @@ class Session:
         self._closers: list[Callable[[], None]] = []
         self._stop: asyncio.Event | None = None  # created on the running loop in run()
         self._stopped = False
+        # Readers on other threads (the Prometheus exporter) read each model's last published snapshot: while
+        # one is attached, run() publishes every ``publish_s`` (and once at the end), on the loop that folds.
+        self.publish_s: float | None = None
 
     # ------------------------------------------------------------------------------------------ records
 
@@ -119,6 +122,16 @@ class Session:
                 sink(record)
             except Exception as exc:  # a broken sink must not stop the fold or the other sinks
                 self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
+
+    def publish(self) -> None:
+        """Publish a snapshot of every model that changed (``TierModel.published``); on the folding thread."""
+        for model in {id(m): m for m in [self.model, *self.models.values()]}.values():
+            model.snapshot()
+
+    async def _publishing(self) -> None:
+        while not self._stopped and self.publish_s is not None:
+            self.publish()
+            await self._sleep(self.publish_s)
 
     def what_if(self) -> dict[str, Any]:
         est = self.whatif.estimate()
@@ -242,6 +255,8 @@ class Session:
         tasks: dict[asyncio.Task[None], str] = {}
         for name, producer in self._producers:
             tasks[asyncio.ensure_future(self._guard(name, producer))] = name
+        if self.publish_s is not None:
+            tasks[asyncio.ensure_future(self._guard("publish", self._publishing))] = "publish"
         watched = {t for t, n in tasks.items() if n in until_producers_done}
         stop_task = asyncio.ensure_future(self._stop.wait())
         try:
@@ -264,6 +279,8 @@ class Session:
                 if not task.done():
                     task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if self.publish_s is not None:
+                self.publish()  # what the producers folded last, for a final scrape
             for close in self._closers:
                 try:
                     close()

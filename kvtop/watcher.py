@@ -31,11 +31,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtop.records import Record, SourceId, make
 from kvtop.sources.poller import EnginePoller
 from kvtop.stopsignal import StopSignal
+
+if TYPE_CHECKING:
+    from kvtop.tiers import TierSnapshot
 
 StatusCallback = Callable[[str, str], None]  # (name, message), like the sources' on_error / on_status
 SAMPLE_S = 1.0  # GPU/host memory once a second: NVML's PCIe counters alone cost ~20 ms per GPU per sample
@@ -77,11 +80,21 @@ class WatchHandle:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def snapshot(self) -> TierSnapshot | None:
+        """The model's last published snapshot (immutable: read it from any thread), every ``interval_s``."""
+        return self.model.published
+
     def summary(self) -> dict[str, Any]:
+        """The summary of the model as it is now (a fresh snapshot, taken under the fold's lock)."""
         with self.lock:
-            out = self.model.summary()
+            out = self.model.snapshot().summary()
         out["problems"] = self.problems.to_json()
         return out
+
+    def publish(self) -> None:
+        with self.lock:
+            self.model.snapshot()
 
     # ------------------------------------------------------------------------------------------ records
 
@@ -156,7 +169,7 @@ def watch(llm: Any, publish: str | None = None, record: str | os.PathLike[str] |
             from kvtop.sinks.prometheus import PrometheusExporter
 
             handle.exporter = PrometheusExporter(lambda: handle.model, port=prometheus_port, addr=prometheus_addr,
-                                                 source=source, lock=handle.lock)
+                                                 source=source)
             handle.prometheus_port = handle.exporter.start()
             handle._sinks.append(handle.exporter.observe)
     except BaseException:
@@ -213,6 +226,7 @@ async def _main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: float
         tasks.append(asyncio.ensure_future(publisher.run()))
     if sample_memory:
         tasks.append(asyncio.ensure_future(_sample_memory(handle, stop, meta)))
+    tasks.append(asyncio.ensure_future(_publishing(handle, stop, interval_s)))
     try:
         await stop.wait()
     finally:
@@ -223,6 +237,16 @@ async def _main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: float
         if publisher is not None:
             publisher.stop()  # flushes (<= 1 s) and publishes "offline"
         await asyncio.gather(*tasks[1:], return_exceptions=True)
+        handle.publish()  # the last drain's records, for handle.snapshot and a last scrape
+
+
+async def _publishing(handle: WatchHandle, stop: asyncio.Event, interval_s: float) -> None:
+    """A snapshot every poll interval (only when the model changed): what the exporter's scrapes and
+    ``handle.snapshot`` read from other threads."""
+    while not stop.is_set():
+        handle.publish()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=interval_s)
 
 
 async def _sample_memory(handle: WatchHandle, stop: asyncio.Event, meta: dict[str, Any]) -> None:

@@ -62,6 +62,7 @@ def test_scrape_over_http_on_localhost_returns_the_metric_names() -> None:
     try:
         assert exporter._server.server_address[0] == "127.0.0.1"  # bound to loopback by default
         _feed(model, exporter)
+        model.snapshot()  # the folding side publishes (a Session every publish_s); the scrape reads that
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             assert resp.status == 200
             text = resp.read().decode()
@@ -100,3 +101,74 @@ def test_docs_list_every_metric() -> None:
     for name in EXPECTED + ["kvtop_host_available_bytes", "kvtop_gpu_memory_process_bytes"]:
         base = re.sub(r"_(bucket|total)$", "", name)
         assert base in doc, name
+
+
+def test_a_scrape_reads_the_published_snapshot_never_the_live_fold() -> None:
+    """A scrape on the HTTP thread sees what the folding side last published: nothing before the first
+    snapshot, then that snapshot's figures even while the model moves on, and the new ones once published."""
+    model = TierModel()
+    exporter = PrometheusExporter(lambda: model, port=0)
+    port = exporter.start()
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            return resp.read().decode()
+
+    try:
+        _feed(model, exporter)
+        assert "kvtop_kv_capacity_blocks{" not in scrape()  # folded, not published: absent, never half-read
+        model.snapshot()
+        labels = 'host="gpu-07",rank="0",run="prom"'
+        assert f'kvtop_kv_offloaded_blocks_total{{{labels}}} 1.0' in scrape()
+        model.apply(make("kv_event", {"event_id": 3, "data": {"type": "updated", "block_hash": 11,
+                                                              "cache_level": {"old_value": 0, "new_value": 1}}},
+                         SRC, 3.0))
+        assert f'kvtop_kv_offloaded_blocks_total{{{labels}}} 1.0' in scrape()  # the model moved on; not published
+        model.snapshot()
+        assert f'kvtop_kv_offloaded_blocks_total{{{labels}}} 2.0' in scrape()
+    finally:
+        exporter.stop()
+
+
+def test_scrapes_while_another_thread_folds_never_fail() -> None:
+    """The old exporter read the live model from the HTTP thread and retried on 'dict changed size'; now the fold
+    publishes and scrapes read immutable snapshots: 100 scrapes during 20,000 folded events all succeed, and the
+    offload total they see never goes back."""
+    import threading
+
+    model = TierModel()
+    exporter = PrometheusExporter(lambda: model, port=0)
+    port = exporter.start()
+    _feed(model, exporter)
+    model.snapshot()
+    done = threading.Event()
+
+    def fold() -> None:
+        for i in range(20_000):
+            h = 1000 + i
+            model.apply(make("kv_event", {"event_id": 3 + 2 * i, "data": {"type": "stored", "parent_hash": None,
+                             "blocks": [{"type": "stored_block", "block_hash": h, "tokens": [], "cache_level": 0,
+                                         "priority": 35}]}}, SRC, 3.0 + i * 1e-3))
+            model.apply(make("kv_event", {"event_id": 4 + 2 * i, "data": {"type": "updated", "block_hash": h,
+                             "cache_level": {"old_value": 0, "new_value": 1}}}, SRC, 3.0 + i * 1e-3))
+            if i % 500 == 0:
+                model.snapshot()
+        model.snapshot()
+        done.set()
+
+    thread = threading.Thread(target=fold)
+    thread.start()
+    seen: list[float] = []
+    try:
+        for _ in range(100):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                assert resp.status == 200
+                text = resp.read().decode()
+            found = re.search(r'^kvtop_kv_offloaded_blocks_total\{[^}]*\} ([0-9.e+]+)$', text, re.M)
+            assert found is not None
+            seen.append(float(found[1]))
+        thread.join(60)
+    finally:
+        exporter.stop()
+    assert done.is_set()
+    assert seen == sorted(seen) and seen[0] >= 1.0

@@ -343,6 +343,7 @@ def test_prometheus_exports_the_disk_tier() -> None:
     m.apply(make("meta", {"engine": "trtllm", "tokens_per_block": 32, "bytes_per_block": 4096, "disk_blocks": 11},
                  time=1.0))
     m.apply(make("stats", copy.deepcopy(V2_STATS), time=2.0))
+    m.snapshot()  # published by the folding side: what a scrape on the HTTP thread reads
     exporter = PrometheusExporter(lambda: m, port=0)
     port = exporter.start()
     try:

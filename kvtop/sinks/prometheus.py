@@ -2,8 +2,9 @@
 
 Metric names and meanings: ``docs/prometheus.md``. Two kinds of data:
 
-- *State* (blocks per tier, hit rates, move totals) is read from the TierModel at scrape time by a custom
-  collector, so records cost nothing extra here and a scrape always sees the current fold.
+- *State* (blocks per tier, hit rates, move totals) is read at scrape time by a custom collector from each
+  TierModel's last published snapshot (kvtop/tiers/snapshot.py), so records cost nothing extra here and a scrape
+  never reads a model that another thread is folding into.
 - *Observations* (request latencies) need every sample: :meth:`PrometheusExporter.observe` (the sink) feeds
   request records into histograms and counts records by kind. GPU and host memory come from the model too
   (it keeps the latest ``gpu``/``host`` sample per device).
@@ -61,6 +62,16 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
+_NOT_A_MODEL = object()
+
+
+def _published(obj: Any) -> Any:
+    """What a scrape reads of ``obj``: a TierModel's last published snapshot (None before the first), or the object
+    itself when it is a snapshot already or a summary mapping."""
+    published = getattr(obj, "published", _NOT_A_MODEL)
+    return obj if published is _NOT_A_MODEL else published
+
+
 def _labels(source: SourceId) -> list[str]:
     return [source.host, str(source.rank), source.run]
 
@@ -79,23 +90,9 @@ class _StateCollector(Collector):
         return []  # unchecked collector: its series come and go with sources
 
     def collect(self) -> Iterator[Metric]:
-        # The model is folded on another thread (the event loop's) while a scrape reads it on the HTTP server's:
-        # a read may meet a dict mid-resize ("changed size during iteration"). Reads take microseconds and a
-        # fold step too, so a retry succeeds; three tries, then the scrape fails (HTTP 500) rather than lie.
-        # With a ``lock`` (kvtop.watch passes the one its sink holds), reads never race at all.
-        for attempt in range(3):
-            try:
-                if self.exporter.lock is not None:
-                    with self.exporter.lock:
-                        families = self._families()
-                else:
-                    families = self._families()
-            except RuntimeError:
-                if attempt == 2:
-                    raise
-                continue
-            yield from families
-            return
+        # A scrape runs on the HTTP server's thread while the models are folded on the event loop's: it reads
+        # each model's last published snapshot (TierModel.published, immutable), never the live fold.
+        yield from self._families()
 
     def _families(self) -> list[Metric]:
         models = self.exporter.models()
@@ -135,7 +132,10 @@ class _StateCollector(Collector):
                                    ("available", "System memory available (psutil)"),
                                    ("pinned_pool", "Pinned host KV pool size, as the engine reports it or from "
                                                    "blocks x bytes per block"))}
-        for source, model in models:
+        for source, live in models:
+            model = _published(live)
+            if model is None:
+                continue  # nothing published yet: absent, never a half-folded reading
             lv = _labels(source)
             # Every tier the model has (GPU, host, and disk where the engine has one), by TierState.name; a model
             # read from a summary dict (fleet) or an older one without .tiers falls back to the two named ones.
@@ -199,17 +199,15 @@ class _StateCollector(Collector):
 class PrometheusExporter:
     """Serves the model(s) from ``model`` (a callable) and the records given to :meth:`observe`.
 
-    ``model()`` returns the live TierModel, or a mapping ``{source key: TierModel}`` for several sources. With
-    one model, its labels are ``source`` (or the first record's source). ``port=0`` binds a free port
-    (:attr:`port` tells which once started). ``lock``: a lock the folding side holds while it applies records,
-    taken while a scrape reads the model.
+    ``model()`` returns the live TierModel, or a mapping ``{source key: TierModel}`` for several sources; a scrape
+    reads what each last published (``TierModel.snapshot()``, called by the folding side: ``Session.publish_s``,
+    ``kvtop.watch``'s thread, or :meth:`publish`). With one model, its labels are ``source`` (or the first record's
+    source). ``port=0`` binds a free port (:attr:`port` tells which once started).
     """
 
     def __init__(self, model: ModelProvider, *, port: int = 9400, addr: str = "127.0.0.1",
-                 source: SourceId | None = None, registry: CollectorRegistry | None = None,
-                 lock: Any = None):
+                 source: SourceId | None = None, registry: CollectorRegistry | None = None):
         self._model = model
-        self.lock = lock  # held while reading the model, if the folding side holds it too
         self.requested_port = port
         self.addr = addr
         self.source = source
@@ -274,10 +272,19 @@ class PrometheusExporter:
             server.shutdown()
             server.server_close()
 
+    def publish(self) -> None:
+        """Publish every model's snapshot now: on the folding thread only (tests, one-thread tools)."""
+        for _source, model in self.models():
+            snapshot = getattr(model, "snapshot", None)
+            if callable(snapshot):
+                snapshot()
+
     def render(self) -> bytes:
-        """The exposition text, as a scrape would get it (tests, ``--headless`` dumps)."""
+        """The exposition text, as a scrape would get it, of the models as they are now: call it on the folding
+        thread (tests, ``--headless`` dumps); it publishes first."""
         from prometheus_client import generate_latest
 
+        self.publish()
         return generate_latest(self.registry)
 
 

@@ -2,7 +2,8 @@
 
 - :mod:`kvtop.tiers.model`: ``TierModel``, the fold of TensorRT-LLM's stats, KV events and requests (the fast path);
 - :mod:`kvtop.tiers.whatif`: the live what-if (the hit rate with a larger host tier);
-- :mod:`kvtop.tiers.state`: the immutable read-side types every sink reads.
+- :mod:`kvtop.tiers.state`: the immutable read-side types every sink reads;
+- :mod:`kvtop.tiers.snapshot`: ``TierSnapshot``, one immutable reading of a model, published when it changed.
 
 The engines' common KV event stream (vLLM, SGLang, Dynamo), their metrics and agent summaries are folded by
 :mod:`kvtop.kv_stream` (its wire decoder and its fold, one module), which ``TierModel`` creates on the first such
@@ -15,6 +16,7 @@ a sink or the UI.
 from __future__ import annotations
 
 from kvtop.tiers.model import TierModel
+from kvtop.tiers.snapshot import TierSnapshot
 from kvtop.tiers.state import (
     TIER_LABELS,
     GpuDevice,
@@ -40,6 +42,7 @@ __all__ = [
     "Rates",
     "Requests",
     "TierModel",
+    "TierSnapshot",
     "TIER_LABELS",
     "TierState",
 ]

@@ -73,6 +73,8 @@ from dataclasses import replace
 from typing import Any
 
 from kvtop.records import Record, RecordError, parse_engine_dict
+from kvtop.tiers.snapshot import TierSnapshot, Version
+from kvtop.tiers.snapshot import take as take_snapshot
 from kvtop.tiers.state import (
     TIER_LABELS,
     GpuDevice,
@@ -455,6 +457,10 @@ class TierModel:
         # kvtop/kv_stream.py, created on the first such record
         self._stream: Any = None
 
+        # what readers on other threads read: the last snapshot taken (kvtop/tiers/snapshot.py)
+        self.published: TierSnapshot | None = None
+        self._window_resets = 0
+
         # bad input
         self.bad_records = 0
         self.last_bad_reason: str | None = None
@@ -644,9 +650,24 @@ class TierModel:
 
     def reset_window(self) -> None:
         """Start the rate window afresh at ``now`` (the dashboard's "r")."""
+        self._window_resets += 1
         self._fine.clear()
         if self.now is not None:
             self._fine.append((self.now, self._counters()))
+
+    @property
+    def version(self) -> Version:
+        """Moves whenever what a reader sees may have changed: every record (applied or bad), every window reset."""
+        return (self.records_applied, self.bad_records, self._window_resets)
+
+    def snapshot(self) -> TierSnapshot:
+        """The model now, immutable, and published as ``self.published`` for readers on other threads. Call it
+        on the folding thread; a model that did not change since the last call hands out the same snapshot."""
+        version = self.version
+        snap = self.published
+        if snap is None or snap.version != version:
+            snap = self.published = take_snapshot(self, version)
+        return snap
 
     # ============================================================================================ events
 
