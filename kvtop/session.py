@@ -79,7 +79,7 @@ class Session:
                 self._refused_keys.add(key)
             self.problems.report("source.refused", f"more than {self.max_sources:,} sources: records of new "
                                  f"sources are dropped ({self.refused_sources:,} so far, e.g. {clean(key, 80)}); "
-                                 "raise --max-sources if the fleet is that large")
+                                 "raise --max-sources if the fleet is that large", lost=True)
             return
         self.records += 1
         if self._own_meta:

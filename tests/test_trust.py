@@ -211,11 +211,14 @@ def _json_out(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_attach_to_a_dead_broker_says_so_and_exits_3() -> None:
-    proc = kvtop_cli("attach", "mqtt://127.0.0.1:1/x", "--headless", "--duration", "1.5", "--json")
+@pytest.mark.parametrize("url, where", [("mqtt://127.0.0.1:1/x", "127.0.0.1:1"),
+                                        ("mqtt://no-such-broker.invalid/x", "no-such-broker.invalid")])
+def test_attach_to_a_dead_broker_says_so_and_exits_3(url: str, where: str) -> None:
+    """A port nobody listens on, and a host name that does not resolve (.invalid: RFC 2606)."""
+    proc = kvtop_cli("attach", url, "--headless", "--duration", "1.5", "--json")
     assert proc.returncode == EXIT_NO_DATA, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert any("mqtt.connection" in ln and "127.0.0.1:1" in ln for ln in lines), proc.stderr
+    assert any("mqtt.connection" in ln and where in ln for ln in lines), proc.stderr
     assert any("run.no_data" in ln for ln in lines)
     assert len(lines) <= 4, proc.stderr  # rate-limited: not a line per retry
     s = _json_out(proc)
