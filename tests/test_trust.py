@@ -789,3 +789,63 @@ def test_a_clock_jump_is_flagged() -> None:
     session.emit(make("stats", {"iter": 3}, src, T0 + 40 * 86400))
     p = session.problems.get("record.time_jump")
     assert p is not None and "40.0 days" in p.message and not p.lost
+
+
+async def test_a_server_answer_past_the_limit_or_not_http_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server posing as trtllm-serve that sends more than MAX_BODY_BYTES, a 5,000-digit number, or a garbled
+    status line: each is an endpoint problem, the source keeps polling, memory stays bounded."""
+    import socket
+    import threading
+
+    from kvtop.sources import trtllm_serve
+
+    monkeypatch.setattr(trtllm_serve, "MAX_BODY_BYTES", 1 << 16)
+    for body in (b"[" + b"1," * 50_000 + b"1]", b"[" + b"9" * 5000 + b"]"):
+        server = _Server(body, "application/json")
+        try:
+            problems = Problems()
+            src = trtllm_serve.TrtllmServeSource(f"http://127.0.0.1:{server.port}", sink=lambda r: None,
+                                                 problems=problems, perf_metrics=False, timeout_s=5)
+            await src.poll_once()
+        finally:
+            server.close()
+        p = problems.get("trtllm-serve.endpoint")
+        assert p is not None and ("larger than" in p.message or "not JSON" in p.message), problems.to_json()
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+
+    def garble() -> None:
+        for _ in range(4):
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(4096)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=garble, daemon=True).start()
+    try:
+        problems = Problems()
+        src = trtllm_serve.TrtllmServeSource(f"http://127.0.0.1:{listener.getsockname()[1]}", sink=lambda r: None,
+                                             problems=problems, perf_metrics=False, timeout_s=5)
+        await src.poll_once()  # never raises
+    finally:
+        listener.close()
+    assert problems.get("trtllm-serve.endpoint") is not None, problems.to_json()
+
+
+def test_replay_line_limit_is_an_option(tmp_path: Path) -> None:
+    rec = tmp_path / "big.jsonl"
+    lines = BUSY.read_text().splitlines()[:50]
+    big = json.loads(lines[10])
+    big["data"]["padding"] = "x" * 40_000  # the recording's longest line is ~18 KB
+    lines[10] = json.dumps(big)
+    rec.write_text("\n".join(lines) + "\n")
+    ok = kvtop_cli("replay", str(rec), "--speed", "0", "--headless", "--json")
+    assert ok.returncode == 0, ok.stderr
+    cut = kvtop_cli("replay", str(rec), "--speed", "0", "--headless", "--json", "--max-line-bytes", "32768")
+    assert cut.returncode == EXIT_LOST_DATA and "line 11: line" in cut.stderr and "32,768-byte limit" in cut.stderr
+    assert _json_out(cut)["records"] == 49

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import time
 import urllib.error
@@ -76,6 +77,9 @@ QUEUE_FULL = 1000  # trtllm-serve's stats queue (iter_stats_max_iterations defau
 # trtllm-serve waits 2 s for items before answering an empty /metrics or /kv_cache_events; 10 s leaves room for
 # a busy server's event loop without calling a slow answer a dead server.
 HTTP_TIMEOUT_S = 10.0
+# An answer is read up to 64 MiB: trtllm-serve's largest, a /metrics list of a few thousand ~1 KB iteration dicts,
+# is a few MB; a server (or something posing as one) sending gigabytes must not fill kvtop's memory.
+MAX_BODY_BYTES = 64 << 20
 MAX_BACKOFF_S = 5.0
 OFF_RETRY_S = 30.0  # an endpoint found missing (404) is asked again every 30 s: a restarted server may have it
 EMPTY_POLLS_OFF = 3  # empty while another endpoint shows activity, 3 polls in a row (~1.5-6 s): off, not a race
@@ -123,9 +127,12 @@ def _request(method: str, url: str, timeout: float) -> bytes:
                                  headers={"Accept": "application/json", "User-Agent": "kvtop"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (http/https only, checked)
-            return resp.read()
+            body: bytes = resp.read(MAX_BODY_BYTES + 1)
     except urllib.error.HTTPError as exc:
         raise HttpStatusError(exc.code, str(exc.reason)) from None
+    if len(body) > MAX_BODY_BYTES:
+        raise HttpStatusError(200, f"answer larger than {MAX_BODY_BYTES >> 20} MiB; is this a trtllm-serve?")
+    return body
 
 
 class TrtllmServeSource:
@@ -256,12 +263,15 @@ class TrtllmServeSource:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             return None, f"cannot reach {url}: {reason}"
+        except http.client.HTTPException as exc:  # a garbled status line, a body cut short: not a trtllm-serve
+            return None, HttpStatusError(200, f"not an HTTP answer kvtop can read ({type(exc).__name__}); "
+                                              "is this a trtllm-serve?")
         if ep.name == PROM:
             return self._prometheus_items(body)
         try:
             items = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            return None, HttpStatusError(200, f"not JSON ({exc}); is this a trtllm-serve?")
+        except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, a 4,300-digit number, deep nesting
+            return None, HttpStatusError(200, f"not JSON ({str(exc)[:100]}); is this a trtllm-serve?")
         if not isinstance(items, list):
             return None, HttpStatusError(200, f"expected a JSON list, got {type(items).__name__}; "
                                               "is this a trtllm-serve?")
