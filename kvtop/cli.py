@@ -163,7 +163,7 @@ def cmd_sim(argv: Sequence[str]) -> int:
         if no_plt:
             raise SettingsError("--plot", no_plt)
     try:
-        model = resolve_model(a.model)
+        model = resolve_model(a.model).with_kv_cache_dtype(a.kv_cache_dtype)
     except ValueError as exc:
         raise SettingsError("--model", str(exc)) from None
     try:
@@ -175,7 +175,11 @@ def cmd_sim(argv: Sequence[str]) -> int:
         raise SettingsError("--tokens-per-block", f"must divide 512 (the trace's block), got {tpb}")
     if a.gpu_blocks is not None and a.gpu_blocks <= 0:
         raise SettingsError("--gpu-blocks", f"must be > 0, got {a.gpu_blocks}")
-    primary = a.gpu_blocks or primary_blocks(model, gpu, tpb, free_gpu_memory_fraction=a.gpu_cache_fraction)
+    try:
+        primary = a.gpu_blocks or primary_blocks(model, gpu, tpb, free_gpu_memory_fraction=a.gpu_cache_fraction,
+                                                 tensor_parallel_size=a.tensor_parallel_size)
+    except ValueError as exc:  # the model does not fit
+        raise SettingsError("--gpu", str(exc)) from None
     sweep: list[tuple[int, int]] = []
     if a.host_blocks is not None:
         for part in str(a.host_blocks).split(","):
@@ -201,7 +205,8 @@ def cmd_sim(argv: Sequence[str]) -> int:
     for host_bytes, host_blocks in sweep:
         cfg = TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
                              max_num_tokens=a.max_num_tokens, time_scale=a.time_scale,
-                             capacity_scheduler_policy=a.capacity_scheduler_policy)
+                             capacity_scheduler_policy=a.capacity_scheduler_policy,
+                             tensor_parallel_size=a.tensor_parallel_size)
         result = run_trace(requests, cfg)
         failures = result.pop("failures", None) or []
         if failures and not a.json:

@@ -19,7 +19,7 @@ ATTACH_SETTINGS = ("headless", "json", "duration", "theme", "refresh", "record",
                    "prometheus_addr", "warmup_requests")
 ATTACH_ONLY_SETTINGS = ("mqtt_password_file",)  # kvtop attach mqtt://, not kvtop replay
 SIM_SETTINGS = ("trace", "model", "gpu", "tokens_per_block", "gpu_cache_fraction", "max_batch_size",
-                "max_num_tokens", "capacity_scheduler_policy", "json")
+                "max_num_tokens", "capacity_scheduler_policy", "kv_cache_dtype", "tensor_parallel_size", "json")
 AGENT_SETTINGS = ("mqtt_password_file", "duration", "json")
 
 

@@ -68,8 +68,9 @@ def build_sim_engine(settings: Settings) -> Any:
                         max_tokens=settings.gpu_cache_tokens,
                         free_gpu_memory_fraction=settings.gpu_cache_fraction,
                         secondary_offload_min_priority=settings.secondary_offload_min_priority,
-                        event_buffer_max_size=trtllm_engine.EVENT_BUFFER_SIZE)
+                        event_buffer_max_size=trtllm_engine.EVENT_BUFFER_SIZE, dtype=settings.kv_cache_dtype)
     return SimLLM(settings.model, kv_cache_config=kvc, max_batch_size=settings.max_batch_size,
+                  tensor_parallel_size=settings.tensor_parallel_size,
                   max_num_tokens=settings.max_num_tokens, enable_iter_perf_stats=True, return_perf_metrics=True,
                   gpu=settings.gpu, speed=settings.speed, trtllm_version=settings.trtllm_version,
                   scheduler_config=SchedulerConfig(capacity_scheduler_policy=settings.capacity_scheduler_policy))

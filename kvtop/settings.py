@@ -52,6 +52,11 @@ class Settings:
     gpu_cache_fraction: float = _opt(0.9, "free_gpu_memory_fraction when --gpu-cache-tokens is not given",
                                      kind="fraction")
     tokens_per_block: int = _opt(32, "tokens per KV cache block", kind="pos_int")
+    kv_cache_dtype: str = _opt("auto", "KV cache dtype (KvCacheConfig.dtype): auto (the checkpoint's: FP8 where its "
+                                       "quantization config says so, else the model's dtype), fp8, bfloat16, float16",
+                               choices=("auto", "fp8", "bfloat16", "float16"))
+    tensor_parallel_size: int = _opt(1, "GPUs the model is split across (LLM(tensor_parallel_size=...)): each holds "
+                                        "1/N of the weights and of every token's KV", kind="pos_int")
     max_batch_size: int = _opt(64, "max requests in flight in the engine", kind="pos_int")
     max_num_tokens: int = _opt(8192, "max tokens per engine iteration", kind="pos_int")
     capacity_scheduler_policy: str = _opt(

@@ -239,3 +239,20 @@ def test_engine_iteration_with_a_host_hit_that_evicts_pays_the_overlap_not_the_s
     assert forward == pytest.approx(cost.iteration_s([(128 - reused, reused)], []), rel=1e-9)
     # the copies' share: the old arithmetic charged their sum, 1.5x or more what the overlapped streams take
     assert (summed - forward) / (dt - forward) > 1.5
+
+
+def test_kvtop_sim_takes_the_kv_dtype_and_tensor_parallelism(tmp_path: Path) -> None:
+    from test_sim_sweep import SLICE, run_kvtop
+
+    runs = {}
+    for label, extra in (("bf16", []), ("fp8", ["--kv-cache-dtype", "fp8"]),
+                         ("tp2", ["--kv-cache-dtype", "fp8", "--tensor-parallel-size", "2"])):
+        done = run_kvtop(["sim", "--trace", str(SLICE), "--limit", "40", "--model", "meta-llama/Llama-3.1-8B-Instruct",
+                          "--json", *extra], tmp_path)
+        assert done.returncode == 0, done.stderr
+        runs[label] = json.loads(done.stdout)["runs"][0]
+    assert runs["fp8"]["primary_blocks"] == pytest.approx(2 * runs["bf16"]["primary_blocks"], rel=0.001)
+    assert runs["tp2"]["primary_blocks"] > 2 * runs["fp8"]["primary_blocks"]  # half the KV and weights a rank
+    assert runs["tp2"]["simulated_seconds"] < runs["fp8"]["simulated_seconds"]
+    bad = run_kvtop(["sim", "--trace", str(SLICE), "--kv-cache-dtype", "int4"], tmp_path)
+    assert bad.returncode != 0 and "--kv-cache-dtype" in bad.stderr and "Traceback" not in bad.stderr

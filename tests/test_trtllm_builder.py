@@ -357,3 +357,26 @@ def test_engine_trtllm_without_tensorrt_llm_fails_at_once(tmp_path: Path) -> Non
     assert len(lines) == 1
     assert "pip install tensorrt_llm" in lines[0] and "pypi.nvidia.com" in lines[0]
     assert proc.stdout == ""
+
+
+def test_kv_cache_dtype_and_tensor_parallel_size_reach_both_engines(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # TensorRT-LLM: KvCacheConfig(dtype="fp8") and LLM(tensor_parallel_size=2), names from llm_args.py (1.2)
+    llm, kv = build(["--kv-cache-dtype", "fp8", "--tensor-parallel-size", "2"], tmp_path, monkeypatch)
+    assert kv["dtype"] == "fp8" and llm.kwargs["tensor_parallel_size"] == 2
+    llm, kv = build([], tmp_path, monkeypatch)
+    assert "dtype" not in kv and "tensor_parallel_size" not in llm.kwargs  # "auto" and 1: the engine's defaults
+    # the simulator: an FP8 KV cache holds half the bytes a block, so about twice the blocks in the same memory
+    argv = ["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu-cache", "0.9", "--speed", "0"]
+    base = runner.build_sim_engine(settings_from(argv, tmp_path, monkeypatch))
+    fp8 = runner.build_sim_engine(settings_from(argv + ["--kv-cache-dtype", "fp8"], tmp_path, monkeypatch))
+    try:
+        assert fp8.bytes_per_block * 2 == base.bytes_per_block
+        assert fp8.primary_blocks == pytest.approx(2 * base.primary_blocks, rel=0.001)
+    finally:
+        base.shutdown()
+        fp8.shutdown()
+    from kvtop.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="--kv-cache-dtype: must be one of auto, fp8, bfloat16, float16"):
+        settings_from(["--kv-cache-dtype", "int4"], tmp_path, monkeypatch)

@@ -76,6 +76,9 @@ def build_llm(settings: Any, trtllm: ModuleType | None = None) -> Any:
         "event_buffer_max_size": EVENT_BUFFER_SIZE,
         "tokens_per_block": int(settings.tokens_per_block),
     }
+    kv_dtype = str(getattr(settings, "kv_cache_dtype", "auto") or "auto")
+    if kv_dtype != "auto":
+        kv_kwargs["dtype"] = kv_dtype  # KvCacheConfig.dtype (llm_args.py): "auto" keeps the checkpoint's
     if settings.gpu_cache_tokens:
         kv_kwargs["max_tokens"] = int(settings.gpu_cache_tokens)
     else:
@@ -100,9 +103,13 @@ def build_llm(settings: Any, trtllm: ModuleType | None = None) -> Any:
     # SchedulerConfig(capacity_scheduler_policy=CapacitySchedulerPolicy.X): llm_args.py's StrEnum, by name
     scheduler_config = llmapi.SchedulerConfig(capacity_scheduler_policy=getattr(
         llmapi.CapacitySchedulerPolicy, str(settings.capacity_scheduler_policy)))
+    extra: dict[str, Any] = {}
+    tp = int(getattr(settings, "tensor_parallel_size", 1) or 1)
+    if tp > 1:
+        extra["tensor_parallel_size"] = tp  # LLM's own argument (llm_args.py BaseLlmArgs)
     return mod.LLM(model=settings.model, kv_cache_config=kv_cache_config, scheduler_config=scheduler_config,
                    max_batch_size=int(settings.max_batch_size), max_num_tokens=int(settings.max_num_tokens),
-                   enable_iter_perf_stats=True, return_perf_metrics=True)
+                   enable_iter_perf_stats=True, return_perf_metrics=True, **extra)
 
 
 def transfer_mode(module: ModuleType, name: str) -> Any:

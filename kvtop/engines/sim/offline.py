@@ -41,6 +41,7 @@ class TraceRunConfig:
     max_seq_len: int = 1 << 20  # traces carry prompts longer than a model's nominal window; do not reject them
     time_scale: float = 1.0
     capacity_scheduler_policy: str = "GUARANTEED_NO_EVICT"  # or MAX_UTILIZATION (core.py)
+    tensor_parallel_size: int = 1
 
 
 def _percentile(sorted_values: list[float], q: float) -> float | None:
@@ -65,7 +66,8 @@ def _run_trace(requests: Iterable[TraceRequest], cfg: TraceRunConfig) -> dict[st
     bm = BlockManager(cfg.primary_blocks, cfg.secondary_blocks, cfg.tokens_per_block)
     core = SimEngineCore(cfg.model, cfg.gpu, bm, max_batch_size=cfg.max_batch_size,
                          max_num_tokens=cfg.max_num_tokens, max_seq_len=cfg.max_seq_len,
-                         enable_iter_perf_stats=False, capacity_scheduler_policy=cfg.capacity_scheduler_policy)
+                         enable_iter_perf_stats=False, capacity_scheduler_policy=cfg.capacity_scheduler_policy,
+                         tensor_parallel_size=cfg.tensor_parallel_size)
     pending = deque(requests)
     ttfts: list[float] = []
     failures: list[str] = []
