@@ -849,3 +849,32 @@ def test_replay_line_limit_is_an_option(tmp_path: Path) -> None:
     cut = kvtop_cli("replay", str(rec), "--speed", "0", "--headless", "--json", "--max-line-bytes", "32768")
     assert cut.returncode == EXIT_LOST_DATA and "line 11: line" in cut.stderr and "32,768-byte limit" in cut.stderr
     assert _json_out(cut)["records"] == 49
+
+
+@pytest.mark.tmux
+@pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="tmux is not installed")
+def test_ctrl_c_in_a_real_terminal_quits_the_dashboard_with_130(tmp_path: Path) -> None:
+    """`kvtop replay` in tmux: Ctrl-C (a key in the dashboard's raw mode, not a signal) quits like q, status 130."""
+    import shlex
+    import uuid
+
+    from test_ui_tmux import Pane
+
+    server = f"kvtop-trust-{uuid.uuid4().hex[:8]}"
+    status = tmp_path / "status"
+    cmd = (f"cd {shlex.quote(str(ROOT))} && {shlex.quote(sys.executable)} -m kvtop replay {shlex.quote(str(BUSY))} "
+           f"--refresh 0.25; echo $? > {shlex.quote(str(status))}; sleep 60")
+    env = dict(os.environ, TERM="xterm-256color", PYTHONPATH=str(ROOT))
+    subprocess.run(["tmux", "-L", server, "-f", "/dev/null", "new-session", "-d", "-s", "kvtop", "-x", "120",
+                    "-y", "40", cmd], check=True, env=env, timeout=10)
+    p = Pane(server, "kvtop")
+    try:
+        p.wait_for(lambda t: "256 blocks" in t, timeout=30)
+        p.keys("C-c")
+        deadline = time.monotonic() + 15
+        while not status.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert status.exists(), f"kvtop did not exit; last screen:\n{p.text()}"
+        assert status.read_text().strip() == "130"
+    finally:
+        subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True, timeout=10)
