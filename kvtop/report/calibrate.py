@@ -14,19 +14,26 @@ PyTorch, 3: no usable GPU). Measures, with the same keys as `shared/anchors/h200
   model's KV heads, O, SwiGLU MLP, residual adds; random bf16 weights) over N tokens, timed and scaled to all
   layers. RMSNorm and RoPE are left out: TensorRT-LLM fuses them into neighbouring kernels, and unfused in
   plain PyTorch they added 0.7 ms a layer at 8,192 Qwen3-8B tokens (6.9 vs 6.2 ms) on the H200;
-  against reloading those N tokens' KV from pinned memory; `prefill_efficiency` = the cost model's FLOPs for
-  it / time / GEMM rate, which `kvtop estimate` uses in place of the built-in 0.88.
+  against reloading those N tokens' KV from pinned memory; `prefill_efficiency` = the FLOPs / time / GEMM rate
+  (a check on the cost model, which times the parts below instead);
+- what the two-part cost model reads (`kvtop.engines.gpus.cost_rates_from_measured` turns these into the
+  profile's `fp8_tflops`, `hbm_read_GBps`, `gemm_kernel_us`, `gemm_correction`, `attention_prefill_tflops`,
+  `step_overhead_us`, `copy_duplex_penalty`): one layer's four GEMMs at 1 to 16,384 tokens in bf16 and, where the
+  GPU has it (compute capability 8.9+, `torch._scaled_mm`), FP8 with exact and fast accumulation; decode
+  attention over 1,024-16,384 context tokens as a KV read rate and causal prefill attention as a FLOP rate; the
+  fixed per-step cost (4 small kernels a layer replayed from a CUDA graph, greedy sampling, the host round trip);
+  onboard and offload block copies on two streams alone and at once, and a GEMM with a copy beside it.
 
 Writes the profile with `kvtop.engines.gpus.save_profile`, so `resolve_gpu(path)` / `load_profile` read it
-and the simulator, `estimate` and the dashboard take it wherever they take a GPU name. On the H200 device
-machine (2026-11-29) the full run took 11-14 s and --quick 7-10 s, PyTorch's start included.
+and the simulator, `estimate` and the dashboard take it wherever they take a GPU name (a profile written before
+the cost-model fields existed gets them from its raw figures). On the H200 device machine (2026-12-01) the full
+run took 11 s, PyTorch's start excluded; profiles/h200-calibrated-2026-12-01.json is its output.
 
-Measured there, against `shared/anchors/h200-2026-11-29.json`: pinned 1 GiB copies 55.5 / 55.4 GB/s (anchor
-55.3 / 55.2), 64 scattered 4.5 MiB blocks 53.5 GB/s (53.1), HBM copy 4,251 GB/s (4,250), pageable 9.0 / 17.3
-GB/s (8.1 / 15.2); bf16 GEMM 686 TFLOP/s against the anchor's 791 (sustained: 0.5 s of warm-up, then 40-GEMM
-batches; a short burst ran at 751 on that machine); the prefill proxy reached 0.88 of that GEMM rate, the cost
-model's anchor-calibrated efficiency, taking 222 ms for 8,192 tokens (anchor 191 ms at a 15% higher GEMM rate),
-so recompute/reload came out 10.2 against the anchor's 8.8.
+Measured there: pinned 1 GiB copies 55.4 / 55.4 GB/s, 64 scattered 4 MiB blocks 53.1 / 53.3 GB/s, HBM copy
+4,251 GB/s; one Llama-3.1-8B layer's GEMMs bf16 679 TFLOP/s and FP8 1,430 at 16,384 tokens (127 vs 79 us at one
+token); decode attention 4,496 GB/s; prefill attention 629 TFLOP/s at 16,384 tokens; 159 us a step; onboard and
+offload at once 1.135x the longer of the two. (2026-11-29, Qwen3-8B: bf16 GEMM 686 sustained against the anchor's
+791 burst; prefill proxy 222 ms for 8,192 tokens, recompute/reload 10.2.)
 """
 
 from __future__ import annotations
