@@ -91,3 +91,16 @@ def test_main_json(capsys: pytest.CaptureFixture[str]) -> None:
         assert key in out
     assert main(["--gpu", "no-such-gpu"]) == 2
     assert "unknown GPU" in capsys.readouterr().err
+
+
+def test_kv_cache_dtype_halves_what_a_reload_moves(capsys: pytest.CaptureFixture[str]) -> None:
+    base = estimate("meta-llama/Llama-3.1-8B-Instruct", "H200")
+    fp8 = estimate("meta-llama/Llama-3.1-8B-Instruct", "H200", kv_cache_dtype="fp8")
+    assert fp8["kv_bytes_per_token"] * 2 == base["kv_bytes_per_token"] == 131072
+    latency = 256 * 3.57e-6  # 8,192 tokens in 256 block copies, each with its fixed cost; half the bytes each
+    assert fp8["reload_s"] == pytest.approx((base["reload_s"] - latency) / 2 + latency, rel=1e-3)
+    assert fp8["recompute_s"] == pytest.approx(base["recompute_s"], rel=0.01)  # bf16 weights either way
+    from kvtop.report.estimate import main
+
+    assert main(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--kv-cache-dtype", "int3"]) == 2
+    assert "unknown dtype 'int3'" in capsys.readouterr().err

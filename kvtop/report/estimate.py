@@ -61,13 +61,14 @@ def _resolve(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
 
 def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float | None = None,
              prompt_tokens: int = 8192, cached_tokens: int | None = None, batch: int = 1,
-             tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK) -> dict[str, Any]:
+             tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK, kv_cache_dtype: str = "auto") -> dict[str, Any]:
     """Reload vs recompute vs HBM for `cached_tokens` of a `prompt_tokens` prompt, and TTFT/decode figures.
 
     `cached_tokens` (default: the whole prompt) is the prefix whose KV exists somewhere; `batch` requests of
     this shape arrive together (they share the link and one forward pass). Times in seconds, rates in GB/s
     (1e9 bytes/s) and TFLOP/s. The flat keys `kv_bytes_per_token`, `reload_s`, `recompute_s`,
     `recompute_over_reload`, `breakeven_link_GBps` are a stable JSON surface; the rest is detail.
+    `kv_cache_dtype` is KvCacheConfig.dtype: "auto" keeps the checkpoint's KV dtype, "fp8" halves a bf16 model's.
     """
     if not isinstance(prompt_tokens, int) or prompt_tokens <= 0:
         raise ValueError(f"prompt_tokens must be a positive int, got {prompt_tokens!r}")
@@ -78,6 +79,7 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
     if not isinstance(batch, int) or batch <= 0:
         raise ValueError(f"batch must be a positive int, got {batch!r}")
     shape, prof = _resolve(model, gpu, link)
+    shape = shape.with_kv_cache_dtype(kv_cache_dtype)
     cost = CostModel(shape, prof)
     tpb = tokens_per_block
 
@@ -237,10 +239,10 @@ def render_estimate(e: dict[str, Any]) -> str:
 
 def run_estimate(model: str, gpu: str, link: str | None = None, prompt_tokens: int = 8192,
                  cached_tokens: int | None = None, batch: int = 1, as_json: bool = False,
-                 tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK) -> int:
+                 tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK, kv_cache_dtype: str = "auto") -> int:
     """Print the estimate (text or JSON). Returns the exit code (2 on a bad argument)."""
     try:
-        result = estimate(model, gpu, link, prompt_tokens, cached_tokens, batch, tokens_per_block)
+        result = estimate(model, gpu, link, prompt_tokens, cached_tokens, batch, tokens_per_block, kv_cache_dtype)
     except ValueError as exc:
         print(f"kvtop estimate: {exc}", file=sys.stderr)
         return 2
@@ -250,7 +252,8 @@ def run_estimate(model: str, gpu: str, link: str | None = None, prompt_tokens: i
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`kvtop estimate --model M --gpu G [--link pcie5|c2c|<GB/s>] [--prompt-tokens N] [--cached-tokens N]
-    [--batch N] [--tokens-per-block N] [--json]`. `--gpu` also takes a profile JSON from `kvtop calibrate`."""
+    [--batch N] [--tokens-per-block N] [--kv-cache-dtype D] [--json]`. `--gpu` also takes a profile JSON from
+    `kvtop calibrate`."""
     ap = argparse.ArgumentParser(prog="kvtop estimate",
                                  description="reload cached KV from host vs recompute it: the arithmetic")
     ap.add_argument("--model", default="Qwen/Qwen3-8B", help="built-in name or a HF config.json / model dir")
@@ -260,7 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cached-tokens", type=int, default=None, help="cached prefix (default: the whole prompt)")
     ap.add_argument("--batch", type=int, default=1, help="requests of this shape arriving together")
     ap.add_argument("--tokens-per-block", type=int, default=DEFAULT_TOKENS_PER_BLOCK)
+    ap.add_argument("--kv-cache-dtype", default="auto",
+                    help="KvCacheConfig.dtype: auto (the checkpoint's), fp8, bfloat16, float16")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
     return run_estimate(a.model, a.gpu, a.link, a.prompt_tokens, a.cached_tokens, a.batch, a.json,
-                        a.tokens_per_block)
+                        a.tokens_per_block, a.kv_cache_dtype)
