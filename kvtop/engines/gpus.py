@@ -7,9 +7,13 @@ Sources:
 - H200: one measured run, `anchors/h200-2026-11-29.json` (NVIDIA H200, PCIe Gen5 x16, driver 580.159.04,
   torch 2.11 cu130). Datasheet for comparison: HBM3e 4.8 TB/s, 989 dense BF16 TFLOP/s, PCIe Gen5 x16
   63 GB/s per direction in theory.
-- H100 SXM and GH200: datasheet figures derated by the H200's measured/datasheet ratios (HBM 4,250 / 4,800
-  = 0.885; BF16 GEMM 791 / 989 = 0.800), since they are the same Hopper die and HBM generation. The host
-  link of the H100 is the same PCIe Gen5 x16 as the H200's, so it takes the H200's measured link.
+- The cost model's rates (GEMM curves bf16 and FP8, attention, step overhead, copy overlap, sustained-load
+  factors): `kvtop calibrate` and bench/sustained_probe.py on the H200 device machine, 2026-12-01
+  (profiles/h200-calibrated-2026-12-01.json, bench/results/h200-cost-2026-12-01-*.json); the bf16 GEMM rate is
+  that run's sustained 679 TFLOP/s (the anchor's 791 was a burst).
+- H100 SXM and GH200: the H200's compute rates (the same Hopper die and clocks) and its HBM figures scaled by
+  the datasheet ratio (copy 4,250 / 4,800 = 0.885, streaming read 4,496 / 4,800 = 0.937). The host link of the
+  H100 is the same PCIe Gen5 x16 as the H200's, so it takes the H200's measured link.
 - GH200 NVLink-C2C: 450 GB/s per direction in theory; one user measured 346 GB/s host->GPU. That measured
   figure is used for both directions (GPU->host was not measured).
 - Memory sizes are the totals NVML / nvidia-smi report (143,771 MiB on an H200, 81,559 MiB on an H100 80GB
@@ -301,8 +305,9 @@ _H100 = GpuProfile(
     h2d_GBps=55.28,  # PCIe Gen5 x16, like the H200: its measured link
     d2h_GBps=55.22,
     link_name="pcie5",
-    source="derived: H100 SXM datasheet (80 GB HBM3 3.35 TB/s, 989 dense BF16 TFLOP/s) x the H200 anchor's "
-           "measured/datasheet ratios (HBM 0.885, BF16 0.800); PCIe Gen5 x16 link as measured on the H200; "
+    source="derived: H100 SXM datasheet (80 GB HBM3 3.35 TB/s) x the H200's measured/datasheet HBM ratios "
+           "(copy 0.885, read 0.937), the H200's measured GEMM rates (same die); PCIe Gen5 x16 link as measured on "
+           "the H200; "
            "memory: NVML total 81,559 MiB; FP8, attention, step and copy-overlap rates the H200's (same die)",
     **_hopper_cost(3350.0),
 )
@@ -315,8 +320,8 @@ _GH200 = GpuProfile(
     h2d_GBps=LINKS["c2c"],  # 346 GB/s measured host->GPU by one user; 450 in theory
     d2h_GBps=LINKS["c2c"],  # not measured: assumed equal to host->GPU
     link_name="c2c",
-    source="derived: GH200 96GB HBM3 (the 144GB HBM3e variant differs) datasheet 4.0 TB/s, 989 dense BF16 "
-           "TFLOP/s x the H200 anchor's ratios (HBM 0.885, BF16 0.800); NVLink-C2C 346 GB/s host->GPU as "
+    source="derived: GH200 96GB HBM3 (the 144GB HBM3e variant differs) datasheet 4.0 TB/s x the H200's "
+           "HBM ratios (copy 0.885, read 0.937), the H200's measured GEMM rates; NVLink-C2C 346 GB/s host->GPU as "
            "one user measured (450 in theory), GPU->host assumed equal; memory: NVML total 97,871 MiB; FP8, "
            "attention, step and copy-overlap rates the H200's (same die)",
     **_hopper_cost(4000.0),
