@@ -211,3 +211,45 @@ def test_a_fresh_interpreter_folding_records_loads_no_source_sink_or_ui() -> Non
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert "kvtop.tiers" in loaded
     assert [m for m in loaded if _under(m, NOT_UNDER_THE_FOLD) or m.split(".")[0] in ("textual", "rich")] == []
+
+
+READERS = ("kvtop.ui", "kvtop.sinks", "kvtop.fleet", "kvtop.agent", "kvtop.runner", "kvtop.watcher", "kvtop.modes",
+           "kvtop.attach", "kvtop.cli")
+_MODEL_NAMES = {"model", "m", "live", "snap", "snapshot"}
+
+
+def _private_reads(tree: ast.AST) -> list[str]:
+    """``model._x`` or ``getattr(model, "_x")`` (also ``self.session.model._x``): a reader in the fold's internals."""
+    found = []
+    for node in ast.walk(tree):
+        target: ast.AST | None = None
+        attr = None
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            target, attr = node.value, node.attr
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+              and isinstance(node.args[1].value, str) and node.args[1].value.startswith("_")):
+            target, attr = node.args[0], node.args[1].value
+        if target is None:
+            continue
+        name = target.id if isinstance(target, ast.Name) else target.attr if isinstance(target, ast.Attribute) else ""
+        if name in _MODEL_NAMES:
+            found.append(f"line {node.lineno}: {name}.{attr}")
+    return found
+
+
+def test_no_reader_reads_the_folds_internals() -> None:
+    """Sinks, the dashboard, the fleet table, the agent and watch read TierModel's public fields or its snapshot
+    (kvtop/tiers/snapshot.py), never ``model._something`` (the dashboard read ``_req_records``, the agent
+    ``_stream``)."""
+    assert _private_reads(ast.parse("x = model._a\ny = getattr(m, '_b', None)\nz = self.session.model._c\n"
+                                    "ok = model.public\nalso = self._mine\n")) == [
+        "line 1: model._a", "line 2: m._b", "line 3: model._c"]
+    bad = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        if _under(name, READERS):
+            hits = _private_reads(ast.parse(path.read_text(), str(path)))
+            if hits:
+                bad[name] = hits
+    assert bad == {}

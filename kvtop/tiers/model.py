@@ -460,6 +460,7 @@ class TierModel:
         # what readers on other threads read: the last snapshot taken (kvtop/tiers/snapshot.py)
         self.published: TierSnapshot | None = None
         self._window_resets = 0
+        self._touched = 0  # every record handed in, folded or not (a duplicate event still counts one)
 
         # bad input
         self.bad_records = 0
@@ -475,6 +476,7 @@ class TierModel:
 
     def apply(self, record: Record) -> None:
         """Any kvtop record; ``record.time`` is "now". Never raises: bad input is counted in ``bad_records``."""
+        self._touched += 1
         try:
             kind = record.kind
             data = record.data
@@ -538,6 +540,7 @@ class TierModel:
 
     def apply_stats(self, stats: Any, t: float | None = None) -> None:
         """One TensorRT-LLM iteration-stats dict (or its JSON string, as 1.x's docstring shows)."""
+        self._touched += 1
         if t is not None and not self._tick(t):
             return
         try:
@@ -560,6 +563,7 @@ class TierModel:
         The hot path: ``updated`` and ``removed`` (98% of a busy engine's events) are folded inline for a block
         the fold knows; everything else (stored, created, unknown hashes, odd ids, bad input) goes to methods.
         """
+        self._touched += 1  # the snapshot's version: a duplicate or out-of-order event changes the quality counts too
         if t is not None and t != self.now and not self._tick(t):
             return
         try:
@@ -657,8 +661,9 @@ class TierModel:
 
     @property
     def version(self) -> Version:
-        """Moves whenever what a reader sees may have changed: every record (applied or bad), every window reset."""
-        return (self.records_applied, self.bad_records, self._window_resets)
+        """Moves whenever what a reader sees may have changed: every record handed in (folded, bad, or a duplicate
+        that only a quality count notes), every window reset."""
+        return (self._touched, self.bad_records, self._window_resets)
 
     def snapshot(self) -> TierSnapshot:
         """The model now, immutable, and published as ``self.published`` for readers on other threads. Call it

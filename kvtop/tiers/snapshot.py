@@ -27,7 +27,7 @@ from kvtop.tiers.state import GpuDevice, HistoryPoint, HitRate, HostMemory, Move
 if TYPE_CHECKING:
     from kvtop.tiers.model import TierModel
 
-Version = tuple[int, int, int]  # (records applied, bad records, window resets): any change moves one of them
+Version = tuple[int, int, int]  # (records handed in, bad records, window resets): any change moves one of them
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,9 @@ class TierSnapshot:
     meta: Mapping[str, Any]
     cached_by_priority: Mapping[str, Mapping[int | None, int]]
     hit_rate_by_priority: Mapping[int | None, float]
+    hit_split_by_priority: Mapping[int | None, HitRate]
+    window_s: float
+    history_step_s: float
     history_points: tuple[HistoryPoint, ...]
     summary_data: Mapping[str, Any]  # read through summary(): a copy per call
 
@@ -89,12 +92,15 @@ def take(model: TierModel, version: Version) -> TierSnapshot:
         meta=MappingProxyType(copy.deepcopy(model.meta)),
         cached_by_priority=MappingProxyType({k: MappingProxyType(dict(v)) for k, v in by_prio.items()}),
         hit_rate_by_priority=MappingProxyType(dict(model.hit_rate_by_priority)),
+        hit_split_by_priority=MappingProxyType(dict(model.hit_split_by_priority)), window_s=model.window_s,
+        history_step_s=model.history_step_s,
         history_points=tuple(model.history()), summary_data=MappingProxyType(model.summary()))
 
 
-def reading(model: TierModel | TierSnapshot) -> TierSnapshot:
-    """A snapshot to read: the one given, or a live model's (taken now: call it on the model's folding thread)."""
-    if isinstance(model, TierSnapshot):
+def reading(model: Any) -> Any:
+    """A snapshot to read: a TierModel's (taken now: call it on the model's folding thread); anything else (a
+    snapshot already, a stand-in with the same fields) as it is."""
+    if isinstance(model, TierSnapshot) or not callable(getattr(type(model), "snapshot", None)):
         return model
     return model.snapshot()
 
