@@ -48,15 +48,15 @@ def _round(v: float | None) -> float | None:
 def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, agent: str) -> dict[str, Any]:
     """One source's summary: what the fleet table and a Prometheus scrape need, nothing per block. Read from the
     model's snapshot (the same one the fleet table and Prometheus read), never from the fold's internals."""
-    model = reading(model)
-    mv = model.moves
-    hr = model.hit_rate
-    req = model.requests
-    q = model.quality
-    rates = model.rates
-    stream = model.summary_data.get("stream")
+    snap: TierSnapshot = reading(model)
+    mv = snap.moves
+    hr = snap.hit_rate
+    req = snap.requests
+    q = snap.quality
+    rates = snap.rates
+    stream = snap.summary_data.get("stream")
     tiers = {}
-    for t in model.tiers:
+    for t in snap.tiers:
         tiers[t.name] = {"capacity_blocks": t.capacity_blocks, "in_use_blocks": t.in_use_blocks,
                          "cached_blocks": t.cached_blocks, "free_blocks": t.free_blocks,
                          "cached_approximate": t.cached_approximate}
@@ -65,12 +65,12 @@ def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, a
               "evicted_gpu": mv.evicted_gpu_blocks, "evicted_host": mv.evicted_host_blocks,
               "evicted_unknown": mv.evicted_unknown_blocks, "completed": req.completed, "failed": req.failed}
     data: dict[str, Any] = {
-        "seq": seq, "interval_s": interval_s, "agent": agent, "engine": model.meta.get("engine"),
-        "tokens_per_block": model.tokens_per_block, "tiers": tiers, "totals": totals,
+        "seq": seq, "interval_s": interval_s, "agent": agent, "engine": snap.meta.get("engine"),
+        "tokens_per_block": snap.tokens_per_block, "tiers": tiers, "totals": totals,
         "rates": {k: _round(getattr(rates, k)) for k in _RATES},
         "hit_rate": {"cumulative": _round(hr.cumulative), "window": _round(hr.window), "host": _round(hr.host)},
         "events_seen": q.events_seen, "approximate": q.counts_approximate,
-        "since_attach": bool(stream and stream.get("since_attach")), "bad_records": model.bad_records,
+        "since_attach": bool(stream and stream.get("since_attach")), "bad_records": snap.bad_records,
     }
     if stream:
         data["stream"] = {k: stream[k] for k in ("lost_batches", "replayed_batches", "publisher_restarts",
