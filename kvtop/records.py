@@ -130,7 +130,7 @@ def make(kind: str, data: dict[str, Any], source: SourceId | None = None, time: 
     """Build a record now (or at ``time``), validating it as a reader would."""
     _check_kind_data(kind, data)
     return Record(kind=kind, data=_own_data(kind, data), source=source or SourceId(),
-                  time=_time.time() if time is None else time)
+                  time=_time.time() if time is None else _check_time(time))
 
 
 # ---------------------------------------------------------------------------------------------- encoding

@@ -99,12 +99,12 @@ class Session:
                 model = TierModel(warmup_requests=self.warmup_requests)
             self.models[key] = model
         bad = model.bad_records
-        last = model.now
-        if last is not None and abs(record.time - last) > MAX_TIME_JUMP_S:
+        last, t = model.now, record.time
+        if last is not None and t.__class__ is float and abs(t - last) > MAX_TIME_JUMP_S:  # decode makes floats
             # Legal times (1970-2100) but a day or more from this source's last: a clock stepped, or a writer
             # that mixes units. Folded (the fold never goes back in time), and said, since rates will be off.
-            self.problems.report("record.time_jump", f"{clean(key, 80)}: a {record.kind} record at {record.time:.0f}"
-                                 f" is {abs(record.time - last) / 86400:,.1f} days from the one before "
+            self.problems.report("record.time_jump", f"{clean(key, 80)}: a {record.kind} record at {t:.0f}"
+                                 f" is {abs(t - last) / 86400:,.1f} days from the one before "
                                  f"({last:.0f}): a clock that jumped?")
         model.apply(record)
         if model.bad_records != bad:

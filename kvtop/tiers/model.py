@@ -1340,6 +1340,9 @@ class TierModel:
         if t.__class__ is not float and (isinstance(t, bool) or not isinstance(t, (int, float))):
             self._bad("time", f"must be a number, got {_describe(t)}")
             return False
+        if t.__class__ is not float and not -1e300 < t < 1e300:  # an int too large for a float (10**400)
+            self._bad("time", "must be a finite number, got an integer too large for a float")
+            return False
         if not math.isfinite(t):
             self._bad("time", f"must be a finite number, got {t}")
             return False
