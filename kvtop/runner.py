@@ -154,8 +154,13 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
         session.note("info", ab_note)
 
     # The engine itself
-    poller = EnginePoller(engine, source, interval_s=settings.refresh, sink=session.emit,
-                          on_error=session.on_source_error)
+    def engine_error(name: str, message: str) -> None:
+        # A stream failing (once per streak) or malformed items skipped (data lost): the log and the problems.
+        session.on_source_error(name, message)
+        session.problems.report(name if name.startswith("engine") else f"engine.{name}", message,
+                                lost="malformed" in message)
+
+    poller = EnginePoller(engine, source, interval_s=settings.refresh, sink=session.emit, on_error=engine_error)
     session.add_producer("engine", poller.run, poller.stop)
     session.add_closer(engine.shutdown)
 

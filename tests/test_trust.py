@@ -893,3 +893,28 @@ def test_records_built_in_process_are_bounded_too() -> None:
     for t in ("noon", 10 ** 400, float("nan")):
         session.emit(Record("stats", {"iter": 2}, SourceId("h", 0, "r"), t))  # type: ignore[arg-type]
     assert session.problems.count("record.bad") == 3
+
+
+async def test_an_engine_stream_that_fails_is_a_problem_of_the_driven_run() -> None:
+    from kvtop import runner
+    from kvtop.settings import Settings
+
+    class Broken:
+        """An engine whose stats stream raises and whose events are malformed."""
+
+        def get_stats(self, timeout: float = 0) -> list[Any]:
+            raise RuntimeError("stats \x1b]0;pwned\x07 exploded")
+
+        def get_kv_cache_events(self, timeout: float = 0) -> list[Any]:
+            return [{"event_id": "x"}]
+
+        def shutdown(self) -> None:
+            pass
+
+    s = Settings()
+    s.duration = 1.0
+    session = runner.build_session(s, engine=Broken(), sample_gpu=False)
+    await session.run(duration_s=1.0)
+    kinds = {p.kind: p for p in session.problems.snapshot()}
+    assert any(k.startswith("engine.") for k in kinds), list(kinds)
+    assert all("\x1b" not in p.message and "pwned" not in p.message for p in kinds.values())
