@@ -146,3 +146,10 @@ def test_the_declared_textual_floor_is_the_one_ci_tests_and_the_reuse_starts_at(
     ci = re.search(r"^TEXTUAL_FLOOR=(\d+)\.(\d+)\.\d+$", (repo / ".ci" / "run").read_text(), re.M)
     assert ci is not None
     assert (int(floor[1]), int(floor[2])) == (int(ci[1]), int(ci[2])) == widgets.STRIP_CACHE_TEXTUAL[0]
+
+
+def test_the_version_check_reads_textuals_own_version() -> None:
+    from importlib.metadata import version
+
+    assert widgets._textual_version() == version("textual")
+    assert widgets.STRIP_CACHE_REASON.endswith(version("textual")) or not widgets._CACHE_RENDERS
