@@ -918,3 +918,17 @@ async def test_an_engine_stream_that_fails_is_a_problem_of_the_driven_run() -> N
     kinds = {p.kind: p for p in session.problems.snapshot()}
     assert any(k.startswith("engine.") for k in kinds), list(kinds)
     assert all("\x1b" not in p.message and "pwned" not in p.message for p in kinds.values())
+
+
+def test_a_flood_of_made_up_removals_stops_at_the_ghost_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The what-if's ghosts are capped (MAX_GHOSTS, 4M by default: ~600 MB at most), whatever the host claims."""
+    from kvtop.tiers import whatif
+
+    monkeypatch.setattr(whatif, "MAX_GHOSTS", 1000)
+    w = whatif.WhatIf()
+    w.apply_kv_event({"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [10, 30_000_000]}})
+    for i in range(20):
+        w.apply_kv_event({"event_id": 1 + i, "data": {"type": "removed",
+                                                       "block_hashes": list(range(i * 500, i * 500 + 500))},
+                          "cache_level": 1})
+    assert w.estimate()["ghost_blocks"] == 1000  # 10,000 removed, the newest 1,000 kept (2,000 uncapped)

@@ -41,6 +41,7 @@ from typing import Any
 __all__ = ["DEFAULT_FACTORS", "WhatIf"]
 
 DEFAULT_FACTORS = (2, 4)
+MAX_GHOSTS = 1 << 22
 _OFFLOAD_MIN_PRIORITY = 30  # evictionPolicy.cpp kDefaultSecondaryOffloadMinPriority
 _DEFAULT_PRIORITY = 35
 
@@ -159,7 +160,10 @@ class WhatIf:
             raise ValueError(f"host_capacity_blocks must be >= 0, got {blocks}")
         self.host_capacity_blocks = blocks
         old = self._ghosts
-        self._ghosts = _RankedGhosts((self.factors[-1] - 1) * blocks)
+        # At most MAX_GHOSTS: the ghosts are what a flood of distinct hashes could grow (~140 B each with the
+        # tree), so a claimed 3e7-block host and a stream of made-up removals stop at ~600 MB. A real host pool
+        # that needs more (over 1.4M blocks at x4) gets an estimate that counts only the nearest 4M drops: low.
+        self._ghosts = _RankedGhosts(min((self.factors[-1] - 1) * blocks, MAX_GHOSTS))
         # _rank_hits[r]: re-stored ghosts that had r more recent ghosts ahead of them (a stack-distance
         # histogram past the host's reach); grown to the largest rank seen (bounded by the ghosts held, so by
         # the run's own drops), never sized up front from the claimed capacity.
