@@ -14,8 +14,8 @@ pool at free_gpu_memory_fraction 0.95, 32-token blocks, GUARANTEED_NO_EVICT, thr
 trtllm-bench's "Total Output Throughput".
 
 TTFT: single requests (miss, GPU hit, host hit) of Llama-3.1-8B and Qwen3-8B in bf16, the cost model against
-bench/results/h200-cost-2026-12-01-ttft-*-graph.json (bench/ttft_probe.py on the H200: plain PyTorch, every layer,
-captured in a CUDA graph; per-block pinned copies).
+bench/results/h200-cost-2026-12-01-ttft-*-lr.json (bench/ttft_probe.py on the H200: plain PyTorch, every layer,
+captured in a CUDA graph, GPU-hit attention through SDPA's lower-right causal bias; per-block pinned copies).
 
 Writes bench/results/cost-bench-<date>.json and prints markdown tables.
 """
@@ -139,8 +139,8 @@ def throughput_rows(scale: float, only: str | None, gpus: list[str] | None) -> l
 def ttft_rows() -> list[dict[str, Any]]:
     rows = []
     gpu = resolve_gpu("H200")
-    for model_name, path in (("meta-llama/Llama-3.1-8B-Instruct", "h200-cost-2026-12-01-ttft-llama31-8b-graph.json"),
-                             ("Qwen/Qwen3-8B", "h200-cost-2026-12-01-ttft-qwen3-8b-graph.json")):
+    for model_name, path in (("meta-llama/Llama-3.1-8B-Instruct", "h200-cost-2026-12-01-ttft-llama31-8b-lr.json"),
+                             ("Qwen/Qwen3-8B", "h200-cost-2026-12-01-ttft-qwen3-8b-lr.json")):
         measured = json.loads((HERE / "results" / path).read_text())
         cost = CostModel(resolve_model(model_name), gpu)
         for m in measured["rows"]:
