@@ -367,8 +367,8 @@ def from_obj(obj: Any) -> Record:
     _check_kind_data(kind, data)
     if not -MAX_MAGNITUDE <= rank <= MAX_MAGNITUDE:
         raise RecordError("source.rank", "must be an integer of magnitude at most 2^64")
-    return Record(kind=kind, data=_own_data(kind, data), source=SourceId(clean(host), rank, clean(run)),
-                  time=seconds, v=v)
+    source = SourceId(clean(host, STRING_LEN), rank, clean(run, STRING_LEN))
+    return Record(kind=kind, data=_own_data(kind, data), source=source, time=seconds, v=v)
 
 
 def _loads(text: str | bytes, what: str = "json") -> Any:

@@ -931,4 +931,4 @@ def test_a_flood_of_made_up_removals_stops_at_the_ghost_cap(monkeypatch: pytest.
         w.apply_kv_event({"event_id": 1 + i, "data": {"type": "removed",
                                                        "block_hashes": list(range(i * 500, i * 500 + 500))},
                           "cache_level": 1})
-    assert w.estimate()["ghost_blocks"] == 1000  # 10,000 removed, the newest 1,000 kept (2,000 uncapped)
+    assert w.estimate()["ghost_blocks"] == 1000  # 10,000 made-up removals: the newest 1,000 kept
