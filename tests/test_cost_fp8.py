@@ -256,3 +256,21 @@ def test_kvtop_sim_takes_the_kv_dtype_and_tensor_parallelism(tmp_path: Path) -> 
     assert runs["tp2"]["simulated_seconds"] < runs["fp8"]["simulated_seconds"]
     bad = run_kvtop(["sim", "--trace", str(SLICE), "--kv-cache-dtype", "int4"], tmp_path)
     assert bad.returncode != 0 and "--kv-cache-dtype" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_trtllm_bench_heuristic_as_restated() -> None:
+    # tensorrt_llm/bench/build/tuning.py by hand, Llama-3.1-8B FP8 on an H200 (143,771 MiB, FP8 KV: 64 KiB a token,
+    # 7.48 GiB of 1-byte parameters): (140.4 - 7.48) x 0.95 GiB / (64 KiB x 256 tokens) = 8,082 requests, capped at
+    # 4,096 -> 4,096 (256s); tokens 4,096 x (1 + 128/128) = 8,192 (1,024s). At 20000/2000: 94.0 requests -> 96
+    # (32s), tokens 1,034 -> 2,048 (the floor), then at least ISL + batch = 20,096 (chunked prefill off).
+    import sys
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_cost import trtllm_bench_settings
+
+    model, h200 = resolve_model("nvidia/Llama-3.1-8B-Instruct-FP8"), resolve_gpu("H200")
+    assert trtllm_bench_settings(model, h200, 1, 128, 128) == (4096, 8192)
+    assert trtllm_bench_settings(model, h200, 1, 20000, 2000) == (96, 20096)
+    assert trtllm_bench_settings(model, h200, 1, 2048, 128) == (1024, 16384)
+    big = resolve_model("nvidia/Llama-3.3-70B-Instruct-FP8")
+    assert trtllm_bench_settings(big, resolve_gpu("H100"), 2, 2048, 2048) == (160, 2208)
