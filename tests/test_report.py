@@ -175,11 +175,30 @@ def test_the_report_of_two_runs_answers_the_seed_question(recordings: dict[str, 
 def test_report_colours_are_the_dashboards(tmp_path: Path) -> None:
     import tomllib
 
-    from kvtop.report.report import GPU_COLOR, HOST_COLOR
+    from kvtop.report.report import DISK_COLOR, GPU_COLOR, HOST_COLOR
 
     light = tomllib.loads((Path(__file__).resolve().parents[1] / "themes" / "light.toml").read_text())
     flat = {**light, **light.get("variables", {})}
     assert (GPU_COLOR, HOST_COLOR) == (flat["kv-in-use"], flat["kv-cached"])
+    # the disk tier: the theme's third hue
+    assert DISK_COLOR == flat["secondary"] and len({GPU_COLOR, HOST_COLOR, DISK_COLOR}) == 3
+
+
+def test_a_two_tier_runs_occupancy_chart_draws_gpu_and_host_only(recordings: dict[str, Path]) -> None:
+    """N tiers did not change a two-tier run's chart: the same five series (GPU's three, the host's two where it
+    has a pool), in the same colours and order, nothing in the disk colour."""
+    from kvtop.report.report import DISK_COLOR, GPU_COLOR, HOST_COLOR, occupancy_series
+
+    h0, h64 = load_run(recordings["host0"]), load_run(recordings["host64"])
+    gpu = [("GPU capacity", GPU_COLOR, ":"), ("GPU cached", GPU_COLOR, "-"), ("GPU in use", GPU_COLOR, "--")]
+    assert [s[:3] for s in occupancy_series(h0)] == gpu
+    assert [s[:3] for s in occupancy_series(h64)] == gpu + [("host capacity", HOST_COLOR, ":"),
+                                                           ("host cached", HOST_COLOR, "-")]
+    assert all(list(s.tiers) == ["gpu", "host"] for s in h64.samples) and h64.samples
+    series = {s[0]: s[4] for s in occupancy_series(h64)}
+    assert series["host capacity"] == [64.0] * len(h64.samples)
+    assert series["GPU capacity"] == [float(s.tiers["gpu"].capacity) for s in h64.samples]  # type: ignore[arg-type]
+    assert DISK_COLOR not in {s[1] for s in occupancy_series(h64)}
 
 
 def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_path: Path) -> None:

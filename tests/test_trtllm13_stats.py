@@ -255,6 +255,60 @@ def test_a_three_tier_run_in_json_report_and_dashboard(tmp_path: Any) -> None:
     assert "<th>disk blocks</th>" in page and "and disk (TensorRT-LLM's disk cache)" in page
 
 
+def test_a_three_tier_run_charts_its_disk_tier(tmp_path: Any) -> None:
+    """The report's occupancy chart draws every tier the run had: the disk's configured 11 blocks as its own
+    series in the disk colour, and host + disk in use (11..15 of 18, the one figure V2 stats give) beside it."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.text
+
+    from kvtop.report import report as rep
+
+    rec = tmp_path / "disk.jsonl"
+    _three_tier_recording(rec)
+    run = rep.load_run(rec)
+    assert [list(s.tiers) for s in run.samples] == [["gpu", "host", "disk"]] * 5
+    assert [s.tiers["disk"] for s in run.samples] == [rep.TierPoint(11, None, None)] * 5
+    series = {label: (color, style, ys) for label, color, style, _, ys in rep.occupancy_series(run)}
+    assert list(series) == ["GPU capacity", "GPU in use", "host capacity", "disk capacity", "host+disk in use"]
+    assert series["disk capacity"] == (rep.DISK_COLOR, ":", [11.0] * 5)
+    assert series["host+disk in use"] == (rep.DISK_COLOR, "-.", [11.0, 12.0, 13.0, 14.0, 15.0])
+    assert series["host capacity"] == (rep.HOST_COLOR, ":", [7.0] * 5)
+    assert series["GPU capacity"] == (rep.GPU_COLOR, ":", [30.0] * 5)
+    assert len({rep.GPU_COLOR, rep.HOST_COLOR, rep.DISK_COLOR}) == 3
+
+    # as drawn: every series a line of its colour, its end labelled, no two labels overlapping
+    plt = rep._plt()
+    closed: list[Any] = []
+
+    class Capture:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(plt, name)
+
+        def close(self, fig: Any) -> None:
+            closed.append(fig)
+
+    png = tmp_path / "occupancy.png"
+    rep._plot_occupancy(Capture(), [run], png)
+    fig = closed[-1]
+    ax = fig.axes[0]
+    lines = [(line.get_color(), list(line.get_ydata())) for line in ax.get_lines()]
+    assert (rep.DISK_COLOR, [11.0] * 5) in lines and (rep.DISK_COLOR, [11.0, 12.0, 13.0, 14.0, 15.0]) in lines
+    assert {t.get_text() for t in ax.texts} == set(series)
+    renderer = fig.canvas.get_renderer()
+    boxes = [(t.get_text(), matplotlib.text.Text.get_window_extent(t, renderer))
+             for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
+    for i, (ta, a) in enumerate(boxes):
+        for tb, b in boxes[i + 1:]:
+            assert not a.overlaps(b), f"{ta!r} overlaps {tb!r}"
+    plt.close(fig)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # and through build_report: the chart written, the page saying what the disk-coloured dash-dot line is
+    build_report_out = rep.build_report([rec], tmp_path / "report")
+    assert str(tmp_path / "report" / "occupancy.png") in build_report_out["files"]
+    assert (tmp_path / "report" / "occupancy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Host and disk in use together" in (tmp_path / "report" / "index.html").read_text()
+
+
 async def test_a_three_tier_run_on_the_dashboard(tmp_path: Any) -> None:
     from recordings import session_from_recording
 

@@ -15,7 +15,8 @@ The page's first screen answers "how much do throughput and latency degrade when
 host memory?": each run against the first (the baseline) as numbers and percentages (throughput, TTFT p50/p99,
 end-to-end latency, hit rates), then TTFT split by where each request's prefix came from (a GPU hit, a host hit,
 a miss: the request records' reused / host-hit blocks), then the runs' setup (engine, scenario, concurrency,
-pool sizes). Colours are the dashboard's tier colours everywhere (GPU blue, host orange); sizes are GiB; labels
+pool sizes). Colours are the dashboard's tier colours everywhere (GPU blue, host orange, disk purple where the run had
+a disk tier); sizes are GiB; labels
 are placed so that none overlaps another, and lines are labelled where they end.
 """
 
@@ -37,13 +38,18 @@ from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
 from kvtop.tiers.whatif import WhatIf
 
-__all__ = ["GPU_COLOR", "HOST_COLOR", "RunData", "build_report", "deltas", "load_run", "main", "plot_sweep",
-           "prefix_source"]
+__all__ = ["DISK_COLOR", "GPU_COLOR", "HOST_COLOR", "TIER_COLORS", "RunData", "TierPoint", "build_report", "deltas",
+           "load_run", "main", "occupancy_series", "plot_sweep", "prefix_source"]
 
 # The dashboard's tier colours (themes/light.toml, the theme for a white page: GPU = kv-in-use, host = kv-cached,
 # as the hit-rate and moves panels colour them); tests/test_report.py checks they agree.
 GPU_COLOR = "#0969da"     # GPU tier, everywhere
 HOST_COLOR = "#bc4c00"    # host tier, everywhere
+# The disk tier (TensorRT-LLM's disk cache): the theme's third hue (light.toml's `secondary`), as far from the GPU's
+# blue and the host's orange as the theme goes; tests/test_report.py checks it too.
+DISK_COLOR = "#8250df"
+TIER_COLORS = {"gpu": GPU_COLOR, "host": HOST_COLOR, "disk": DISK_COLOR}
+OTHER_TIER_COLOR = "#1a7f37"  # a tier kvtop has no colour for (the theme's `success` green): drawn, never dropped
 MISS_COLOR = "#8c959f"    # a miss (recomputed): neither tier
 GIB = 1 << 30
 RUN_COLORS = ("#d62728", "#6a3d9a", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
@@ -51,16 +57,24 @@ MAX_BAD_LINES_SHOWN = 50
 _BINS = 60  # time bins per chart: one per second of a one-minute run, coarser for longer ones
 
 
+@dataclass(frozen=True)
+class TierPoint:
+    """One tier's blocks at one instant (``None`` = unknown)."""
+
+    capacity: int | None
+    in_use: int | None
+    cached: int | None
+
+
 @dataclass
 class Sample:
     """The fold's state at one instant (seconds since the run's first record)."""
 
     t: float
-    gpu_capacity: int | None
-    gpu_in_use: int | None
-    gpu_cached: int | None
-    host_capacity: int | None
-    host_cached: int | None
+    # every tier the fold had at that instant (TierModel.tiers: GPU, host, then disk where there is one), in order
+    tiers: dict[str, TierPoint]
+    # host and disk in use together, where TensorRT-LLM's V2 stats report only their sum (TierModel.cold)
+    cold_in_use: int | None
     hits: int
     lookups: int
     host_hits: int
@@ -149,11 +163,12 @@ def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
         model.apply(rec)
         whatif.apply(rec)
         if rec.kind == "stats":
-            hr, mv, gpu, host = model.hit_rate, model.moves, model.gpu, model.host
+            hr, mv, cold = model.hit_rate, model.moves, model.cold
             run.samples.append(Sample(
-                rec.time - t0, gpu.capacity_blocks, gpu.in_use_blocks, gpu.cached_blocks, host.capacity_blocks,
-                host.cached_blocks, hr.hits, hr.lookups, hr.host_hits, mv.offloaded_blocks, mv.onboarded_blocks,
-                mv.evicted_gpu_blocks, mv.evicted_host_blocks))
+                rec.time - t0, {t.name: TierPoint(t.capacity_blocks, t.in_use_blocks, t.cached_blocks)
+                                for t in model.tiers},
+                None if cold is None else cold.in_use_blocks, hr.hits, hr.lookups, hr.host_hits,
+                mv.offloaded_blocks, mv.onboarded_blocks, mv.evicted_gpu_blocks, mv.evicted_host_blocks))
         elif rec.kind == "meta":
             run.meta = dict(rec.data)
             if rec.source.run:
@@ -362,25 +377,52 @@ def _bins(run: RunData) -> list[tuple[float, float, Sample, Sample]]:
     return out
 
 
-def _series(run: RunData, attr: str) -> tuple[list[float], list[float | None]]:
-    return [s.t for s in run.samples], [getattr(s, attr) for s in run.samples]
+def _run_tiers(run: RunData) -> list[str]:
+    """Every tier any sample of the run had, in the fold's order (GPU, host, then disk)."""
+    names: dict[str, None] = {}
+    for s in run.samples:
+        names.update(dict.fromkeys(s.tiers))
+    return list(names)
+
+
+def _tier_name(tier: str) -> str:
+    """A tier as the charts name it: "GPU", "host", "disk" (the report's lower case, not the dashboard's "Host")."""
+    return "GPU" if tier == "gpu" else tier
+
+
+def occupancy_series(run: RunData) -> list[tuple[str, str, str, list[float], list[float | None]]]:
+    """What the occupancy chart draws, in drawing order: (label, colour, line style, times, blocks) per series.
+
+    Per tier the run had: its capacity (dotted) and cached blocks (solid); the GPU's in-use blocks too (dashed:
+    only the GPU holds running requests' blocks). A tier is left out when it has no pool (capacity 0 or unknown
+    throughout) or a series when it is unknown throughout (a disk tier's occupancy under TensorRT-LLM's V2
+    stats); there, host and disk in use together (the one figure those stats give) is drawn in the disk colour.
+    """
+    xs = [s.t for s in run.samples]
+    out: list[tuple[str, str, str, list[float], list[float | None]]] = []
+
+    def add(label: str, color: str, style: str, ys: list[int | None]) -> None:
+        if any(y is not None for y in ys):
+            out.append((label, color, style, xs, [None if y is None else float(y) for y in ys]))
+
+    for tier in _run_tiers(run):
+        points = [s.tiers.get(tier) for s in run.samples]
+        if tier != "gpu" and not any(p is not None and p.capacity for p in points):
+            continue  # no pool of that tier: nothing to draw for it
+        color, name = TIER_COLORS.get(tier, OTHER_TIER_COLOR), _tier_name(tier)
+        add(f"{name} capacity", color, ":", [None if p is None else p.capacity for p in points])
+        add(f"{name} cached", color, "-", [None if p is None else p.cached for p in points])
+        if tier == "gpu":
+            add("GPU in use", color, "--", [None if p is None else p.in_use for p in points])
+    add("host+disk in use", DISK_COLOR, "-.", [s.cold_in_use for s in run.samples])
+    return out
 
 
 def _plot_occupancy(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False, sharex=False)
     for ax, run in zip(axes[:, 0], runs):
-        for attr, label, color, style in (
-                ("gpu_capacity", "GPU capacity", GPU_COLOR, ":"),
-                ("gpu_cached", "GPU cached", GPU_COLOR, "-"),
-                ("gpu_in_use", "GPU in use", GPU_COLOR, "--"),
-                ("host_capacity", "host capacity", HOST_COLOR, ":"),
-                ("host_cached", "host cached", HOST_COLOR, "-")):
-            xs, ys = _series(run, attr)
-            if not any(y is not None for y in ys):
-                continue
-            if attr.startswith("host") and not any(s.host_capacity for s in run.samples):
-                continue  # no host pool: nothing to draw for it
-            thin = attr == "gpu_in_use"  # jumps every iteration: thin, so it does not hide the cached line
+        for label, color, style, xs, ys in occupancy_series(run):
+            thin = label == "GPU in use"  # jumps every iteration: thin, so it does not hide the cached line
             ax.plot(xs, [math.nan if y is None else y for y in ys], style, color=color, lw=0.8 if thin else 1.8,
                     alpha=0.6 if thin else 1.0)
             _end_label(ax, xs, ys, label, color)
@@ -755,7 +797,9 @@ def _page(runs: Sequence[RunData], images: dict[str, Path]) -> str:
     captions = {
         "compare": "Runs side by side: throughput, time to first token (p50 solid, p99 hatched), hit rate by tier.",
         "occupancy": "Blocks per tier over time: cached (reusable) and in use (held by running requests), "
-                     "against the pool's capacity.",
+                     "against the pool's capacity." + (
+                         " Host and disk in use together where TensorRT-LLM's V2 stats give only their sum."
+                         if any(s.cold_in_use is not None for r in runs for s in r.samples) else ""),
         "hit_rate": "Share of block lookups served from the GPU tier and from the host tier, per time bin; the "
                     "rest were misses (recomputed).",
         "moves": "Block moves per second: offloads to host, onboards back to GPU, evictions from each tier.",
