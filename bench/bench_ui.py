@@ -171,7 +171,9 @@ def _staleness(recording: Path, data: dict[str, Any], rows: list[list[Any]]) -> 
 
 def measure_terminal(recording: Path, seconds: float, refresh: float, use_pty: bool = False) -> dict[str, Any]:
     bench_out = Path(tempfile.mkdtemp(prefix="kvtop-bench-")) / "ui.json"
-    cmd = (f"env PYTHONPATH={shlex.quote(str(REPO))} {shlex.quote(sys.executable)} tests/replay_demo.py "
+    # this checkout's kvtop first, then whatever the caller's PYTHONPATH holds (packages carried with --target)
+    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+    cmd = (f"env PYTHONPATH={shlex.quote(path)} {shlex.quote(sys.executable)} tests/replay_demo.py "
            f"{shlex.quote(str(recording))} --refresh {refresh} "
            f"--bench-out {shlex.quote(str(bench_out))}")
     os.chdir(REPO)
