@@ -10,6 +10,9 @@ How the aggregate is formed (the "all" row):
 - TTFT p99 is the *largest* of the sources' p99s: percentiles do not add up, and the samples behind them are
   not kept per fleet. It is an upper bound on the fleet's own p99 (at that latency every source has 99% of its
   requests done, so the fleet has too), and the table's help says "max of the sources'".
+- A disk tier (TensorRT-LLM's disk cache) is summed over the sources that have one: a source without a disk tier
+  holds 0 disk blocks (known, not unknown), so a fleet with one disk cache reads that cache's size. A fleet with
+  no disk tier at all has no disk figures (its rows and JSON are what they were before disk tiers).
 - A figure unknown for any counted source (no KV events: host occupancy unknown; one record: no rate yet) is
   unknown for the fleet too (``None``, shown "?"), never a sum of the known part that would read as the whole.
 - Sources whose status is ``offline`` (their MQTT last will) keep their row, with their last figures, but are
@@ -117,9 +120,17 @@ class FleetRow:
     requests_per_s: float | None
     ttft_p99_s: float | None        # over the window when it has samples, else since start; "all": the max
     sources: int = 1                # sources counted (the aggregate row: those not offline)
+    # The disk tier, where the source has one (the aggregate: where any counted source has one); None = unknown.
+    has_disk: bool = False
+    disk_cached: int | None = None
+    disk_capacity: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        del out["has_disk"]
+        if not self.has_disk:  # a two-tier row reads as it did before disk tiers: no disk keys at all
+            del out["disk_cached"], out["disk_capacity"]
+        return out
 
 
 def source_status(key: str, status: Mapping[str, str] | None) -> str | None:
@@ -138,6 +149,8 @@ def source_row(key: str, model: TierModel | TierSnapshot, status: str | None = N
     """One source's row, read from its snapshot (a live model gives its own: the same one while it is unchanged)."""
     model = reading(model)
     gpu, host = model.gpu, model.host
+    # TierModel.tiers: GPU, host, then disk where the engine has one (a snapshot keeps the same list)
+    disk = next((t for t in getattr(model, "tiers", ()) if t.name == "disk"), None)
     hit = model.hit_rate
     rates = model.rates
     moves = model.moves
@@ -153,7 +166,9 @@ def source_row(key: str, model: TierModel | TierSnapshot, status: str | None = N
         hits_per_s=rates.hits_per_s, lookups_per_s=rates.lookups_per_s,
         offloaded_per_s=rates.offloaded_per_s if moves_known else None,
         onboarded_per_s=rates.onboarded_per_s if moves_known else None,
-        requests_per_s=rates.requests_per_s, ttft_p99_s=ttft.p99_s if ttft.count > 0 else None)
+        requests_per_s=rates.requests_per_s, ttft_p99_s=ttft.p99_s if ttft.count > 0 else None,
+        has_disk=disk is not None, disk_cached=None if disk is None else disk.cached_blocks,
+        disk_capacity=None if disk is None else disk.capacity_blocks)
 
 
 def _sum(values: list[Any]) -> Any:
@@ -162,9 +177,15 @@ def _sum(values: list[Any]) -> Any:
     return sum(values)
 
 
+def _disk_sum(rows: list[FleetRow], attr: str) -> int | None:
+    """A disk figure over the fleet: 0 for a source with no disk tier, unknown if any disk tier's is unknown."""
+    return _sum([getattr(r, attr) if r.has_disk else 0 for r in rows])  # type: ignore[no-any-return]
+
+
 def combine(rows: Iterable[FleetRow], key: str = "all") -> FleetRow:
     """The aggregate of ``rows`` (those not offline or stale): see the module docstring for each figure's rule."""
     counted = [r for r in rows if r.status not in EXCLUDED_STATUSES]
+    has_disk = any(r.has_disk for r in counted)
     hits = sum(r.hits for r in counted)
     lookups = sum(r.lookups for r in counted)
     hps = _sum([r.hits_per_s for r in counted])
@@ -181,7 +202,9 @@ def combine(rows: Iterable[FleetRow], key: str = "all") -> FleetRow:
         offloaded_per_s=_sum([r.offloaded_per_s for r in counted]),
         onboarded_per_s=_sum([r.onboarded_per_s for r in counted]),
         requests_per_s=_sum([r.requests_per_s for r in counted]),
-        ttft_p99_s=max(ttfts) if ttfts else None, sources=len(counted))
+        ttft_p99_s=max(ttfts) if ttfts else None, sources=len(counted), has_disk=has_disk,
+        disk_cached=_disk_sum(counted, "disk_cached") if has_disk else None,
+        disk_capacity=_disk_sum(counted, "disk_capacity") if has_disk else None)
 
 
 def aggregate(models: Mapping[str, TierModel | TierSnapshot],

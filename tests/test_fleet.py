@@ -3,6 +3,7 @@ worked out here by hand."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -131,3 +132,78 @@ def test_rows_are_json() -> None:
     row = source_row("x", TierModel())
     assert isinstance(row, FleetRow)
     assert row.to_json()["key"] == "x" and row.to_json()["gpu_capacity"] is None
+
+
+# ---------------------------------------------------------------------------------------------- a disk tier
+
+D = SourceId(host="node-d", rank=0, run="disk")
+
+
+def emit_disk_source(session: Session) -> None:
+    """A V2-manager engine with a disk cache of 11 blocks (meta as the meta builder writes it for
+    ``KvCacheConfig(host_cache_size=7 blocks, disk_cache_size=11 blocks)``) and one iteration of the V2 stats
+    (tests/test_trtllm13_stats.py's payload: GPU pool 20 + 10 blocks, 16 in use; host + disk 11 of 18 in use)."""
+    from test_trtllm13_stats import V2_STATS
+
+    from kvtop.engines.meta import real_engine_meta
+
+    bpb = 147456 * 32
+    session.emit(make("meta", real_engine_meta(model="Qwen/Qwen3-8B", tokens_per_block=32, host_cache_bytes=7 * bpb,
+                                               disk_cache_bytes=11 * bpb, engine_version="1.3.0rc5"), D, T0))
+    session.emit(make("stats", V2_STATS, D, T0 + 1))
+
+
+def test_a_disk_tier_is_summed_where_a_source_has_one(session: Session) -> None:
+    emit_disk_source(session)
+    a = source_row("node-a/0/chat", session.models["node-a/0/chat"])
+    d = source_row("node-d/0/disk", session.models["node-d/0/disk"])
+    assert not a.has_disk and "disk_capacity" not in a.to_json()
+    assert d.has_disk and (d.disk_capacity, d.disk_cached) == (11, None)  # V2 stats: host + disk one sum
+    assert (d.gpu_capacity, d.gpu_in_use, d.host_capacity) == (30, 16, 7)
+    agg = aggregate({k: session.models[k] for k in ("node-a/0/chat", "node-d/0/disk")})
+    assert agg["sources"] == 2
+    # A has no disk tier: it holds 0 disk blocks, so the fleet's disk is D's 11; D's occupancy unknown: "?"
+    assert agg["disk_capacity"] == 11 and agg["disk_cached"] is None
+    assert agg["gpu_capacity"] == 100 + 30 and agg["host_capacity"] == 50 + 7
+    # known disk occupancy adds up (a vLLM STORAGE / SGLang DISK tier has one): 3 + 4 cached of 10 + 20, A none
+    d1, d2 = replace(d, disk_cached=3, disk_capacity=10), replace(d, key="e", disk_cached=4, disk_capacity=20)
+    total = combine([a, d1, d2])
+    assert (total.has_disk, total.disk_cached, total.disk_capacity) == (True, 7, 30)
+    # an offline source's disk leaves the aggregate with the rest of it
+    total = combine([a, d1, replace(d2, status="offline")])
+    assert (total.disk_cached, total.disk_capacity, total.sources) == (3, 10, 2)
+    assert not combine([a, replace(d1, status="stale")]).has_disk
+
+
+def test_a_two_tier_fleets_rows_and_aggregate_have_no_disk_figures(session: Session) -> None:
+    agg = aggregate(session.models)
+    assert not any(k.startswith("disk") or k == "has_disk" for k in agg)
+    assert list(agg) == [f for f in FleetRow.__dataclass_fields__ if not f.startswith(("disk", "has_disk"))]
+
+
+async def test_the_sources_table_shows_a_disk_column_only_with_a_disk_tier(session: Session) -> None:
+    from kvtop.ui.app import build_app
+    from kvtop.ui.widgets import SourcesPanel
+
+    class Settings:
+        refresh = 0.25
+        theme = "dark"
+        duration = None
+
+    async def table(s: Session) -> list[str]:
+        app = build_app(s, Settings(), run_session=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            return app.screen.query_one(SourcesPanel).text().splitlines()
+
+    lines = await table(session)
+    assert "disk" not in lines[0] and "host cch/cap" in lines[0]
+    emit_disk_source(session)
+    lines = await table(session)
+    header = lines[0]
+    assert header.index("host cch/cap") < header.index("disk cch/cap") < header.index("hit win")
+    col = slice(header.index("disk cch/cap") - 1, header.index("disk cch/cap") + 12)
+    cells = {ln[2:].split()[0]: ln[col].strip() for ln in lines[1:] if ln.strip()}
+    assert cells["node-a/0/chat"] == "-" and cells["node-c/0/batch"] == "-"  # no disk tier: not "?"
+    assert cells["node-d/0/disk"] == "?/11"
+    assert cells["all"] == "?/11"

@@ -1016,8 +1016,12 @@ class SourcesPanel(Panel):
         ("status", 12, "status"), ("GPU use/cch/cap", 17, "gpu"), ("host cch/cap", 13, "host"),
         ("hit win", 7, "hit_window"), ("all", 6, "hit_cumulative"), ("off/s", 7, "offloaded_per_s"),
         ("on/s", 6, "onboarded_per_s"), ("req/s", 6, "requests_per_s"), ("TTFT p99", 9, "ttft"))
+    # A disk tier's column (TensorRT-LLM's disk cache), after the host's: only while some source has a disk tier,
+    # so a two-tier fleet's table is what it was.
+    DISK_COLUMN: ClassVar[tuple[str, int, str]] = ("disk cch/cap", 13, "disk")
     # Which columns go first when the panel is narrow (80x24 keeps source, GPU, host, hit and req/s).
-    DROP = ("status", "ttft", "onboarded_per_s", "offloaded_per_s", "hit_cumulative", "requests_per_s", "host")
+    DROP = ("status", "ttft", "onboarded_per_s", "offloaded_per_s", "hit_cumulative", "requests_per_s", "disk",
+            "host")
     KEY_MIN, KEY_MAX = 10, 24
     SUBTITLE = "all: sums · hit = hits / lookups · TTFT p99 = max of the sources'"
 
@@ -1045,14 +1049,22 @@ class SourcesPanel(Panel):
                     S_FIG)
         if what == "host":
             return (f"{fmt.count(row.host_cached)}/{fmt.count(row.host_capacity)}", S_FIG)
+        if what == "disk":
+            if not getattr(row, "has_disk", False):
+                return ("-", S_DIM)  # this source has no disk tier (not unknown: "?" is for that)
+            return (f"{fmt.count(row.disk_cached)}/{fmt.count(row.disk_capacity)}", S_FIG)
         if what in ("hit_window", "hit_cumulative"):
             return (fmt.pct(getattr(row, what)), S_FIG)
         if what == "ttft":
             return (fmt.seconds_ms(row.ttft_p99_s), S_FIG)
         return (fmt.rate(getattr(row, what)), S_FIG)
 
-    def _columns(self, width: int, key_w: int, show_status: bool) -> list[tuple[str, int, str]]:
+    def _columns(self, width: int, key_w: int, show_status: bool,
+                 show_disk: bool = False) -> list[tuple[str, int, str]]:
         cols = [c for c in self.COLUMNS if show_status or c[2] != "status"]
+        if show_disk:
+            at = next((i + 1 for i, c in enumerate(cols) if c[2] == "host"), len(cols))
+            cols.insert(at, self.DISK_COLUMN)
         drop = list(self.DROP)
         while cols and 2 + key_w + sum(w + 1 for _, w, _ in cols) > width and drop:
             what = drop.pop(0)
@@ -1085,7 +1097,8 @@ class SourcesPanel(Panel):
                                  (" req/s ", S_DIM), (fmt.rate(t.requests_per_s), S_FIG),
                                  *([("  ▶", "bold $primary"), (sel.key, "bold")] if sel else [])), width)
         key_w = min(max([self.KEY_MIN, *(len(r.key) for r in d.rows)]), self.KEY_MAX)
-        cols = self._columns(width, key_w, show_status=any(r.status for r in d.rows))
+        cols = self._columns(width, key_w, show_status=any(r.status for r in d.rows),
+                             show_disk=any(getattr(r, "has_disk", False) for r in d.rows))
         header = line_of(("  " + "source".ljust(key_w), S_DIM),
                          *[(" " + (h.ljust(w - 1) if what == "status" else _pad(h, w)), S_DIM)
                            for h, w, what in cols])
