@@ -207,3 +207,20 @@ async def test_the_sources_table_shows_a_disk_column_only_with_a_disk_tier(sessi
     assert cells["node-a/0/chat"] == "-" and cells["node-c/0/batch"] == "-"  # no disk tier: not "?"
     assert cells["node-d/0/disk"] == "?/11"
     assert cells["all"] == "?/11"
+
+
+def test_a_disk_tier_reaches_the_fleet_through_agent_summaries(session: Session) -> None:
+    """The fleet path of the README (``kvtop agent`` on each node, one dashboard on the summaries): the disk tier
+    travels in the summary's ``tiers`` and lands in the source's row and in the aggregate."""
+    from kvtop.agent import summary_data
+
+    emit_disk_source(session)
+    fleet = Session(source=A)
+    for src in (A, D):
+        fleet.emit(make("summary", summary_data(session.models[src.key()], 1, 0.5, "kvtop-agent"), src, T0 + 3))
+    rows = {k: source_row(k, m) for k, m in fleet.models.items()}
+    assert set(rows) == {"node-a/0/chat", "node-d/0/disk"}
+    assert not rows["node-a/0/chat"].has_disk
+    assert rows["node-d/0/disk"].has_disk and rows["node-d/0/disk"].disk_capacity == 11
+    agg = aggregate(fleet.models)
+    assert (agg["disk_capacity"], agg["disk_cached"]) == (11, None) and agg["host_capacity"] == 50 + 7
