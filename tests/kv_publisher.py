@@ -56,8 +56,12 @@ class Publisher:
 
     def __init__(self, topic: bytes = b"kv-events", replay: bool = True, buffer: int = 10_000):
         self.ctx = zmq.Context()
-        self.pub = self.ctx.socket(zmq.PUB)
+        # XPUB, not PUB: it sends the same frames and hands each new subscription over, so a test can wait for the
+        # subscriber to have joined (wait_subscribed) instead of sleeping a guessed time for ZMQ's slow joiner
+        # (fixed sleeps of 0.3-1.5 s lost the first batches when a loaded machine started kvtop late).
+        self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        self._subscribed = False
         self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         self.topic = topic
         self.buffer: list[tuple[int, bytes]] = []
@@ -78,6 +82,15 @@ class Publisher:
     def url(self) -> str:
         url = f"zmq://127.0.0.1:{self.port}"
         return url + (f"?replay=tcp://127.0.0.1:{self.replay_port}" if self.replay_port else "")
+
+    def wait_subscribed(self, timeout: float = 30.0) -> None:
+        """Block until a subscriber's subscription has reached this socket: batches sent after it are delivered."""
+        if self._subscribed:
+            return
+        if not self.pub.poll(int(timeout * 1000), zmq.POLLIN):
+            raise TimeoutError(f"no subscriber joined tcp://127.0.0.1:{self.port} within {timeout} s")
+        self.pub.recv()
+        self._subscribed = True
 
     def send(self, events: list[Any], *, rank: int | None = 0, drop: bool = False, seq: int | None = None) -> int:
         """Publish one batch (``drop``: only into the replay buffer, as if ZMQ had dropped it on the way)."""

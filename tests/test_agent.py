@@ -73,7 +73,7 @@ async def test_agent_publishes_summaries_a_dashboard_shows_in_its_fleet_table(mq
         sent = False
         while time.monotonic() < deadline:
             if not sent and dash.status.get(f"agent-{__import__('socket').gethostname()}/0/n7") == "online":
-                await asyncio.sleep(0.5)  # the agent's SUB has joined
+                await asyncio.to_thread(pub.wait_subscribed)  # the agent's SUB has joined
                 pub.send([stored([1, 2, 3, 4])])
                 pub.send([stored([1, 2], medium="CPU"), removed([3])])
                 sent = True

@@ -27,12 +27,13 @@ async def _until(cond, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _attached(url: str):
+async def _attached(url: str, *pubs: Publisher):
     session = build_attach_session(url, command="attach", run="t")
     task = asyncio.ensure_future(session.run())
     src = session.zmq_source
-    # the SUB socket joins asynchronously (ZMQ's slow joiner): wait until it is connected
-    await asyncio.sleep(0.3)
+    # the SUB socket joins asynchronously (ZMQ's slow joiner): wait until each publisher has its subscription
+    for pub in pubs:
+        await asyncio.to_thread(pub.wait_subscribed)
     return session, task, src
 
 
@@ -49,7 +50,7 @@ def _model(session):
 async def test_live_stream_folds_per_tier_with_maps_and_arrays():
     pub = Publisher(replay=False)
     try:
-        session, task, src = await _attached(pub.url)
+        session, task, src = await _attached(pub.url, pub)
         pub.send([stored([1, 2, 3, 4])])                                  # seq 0: kvtop sees from the start
         pub.send([stored([1, 2], medium="CPU", array=True)])              # legacy positional form
         pub.send([removed([3, 4])])
@@ -69,7 +70,7 @@ async def test_live_stream_folds_per_tier_with_maps_and_arrays():
 async def test_gap_is_filled_from_replay_with_a_dealer_socket():
     pub = Publisher()
     try:
-        session, task, src = await _attached(pub.url)
+        session, task, src = await _attached(pub.url, pub)
         pub.send([stored([1])])
         for h in (2, 3, 4):
             pub.send([stored([h])], drop=True)                            # lost on the way, kept for replay
@@ -90,7 +91,7 @@ async def test_late_attacher_rebuilds_from_replay_when_the_buffer_has_seq_0():
     try:
         for h in range(10):
             pub.send([stored([h])], drop=True)                            # before kvtop attached
-        session, task, src = await _attached(pub.url)
+        session, task, src = await _attached(pub.url, pub)
         pub.send([removed([0])])
         await _until(lambda: bool(session.models) and _model(session).summary()["stream"]["batches"] == 11)
         m = _model(session)
@@ -106,7 +107,7 @@ async def test_late_attacher_without_replay_says_since_attach_and_counts_gaps():
     try:
         for h in range(10):
             pub.send([stored([h])], drop=True)
-        session, task, src = await _attached(pub.url)
+        session, task, src = await _attached(pub.url, pub)
         pub.send([removed([0]), stored([100])])                          # seq 10
         pub.send([stored([101])], drop=True)                              # seq 11: lost, no replay
         pub.send([stored([102])])                                         # seq 12
@@ -126,7 +127,7 @@ async def test_late_attacher_without_replay_says_since_attach_and_counts_gaps():
 async def test_bad_messages_are_counted_and_the_stream_goes_on():
     pub = Publisher(replay=False)
     try:
-        session, task, src = await _attached(pub.url)
+        session, task, src = await _attached(pub.url, pub)
         pub.send_raw([b"kv-events", (0).to_bytes(8, "big"), b"\xc1not msgpack"])
         pub.send_raw([b"kv-events", b"\x00"])                             # 2 frames, not an 8-byte seq
         pub.send_raw([b"kv-events", (0).to_bytes(8, "big"), b"\x93\x01\x02\x03"])  # [1, 2, 3]: events not a list
@@ -148,7 +149,7 @@ async def test_bad_messages_are_counted_and_the_stream_goes_on():
 async def test_restarted_publisher_is_noticed():
     pub = Publisher(replay=False)
     try:
-        session, task, src = await _attached(pub.url)
+        session, task, src = await _attached(pub.url, pub)
         pub.send([stored([1, 2])])
         pub.send([stored([3])])
         await _until(lambda: bool(session.models) and _model(session).summary()["stream"]["batches"] == 2)
@@ -165,7 +166,7 @@ async def test_restarted_publisher_is_noticed():
 async def test_data_parallel_ranks_are_separate_sources():
     pubs = [Publisher(replay=False) for _ in range(2)]
     try:
-        session, task, src = await _attached(f"zmq://127.0.0.1:{pubs[0].port}")
+        session, task, src = await _attached(f"zmq://127.0.0.1:{pubs[0].port}", pubs[0])
         assert len(src.ranks) == 1
         await _stop(session, task)
     finally:
@@ -177,7 +178,7 @@ async def test_data_parallel_ranks_are_separate_sources():
     assert url.replay == tuple(f"tcp://10.0.0.1:{5600 + r}" for r in range(4))
     pub = Publisher(replay=False)
     try:
-        session, task, src = await _attached(pub.url)
+        session, task, src = await _attached(pub.url, pub)
         pub.send([stored([1])], rank=0)
         pub.send([stored([2, 3])], rank=3)
         await _until(lambda: len(session.models) == 2)
@@ -252,7 +253,7 @@ async def test_vllm_url_finds_the_advertised_stream_and_scrapes_metrics(engine_h
                                discover=__import__("kvtop.sources.engine_metrics", fromlist=["x"]).discover_events)
         assert url.events == (f"tcp://127.0.0.1:{pub.port}",) and url.topic == "kv-events"
         assert url.replay == (f"tcp://127.0.0.1:{pub.replay_port}",)
-        session, task, src = await _attached(f"vllm://127.0.0.1:{port}")
+        session, task, src = await _attached(f"vllm://127.0.0.1:{port}", pub)
         pub.send([stored([1, 2])])
         await _until(lambda: bool(session.models) and _model(session).gpu.capacity_blocks == 2048)
         _Engine.metrics = VLLM_METRICS.replace("{queries}", "320").replace("{device}", "160").replace("{host}", "0")
@@ -272,13 +273,13 @@ def test_headless_json_says_since_attach(tmp_path):
             pub.send([stored([h])], drop=True)
 
         def feed() -> None:
-            time.sleep(1.5)
+            pub.wait_subscribed()
             pub.send([stored([50, 51])])
 
         t = threading.Thread(target=feed)
         t.start()
         out = subprocess.run([sys.executable, "-m", "kvtop", "attach", pub.url, "--headless", "--json",
-                              "--duration", "3"], capture_output=True, text=True, timeout=60)
+                              "--duration", "6"], capture_output=True, text=True, timeout=60)
         t.join()
     finally:
         pub.close()
@@ -324,14 +325,14 @@ def test_a_recording_of_the_stream_replays_to_the_same_state(tmp_path):
     rec = tmp_path / "stream.jsonl"
     try:
         def feed() -> None:
-            time.sleep(1.5)
+            pub.wait_subscribed()
             pub.send([stored([1, 2, 3, 4])])
             pub.send([stored([1, 2], medium="CPU"), removed([3])])
 
         t = threading.Thread(target=feed)
         t.start()
         live = subprocess.run([sys.executable, "-m", "kvtop", "attach", pub.url, "--headless", "--json",
-                               "--duration", "3", "--record", str(rec)], capture_output=True, text=True, timeout=60)
+                               "--duration", "6", "--record", str(rec)], capture_output=True, text=True, timeout=60)
         t.join()
     finally:
         pub.close()
@@ -352,7 +353,7 @@ async def test_a_dead_metrics_page_is_reported_and_the_stream_goes_on():
 
     pub = Publisher(replay=False)
     try:
-        session, task, src = await _attached(f"{pub.url}?metrics=http://127.0.0.1:{free_port()}/metrics")
+        session, task, src = await _attached(f"{pub.url}?metrics=http://127.0.0.1:{free_port()}/metrics", pub)
         pub.send([stored([1])])
         await _until(lambda: bool(session.models) and _model(session).gpu.cached_blocks == 1)
         await _until(lambda: any("cannot connect" in text for _, _, text in session.log))
