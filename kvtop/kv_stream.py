@@ -691,11 +691,7 @@ class StreamFold:
         if self.summaries == 1 and m.now is not None:
             # The first summary's totals are counts since the agent attached, not moves of this instant: the rate
             # window and the history start after them (an older retained meta would otherwise make them a spike).
-            counters = m._counters()
-            m._fine.clear()
-            m._coarse.clear()
-            m._fine.append((m.now, counters))
-            m._coarse.append((m.now, counters))
+            m._window.restart(m.now, m._counters())
 
     # ------------------------------------------------------------------------------------------ read side
 

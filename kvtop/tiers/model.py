@@ -88,6 +88,7 @@ from kvtop.tiers.state import (
     Requests,
     TierState,
 )
+from kvtop.tiers.window import RateWindow
 
 __all__ = [
     "GpuDevice",
@@ -468,9 +469,7 @@ class TierModel:
         self.records_applied = 0
 
         # rate samples: fine ones for the window, coarse ones for the history
-        self._fine_step = self.window_s / 100.0  # 100 samples per window; 512 kept = 5 windows
-        self._fine: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=512)
-        self._coarse: deque[tuple[float, tuple[int, ...]]] = deque(maxlen=max(2, history_len + 1))
+        self._window = RateWindow(self.window_s, self.history_step_s, history_len)  # kvtop/tiers/window.py
 
     # ============================================================================================ entry points
 
@@ -655,9 +654,7 @@ class TierModel:
     def reset_window(self) -> None:
         """Start the rate window afresh at ``now`` (the dashboard's "r")."""
         self._window_resets += 1
-        self._fine.clear()
-        if self.now is not None:
-            self._fine.append((self.now, self._counters()))
+        self._window.reset(self.now, self._counters())
 
     @property
     def version(self) -> Version:
@@ -1353,14 +1350,7 @@ class TierModel:
         self.now = t
         if last is None:
             return True
-        # A sample holds the counters as of the last instant seen (every record up to it is folded), stamped with
-        # that instant; the record at t is not folded yet. One per step of time, and always one before a gap.
-        counters: tuple[int, ...] | None = None
-        if not self._fine or t - self._fine[-1][0] >= self._fine_step:
-            counters = self._counters()
-            self._fine.append((last, counters))
-        if not self._coarse or t - self._coarse[-1][0] >= self.history_step_s:
-            self._coarse.append((last, counters if counters is not None else self._counters()))
+        self._window.advance(last, t, self._counters)  # the rate samples due (kvtop/tiers/window.py)
         return True
 
     def _counters(self) -> tuple[int, ...]:
@@ -1370,14 +1360,7 @@ class TierModel:
                 self._output_tokens, self._ctx_tokens, self._gen_tokens)
 
     def _window_base(self) -> tuple[float, tuple[int, ...]] | None:
-        """The newest sample at or before the window's start (else the oldest): rates are taken from it to now."""
-        if self.now is None or not self._fine:
-            return None
-        since = self.now - self.window_s
-        for sample in reversed(self._fine):
-            if sample[0] <= since:
-                return sample
-        return self._fine[0]
+        return self._window.base(self.now)
 
     # ============================================================================================ read side
 
@@ -1632,9 +1615,7 @@ class TierModel:
     def history(self) -> list[HistoryPoint]:
         """Rates per ``history_step_s`` over the kept history (oldest first), for the dashboard's sparklines."""
         out: list[HistoryPoint] = []
-        samples = list(self._coarse)
-        if self.now is not None and samples and self.now > samples[-1][0]:
-            samples.append((self.now, self._counters()))
+        samples = self._window.history(self.now, self._counters)
         for (t0, a), (t1, b) in zip(samples, samples[1:]):
             dt = t1 - t0
             if dt <= 0:
