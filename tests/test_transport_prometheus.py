@@ -172,3 +172,39 @@ def test_scrapes_while_another_thread_folds_never_fail() -> None:
         exporter.stop()
     assert done.is_set()
     assert seen == sorted(seen) and seen[0] >= 1.0
+
+
+def test_a_session_with_an_exporter_publishes_what_it_folds() -> None:
+    """runner.add_sinks sets Session.publish_s when --prometheus-port is given: the session publishes every
+    publish_s while it runs and once at the end, so a scrape from the HTTP thread sees the fold's figures."""
+    import asyncio
+
+    from kvtop.runner import add_sinks
+    from kvtop.session import Session
+    from kvtop.settings import Settings
+
+    session = Session(source=SRC)
+    settings = Settings()
+    settings.prometheus_port = 0
+    settings.refresh = 0.25
+    add_sinks(session, settings)
+    assert session.publish_s == 1.0  # the refresh, but at most once a second
+    session.publish_s = 0.05  # quicker, for the test
+    exporter = PrometheusExporter(lambda: session.model, port=0)
+    port = exporter.start()
+    seen: list[str] = []
+
+    async def producer() -> None:
+        _feed(session.model, exporter)  # folded, not through emit: only the session's publishing shows it
+        await asyncio.sleep(0.3)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            seen.append(resp.read().decode())
+
+    session.add_producer("feed", producer)
+    try:
+        asyncio.run(session.run(duration_s=2.0, until_producers_done=("feed",)))
+    finally:
+        exporter.stop()  # the session stopped its own exporter (add_sinks') as it ended
+    assert session.model.published is not None
+    labels = 'host="gpu-07",rank="0",run="prom"'
+    assert f'kvtop_kv_offloaded_blocks_total{{{labels}}} 1.0' in seen[0]
