@@ -201,9 +201,12 @@ def test_a_two_tier_runs_occupancy_chart_draws_gpu_and_host_only(recordings: dic
     assert DISK_COLOR not in {s[1] for s in occupancy_series(h64)}
 
 
-def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("names", [None, ("multi-turn-18573", "multi-turn-18618")])
+def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_path: Path,
+                                            names: tuple[str, str] | None) -> None:
     """Every text of every chart (titles, tick labels, values over bars, end labels), as drawn: no two boxes
-    intersect, for two runs side by side."""
+    intersect, for two runs side by side: with the fixture's short names and with run ids as kvtop names them
+    (16 characters: the TTFT panel once wrote them under every 0.4-wide bar, and they overlapped)."""
     import matplotlib.text
 
     from kvtop.report import report as rep
@@ -219,6 +222,8 @@ def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_pat
             closed.append(fig)
 
     runs = [load_run(recordings["host0"]), load_run(recordings["host64"])]
+    for run, long_name in zip(runs, names or ()):
+        run.name = long_name
     for name, fn in (("compare", rep._plot_compare), ("ttft", rep._plot_ttft), ("hit_rate", rep._plot_hit_rate),
                      ("occupancy", rep._plot_occupancy), ("moves", rep._plot_moves)):
         fn(Capture(), runs, tmp_path / f"{name}.png")
