@@ -423,3 +423,62 @@ def test_fuzz_record_shaped_json(obj: dict[str, Any]) -> None:
         decode_payload(json.dumps([obj, obj]))
     except RecordError as exc:
         assert exc.field.startswith("[0].")
+
+
+# The fast path of from_obj (records._fast_record) must give exactly what the full path gives: the same Record
+# for every record it takes, and for every other object the full path's answer (the same error, word for word).
+def _outcome(fn: Any, obj: Any) -> Any:
+    import copy
+
+    try:
+        return fn(copy.deepcopy(obj))
+    except RecordError as exc:
+        return ("error", str(exc))
+
+
+_valid_events = st.sampled_from([
+    {"type": "removed", "block_hashes": [1, 2**64 - 1]},
+    {"type": "updated", "block_hash": 2**63, "cache_level": {"type": "event_diff", "new_value": 1, "old_value": 0},
+     "priority": None},
+    {"type": "updated", "block_hash": 7, "cache_level_diff": [0, 1]},
+    {"type": "stored", "parent_hash": None, "blocks": [
+        {"type": "stored_block", "block_hash": 5, "token_ids": [1, 2], "lora_id": None, "cache_level": 0}]},
+    {"type": "created", "num_blocks_per_cache_level": [10, 20]},
+])
+_near_valid = st.fixed_dictionaries(
+    {"v": st.just(1) | st.sampled_from([True, 1.0, 2]), "kind": st.sampled_from(["kv_event", "stats", "request", "gpu",
+                                                                              "host", "meta"]),
+     "time": st.floats(min_value=0, max_value=5e9) | st.sampled_from([float("nan"), float("inf"), -1, True]),
+     "source": st.fixed_dictionaries({}, optional={"host": st.text(max_size=5) | _scalars,
+                                                   "rank": st.integers(-2**65, 2**65) | _scalars,
+                                                   "run": st.text(max_size=5) | _scalars})},
+    optional={"data": st.fixed_dictionaries(
+        {}, optional={"event_id": st.integers(0, 9) | _scalars, "data": _valid_events | _event_data | _small,
+                      "engine": _small, "index": _small, "request_id": _small, "ok": st.booleans() | _small,
+                      "kvCacheStats": st.fixed_dictionaries({}, optional={"freeNumBlocks": _ints | _scalars})
+                      | _small}) | _small})
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_near_valid | _envelopes)
+def test_fast_path_gives_exactly_what_the_full_path_gives(obj: dict[str, Any]) -> None:
+    from kvtop.records import _checked_record
+
+    assert _outcome(from_obj, obj) == _outcome(_checked_record, obj)
+
+
+def test_fast_path_takes_the_common_records_of_a_busy_recording() -> None:
+    """Every kv_event (but the one created) and stats record of the committed busy recording goes through the
+    fast path (not through it and then the full path), and comes out as the full path makes it."""
+    from kvtop.records import _checked_record, _fast_record
+
+    taken = 0
+    for line in (Path(__file__).parent / "data" / "busy.jsonl").read_bytes().splitlines():
+        obj = json.loads(line)
+        if obj["kind"] not in ("kv_event", "stats") or obj["data"].get("data", {}).get("type") == "created":
+            continue   # a created event (one per run) is left to the full path
+        fast = _fast_record(json.loads(line))
+        assert fast is not None, line[:200]
+        assert fast == _checked_record(obj)
+        taken += 1
+    assert taken > 3000
