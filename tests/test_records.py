@@ -482,3 +482,102 @@ def test_fast_path_takes_the_common_records_of_a_busy_recording() -> None:
         assert fast == _checked_record(obj)
         taken += 1
     assert taken > 3000
+
+
+# decode parses a line with orjson where that gives the standard parser's objects (records._decode_fast), and
+# with json otherwise: the outcome is the standard parser's in every case, word for word.
+def _standard_outcome(raw: bytes) -> Any:
+    from kvtop.records import _checked_record, _loads
+
+    try:
+        return _checked_record(_loads(raw))
+    except RecordError as exc:
+        return ("error", str(exc))
+
+
+def _decode_outcome(raw: bytes) -> Any:
+    try:
+        return decode(raw)
+    except RecordError as exc:
+        return ("error", str(exc))
+
+
+_wide_ints = st.integers(-(2**70), 2**70) | st.sampled_from([2**63, 2**64, 2**64 + 1, -(2**63) - 1, 10**30])
+_wide = st.recursive(_wide_ints | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=4),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                  max_size=3), max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_near_valid | _envelopes, _wide, st.sampled_from(["v", "time", "rank", "data", "event", "none"]))
+def test_decode_gives_what_the_standard_parser_gives(obj: dict[str, Any], wide: Any, where: str) -> None:
+    import copy
+
+    obj = copy.deepcopy(obj)
+    if where == "v":
+        obj["v"] = wide
+    elif where == "time":
+        obj["time"] = wide
+    elif where == "rank" and isinstance(obj.get("source"), dict):
+        obj["source"]["rank"] = wide
+    elif where == "data" and isinstance(obj.get("data"), dict):
+        obj["data"]["extra"] = wide
+    elif where == "event" and isinstance(obj.get("data"), dict) and isinstance(obj["data"].get("data"), dict):
+        obj["data"]["data"]["block_hash"] = wide
+    raw = json.dumps(obj).encode()
+    assert _decode_outcome(raw) == _standard_outcome(raw)
+
+
+@pytest.mark.parametrize("raw", [
+    # integers past 64 bits, which orjson would read as floats: refused (or kept) exactly as before
+    b'{"v":1,"kind":"kv_event","time":1.5,"data":{"event_id":1,"data":{"type":"updated","block_hash":18446744073709551617}}}',
+    b'{"v":1,"kind":"stats","time":1.5,"data":{"x":18446744073709551617}}',
+    b'{"v":18446744073709551617,"kind":"stats","time":1.5,"data":{}}',
+    b'{"v":1,"kind":"stats","time":1.5,"source":{"rank":-9223372036854775809},"data":{}}',
+    b'{"v":1,"kind":"stats","time":1.5,"data":{"x":1e19,"y":-0.0}}',                 # a float that large: kept
+    b'{"v":1,"kind":"stats","time":NaN,"data":{}}',                                   # json takes NaN, orjson not
+    b'{"v":1,"kind":"stats","time":1.5,"data":{"x":Infinity}}',
+    b'\xef\xbb\xbf{"v":1,"kind":"stats","time":1.5,"data":{}}',                       # a byte-order mark
+    b'{"v":1,"kind":"stats","time":1.5,"data":{"\\ud800":1}}',                        # a lone surrogate
+    b'{"v":1,"kind":"kv_event","time":1.5,"data":{"event_id":1,"data":{"type":"stored","blocks":[{"block_hash":1,'
+    b'"tokens":[{"type":"unique_token","token_id":18446744073709551617,"token_extra_id":0}]}]}}}',
+    b'{"v":1,"kind":"stats","time":1.5,"data":' + b'[' * 2000 + b']' * 2000 + b'}',
+])
+def test_decode_of_what_orjson_reads_otherwise_is_the_standard_parsers(raw: bytes) -> None:
+    out = _decode_outcome(raw)
+    assert out == _standard_outcome(raw)
+    if b"tokens" in raw:  # a token id past 64 bits is kept whole, as the standard parser keeps it
+        assert isinstance(out, Record)
+        assert out.data["data"]["blocks"][0]["tokens"][0]["token_id"] == 2**64 + 1
+
+
+def test_decode_takes_the_busy_recording_through_orjson_where_it_can() -> None:
+    """Most lines of the committed busy recording (all but the stored events with their token dicts) are parsed
+    by orjson, and give the records the standard parser gives."""
+    from kvtop import records
+
+    fast = 0
+    lines = (Path(__file__).parent / "data" / "busy.jsonl").read_bytes().splitlines()
+    for line in lines:
+        if records._BATCH_MARK in line[:80]:
+            continue
+        rec = records._decode_fast(line) if records._fast_safe(line) else None
+        fast += rec is not None
+        assert decode(line) == _standard_outcome(line)
+    assert fast > 0.8 * len(lines)
+
+
+def test_without_orjson_every_line_goes_to_the_standard_parser() -> None:
+    """kvtop runs where orjson cannot be installed: records then parse with json, to the same records."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['orjson'] = None\n"
+            "from kvtop import records\n"
+            "assert records._orjson is None\n"
+            "print(sum(1 for x in records.read_jsonl(sys.argv[1]) if isinstance(x, records.Record)))\n")
+    busy = Path(__file__).parent / "data" / "busy.jsonl"
+    out = subprocess.run([sys.executable, "-c", code, str(busy)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert int(out.stdout) == sum(1 for x in read_jsonl(busy) if isinstance(x, Record))
