@@ -330,7 +330,9 @@ def _check_event(path: str, ev: dict[str, Any]) -> None:
         _check_bounds(f"{path}.data.num_blocks_per_cache_level", levels, _BLOCK_LIMIT, _BLOCKS_WHAT)
 
 
-def _check_kind_data(kind: str, data: Any) -> None:
+def _check_kind_data(kind: str, data: Any, bounded: bool = False) -> None:
+    """``bounded``: the caller has checked every number of ``data`` (``_bounded_exact``, which implies the
+    bounds below)."""
     if kind not in KINDS:
         raise RecordError("kind", f"must be one of {', '.join(KINDS)}, got {_describe(kind)}")
     if not isinstance(data, dict):
@@ -339,7 +341,8 @@ def _check_kind_data(kind: str, data: Any) -> None:
         if key not in data:
             raise RecordError(f"data.{key}", "is missing")
         _check_type(f"data.{key}", data[key], types)
-    _check_bounds("data", data)
+    if not bounded:
+        _check_bounds("data", data)
     if kind == "kv_event":
         _check_event("data", data)
     elif kind == "stats":
@@ -438,7 +441,7 @@ def _fast_record(obj: dict[str, Any], parsed_fast: bool = False) -> Record | Non
     elif kind == "stats" or kind == "request" or kind == "gpu" or kind == "host":
         # The full checks of these kinds: their errors are the ones _checked_record would raise from here, as
         # everything before them in that path has passed.
-        _check_kind_data(kind, data)
+        _check_kind_data(kind, data, parsed_fast)
     else:
         return None
     return Record(kind=kind, data=_own_data(kind, data), source=source, time=float(t), v=v)
