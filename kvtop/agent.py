@@ -35,8 +35,6 @@ from kvtop.tiers import TierModel, TierSnapshot
 from kvtop.tiers.snapshot import reading
 
 DEFAULT_INTERVAL_S = 0.5  # 2 Hz: a dashboard's 4 Hz refresh sees every other frame move
-_TOTALS = ("hits", "lookups", "host_hits", "offloaded", "onboarded", "evicted_gpu", "evicted_host",
-           "evicted_unknown", "completed", "failed")
 _RATES = ("hits_per_s", "lookups_per_s", "offloaded_per_s", "onboarded_per_s", "evicted_gpu_per_s",
           "evicted_host_per_s", "requests_per_s")
 

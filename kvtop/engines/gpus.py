@@ -221,9 +221,7 @@ def cost_rates_from_measured(measured: dict[str, Any]) -> dict[str, Any]:
 
 # Ratios measured on the H200 anchor against its datasheet, used to derate other Hopper parts.
 _H200_HBM_GBPS = 4250.321883738074  # hbm_copy_GBps_read_plus_write
-_H200_BF16_TFLOPS = (796.0737734484912 + 786.4560084891509) / 2  # two GEMM shapes: 791.3
 _HBM_DERATE = _H200_HBM_GBPS / 4800.0  # 0.885 of the 4.8 TB/s datasheet
-_BF16_DERATE = _H200_BF16_TFLOPS / 989.0  # 0.800 of the 989 TFLOP/s dense datasheet
 
 # The two-part cost model's rates, measured by `kvtop calibrate` on the H200 device machine on 2026-12-01
 # (profiles/h200-calibrated-2026-12-01.json, Llama-3.1-8B's layer shapes; cost_rates_from_measured of its

@@ -292,15 +292,6 @@ def _gemm_layer_s(torch: Any, timer: _Timer, shapes: Sequence[tuple[int, int]], 
     return timer.seconds(layer, reps)
 
 
-def gemm_roofline_s(shapes: Sequence[tuple[int, int]], m: int, tflops: float, hbm_GBps: float,
-                    weight_bytes: float) -> float:
-    """The bound one layer's GEMMs cannot beat: max(FLOPs / peak, bytes / HBM), bytes being the weights once plus
-    bf16 activations in and out. The efficiency curves calibrate writes are this over the measured time."""
-    flops = sum(2.0 * m * k * n for k, n in shapes)
-    nbytes = sum(k * n * weight_bytes + 2.0 * m * (k + n) for k, n in shapes)
-    return max(flops / (tflops * 1e12), nbytes / (hbm_GBps * 1e9))
-
-
 def _gemm_curves(torch: Any, timer: _Timer, model: ModelShape, dev: Any, hbm_GBps: float, quick: bool,
                  say: Callable[[str], None]) -> dict[str, Any]:
     """One layer's GEMMs at decode and prefill token counts, bf16 and (where the GPU has it) FP8."""

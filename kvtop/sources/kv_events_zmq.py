@@ -43,7 +43,6 @@ from kvtop.textsafe import clean
 Sink = Callable[[Record], None]
 Callback = Callable[[str, str], None]
 
-SCHEMES = ("zmq://", "vllm://", "sglang://")
 DEFAULT_EVENTS_PORT = 5557  # vLLM's and SGLang's default endpoint tcp://*:5557
 REPLAY_IDLE_S = 1.0   # a replay answer that falls silent this long is over (the end marker was lost)
 REPLAY_MAX = 20_000   # batches read from one replay answer at most (vLLM buffers 10,000 by default)

@@ -76,7 +76,6 @@ from kvtop.records import Record, RecordError, parse_engine_dict
 from kvtop.tiers.snapshot import TierSnapshot, Version
 from kvtop.tiers.snapshot import take as take_snapshot
 from kvtop.tiers.state import (
-    TIER_LABELS,
     GpuDevice,
     HistoryPoint,
     HitRate,
@@ -90,20 +89,8 @@ from kvtop.tiers.state import (
 )
 from kvtop.tiers.window import RateWindow
 
-__all__ = [
-    "GpuDevice",
-    "HistoryPoint",
-    "HitRate",
-    "HostMemory",
-    "Latency",
-    "Moves",
-    "Quality",
-    "Rates",
-    "Requests",
-    "TierModel",
-    "TIER_LABELS",
-    "TierState",
-]
+# The read-side types live in kvtop.tiers.state (re-exported by kvtop.tiers); this module exports only the fold.
+__all__ = ["TierModel"]
 
 GPU = 0
 HOST = 1

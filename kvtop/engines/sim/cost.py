@@ -48,12 +48,9 @@ from collections.abc import Iterable, Sequence
 from kvtop.engines.gpus import BUILTIN_GPUS, GpuProfile, gemm_layer_model_s
 from kvtop.engines.models import ModelShape
 
-__all__ = ["ITERATION_OVERHEAD_S", "CostModel"]
+__all__ = ["CostModel"]
 
 _H200 = BUILTIN_GPUS["H200"]
-
-# Fixed cost of one engine iteration when the profile has none: the H200's measured 159 us.
-ITERATION_OVERHEAD_S = (_H200.step_overhead_us or 159.1) * 1e-6
 
 # A prefill item is either a token count (a fresh prompt) or (new_tokens, context_tokens_before) for a
 # chunk or a prompt whose first blocks were reused from the cache.
