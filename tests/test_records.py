@@ -581,3 +581,31 @@ def test_without_orjson_every_line_goes_to_the_standard_parser() -> None:
     out = subprocess.run([sys.executable, "-c", code, str(busy)], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert int(out.stdout) == sum(1 for x in read_jsonl(busy) if isinstance(x, Record))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_wide | _json)
+def test_loads_exact_gives_what_json_gives(value: Any) -> None:
+    """A recording's batch lines and MQTT payloads go through orjson only where its objects are json's."""
+    from kvtop.records import _loads, _loads_exact
+
+    raw = json.dumps(value).encode()
+    want = _loads(raw)
+    got = _loads_exact(raw)
+    assert json.dumps(got) == json.dumps(want) and repr(got) == repr(want)
+
+
+@pytest.mark.parametrize("raw", [b"[18446744073709551617, 1]", b"[-9223372036854775809]", b"[NaN]",
+                                 b"\xef\xbb\xbf[1]", b'["\\ud800"]', b"[" * 3000 + b"]" * 3000, b"[1e400]"])
+def test_loads_exact_of_what_orjson_reads_otherwise(raw: bytes) -> None:
+    from kvtop.records import _loads, _loads_exact
+
+    try:
+        want: Any = repr(_loads(raw))
+    except RecordError as exc:
+        want = str(exc)
+    try:
+        got: Any = repr(_loads_exact(raw))
+    except RecordError as exc:
+        got = str(exc)
+    assert got == want
