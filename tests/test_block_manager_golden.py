@@ -443,18 +443,25 @@ def test_token_runs_prompts_behave_as_lists(case: str) -> None:
     assert run_block_manager_workload(case, 1, as_runs=True) == run_block_manager_workload(case, 1)
 
 
+def _load_frozen(module_name: str) -> Any:
+    """A fresh module of bench/sim_baseline_block_manager.py under ``module_name`` (each caller its own, so one's
+    patch never reaches the other); skips where bench/ is not here."""
+    path = Path(__file__).resolve().parent.parent / "bench" / "sim_baseline_block_manager.py"
+    if not path.exists():
+        pytest.skip("the frozen pre-optimization block manager (bench/) is not here")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _baseline_block_manager() -> type:
     """The frozen pre-optimization copy (bench/, a speed baseline that stays as it was), with one fix applied here:
     timed priorities that expire in the same millisecond expire in release order, as TensorRT-LLM's nanosecond
     release stamps make them (issue 12.1; the copy broke the tie by block id). Only the expiry heap's tie-break is
     replaced; every other step is the copy's own."""
-    path = Path(__file__).resolve().parent.parent / "bench" / "sim_baseline_block_manager.py"
-    if not path.exists():
-        pytest.skip("the frozen pre-optimization block manager (bench/) is not here")
-    spec = importlib.util.spec_from_file_location("sim_baseline_block_manager", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load_frozen("sim_baseline_block_manager")
     frozen_policy = module._EvictionPolicy
     default_priority = module.DEFAULT_PRIORITY
 
@@ -495,14 +502,7 @@ def _baseline_block_manager() -> type:
 
 def _frozen_block_manager() -> type:
     """The frozen copy exactly as it is (block-id tie-break)."""
-    path = Path(__file__).resolve().parent.parent / "bench" / "sim_baseline_block_manager.py"
-    if not path.exists():
-        pytest.skip("the frozen pre-optimization block manager (bench/) is not here")
-    spec = importlib.util.spec_from_file_location("sim_baseline_block_manager_as_is", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.BlockManager
+    return _load_frozen("sim_baseline_block_manager_as_is").BlockManager
 
 
 @pytest.mark.parametrize("case", ["small_host", "trace_like_runs", "tpb8_events_on", "no_copy_on_partial",
