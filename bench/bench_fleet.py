@@ -39,7 +39,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_mqtt import child_env, cpu_seconds, pct, start_mosquitto  # noqa: E402
+from bench_mqtt import (  # noqa: E402
+    child_env,
+    children_ready,
+    cpu_seconds,
+    go_and_collect,
+    pct,
+    start_mosquitto,
+)
 
 from kvtop.records import Record, SourceId  # noqa: E402
 
@@ -189,22 +196,12 @@ async def bench(port: int, sources: int, rate: float, duration: float, procs: in
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env())
         children.append(child)
         first += n
-    for child in children:
-        assert child.stdout is not None
-        await child.stdout.readline()
+    await children_ready(children)
     await asyncio.sleep(1.0)
     base = state["received"]
     state["measuring"] = True
     cpu0, wall0, mcpu0 = time.process_time(), time.monotonic(), cpu_seconds(broker_pid)
-    for child in children:
-        assert child.stdin is not None
-        child.stdin.write(b"go\n")
-        await child.stdin.drain()
-    outs = []
-    for child in children:
-        assert child.stdout is not None
-        outs.append(json.loads((await child.stdout.readline()).decode()))
-        await child.wait()
+    outs = await go_and_collect(children)
     sent = sum(o["sent"] for o in outs)
     publishers_cpu = sum(o["cpu_s"] for o in outs)
     deadline = time.monotonic() + 10

@@ -74,6 +74,27 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
 
 
+async def children_ready(children: list[asyncio.subprocess.Process]) -> None:
+    """Each child's first line: it is ready (all its sources connected) and waits for "go"."""
+    for child in children:
+        assert child.stdout is not None
+        await child.stdout.readline()
+
+
+async def go_and_collect(children: list[asyncio.subprocess.Process]) -> list[dict[str, Any]]:
+    """Start every child at once ("go" on stdin), then each one's JSON result line, once it has exited."""
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(b"go\n")
+        await child.stdin.drain()
+    outs = []
+    for child in children:
+        assert child.stdout is not None
+        outs.append(json.loads((await child.stdout.readline()).decode()))
+        await child.wait()
+    return outs
+
+
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))] if s else float("nan")
@@ -292,22 +313,12 @@ async def bench_fleet(port: int, sources: int, rate: float, duration: float, pro
             env=child_env())
         children.append(child)
         first += n
-    for child in children:
-        assert child.stdout is not None
-        await child.stdout.readline()  # ready: all its sources connected
+    await children_ready(children)
     await asyncio.sleep(0.5)
     base = fold.received  # the retained metas
     fold.measuring = True
     cpu0, wall0, mcpu0 = time.process_time(), time.monotonic(), cpu_seconds(mosquitto_pid)
-    for child in children:
-        assert child.stdin is not None
-        child.stdin.write(b"go\n")
-        await child.stdin.drain()
-    outs = []
-    for child in children:
-        assert child.stdout is not None
-        outs.append(json.loads((await child.stdout.readline()).decode()))
-        await child.wait()
+    outs = await go_and_collect(children)
     generated = sum(o["generated"] for o in outs)
     deadline = time.monotonic() + 10
     while fold.received - base < generated and time.monotonic() < deadline:
