@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -207,37 +206,20 @@ def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_pat
     """Every text of every chart (titles, tick labels, values over bars, end labels), as drawn: no two boxes
     intersect, for two runs side by side: with the fixture's short names and with run ids as kvtop names them
     (16 characters: the TTFT panel once wrote them under every 0.4-wide bar, and they overlapped)."""
-    import matplotlib.text
+    from charts import CapturedPyplot, assert_no_texts_overlap
 
     from kvtop.report import report as rep
 
     plt = rep._plt()
-    closed: list[Any] = []
-
-    class Capture:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(plt, name)
-
-        def close(self, fig: Any) -> None:
-            closed.append(fig)
-
+    capture = CapturedPyplot(plt)
     runs = [load_run(recordings["host0"]), load_run(recordings["host64"])]
     for run, long_name in zip(runs, names or ()):
         run.name = long_name
     for name, fn in (("compare", rep._plot_compare), ("ttft", rep._plot_ttft), ("hit_rate", rep._plot_hit_rate),
                      ("occupancy", rep._plot_occupancy), ("moves", rep._plot_moves)):
-        fn(Capture(), runs, tmp_path / f"{name}.png")
-        fig = closed[-1]
-        renderer = fig.canvas.get_renderer()
-        boxes = []
-        for t in fig.findobj(matplotlib.text.Text):
-            if not t.get_visible() or not t.get_text().strip():
-                continue
-            # the text itself (an annotation's leader line may cross others: it is thin and points at its data)
-            boxes.append((t.get_text(), matplotlib.text.Text.get_window_extent(t, renderer)))
-        for i, (ta, a) in enumerate(boxes):
-            for tb, b in boxes[i + 1:]:
-                assert not a.overlaps(b), f"{name}: {ta!r} overlaps {tb!r}"
+        fn(capture, runs, tmp_path / f"{name}.png")
+        fig = capture.closed[-1]
+        assert_no_texts_overlap(fig, name)
         plt.close(fig)
 
 
@@ -248,3 +230,25 @@ def test_a_change_that_rounds_to_nothing_reads_plus_zero() -> None:
                                                                               "hit_rate": 0.29999})}
     assert _delta_text(d["ttft_p99_s"]).startswith("+0.0% ")
     assert _delta_text(d["hit_rate"]).startswith("+0.0 pt ")
+
+
+def test_the_overlap_check_catches_two_texts_drawn_on_each_other() -> None:
+    """tests/charts.assert_no_texts_overlap, which the chart tests above rely on, can fail: two labels at one
+    point overlap, the same two a figure apart do not."""
+    pytest.importorskip("matplotlib")
+    from charts import assert_no_texts_overlap
+
+    from kvtop.report import report as rep
+
+    plt = rep._plt()
+    fig = plt.figure(figsize=(4, 3))
+    fig.text(0.5, 0.5, "GPU in use")
+    fig.text(0.5, 0.5, "host capacity")
+    with pytest.raises(AssertionError, match="'GPU in use' overlaps 'host capacity'"):
+        assert_no_texts_overlap(fig, "overlap")
+    plt.close(fig)
+    fig = plt.figure(figsize=(4, 3))
+    fig.text(0.1, 0.1, "GPU in use")
+    fig.text(0.6, 0.8, "host capacity")
+    assert_no_texts_overlap(fig)
+    plt.close(fig)

@@ -259,7 +259,7 @@ def test_a_three_tier_run_charts_its_disk_tier(tmp_path: Any) -> None:
     """The report's occupancy chart draws every tier the run had: the disk's configured 11 blocks as its own
     series in the disk colour, and host + disk in use (11..15 of 18, the one figure V2 stats give) beside it."""
     pytest.importorskip("matplotlib")
-    import matplotlib.text
+    from charts import CapturedPyplot, assert_no_texts_overlap
 
     from kvtop.report import report as rep
 
@@ -278,28 +278,15 @@ def test_a_three_tier_run_charts_its_disk_tier(tmp_path: Any) -> None:
 
     # as drawn: every series a line of its colour, its end labelled, no two labels overlapping
     plt = rep._plt()
-    closed: list[Any] = []
-
-    class Capture:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(plt, name)
-
-        def close(self, fig: Any) -> None:
-            closed.append(fig)
-
+    capture = CapturedPyplot(plt)
     png = tmp_path / "occupancy.png"
-    rep._plot_occupancy(Capture(), [run], png)
-    fig = closed[-1]
+    rep._plot_occupancy(capture, [run], png)
+    fig = capture.closed[-1]
     ax = fig.axes[0]
     lines = [(line.get_color(), list(line.get_ydata())) for line in ax.get_lines()]
     assert (rep.DISK_COLOR, [11.0] * 5) in lines and (rep.DISK_COLOR, [11.0, 12.0, 13.0, 14.0, 15.0]) in lines
     assert {t.get_text() for t in ax.texts} == set(series)
-    renderer = fig.canvas.get_renderer()
-    boxes = [(t.get_text(), matplotlib.text.Text.get_window_extent(t, renderer))
-             for t in fig.findobj(matplotlib.text.Text) if t.get_visible() and t.get_text().strip()]
-    for i, (ta, a) in enumerate(boxes):
-        for tb, b in boxes[i + 1:]:
-            assert not a.overlaps(b), f"{ta!r} overlaps {tb!r}"
+    assert_no_texts_overlap(fig)
     plt.close(fig)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # and through build_report: the chart written, the page saying what the disk-coloured dash-dot line is
