@@ -24,6 +24,7 @@ from typing import Any
 from kvtop import __version__, options
 from kvtop.modes import run_dashboard, run_headless
 from kvtop.modes import run_headless_until as run_headless_until  # re-exported for callers of kvtop.cli
+from kvtop.problems import EXIT_INTERRUPTED, EXIT_USAGE
 from kvtop.settings import SettingsError, load_settings
 
 SUBCOMMANDS = ("sim", "attach", "replay", "agent", "estimate", "calibrate", "report", "run")
@@ -335,9 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_run(rest)
     except (UsageError, SettingsError) as exc:
         print(f"kvtop: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return _broken_pipe()
 
