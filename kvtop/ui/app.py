@@ -709,7 +709,7 @@ class KvtopApp(App[int]):
         order = sorted(prios, key=lambda p: -1 if p is None else p, reverse=True)
         def rate(p: int | None) -> float | None:
             v = hit.get(p)
-            return getattr(v, "cumulative", v)  # a HitRate (tiers.py now) or a bare fraction (its first version)
+            return getattr(v, "cumulative", v)  # a HitRate (kvtop.tiers now) or a bare fraction (its first version)
 
         rows = tuple((p, by.get("gpu", {}).get(p, 0), by.get("host", {}).get(p, 0), rate(p)) for p in order)
         split_by = getattr(model, "hit_split_by_priority", None) or {}
