@@ -369,9 +369,14 @@ def format_summary(s: dict[str, Any]) -> str:
     hr = s.get("hit_rate", {})
     lines.append(f"hit rate: {pct(hr.get('cumulative'))} (GPU {pct(hr.get('gpu'))}, host {pct(hr.get('host'))})")
     wi = s.get("what_if") or {}
-    if wi.get("host_x2_hit_rate") is not None:
-        lines.append(f"what if: host cache x2 -> hit rate {pct(wi.get('host_x2_hit_rate'))}, "
-                     f"x4 -> {pct(wi.get('host_x4_hit_rate'))}")
+    if wi.get("host_capacity_blocks") == 0:
+        # As the dashboard says it: twice no host cache is still none (the estimate once read 17.5% under an
+        # actual 15.6% here, being its own since-start rate, not the stats' hit rate on the line above).
+        lines.append("what if: no host cache, x2 of 0 is 0")
+    elif wi.get("host_x2_hit_rate") is not None:
+        # The estimate's own since-start rate first, the same span and definition as the estimates beside it.
+        lines.append(f"what if: all {pct(wi.get('hit_rate'))} -> host cache x2 {pct(wi.get('host_x2_hit_rate'))}, "
+                     f"x4 {pct(wi.get('host_x4_hit_rate'))}")
     mv = s.get("moves", {})
     lines.append(f"moves: offloaded {mv.get('offloaded_blocks', 0)}, onboarded {mv.get('onboarded_blocks', 0)}, "
                  f"evicted GPU {mv.get('evicted_gpu_blocks', 0)}, evicted host {mv.get('evicted_host_blocks', 0)}")

@@ -826,3 +826,22 @@ def test_simulated_run_splits_per_priority_hits_like_the_whole_run() -> None:
     overall_host_share = s["hit_rate"]["host_hits"] / s["hit_rate"]["hits"]
     assert only["host"] > 0
     assert only["host"] / only["cumulative"] == pytest.approx(overall_host_share, abs=0.1)
+
+
+@pytest.mark.parametrize(("what_if", "line"), [
+    ({"host_x2_hit_rate": 0.175, "host_x4_hit_rate": 0.175, "hit_rate": 0.175, "host_capacity_blocks": 0},
+     "what if: no host cache, x2 of 0 is 0"),
+    ({"host_x2_hit_rate": 0.42, "host_x4_hit_rate": 0.45, "hit_rate": 0.38, "host_capacity_blocks": 64},
+     "what if: all 38.0% -> host cache x2 42.0%, x4 45.0%"),
+])
+def test_headless_what_if_compares_like_with_like(what_if: dict[str, Any], line: str) -> None:
+    """The headless text gives the estimate beside its own baseline (same span and definition), and with no host
+    cache says x2 of 0 is 0, as the dashboard does: it once printed 'x2 -> 17.5%' under a 15.6% stats hit rate."""
+    from kvtop.runner import format_summary
+
+    m = TierModel()
+    s = m.summary()
+    s["what_if"] = what_if
+    text = format_summary(s)
+    assert line in text.splitlines()
+    assert "x2 -> " not in text
