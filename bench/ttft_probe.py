@@ -36,7 +36,8 @@ from kvtop.engines.models import ModelShape, resolve_model  # noqa: E402
 TOKENS_PER_BLOCK = 32
 
 
-def run(model: ModelShape, prompts: list[int], reps: int = 5, device: str = "cuda") -> dict[str, Any]:
+def run(model: ModelShape, prompts: list[int], reps: int = 5, device: str = "cuda",
+        compile_layers: bool = False, decode: bool = True) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
@@ -65,11 +66,6 @@ def run(model: ModelShape, prompts: list[int], reps: int = 5, device: str = "cud
     ang = torch.outer(torch.arange(max_len, device=dev, dtype=torch.float32), inv)
     cos, sin = torch.cat([ang.cos(), ang.cos()], -1).to(bf16), torch.cat([ang.sin(), ang.sin()], -1).to(bf16)
 
-    def rope(x: Any, start: int, n: int) -> Any:  # x: (1, heads, n, hd)
-        c, s = cos[start:start + n], sin[start:start + n]
-        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-        return x * c + torch.cat([-x2, x1], -1) * s
-
     # How a GPU hit's new tokens attend to the cached context: lower-right causal (CausalBias) with native GQA where
     # this torch takes it, else with the KV heads expanded, else an explicit boolean mask (the slow path: about
     # 190 GB/s over an 8,192-token context on the H200, 2026-12-01).
@@ -95,6 +91,31 @@ def run(model: ModelShape, prompts: list[int], reps: int = 5, device: str = "cud
             except Exception:  # this torch does not take that combination: try the next
                 continue
 
+    def rotate(x: Any, c: Any, s: Any) -> Any:  # x: (1, heads, n, hd); c, s: (n, hd)
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * c + torch.cat([-x2, x1], -1) * s
+
+    def pre_attention(x: Any, wqkv: Any, n1: Any, c: Any, s: Any) -> tuple[Any, Any, Any]:
+        n = x.shape[0]
+        q, k, v = (F.rms_norm(x, (h,), n1) @ wqkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        return (rotate(q.view(1, n, nh, hd).transpose(1, 2), c, s), rotate(k.view(1, n, nkv, hd).transpose(1, 2), c, s),
+                v.view(1, n, nkv, hd).transpose(1, 2))
+
+    def post_attention(x: Any, a: Any, wo: Any, wgu: Any, wd: Any, n2: Any) -> Any:
+        n = x.shape[0]
+        x = x + a.transpose(1, 2).reshape(n, nh * hd) @ wo
+        g, u = (F.rms_norm(x, (h,), n2) @ wgu).split([inter, inter], dim=-1)
+        return x + (F.silu(g) * u) @ wd
+
+    if compile_layers:
+        # TensorRT-LLM fuses the norms, RoPE and the SwiGLU into neighbouring kernels; torch.compile (Inductor)
+        # fuses the same elementwise work into a few Triton kernels around the cuBLAS GEMMs: ~10 kernels a
+        # layer instead of ~24. Attention and the KV-cache writes stay outside (SDPA, copies).
+        import torch._dynamo
+        torch._dynamo.config.cache_size_limit = 64  # one graph per prompt length, all layers share it
+        pre_attention = torch.compile(pre_attention, dynamic=False)
+        post_attention = torch.compile(post_attention, dynamic=False)
+
     def forward(ids: Any, start: int) -> int:
         return int(forward_device(ids, start).item())
 
@@ -107,11 +128,9 @@ def run(model: ModelShape, prompts: list[int], reps: int = 5, device: str = "cud
                 mask = torch.ones(n, start + n, device=dev, dtype=torch.bool).tril(diagonal=start)
             else:  # lower-right causal: FlashAttention / memory-efficient kernels, no mask tensor to read
                 mask = causal_lower_right(n, start + n)
+        c, s = cos[start:start + n], sin[start:start + n]
         for li, (wqkv, wo, wgu, wd, n1, n2) in enumerate(weights):
-            y = F.rms_norm(x, (h,), n1)
-            q, k, v = (y @ wqkv).split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-            q = rope(q.view(1, n, nh, hd).transpose(1, 2), start, n)
-            k = rope(k.view(1, n, nkv, hd).transpose(1, 2), start, n)
+            q, k, v = pre_attention(x, wqkv, n1, c, s)
             k_cache[li][:, :, start:start + n] = k
             v_cache[li][:, :, start:start + n] = v.view(1, n, nkv, hd).transpose(1, 2)
             kk, vv = k_cache[li][:, :, : start + n], v_cache[li][:, :, : start + n]
@@ -123,9 +142,7 @@ def run(model: ModelShape, prompts: list[int], reps: int = 5, device: str = "cud
                                                    attn_mask=mask)
             else:
                 a = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, enable_gqa=True)
-            x = x + a.transpose(1, 2).reshape(n, nh * hd) @ wo
-            g, u = (F.rms_norm(x, (h,), n2) @ wgu).split([inter, inter], dim=-1)
-            x = x + (F.silu(g) * u) @ wd
+            x = post_attention(x, a, wo, wgu, wd, n2)
         logits = F.rms_norm(x[-1:], (h,), final_norm) @ lm_head
         return torch.argmax(logits, dim=-1)
 
@@ -171,7 +188,8 @@ def run(model: ModelShape, prompts: list[int], reps: int = 5, device: str = "cud
 
     out: dict[str, Any] = {"model": model.name, "gpu_name": torch.cuda.get_device_name(dev) if cuda else "cpu",
                            "torch": torch.__version__, "tokens_per_block": TOKENS_PER_BLOCK, "reps": reps,
-                           "block_bytes": block_bytes, "hit_attention": hit_attention[0], "rows": []}
+                           "block_bytes": block_bytes, "hit_attention": hit_attention[0],
+                           "compiled_layers": compile_layers, "rows": []}
     with torch.inference_mode():
         # clocks up before the first timing (an idle H200 sits at 345 MHz)
         a = torch.randn(8192 if cuda else 64, 8192 if cuda else 64, device=dev, dtype=bf16)
@@ -218,7 +236,7 @@ def run(model: ModelShape, prompts: list[int], reps: int = 5, device: str = "cud
                 torch.cuda.empty_cache()
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
-        if cuda:
+        if cuda and decode:
             out["decode_rows"] = decode_steps(torch, F, weights, lm_head, final_norm, model, dev, timed)
     return out
 
@@ -279,8 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="ttft.json")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke test of the script itself")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--compile", action="store_true",
+                    help="fuse each layer's norms, RoPE and SwiGLU with torch.compile, as TensorRT-LLM fuses them")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode-step rows")
     a = ap.parse_args(argv)
-    result = run(resolve_model(a.model), [int(x) for x in a.prompts.split(",")], a.reps, a.device)
+    result = run(resolve_model(a.model), [int(x) for x in a.prompts.split(",")], a.reps, a.device, a.compile,
+                 not a.no_decode)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return 0
 
