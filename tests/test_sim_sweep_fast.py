@@ -1,0 +1,209 @@
+"""The hit-rate-only replay's fast paths (``kvtop sim --hit-rate-only`` / ``--one-pass``) against the general ones
+they replace, exactly, over randomized workloads:
+
+- ``BlockManager.add_tokens`` against ``add_token`` once per token: the same block ids, counters, free counts,
+  events and block states after every step, pools running dry and retention (decode priorities and durations)
+  included;
+- the sweep's replay loop (``sweep._replay``: one ``add_tokens`` per request) against the per-token loop it
+  replaced: the same reused tokens per request and the same counters;
+- the one-pass curve's numpy counts against its Python counts (``host_curve(vectorized=...)``), and the numpy
+  "earlier and smaller" count against the definition.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, TokenRuns
+from kvtop.engines.sim.core import generated_token, generated_tokens
+from kvtop.engines.sim.retention import KvCacheRetentionConfig
+from kvtop.workload.trace import TraceRequest
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _observe(bm: BlockManager, live: list[int]) -> list[Any]:
+    n = bm.primary_blocks + bm.secondary_blocks
+    return [bm.kv_cache_stats(), bm.num_free_blocks(0), bm.num_free_blocks(1), bm.offloaded_blocks,
+            bm.silent_offloads, bm.onboarded_blocks, list(bm.evicted_blocks), bm.silent_detaches, bm.reused_tokens,
+            bm.alloc_total_blocks, bm.alloc_new_blocks, bm.reused_blocks, bm.missed_blocks,
+            [(bm.block_cache_level(i), bm.block_priority(i), bm.block_hash(i), bm.block_in_tree(i)) for i in range(n)],
+            [(r, bm.block_ids(r), bm.num_tokens(r)) for r in live], bm.take_events()]
+
+
+def _drive(seed: int, tpb: int, primary: int, host: int, batched: bool) -> list[Any]:
+    """A seeded workload (prompts over a small vocabulary, retention on some, up to 3 requests alive, decodes of
+    0-40 tokens, ids out of 64 bits now and then), decoding with add_tokens or one add_token per token; the log
+    of everything observable after each step."""
+    rng = random.Random(seed)
+    clock = _Clock()
+    bm = BlockManager(primary, host, tpb, event_buffer_max_size=50, clock_ms=clock)
+    log: list[Any] = []
+    live: list[int] = []
+    for step in range(120):
+        clock.now += rng.choice([0, 0, 1, 5])
+        bm.refresh()
+        op = rng.random()
+        if op < 0.4 and len(live) < 3:
+            rid = step
+            prompt = [rng.randrange(4) for _ in range(rng.randint(1, 4 * tpb))]
+            retention = None
+            if rng.random() < 0.4:
+                retention = KvCacheRetentionConfig(
+                    [KvCacheRetentionConfig.TokenRangeRetentionConfig(0, None, rng.choice([10, 35, 60]),
+                                                                      rng.choice([None, 5]))],
+                    decode_retention_priority=rng.choice([5, 35, 60, 90]),
+                    decode_duration_ms=rng.choice([None, 3, 20]))
+            try:
+                log.append(("add", bm.add_sequence(rid, prompt, retention)))
+                bm.store_context_blocks(rid)
+                live.append(rid)
+            except NoFreeBlockError:
+                log.append("add failed")
+                bm.remove_sequence(rid)
+        elif op < 0.8 and live:
+            rid = rng.choice(live)
+            tokens = [rng.randrange(4) for _ in range(rng.randint(0, 40))]
+            if tokens and rng.random() < 0.05:
+                tokens[rng.randrange(len(tokens))] = 1 << 63  # out of 64 bits: the tokens before it go in
+            try:
+                if batched:
+                    bm.add_tokens(rid, tokens)
+                else:
+                    for t in tokens:
+                        bm.add_token(rid, t)
+                log.append("decoded")
+            except (NoFreeBlockError, OverflowError) as exc:
+                log.append(type(exc).__name__)
+        elif live:
+            rid = live.pop(rng.randrange(len(live)))
+            bm.remove_sequence(rid, final_tokens=[rng.randrange(4)])
+            log.append("removed")
+        log.append(_observe(bm, live))
+    return log
+
+
+@SETTINGS
+@given(st.integers(0, 2**32), st.sampled_from([1, 2, 4, 8]), st.integers(4, 24), st.integers(0, 16))
+def test_add_tokens_is_add_token_per_token(seed: int, tpb: int, primary: int, host: int) -> None:
+    assert _drive(seed, tpb, primary, host, batched=True) == _drive(seed, tpb, primary, host, batched=False)
+
+
+def test_add_tokens_pool_runs_dry_part_way() -> None:
+    """4 blocks of 4 tokens, a 3-token prompt (1 block): 20 tokens need 5 more blocks at tokens 1, 5, 9, 13, 17
+    (positions 4, 8, ...); 3 are free, so the call raises at the token needing the fourth: 13 tokens added."""
+    for batched in (True, False):
+        bm = BlockManager(4, 0, 4)
+        bm.add_sequence("r", [1, 2, 3])
+        with pytest.raises(NoFreeBlockError):
+            if batched:
+                bm.add_tokens("r", list(range(100, 120)))
+            else:
+                for t in range(100, 120):
+                    bm.add_token("r", t)
+        assert bm.num_tokens("r") == 3 + 13 and bm.num_blocks("r") == 4 and bm.num_free_blocks() == 0
+
+
+def _per_token_replay(bm: BlockManager, requests: list[TraceRequest]) -> list[int]:
+    """The sweep's replay as it was before add_tokens: one add_token per generated token."""
+    reused = []
+    for rid, tr in enumerate(requests):
+        if -(-(tr.input_length + tr.output_length) // bm.tokens_per_block) > bm.primary_blocks:
+            continue
+        prompt = TokenRuns(tr.prompt_runs())
+        reused.append(bm.add_sequence(rid, prompt))
+        bm.store_context_blocks(rid)
+        digest = hash(prompt.runs)
+        out = [generated_token(digest, 0)]
+        for pos in range(1, tr.output_length):
+            bm.add_token(rid, out[-1])
+            out.append(generated_token(digest, pos))
+        bm.remove_sequence(rid, final_tokens=out[-1:])
+    return reused
+
+
+def _trace(rng: random.Random, count: int) -> list[TraceRequest]:
+    """Requests over a few shared prefixes of 512-token trace blocks, random lengths and outputs."""
+    prefixes = [[rng.randrange(50) for _ in range(rng.randint(1, 4))] for _ in range(6)]
+    out = []
+    for i in range(count):
+        ids = list(rng.choice(prefixes)) + [1000 + i * 10 + k for k in range(rng.randint(0, 2))]
+        length = len(ids) * 512 - rng.randrange(512)
+        out.append(TraceRequest(i, float(i), length, rng.randint(1, 300), tuple(ids)))
+    return out
+
+
+@settings(SETTINGS, max_examples=25)
+@given(st.integers(0, 2**32), st.sampled_from([32, 64, 128, 512]), st.integers(40, 200), st.integers(0, 120))
+def test_sweep_replay_gives_the_per_token_loops_hits(seed: int, tpb: int, primary: int, host: int) -> None:
+    from kvtop.engines.sim import sweep
+
+    requests = _trace(random.Random(seed), 60)
+    primary = max(primary * 32 // tpb, 4)
+    host = host * 32 // tpb
+    fast, slow = BlockManager(primary, host, tpb), BlockManager(primary, host, tpb)
+    reused: list[int] = []
+    real_add = fast.add_sequence
+    fast.add_sequence = lambda rid, tokens, retention=None: reused.append(real_add(rid, tokens)) or reused[-1]
+    sweep._replay(fast, requests)
+    assert reused == _per_token_replay(slow, requests)
+    assert _observe(fast, []) == _observe(slow, [])
+
+
+def test_generated_tokens_are_generated_token_per_position() -> None:
+    assert generated_tokens(12345, 50) == [generated_token(12345, p) for p in range(50)]
+    assert generated_tokens(-7, 0) == []
+
+
+@settings(SETTINGS, max_examples=40)
+@given(st.integers(0, 2**32), st.sampled_from([16, 32, 512]), st.integers(30, 200), st.lists(st.integers(0, 150),
+                                                                                               min_size=1, max_size=6))
+def test_one_pass_numpy_counts_are_the_python_counts(seed: int, tpb: int, primary: int, sizes: list[int]) -> None:
+    from kvtop.engines.sim.sweep import host_curve
+
+    requests = _trace(random.Random(seed), 80)
+    scale = 32 // tpb if tpb < 32 else 1
+    primary, sizes = max(primary * 32 // tpb, 4), [s * scale for s in sizes]
+    assert host_curve(requests, primary, sizes, tpb, vectorized=True) == host_curve(requests, primary, sizes, tpb,
+                                                                                     vectorized=False)
+
+
+def test_one_pass_numpy_counts_on_the_shipped_slice() -> None:
+    from kvtop.engines.sim.sweep import _DistanceRecorder, _in_front_at_largest, _replay, host_curve
+    from kvtop.workload.trace import read_trace
+
+    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    sizes = [0, 500, 1000, 2000, 4000, 8000, 16000, 30000]
+    for gpu in (2000, 6000):
+        fast = host_curve(requests, gpu, sizes, 32, vectorized=True)
+        assert fast == host_curve(requests, gpu, sizes, 32, vectorized=False)
+    # The onboards that neither bound decides, which the numpy counts walk one by one: 120 at 2,000 GPU blocks
+    bm = _DistanceRecorder(2000, sizes[-1], 32)
+    _replay(bm, requests)
+    in_front = _in_front_at_largest(bm.onboards)
+    assert sum(1 for h in sizes[1:-1] for (s, _, _), f in zip(bm.onboards, in_front) if s < h <= s + f) == 120
+
+
+@SETTINGS
+@given(st.lists(st.integers(-10**6, 10**6), unique=True, max_size=300))
+def test_earlier_smaller_counts(values: list[int]) -> None:
+    import numpy as np
+
+    from kvtop.engines.sim.sweep import _earlier_smaller
+
+    expected = [sum(1 for j in range(i) if values[j] < v) for i, v in enumerate(values)]
+    assert _earlier_smaller(np.array(values, dtype=np.int64)).tolist() == expected
