@@ -3,7 +3,7 @@
     python bench/gemm_shapes_probe.py --out gemm_shapes.json     # on the GPU machine
 
 For Llama-3.1-70B at tensor parallelism 1 and 2 (one GPU's shard) and Llama-3.1-8B: one layer's four GEMMs at the
-token counts of kvtop.report.calibrate.GEMM_TOKENS, timed the way calibrate times them.
+token counts of kvtop.calibrate.GEMM_TOKENS, timed the way calibrate times them.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvtop import calibrate as cal  # noqa: E402
 from kvtop.engines.models import resolve_model  # noqa: E402
-from kvtop.report import calibrate as cal  # noqa: E402
 
 
 def main() -> int:

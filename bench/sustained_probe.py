@@ -17,8 +17,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvtop import calibrate as cal  # noqa: E402
 from kvtop.engines.models import resolve_model  # noqa: E402
-from kvtop.report import calibrate as cal  # noqa: E402
 
 
 def clocks() -> str:

@@ -322,11 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return agent.main(rest)
         if command == "estimate":
-            from kvtop.report import estimate
+            from kvtop import estimate
 
             return estimate.main(rest)
         if command == "calibrate":
-            from kvtop.report import calibrate
+            from kvtop import calibrate
 
             return calibrate.main(rest)
         if command == "report":

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kvtop import calibrate as cal
 from kvtop.engines.gpus import load_profile
-from kvtop.report import calibrate as cal
 
 
 def test_no_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -62,7 +62,7 @@ def test_a_calibrated_profile_drives_estimate_and_the_simulator(tmp_path: Path) 
 
     from kvtop.engines.gpus import BUILTIN_GPUS
     from kvtop.engines.sim.llm import SamplingParams, SimLLM
-    from kvtop.report.estimate import estimate
+    from kvtop.estimate import estimate
 
     measured = json.loads((Path(__file__).parents[1] / "profiles" / "h200-calibrated-2026-12-01.json")
                           .read_text())["measured"]

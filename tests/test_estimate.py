@@ -9,7 +9,7 @@ import pytest
 from kvtop.engines.gpus import resolve_gpu
 from kvtop.engines.models import resolve_model
 from kvtop.engines.sim.cost import CostModel
-from kvtop.report.estimate import estimate, main, render_estimate
+from kvtop.estimate import estimate, main, render_estimate
 
 # Anchors: Qwen3-8B, 8,192 tokens, pinned PCIe Gen5 on an H200.
 RELOAD_8192_S = 0.021809999465942382
@@ -100,7 +100,7 @@ def test_kv_cache_dtype_halves_what_a_reload_moves(capsys: pytest.CaptureFixture
     latency = 256 * 3.57e-6  # 8,192 tokens in 256 block copies, each with its fixed cost; half the bytes each
     assert fp8["reload_s"] == pytest.approx((base["reload_s"] - latency) / 2 + latency, rel=1e-3)
     assert fp8["recompute_s"] == pytest.approx(base["recompute_s"], rel=0.01)  # bf16 weights either way
-    from kvtop.report.estimate import main
+    from kvtop.estimate import main
 
     assert main(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--kv-cache-dtype", "int3"]) == 2
     assert "unknown dtype 'int3'" in capsys.readouterr().err

@@ -8,8 +8,12 @@ From that graph:
 - only ``kvtop/ui/`` imports textual or rich (tests/test_ui_boundary.py checks the same in a fresh interpreter);
 - sinks never import sources (both may share neutral modules: kvtop/mqtt_wire.py);
 - engines never import the workload (the driver drives engines, not the other way);
-- the fold (kvtop.tiers, kvtop.kv_stream, kvtop.occupancy) and the records import no source, sink or UI, even
-  transitively.
+- the fold (kvtop.tiers, kvtop.kv_stream, kvtop.occupancy) and the records import no source, sink, UI, report or
+  tool, even transitively;
+- the tools (kvtop.estimate, kvtop.calibrate: arithmetic over the engines' model and GPU profiles) reach no fold,
+  source, sink, UI or report, and the report (kvtop.report: charts from recordings) imports no tool;
+- only kvtop.calibrate imports torch, and only inside a function (``kvtop estimate`` and everything else run
+  without PyTorch).
 
 A fresh interpreter then imports the fold and the records and checks ``sys.modules`` the same way (harlequin's
 habit), so that a dynamic import the AST cannot see is caught too.
@@ -30,7 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "kvtop"
 
 FOLD = ("kvtop.tiers", "kvtop.kv_stream", "kvtop.occupancy", "kvtop.records")
-NOT_UNDER_THE_FOLD = ("kvtop.sources", "kvtop.sinks", "kvtop.ui", "kvtop.session", "kvtop.runner", "kvtop.cli")
+TOOLS = ("kvtop.estimate", "kvtop.calibrate")
+NOT_UNDER_THE_FOLD = ("kvtop.sources", "kvtop.sinks", "kvtop.ui", "kvtop.session", "kvtop.runner", "kvtop.cli",
+                      "kvtop.report", *TOOLS)
 
 
 def _module_name(path: Path) -> str:
@@ -46,11 +52,14 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, package: str) -> list[str]:
-    """Every module name imported anywhere in ``tree`` (relative imports resolved against ``package``)."""
+def _imports(tree: ast.AST, package: str, *, module_level: bool = False) -> list[str]:
+    """Every module name imported anywhere in ``tree`` (relative imports resolved against ``package``);
+    ``module_level``: only those that run on import (not inside a function)."""
     names: list[str] = []
 
     def visit(node: ast.AST) -> None:
+        if module_level and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            return
         if isinstance(node, ast.If) and _is_type_checking(node):
             for child in node.orelse:
                 visit(child)
@@ -156,6 +165,8 @@ def test_the_walk_sees_lazy_imports_and_skips_type_checking() -> None:
     found = _imports(tree, "kvtop.engines")
     assert "kvtop.sources.b" in found and "kvtop.ui.app" in found and "kvtop.engines.sibling" in found
     assert not any(n.startswith("kvtop.sinks") for n in found)
+    on_import = _imports(tree, "kvtop.engines", module_level=True)
+    assert "kvtop.engines.sibling" in on_import and "kvtop.sources.b" not in on_import
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
     assert len(graph()[0]) > 60  # every module of kvtop was walked
@@ -190,6 +201,39 @@ def test_the_fold_and_records_reach_no_source_sink_or_ui(module: str) -> None:
     assert modules, f"{module} is not a kvtop module any more: update FOLD"
     reached = set().union(*(_reachable(m) for m in modules))
     assert sorted(m for m in reached if _under(m, NOT_UNDER_THE_FOLD)) == []
+
+
+@pytest.mark.parametrize("tool", TOOLS)
+def test_the_tools_reach_no_fold_source_sink_ui_or_report(tool: str) -> None:
+    """``kvtop estimate`` and ``kvtop calibrate`` are arithmetic and measurement over the engines' model shapes,
+    GPU profiles and cost model; they live beside the commands, not in the report (issue 15)."""
+    assert tool in graph()[0], f"{tool} is not a kvtop module any more: update TOOLS"
+    reached = _reachable(tool)
+    assert sorted(m for m in reached if _under(m, ("kvtop.tiers", *NOT_UNDER_THE_FOLD))) == []
+
+
+def test_the_report_is_the_report_only() -> None:
+    """kvtop/report/ draws charts from recordings; it imports no tool (estimate, calibrate moved out of it)."""
+    modules = [m for m in graph()[0] if _under(m, ("kvtop.report",))]
+    assert "kvtop.report.report" in modules
+    reached = set().union(*(_reachable(m) for m in modules))
+    assert sorted(m for m in reached if _under(m, TOOLS)) == []
+
+
+def test_only_calibrate_imports_torch_and_only_when_it_runs() -> None:
+    """PyTorch is calibrate's alone (it times kernels on the GPU), imported inside the function that measures, so
+    that ``kvtop calibrate --help`` and its 'no PyTorch' message (exit 2) work without it."""
+    importers, at_import = [], []
+    for path in PACKAGE.rglob("*.py"):
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        if any(m.split(".")[0] == "torch" for m in _imports(tree, package)):
+            importers.append(name)
+        if any(m.split(".")[0] == "torch" for m in _imports(tree, package, module_level=True)):
+            at_import.append(name)
+    assert importers == ["kvtop.calibrate"]
+    assert at_import == []
 
 
 PROBE = """

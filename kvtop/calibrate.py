@@ -1,6 +1,6 @@
 """`kvtop calibrate`: measure this machine's GPU and host link into a GPU profile.
 
-    python -m kvtop.report.calibrate --model Qwen/Qwen3-8B --out profile.json [--quick]
+    python -m kvtop.calibrate --model Qwen/Qwen3-8B --out profile.json [--quick]
 
 Needs PyTorch with CUDA and an NVIDIA GPU; without either it says which is missing and exits non-zero (2: no
 PyTorch, 3: no usable GPU). Measures, with the same keys as `shared/anchors/h200-2026-11-29.json`:
