@@ -1,11 +1,14 @@
 """Simulator speed: BlockManager operations per second, and the synthetic Mooncake trace replay's wall time.
 
-    python bench/bench_sim.py                  # ops/s (optimized vs the frozen pre-optimization copy) + full trace
+    python bench/bench_sim.py                  # ops/s (optimized vs the block manager before the speed work) + trace
+    python bench/bench_sim.py --baseline-rev 842a6f7   # the same: the baseline is that commit's file, from git
     python bench/bench_sim.py --skip-trace     # ops/s only
     python bench/bench_sim.py --trace-limit 400
 
 Block manager mixes (every one run on both implementations in this process, so the ratio is measured on the
-same machine at the same moment; both must give identical counters, which is checked):
+same machine at the same moment; both must give identical counters, which is checked). The baseline is
+kvtop/engines/sim/block_manager.py as it was at ``--baseline-rev`` (default 842a6f7, the commit before the speed
+work), read with ``git show`` into a fresh module (bench/git_baseline.py); it needs a git checkout with that history:
 
 - ``trace``: the first trace requests' prompts (512-token hash blocks, 32 tokens per block) each added, stored
   after prefill, extended by up to 64 generated tokens and removed, 4 at a time, into a GPU pool small enough that
@@ -24,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import random
@@ -44,17 +46,18 @@ from kvtop.engines.sim.block_manager import TokenRuns  # noqa: E402
 from kvtop.engines.sim.retention import KvCacheRetentionConfig  # noqa: E402
 from kvtop.workload.trace import read_trace  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from git_baseline import BASELINE_REV, BaselineMissing, module_at  # noqa: E402
+
 # the project's shared/ beside the repository; KVTOP_TRACE for a copy elsewhere (the lent GPU host has no shared/)
 TRACE = Path(os.environ.get("KVTOP_TRACE", ROOT.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"))
 
 
-def _load_baseline() -> Any:
-    spec = importlib.util.spec_from_file_location("sim_baseline_block_manager",
-                                                  Path(__file__).with_name("sim_baseline_block_manager.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _load_baseline(rev: str) -> Any:
+    try:
+        return module_at("sim_baseline_block_manager", rev)
+    except BaselineMissing as exc:
+        raise SystemExit(f"bench_sim: no baseline block manager: {exc}") from None
 
 
 def trace_mix(bm_class: type, prompts: list[Any], host_blocks: int, events: int) -> dict[str, Any]:
@@ -117,8 +120,8 @@ def chat_mix(bm_class: type, events: int, requests: int = 3000) -> dict[str, Any
             "reused": bm.reused_blocks, "missed": bm.missed_blocks}
 
 
-def bench_block_manager(num_trace_requests: int, repeat: int) -> list[dict[str, Any]]:
-    baseline = _load_baseline()
+def bench_block_manager(num_trace_requests: int, repeat: int, rev: str = BASELINE_REV) -> list[dict[str, Any]]:
+    baseline = _load_baseline(rev)
     requests = list(read_trace(TRACE, limit=num_trace_requests)) if TRACE.exists() else []
     prompts = [r.prompt_ids() for r in requests]  # lists of ids
     runs = [TokenRuns(r.prompt_runs()) for r in requests]  # the same prompts as kvtop sim --trace hands them over
@@ -215,6 +218,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--trace-requests", type=int, default=150, help="trace prompts for the block manager mixes")
     p.add_argument("--repeat", type=int, default=3, help="runs per mix and implementation; the best is kept")
+    p.add_argument("--baseline-rev", metavar="REV", default=BASELINE_REV,
+                   help=f"the block manager the mixes compare against, from git (default {BASELINE_REV}: before "
+                        "the speed work)")
     p.add_argument("--skip-trace", action="store_true", help="no full trace replay")
     p.add_argument("--trace-limit", type=int, default=None, help="replay only the first N trace requests")
     p.add_argument("--trace-baseline", metavar="REV", default=None,
@@ -236,7 +242,7 @@ def main() -> None:
     print(f"python {platform.python_version()}, processor {platform.processor() or platform.machine()!r}")
     print(f"{'mix':40} {'ops':>8} {'blocks':>8} {'ops/s':>10} {'base ops/s':>10} {'blocks/s':>10} "
           f"{'base blk/s':>10} {'speedup':>7}")
-    for row in bench_block_manager(a.trace_requests, a.repeat):
+    for row in bench_block_manager(a.trace_requests, a.repeat, a.baseline_rev):
         print(f"{row['mix']:40} {row['ops']:>8} {row['blocks']:>8} {row['optimized_ops_per_s']:>10.0f} "
               f"{row['baseline_ops_per_s']:>10.0f} {row['optimized_blocks_per_s']:>10.0f} "
               f"{row['baseline_blocks_per_s']:>10.0f} {row['speedup']:>6.2f}x")

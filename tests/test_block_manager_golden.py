@@ -1,6 +1,7 @@
 """Golden differential tests: the block manager and the engine loop must behave exactly as they did before the
 speed work (commit 842a6f7, whose block manager is b4aeb68's faithful port that ``test_trtllm_port.py`` checks
-against TensorRT-LLM; a frozen copy is bench/sim_baseline_block_manager.py).
+against TensorRT-LLM). Where the checkout has that history, the differential tests below also run 842a6f7's block
+manager itself, read from git (bench/git_baseline.py); they skip where it is not there (a shallow clone, a tarball).
 
 Each case drives a seeded random workload through ``BlockManager`` (or ``SimEngineCore``) and logs everything an
 observer can see: every return value or exception, the request's ``block_ids``, ``kv_cache_stats()``, free counts
@@ -305,8 +306,8 @@ def digest(log: list[Any]) -> str:
 # millisecond now expire in release order, as TensorRT-LLM's nanosecond release stamps make them (the block id broke
 # the tie before), which changed 32 of the 48 older block-manager digests and engine seed 1: ties are common (one
 # request releases all its blocks at one instant). Every digest of the table, and the engine's, is also what the
-# frozen copy gives with only its tie-break replaced (``_baseline_block_manager``); the frozen copy as it is still
-# matches wherever no timed priority can tie (test_expiry_ties_are_the_only_difference_from_the_frozen_copy).
+# 842a6f7's block manager gives with only its tie-break replaced (``_baseline_block_manager``); as it is, it still
+# matches wherever no timed priority can tie (test_expiry_ties_are_the_only_difference_from_842a6f7).
 GOLDEN: dict[str, str] = {
     "host_larger_than_gpu/1": "9b8fb9e9785eeb3861af1e071212014d",
     "host_larger_than_gpu/2": "0d9ef4c68b41801ac6d39a2b3b195e49",
@@ -347,7 +348,7 @@ GOLDEN: dict[str, str] = {
     "tpb2_big_pool/1": "b6658353469a2d8077168b31233a9ffb",
     "tpb2_big_pool/2": "6c2594fca991c715a413b9bc11c5265d",
     "tpb2_big_pool/3": "a8bccc23fda7e39c016389c42298a352",
-    # added with the TokenRuns work, computed on the frozen pre-optimization copy (bench/sim_baseline_block_manager.py)
+    # added with the TokenRuns work, computed on the pre-optimization block manager (842a6f7's, from git)
     "trace_like_runs/1": "53b9665652626da6e498908f1c9f548d",
     "trace_like_runs/2": "54f9c5f458f1380fe373e9158e0b0130",
     "trace_like_runs/3": "34c953a9599607a032cc6b1bbb8fdc14",
@@ -357,7 +358,7 @@ GOLDEN: dict[str, str] = {
     "tpb8_events_on/1": "d36640ce61a7f483833eaf342cd5c4e2",
     "tpb8_events_on/2": "93fab0e05d555773d3f769490e3ff1e7",
     "tpb8_events_on/3": "d24f2bf12e12c34ce63c0ea622653d87",
-    # issue 12.1: same-millisecond expiry ties (computed on the frozen copy with the tie-break fixed, too)
+    # issue 12.1: same-millisecond expiry ties (computed on 842a6f7's block manager with the tie-break fixed, too)
     "expiry_ties/1": "6b072e1cdb493027e9a1d8451d482658",
     "expiry_ties/2": "6bbfee2121ca59e23d840bb08119393b",
     "expiry_ties/3": "361204771a8612aba3f4575422f857e9",
@@ -374,8 +375,8 @@ ENGINE_GOLDEN: dict[int, str] = {
 # The in-repo slice of the synthetic Mooncake trace (tests/data/mooncake_slice.jsonl, 499 requests, see its NOTICE) at
 # 32 tokens per block, Qwen3-8B on H200 sizing (25,054 GPU blocks) and an 8 GB host cache (1,695 blocks), where the
 # recursive freeChildren overflowed the stack. Computed with this replay after the fix, and checked equal to the
-# frozen pre-optimization block manager (bench/sim_baseline_block_manager.py) run in a thread with a 512 MB stack
-# and a recursion limit of 100,000 (the frozen copy is recursive still).
+# pre-optimization block manager (842a6f7's) run in a thread with a 512 MB stack and a recursion limit of 100,000
+# (that one is recursive still).
 TRACE_SLICE = Path(__file__).resolve().parent / "data" / "mooncake_slice.jsonl"
 TRACE_SLICE_8GB: dict[str, Any] = {
     "host_cache_bytes": 8000000000,
@@ -443,21 +444,29 @@ def test_token_runs_prompts_behave_as_lists(case: str) -> None:
     assert run_block_manager_workload(case, 1, as_runs=True) == run_block_manager_workload(case, 1)
 
 
-def _load_frozen(module_name: str) -> Any:
-    """A fresh module of bench/sim_baseline_block_manager.py under ``module_name`` (each caller its own, so one's
-    patch never reaches the other); skips where bench/ is not here."""
-    path = Path(__file__).resolve().parent.parent / "bench" / "sim_baseline_block_manager.py"
+def _git_baseline() -> Any:
+    path = Path(__file__).resolve().parent.parent / "bench" / "git_baseline.py"
     if not path.exists():
-        pytest.skip("the frozen pre-optimization block manager (bench/) is not here")
-    spec = importlib.util.spec_from_file_location(module_name, path)
+        pytest.skip("bench/git_baseline.py is not here")
+    spec = importlib.util.spec_from_file_location("git_baseline", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def _load_frozen(module_name: str) -> Any:
+    """842a6f7's block manager, read from git, as a fresh module under ``module_name`` (each caller its own, so
+    one's patch never reaches the other); skips, saying why, where the checkout lacks that history."""
+    git_baseline = _git_baseline()
+    try:
+        return git_baseline.module_at(module_name)
+    except git_baseline.BaselineMissing as exc:
+        pytest.skip(f"the pre-optimization block manager is not in this checkout's history: {exc}")
+
+
 def _baseline_block_manager() -> type:
-    """The frozen pre-optimization copy (bench/, a speed baseline that stays as it was), with one fix applied here:
+    """842a6f7's block manager (before the speed work; bench_sim.py's speed baseline too), with one fix applied here:
     timed priorities that expire in the same millisecond expire in release order, as TensorRT-LLM's nanosecond
     release stamps make them (issue 12.1; the copy broke the tie by block id). Only the expiry heap's tie-break is
     replaced; every other step is the copy's own."""
@@ -501,7 +510,7 @@ def _baseline_block_manager() -> type:
 
 
 def _frozen_block_manager() -> type:
-    """The frozen copy exactly as it is (block-id tie-break)."""
+    """842a6f7's block manager exactly as it is (block-id tie-break)."""
     return _load_frozen("sim_baseline_block_manager_as_is").BlockManager
 
 
@@ -509,7 +518,7 @@ def _frozen_block_manager() -> type:
                                   "expiry_ties_host"])
 @pytest.mark.parametrize("id_offset", [-6, (1 << 63) - 10_000, 1 << 30])
 def test_same_log_as_the_unoptimized_implementation(case: str, id_offset: int) -> None:
-    """Differential against the frozen pre-optimization copy on workloads the digests do not cover: negative ids,
+    """Differential against the pre-optimization block manager on workloads the digests do not cover: negative ids,
     ids next to 2^63 (runs whose packing falls back), generated-token ids, run-shaped prompts."""
     baseline = _baseline_block_manager()
     expected = run_block_manager_workload(case, 4, bm_class=baseline, id_offset=id_offset)
@@ -518,10 +527,10 @@ def test_same_log_as_the_unoptimized_implementation(case: str, id_offset: int) -
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_expiry_ties_are_the_only_difference_from_the_frozen_copy(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The frozen copy as it is (block-id tie-break) gives the same log wherever no two timed priorities can tie
-    (durations off), and a different one on the tie-heavy workloads, which the copy with the tie-break fixed
-    matches: the workloads exercise the fix, and the fix is all that changed."""
+def test_expiry_ties_are_the_only_difference_from_842a6f7(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """842a6f7's block manager as it is (block-id tie-break) gives the same log wherever no two timed priorities
+    can tie (durations off), and a different one on the tie-heavy workloads, which it matches with the tie-break
+    fixed: the workloads exercise the fix, and the fix is all that changed."""
     as_is = _frozen_block_manager()
     monkeypatch.setitem(CASES, "small_host_untimed", dict(CASES["small_host"], durations=[None],
                                                             decode_durations=[None]))
@@ -536,7 +545,8 @@ def test_expiry_ties_are_the_only_difference_from_the_frozen_copy(seed: int, mon
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_compacting_the_free_queues_changes_nothing(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The free queues delete lazily (stale entries) and compact past a slack: with a slack below any count, every
-    claim from the middle compacts its level, and the log must still be the frozen implementation's."""
+    claim from the middle compacts its level, and the log must be the one of a run that never compacts (a slack
+    above any count; the golden digests tie that one to the pre-optimization implementation)."""
     import kvtop.engines.sim.block_manager as block_manager
 
     compactions = []
@@ -559,9 +569,11 @@ def test_compacting_the_free_queues_changes_nothing(case: str, monkeypatch: pyte
                 1 for q in policy.queues[lvl] for stamp, block in zip(list(q)[::2], list(q)[1::2])
                 if block.qstamp is stamp)
 
-    monkeypatch.setattr(block_manager, "STALE_ENTRIES_SLACK", -(1 << 40))
+    monkeypatch.setattr(block_manager, "STALE_ENTRIES_SLACK", 1 << 40)
     monkeypatch.setattr(block_manager._EvictionPolicy, "_compact", counting_compact)
-    expected = run_block_manager_workload(case, 5, bm_class=_baseline_block_manager())
+    expected = run_block_manager_workload(case, 5)
+    assert compactions == []
+    monkeypatch.setattr(block_manager, "STALE_ENTRIES_SLACK", -(1 << 40))
     assert run_block_manager_workload(case, 5) == expected
     # without reuse only expiring timed priorities take blocks from the middle of a queue
     assert len(compactions) >= (10 if CASES[case]["bm"].get("enable_block_reuse", True) else 1), compactions
