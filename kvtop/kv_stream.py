@@ -412,7 +412,7 @@ class StreamFold:
         bad = data.get("bad_events")
         if isinstance(bad, int) and bad > 0:
             self.bad_events += bad
-        m = self.model
+        m = self.model.event_fold  # its moves are the TierModel's (kvtop/tiers/events.py)
         for ev in events:
             if not isinstance(ev, Mapping):
                 self.bad_events += 1
@@ -457,11 +457,11 @@ class StreamFold:
                     live[key] = 1
                     self.stored[tier] += 1
                     if tier == "host":
-                        m._ev_offloaded += 1
+                        m.offloaded += 1
                     elif tier == "gpu":
                         for lower in ("host", "disk", "external"):
                             if key in self.live[lower]:
-                                m._ev_onboarded += 1
+                                m.onboarded += 1
                                 self.onboarded_from[lower] += 1
                                 break
             else:
@@ -471,7 +471,7 @@ class StreamFold:
                     if not n:
                         self.unknown_removals += 1
                         if tier in ("gpu", "host"):
-                            m._ev_evicted_unknown += 1
+                            m.evicted_unknown += 1
                         continue
                     if n > 1:
                         live[key] = n - 1
@@ -479,9 +479,9 @@ class StreamFold:
                     del live[key]
                     self.removed[tier] += 1
                     if tier == "gpu":
-                        m._ev_evicted[0] += 1
+                        m.evicted[0] += 1
                     elif tier == "host":
-                        m._ev_evicted[1] += 1
+                        m.evicted[1] += 1
 
     # ------------------------------------------------------------------------------------------ metrics
 
@@ -630,14 +630,14 @@ class StreamFold:
         if m._warming:
             m._warm_hits += dh
             m._warm_lookups += dl
-            m._ev_warm_host_hits += dhh
+            m.event_fold.warm_host_hits += dhh
             m._st_warm_host_hits += dhh
         else:
             m._hits += dh
             m._lookups += dl
             # Host hits from the engine's own counter; written to both of the TierModel's host-hit sources (it
             # reads one of them, never their sum), and the events' onboards never add to them.
-            m._ev_host_hits += dhh
+            m.event_fold.host_hits += dhh
             m._st_host_hits += dhh
 
     # ------------------------------------------------------------------------------------------ summaries
@@ -674,13 +674,14 @@ class StreamFold:
                 d[key] = v - last if v >= last else v
         m._hits += d.get("hits", 0)
         m._lookups += d.get("lookups", 0)
-        m._ev_host_hits += d.get("host_hits", 0)
+        ev = m.event_fold
+        ev.host_hits += d.get("host_hits", 0)
         m._st_host_hits += d.get("host_hits", 0)
-        m._ev_offloaded += d.get("offloaded", 0)
-        m._ev_onboarded += d.get("onboarded", 0)
-        m._ev_evicted[0] += d.get("evicted_gpu", 0)
-        m._ev_evicted[1] += d.get("evicted_host", 0)
-        m._ev_evicted_unknown += d.get("evicted_unknown", 0)
+        ev.offloaded += d.get("offloaded", 0)
+        ev.onboarded += d.get("onboarded", 0)
+        ev.evicted[0] += d.get("evicted_gpu", 0)
+        ev.evicted[1] += d.get("evicted_host", 0)
+        ev.evicted_unknown += d.get("evicted_unknown", 0)
         m._completed += d.get("completed", 0)
         m._failed += d.get("failed", 0)
         if d.get("hits"):

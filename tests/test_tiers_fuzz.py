@@ -63,7 +63,7 @@ def check_invariants(m: TierModel) -> None:
     assert min(mv.offloaded_blocks, mv.onboarded_blocks, mv.evicted_gpu_blocks, mv.evicted_host_blocks) >= 0
     for per in m.cached_by_priority.values():
         assert all(n > 0 for n in per.values()), per
-    for pool in m._pools.values():
+    for pool in m.event_fold.pools.values():
         assert min(pool.prio) >= 0
     hr = m.hit_rate
     for rate in (hr.cumulative, hr.gpu, hr.host, hr.window):

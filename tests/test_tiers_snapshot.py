@@ -33,10 +33,10 @@ def test_a_snapshot_reads_as_the_model_does_and_stays_put_while_the_model_moves_
         m.gpu, m.host, tuple(m.tiers), m.moves, m.hit_rate, m.requests)
     assert snap.history() == m.history() and snap.cached_by_priority == m.cached_by_priority
     offloaded = snap.moves.offloaded_blocks
-    block = next(h for h, c in m._win_pool.blocks.items() if c & 1 == 0)  # a GPU block the fold holds
-    m.apply(make("kv_event", {"event_id": m._eid_next, "data": {"type": "updated", "block_hash": block,
-                                                               "cache_level": {"old_value": 0, "new_value": 1}}},
-                 SRC, m.now))
+    pool = next(iter(m.event_fold.pools.values()))
+    block = next(h for h, c in pool.blocks.items() if c & 1 == 0)  # a GPU block the fold holds
+    m.apply(make("kv_event", {"event_id": m.event_fold.next_event_id, "data": {
+        "type": "updated", "block_hash": block, "cache_level": {"old_value": 0, "new_value": 1}}}, SRC, m.now))
     assert m.moves.offloaded_blocks == offloaded + 1
     assert snap.moves.offloaded_blocks == offloaded and m.published is snap  # published only when asked
     again = m.snapshot()

@@ -56,23 +56,23 @@ Data quality (``quality``), never hidden:
   (``loadOrAllocateBlocks`` enqueues the event before its partial-match branch; the copied block keeps its
   priority). Both are counted in the truth test (tests/test_tiers.py).
 
-Hot path: ``apply_kv_event`` must keep up with an 8-GPU node's ~50,000 events/s with room to spare (BENCHMARKS.md,
-"Folding KV events"). Each block is one packed int in a dict (see ``_Pool``), the frequent offload, onboard and
-single-block removal are folded inline, nothing is allocated per removed or updated event, and a zero-cost ``try``
-(CPython 3.11+) turns malformed input into a counted bad record whose reason is found afterwards, off the hot path.
-Everything the dashboard reads (``gpu``, ``host``, ``rates``, ``summary()``...) is built on read, 4 times a second.
+The fold is a package of small folds, each owning its state, that this module composes: the KV event fold and
+its hot path (kvtop/tiers/events.py), the field checks and the shared ledger (kvtop/tiers/common.py), the rate
+window (kvtop/tiers/window.py). Everything the dashboard reads (``gpu``, ``host``, ``rates``, ``summary()``...)
+is built on read, 4 times a second.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
 from kvtop.records import Record, RecordError, parse_engine_dict
+from kvtop.tiers.common import Ledger, _Bad, _count, _describe, _number, _priority, _required_count
+from kvtop.tiers.events import GPU, HOST, EventFold
 from kvtop.tiers.snapshot import TierSnapshot, Version
 from kvtop.tiers.snapshot import take as take_snapshot
 from kvtop.tiers.state import (
@@ -92,69 +92,8 @@ from kvtop.tiers.window import RateWindow
 # The read-side types live in kvtop.tiers.state (re-exported by kvtop.tiers); this module exports only the fold.
 __all__ = ["TierModel"]
 
-GPU = 0
-HOST = 1
-DISK = 2
-_U64 = 1 << 64
-_I64_MIN = -(1 << 63)
-_MAX_PRIORITY = 100
-_UNKNOWN_PRIORITY = _MAX_PRIORITY + 1   # bucket for blocks whose priority no event gave (verbatim fixtures omit it)
-# The fold's block map holds every cached block plus the stale ones the silent detaches left behind. It is
-# pruned (orphans first, then oldest) past this many times the pools' total capacity, plus some slack, so that
-# memory stays flat over hours. With no capacity known yet, 2^18 entries (~60 MB) is the cap.
-_PRUNE_FACTOR = 2
-_PRUNE_SLACK = 1024
-_PRUNE_UNKNOWN_CAP = 1 << 18
 STREAM_KINDS = ("kv_batch", "metrics", "summary")  # folded by kvtop/kv_stream.py
 _MAX_GPUS = 64  # gpu records keep one entry per device index; more than this is a malformed stream
-_NO_WINDOW = object()  # a window_size no event has
-_NO_ID = object()      # an event id no event has (no number equals it, so the first event takes the slow path)
-# A stored block's (cache_level, priority) -> its code's low byte, for every well-formed pair (None = absent).
-# One lookup checks and encodes both, in a third of the time of comparing each.
-_CODES: dict[tuple[int | None, int | None], int] = {
-    (lvl, pr): (lvl or 0) | ((_UNKNOWN_PRIORITY if pr is None else pr) << 1)
-    for lvl in (None, 0, 1) for pr in (None, *range(_MAX_PRIORITY + 1))}
-
-
-# ------------------------------------------------------------------------------------------------ internals
-
-class _Bad(Exception):
-    """Malformed input: ``field`` is a dotted path into the record's data."""
-
-    def __init__(self, field: str, problem: str):
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
-
-
-class _Pool:
-    """The fold's state for one KV cache (one attention window of one attention-DP rank).
-
-    Each block the fold holds is one int, ``level | priority << 1 | fold_children << 8`` (``priority`` 101 =
-    unknown), so that the hot path allocates nothing the garbage collector tracks: with a GC-tracked object per
-    block, collections walking the map cost 16 us per stored block in the first version of this fold.
-    """
-
-    __slots__ = ("blocks", "parents", "prio", "capacity", "limit")
-
-    def __init__(self) -> None:
-        self.blocks: dict[int, int] = {}     # block hash -> packed code
-        self.parents: dict[int, int] = {}    # block hash -> parent hash (absent for first blocks of the tree)
-        self.prio = [0] * 256                # cached blocks per (code & 0xFF) = level + 2 * priority
-        self.capacity: list[int] | None = None  # [primary, secondary] from the created event
-        self.limit = _PRUNE_UNKNOWN_CAP  # the block map is pruned past this many entries
-
-    def set_capacity(self, primary: int, secondary: int) -> None:
-        self.capacity = [primary, secondary]
-        self.limit = _PRUNE_FACTOR * (primary + secondary) + _PRUNE_SLACK
-
-    def clear(self) -> None:
-        self.blocks.clear()
-        self.parents.clear()
-        self.prio[:] = [0] * 256
-
-    def cached(self, level: int) -> int:
-        return sum(self.prio[level::2])
 
 
 class _LatencyTrack:
@@ -208,143 +147,6 @@ class _LatencyTrack:
         return Latency(self._rank(values, 50), self._rank(values, 99), len(values))
 
 
-def _describe(value: Any) -> str:
-    try:
-        text = json.dumps(value, default=str)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _count(value: Any, path: str) -> int | None:
-    """A non-negative count (None stays None). Integral floats are accepted: some JSON writers emit 5.0."""
-    if value is None:
-        return None
-    if value.__class__ is int and value >= 0:
-        return int(value)
-    if isinstance(value, float) and value.is_integer() and value >= 0:
-        return int(value)
-    raise _Bad(path, f"must be a non-negative integer, got {_describe(value)}")
-
-
-def _required_count(value: Any, path: str) -> int:
-    n = _count(value, path)
-    if n is None:
-        raise _Bad(path, "must be a non-negative integer, got null")
-    return n
-
-
-def _number(value: Any, path: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise _Bad(path, f"must be a non-negative number, got {_describe(value)}")
-    return float(value)
-
-
-def _hash(value: Any, path: str) -> int:
-    """An unsigned 64-bit block hash; a signed 64-bit one (NVIDIA's gRPC converter wraps them) is unwrapped.
-
-    TensorRT-LLM's V2 manager with ``kv_cache_event_hash_algo="v2_sha256"`` (the default "auto" there on 1.3's
-    line, tensorrt_llm/runtime/kv_cache_hash.py) writes block hashes as the hex of a SHA-256 key
-    (tensorrt_llm/serve/router_utils.py ``v2_sha256_block_hasher``): its first 8 bytes, big-endian, are the key,
-    the same number ``v2_sha256_64`` sends (``truncate_sha256_hash_to_int64``).
-    """
-    if value.__class__ is str and len(value) >= 16:
-        try:
-            return int(value[:16], 16)
-        except ValueError:
-            pass
-    if value.__class__ is not int or not _I64_MIN <= value < _U64:
-        raise _Bad(path, f"must be a 64-bit integer block hash, got {_describe(value)}")
-    return value + _U64 if value < 0 else value
-
-
-def _hash_list(values: list[Any], path: str) -> list[int]:
-    return [_hash(v, f"{path}[{i}]") for i, v in enumerate(values)]
-
-
-# Cache levels and priorities: a number equal to a valid integer (1.0, or JSON true for 1) is taken as that integer,
-# in the hot path (which compares by value) and here alike. Block hashes and event ids must be true integers.
-
-def _level(value: Any, path: str) -> int:
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return int(value)
-    raise _Bad(path, f"must be 0 (GPU) or 1 (host), got {_describe(value)}")
-
-
-def _priority(value: Any, path: str) -> int:
-    if isinstance(value, (int, float)) and 0 <= value <= _MAX_PRIORITY and value == int(value):
-        return int(value)
-    raise _Bad(path, f"must be an integer priority in [0, {_MAX_PRIORITY}], got {_describe(value)}")
-
-
-def _diagnose_event(event: Any) -> None:
-    """Raise ``_Bad`` naming the first malformed field of a KV cache event (slow; only after the fold failed)."""
-    if not isinstance(event, dict):
-        raise _Bad("event", f"must be an object, got {_describe(event)}")
-    for key in ("event_id", "data"):
-        if key not in event:
-            raise _Bad(key, "is missing")
-    eid = event["event_id"]
-    if eid.__class__ is not int or eid < 0:
-        raise _Bad("event_id", f"must be a non-negative integer, got {_describe(eid)}")
-    for key in ("window_size", "attention_dp_rank"):
-        v = event.get(key)
-        if v is not None and (v.__class__ is not int or v < 0):
-            raise _Bad(key, f"must be a non-negative integer, got {_describe(v)}")
-    data = event["data"]
-    if not isinstance(data, dict):
-        raise _Bad("data", f"must be an object, got {_describe(data)}")
-    etype = data.get("type")
-    required = {"stored": "blocks", "removed": "block_hashes", "updated": "block_hash",
-                "created": "num_blocks_per_cache_level"}
-    if not isinstance(etype, str) or etype not in required:
-        raise _Bad("data.type", f"must be one of created, stored, removed, updated, got {_describe(etype)}")
-    if required[etype] not in data:
-        raise _Bad(f"data.{required[etype]}", "is missing")
-    if etype == "stored":
-        blocks = data["blocks"]
-        if not isinstance(blocks, list):
-            raise _Bad("data.blocks", f"must be a list, got {_describe(blocks)}")
-        if data.get("parent_hash") is not None:
-            _hash(data["parent_hash"], "data.parent_hash")
-        for i, b in enumerate(blocks):
-            if not isinstance(b, dict):
-                raise _Bad(f"data.blocks[{i}]", f"must be an object, got {_describe(b)}")
-            if "block_hash" not in b:
-                raise _Bad(f"data.blocks[{i}].block_hash", "is missing")
-            _hash(b["block_hash"], f"data.blocks[{i}].block_hash")
-            if b.get("cache_level") is not None:
-                _level(b["cache_level"], f"data.blocks[{i}].cache_level")
-            if b.get("priority") is not None:
-                _priority(b["priority"], f"data.blocks[{i}].priority")
-    elif etype == "removed":
-        hashes = data["block_hashes"]
-        if not isinstance(hashes, list):
-            raise _Bad("data.block_hashes", f"must be a list, got {_describe(hashes)}")
-        _hash_list(hashes, "data.block_hashes")
-    elif etype == "updated":
-        _hash(data["block_hash"], "data.block_hash")
-        for key, check in (("cache_level", _level), ("priority", _priority)):
-            diff = data.get(key)
-            if diff is None:
-                continue
-            if not isinstance(diff, dict):
-                raise _Bad(f"data.{key}", f"must be an event_diff object or null, got {_describe(diff)}")
-            if "new_value" not in diff:
-                raise _Bad(f"data.{key}.new_value", "is missing")
-            check(diff["new_value"], f"data.{key}.new_value")
-            if diff.get("old_value") is not None:
-                check(diff["old_value"], f"data.{key}.old_value")
-    else:
-        levels = data["num_blocks_per_cache_level"]
-        if not isinstance(levels, list) or not 1 <= len(levels) <= 2:
-            raise _Bad("data.num_blocks_per_cache_level", f"must be a list of 1 or 2 integers, got {_describe(levels)}")
-        for i, v in enumerate(levels):
-            _required_count(v, f"data.num_blocks_per_cache_level[{i}]")
-
-
 # ------------------------------------------------------------------------------------------------ the fold
 
 class TierModel:
@@ -362,27 +164,20 @@ class TierModel:
         self._warming = warmup_requests > 0  # kept current by _update_warming (read on the hot path)
         self.window_s = float(window_s)
         self.history_step_s = float(history_step_s)
-        self.now: float | None = None
+        self._reuse_seen = False  # a reuse in the stats or the engines' stream (the events' own: EventFold)
 
-        # events
-        self._pools: dict[Any, _Pool] = {}
-        self._eid_next: Any = _NO_ID              # next event id without attention DP (_NO_ID: none seen yet)
-        self._next_eid: dict[Any, int] = {}       # per attention-DP rank, with attention DP
-        self._win_key: Any = _NO_WINDOW           # the last rank-less pool looked up, and its window_size
-        self._win_pool = _Pool()  # a placeholder until the first lookup (_NO_WINDOW matches no event)
-        self._approx_ranks: set[Any] = set()
-        self._events_dropped = 0
-        self._unknown_hashes = 0
-        self._unknown_parents = 0
-        self._stale_dropped = 0
-        self._pruned = 0
-        self._duplicates = 0
-        self._event_restarts = 0
-        self._ev_offloaded = 0
-        self._ev_onboarded = 0
-        self._ev_evicted = [0, 0]
-        self._ev_evicted_unknown = 0
-        self._reuse_seen = False
+        # rate samples (fine ones for the window, coarse ones for the history), and the ledger every fold writes:
+        # now, records in, folded and bad (kvtop/tiers/window.py, kvtop/tiers/common.py)
+        self._window = RateWindow(self.window_s, self.history_step_s, history_len)
+        self._ledger = Ledger(self._window, self._counters)
+        self._tick = self._ledger.tick
+        self._bad = self._ledger.bad
+
+        # the folds, each owning its state
+        self.event_fold = EventFold(self._ledger)  # kvtop/tiers/events.py
+        # the hot path, bound here so that a call costs what it cost when it was this class's method
+        self.apply_kv_event = self.event_fold.apply
+        self.event_fold.warming = self._warming
 
         # stats
         self._last_kv: dict[str, int | None] = {}
@@ -415,10 +210,9 @@ class TierModel:
         self._lookups = 0
         self._warm_hits = 0
         self._warm_lookups = 0
-        # Host hits = onboards: from the events (1.0-1.2), or from newer stats' iterOnboardBlocks, which win when
-        # present (they line up with the hit counters). Kept apart so that having both never counts twice.
-        self._ev_host_hits = 0
-        self._ev_warm_host_hits = 0
+        # Host hits = onboards: from the events (1.0-1.2, EventFold.host_hits), or from newer stats'
+        # iterOnboardBlocks, which win when present (they line up with the hit counters). Kept apart so that having
+        # both never counts twice.
         self._st_host_hits = 0
         self._st_warm_host_hits = 0
 
@@ -448,21 +242,12 @@ class TierModel:
         # what readers on other threads read: the last snapshot taken (kvtop/tiers/snapshot.py)
         self.published: TierSnapshot | None = None
         self._window_resets = 0
-        self._touched = 0  # every record handed in, folded or not (a duplicate event still counts one)
-
-        # bad input
-        self.bad_records = 0
-        self.last_bad_reason: str | None = None
-        self.records_applied = 0
-
-        # rate samples: fine ones for the window, coarse ones for the history
-        self._window = RateWindow(self.window_s, self.history_step_s, history_len)  # kvtop/tiers/window.py
 
     # ============================================================================================ entry points
 
     def apply(self, record: Record) -> None:
         """Any kvtop record; ``record.time`` is "now". Never raises: bad input is counted in ``bad_records``."""
-        self._touched += 1
+        self._ledger.touched += 1
         try:
             kind = record.kind
             data = record.data
@@ -497,7 +282,7 @@ class TierModel:
             except Exception as exc:  # never into the consumer; name what broke
                 self._bad("data", f"{type(exc).__name__}: {exc}")
                 return
-            self.records_applied += 1
+            self._ledger.applied += 1
         else:
             self._bad("kind", f"must be one of meta, stats, kv_event, gpu, host, request, "
                               f"{', '.join(STREAM_KINDS)}, got {_describe(kind)}")
@@ -518,7 +303,11 @@ class TierModel:
         except Exception as exc:  # never into the consumer; name what broke
             self._bad("data", f"{type(exc).__name__}: {exc}")
             return
-        self.records_applied += 1
+        self._ledger.applied += 1
+
+    def apply_kv_events(self, events: Iterable[Any], t: float | None = None) -> None:
+        for ev in events:
+            self.apply_kv_event(ev, t)
 
     def apply_records(self, records: Iterable[Record]) -> None:
         for r in records:
@@ -526,7 +315,7 @@ class TierModel:
 
     def apply_stats(self, stats: Any, t: float | None = None) -> None:
         """One TensorRT-LLM iteration-stats dict (or its JSON string, as 1.x's docstring shows)."""
-        self._touched += 1
+        self._ledger.touched += 1
         if t is not None and not self._tick(t):
             return
         try:
@@ -541,102 +330,7 @@ class TierModel:
         except Exception as exc:
             self._bad("stats", f"{type(exc).__name__}: {exc}")
             return
-        self.records_applied += 1
-
-    def apply_kv_event(self, event: Any, t: float | None = None) -> None:
-        """One TensorRT-LLM KV cache event dict (``{"event_id", "data": {"type", ...}, "window_size"}``).
-
-        The hot path: ``updated`` and ``removed`` (98% of a busy engine's events) are folded inline for a block
-        the fold knows; everything else (stored, created, unknown hashes, odd ids, bad input) goes to methods.
-        """
-        self._touched += 1  # the snapshot's version: a duplicate or out-of-order event changes the quality counts too
-        if t is not None and t != self.now and not self._tick(t):
-            return
-        try:
-            data = event["data"]
-            etype = data["type"]
-            eid = event["event_id"]
-            rank = event.get("attention_dp_rank")
-            # The next id of the usual rank-less stream is an attribute and the last pool is cached: ~0.2 us of
-            # the ~2 us an event costs.
-            if rank is None:
-                if eid != self._eid_next and not self._event_id_ok(None, eid, etype):
-                    return
-                window = event.get("window_size")
-                pool = self._win_pool if window == self._win_key else self._pool_for(window, None)
-            else:
-                if rank.__class__ is not int or rank < 0:
-                    raise _Bad("attention_dp_rank", f"must be a non-negative integer, got {_describe(rank)}")
-                if eid != self._next_eid.get(rank) and not self._event_id_ok(rank, eid, etype):
-                    return
-                pool = self._pool_for(event.get("window_size"), rank)
-            if etype == "updated":
-                h = data["block_hash"]
-                cl = data.get("cache_level")
-                c = pool.blocks.get(h)  # a hit proves h a well-formed hash: only a miss needs checking
-                if c is None or cl is None or data.get("priority") is not None:
-                    self._updated(pool, data)
-                else:
-                    # An offload (0->1) or onboard (1->0) of a known block, the bulk of the stream.
-                    nv = cl["new_value"]
-                    ov = cl.get("old_value")
-                    cur = c & 1
-                    if nv != cur:
-                        if nv != cur ^ 1:
-                            _level(nv, "data.cache_level.new_value")  # raises: nv is neither 0 nor 1
-                        if ov is not None and ov != cur:
-                            self._updated(pool, data)  # an old value the fold disagrees with: the slow path decides
-                        else:
-                            prio = pool.prio
-                            prio[c & 0xFF] -= 1
-                            c ^= 1
-                            prio[c & 0xFF] += 1
-                            pool.blocks[h] = c
-                            if nv:
-                                self._ev_offloaded += 1
-                            else:
-                                self._onboarded()
-                    elif ov is not None:
-                        self._updated(pool, data)  # no level change for the fold; the event's old value decides
-            elif etype == "removed":
-                hashes = data["block_hashes"]
-                if len(hashes) == 1 and hashes.__class__ is list:
-                    h = hashes[0]
-                    c = pool.blocks.get(h)
-                    if c is None or c >= 256:
-                        self._removed(pool, data)
-                    else:
-                        # A leaf the fold knows: its eviction, from the tier the fold has it in.
-                        del pool.blocks[h]
-                        pool.prio[c & 0xFF] -= 1
-                        self._ev_evicted[c & 1] += 1
-                        par = pool.parents.pop(h, None)
-                        if par is not None:
-                            pc = pool.blocks.get(par)
-                            if pc is not None:
-                                pool.blocks[par] = pc - 256
-                else:
-                    self._removed(pool, data)
-            elif etype == "stored":
-                self._stored(pool, data)
-            elif etype == "created":
-                self._created(pool, data)
-            else:
-                raise _Bad("data.type", f"must be one of created, stored, removed, updated, got {_describe(etype)}")
-            # Only a well-formed event moves the id on, so a malformed one is a gap the next event reports.
-            if rank is None:
-                self._eid_next = eid + 1
-            else:
-                self._next_eid[rank] = eid + 1
-            self.records_applied += 1
-        except _Bad as exc:
-            self._bad(exc.field, exc.problem)
-        except Exception as exc:
-            self._bad_event(event, exc)
-
-    def apply_kv_events(self, events: Iterable[Any], t: float | None = None) -> None:
-        for ev in events:
-            self.apply_kv_event(ev, t)
+        self._ledger.applied += 1
 
     def reset_window(self) -> None:
         """Start the rate window afresh at ``now`` (the dashboard's "r")."""
@@ -644,10 +338,30 @@ class TierModel:
         self._window.reset(self.now, self._counters())
 
     @property
+    def now(self) -> float | None:
+        """The newest record time seen ("now": the fold has no clock of its own), None before any."""
+        return self._ledger.now
+
+    @property
+    def records_applied(self) -> int:
+        return self._ledger.applied
+
+    @property
+    def bad_records(self) -> int:
+        """Records that could not be folded (each one counted, none raised into the caller)."""
+        return self._ledger.bad_records
+
+    @property
+    def last_bad_reason(self) -> str | None:
+        """Why the last bad record was bad: the field and the problem, one line."""
+        return self._ledger.last_bad_reason
+
+    @property
     def version(self) -> Version:
         """Moves whenever what a reader sees may have changed: every record handed in (folded, bad, or a duplicate
         that only a quality count notes), every window reset."""
-        return (self._touched, self.bad_records, self._window_resets)
+        led = self._ledger
+        return (led.touched, led.bad_records, self._window_resets)
 
     def snapshot(self) -> TierSnapshot:
         """The model now, immutable, and published as ``self.published`` for readers on other threads. Call it
@@ -657,327 +371,6 @@ class TierModel:
         if snap is None or snap.version != version:
             snap = self.published = take_snapshot(self, version)
         return snap
-
-    # ============================================================================================ events
-
-    @property
-    def _events_seen(self) -> bool:
-        return self._eid_next is not _NO_ID or bool(self._next_eid) or (
-            self._stream is not None and self._stream.events_seen)
-
-    def _pool_for(self, window: Any, rank: Any) -> _Pool:
-        key = window if rank is None else (rank, window)
-        pool = self._pools.get(key)
-        if pool is None:
-            if window is not None and (window.__class__ is not int or window < 0):
-                raise _Bad("window_size", f"must be a non-negative integer, got {_describe(window)}")
-            if len(self._pools) >= 64:  # 64 windows x ranks is far past any real model; refuse a flood of keys
-                raise _Bad("window_size", "more than 64 distinct (window, rank) pools")
-            pool = self._pools[key] = _Pool()
-        if rank is None:
-            self._win_key = window
-            self._win_pool = pool
-        return pool
-
-    def _event_id_ok(self, rank: Any, eid: Any, etype: Any) -> bool:
-        """An event id that is not the next one: a first event, a gap, a duplicate or a restart."""
-        if eid.__class__ is not int or eid < 0:
-            raise _Bad("event_id", f"must be a non-negative integer, got {_describe(eid)}")
-        expected = (None if self._eid_next is _NO_ID else self._eid_next) if rank is None else self._next_eid.get(rank)
-        if expected is None:
-            if eid != 0:
-                self._approx_ranks.add(rank)  # attached mid-stream: whatever came before is unknown
-            return True
-        if eid == expected:
-            return True
-        if eid > expected:
-            self._events_dropped += eid - expected
-            self._approx_ranks.add(rank)
-            return True
-        if eid == expected - 1 and etype != "created":
-            self._duplicates += 1  # the same id again: a re-delivered event, skipped
-            return False
-        # Ids went backwards: the engine (or its KV cache manager) was re-created. Its tree starts empty.
-        self._event_restarts += 1
-        for key in [k for k in self._pools if (k[0] if isinstance(k, tuple) else None) == rank]:
-            del self._pools[key]
-        self._win_key = _NO_WINDOW
-        if eid == 0 and etype == "created":
-            self._approx_ranks.discard(rank)
-        else:
-            self._approx_ranks.add(rank)
-        return True
-
-    def _created(self, pool: _Pool, data: Mapping[str, Any]) -> None:
-        levels = data["num_blocks_per_cache_level"]
-        if not isinstance(levels, list) or not 1 <= len(levels) <= 2:
-            raise _Bad("data.num_blocks_per_cache_level", f"must be a list of 1 or 2 integers, got {_describe(levels)}")
-        primary = _required_count(levels[0], "data.num_blocks_per_cache_level[0]")
-        secondary = _required_count(levels[1], "data.num_blocks_per_cache_level[1]") if len(levels) > 1 else 0
-        # A second created event for the same window without an id restart is a new manager: start over.
-        pool.clear()
-        pool.set_capacity(primary, secondary)
-
-    def _stored(self, pool: _Pool, data: Mapping[str, Any]) -> None:
-        blocks_in = data["blocks"]
-        if blocks_in.__class__ is not list:
-            raise _Bad("data.blocks", f"must be a list, got {_describe(blocks_in)}")
-        parent = data.get("parent_hash")
-        if parent is not None and (parent.__class__ is not int or parent < 0 or parent >= _U64):
-            parent = _hash(parent, "data.parent_hash")
-        # Read and check every block before changing anything, so a bad one leaves the fold as it was. A tuple per
-        # block is cheaper than reading each dict twice.
-        items = []
-        codes = _CODES
-        for b in blocks_in:
-            h = b["block_hash"]
-            c = codes.get((b.get("cache_level"), b.get("priority")))
-            if c is None or h.__class__ is not int or h < 0 or h >= _U64:
-                self._stored_slow(pool, blocks_in, parent)
-                return
-            items.append((h, c))
-        blocks = pool.blocks
-        parents = pool.parents
-        prio = pool.prio
-        # Each block's code is written once: the previous block's stays pending in prev_c until we know whether
-        # the next block is a new child of it.
-        prev_h = parent
-        prev_c = -1
-        for h, c in items:
-            old = blocks.get(h)
-            if old is None:
-                if prev_c >= 0:
-                    prev_c += 256
-                elif prev_h is not None:
-                    pc = blocks.get(prev_h)
-                    if pc is None:
-                        self._unknown_parents += 1
-                    else:
-                        blocks[prev_h] = pc + 256
-                if prev_h is not None:
-                    parents[h] = prev_h
-                code = c
-            else:
-                # The reuse tree never holds one hash twice, so the entry the fold still has was already gone:
-                # a silent partial-reuse detach (or a dropped removed event). Replace it in place.
-                if prev_c >= 0:
-                    blocks[prev_h] = prev_c  # type: ignore[index]
-                    prev_c = -1
-                prio[old & 0xFF] -= 1
-                self._stale_dropped += 1
-                self._reparent(pool, h, prev_h)
-                code = c | (old >> 8 << 8)
-            prio[c] += 1
-            if prev_c >= 0:
-                blocks[prev_h] = prev_c  # type: ignore[index]
-            prev_h = h
-            prev_c = code
-        if prev_c >= 0:
-            blocks[prev_h] = prev_c  # type: ignore[index]
-        if len(blocks) > pool.limit:
-            self._prune(pool)
-
-    def _stored_slow(self, pool: _Pool, blocks_in: list[Any], parent: int | None) -> None:
-        """Validate with field names; a signed 64-bit hash is unwrapped, anything else is a bad record."""
-        norm: list[dict[str, Any]] = []
-        for i, b in enumerate(blocks_in):
-            if not isinstance(b, dict):
-                raise _Bad(f"data.blocks[{i}]", f"must be an object, got {_describe(b)}")
-            if "block_hash" not in b:
-                raise _Bad(f"data.blocks[{i}].block_hash", "is missing")
-            h = _hash(b["block_hash"], f"data.blocks[{i}].block_hash")
-            lvl = b.get("cache_level")
-            pr = b.get("priority")
-            norm.append({"block_hash": h,
-                         "cache_level": None if lvl is None else _level(lvl, f"data.blocks[{i}].cache_level"),
-                         "priority": None if pr is None else _priority(pr, f"data.blocks[{i}].priority")})
-        self._stored(pool, {"blocks": norm, "parent_hash": parent})
-
-    @staticmethod
-    def _reparent(pool: _Pool, h: int, new_parent: int | None) -> None:
-        """Move ``h`` (already in the map) under ``new_parent``, keeping the parents' child counts right."""
-        blocks, parents = pool.blocks, pool.parents
-        old_parent = parents.get(h)
-        if old_parent == new_parent:
-            return
-        if old_parent is not None:
-            pc = blocks.get(old_parent)
-            if pc is not None and pc >= 256:
-                blocks[old_parent] = pc - 256
-        if new_parent is None:
-            parents.pop(h, None)
-        else:
-            parents[h] = new_parent
-            pc = blocks.get(new_parent)
-            if pc is not None:
-                blocks[new_parent] = pc + 256
-
-    def _removed(self, pool: _Pool, data: Mapping[str, Any]) -> None:
-        hashes = data["block_hashes"]
-        if hashes.__class__ is not list:
-            raise _Bad("data.block_hashes", f"must be a list, got {_describe(hashes)}")
-        for h in hashes:  # checked up front, so a bad hash leaves the fold as it was
-            if h.__class__ is not int or h < 0 or h >= _U64:
-                hashes = _hash_list(hashes, "data.block_hashes")
-                break
-        blocks = pool.blocks
-        parents = pool.parents
-        prio = pool.prio
-        evicted = self._ev_evicted
-        for h in hashes:
-            c = blocks.pop(h, None)
-            if c is None:
-                self._unknown_hashes += 1
-                self._ev_evicted_unknown += 1
-                continue
-            prio[c & 0xFF] -= 1
-            evicted[c & 1] += 1
-            par = parents.pop(h, None)
-            if par is not None:
-                pc = blocks.get(par)
-                if pc is not None:
-                    blocks[par] = pc - 256
-            if c >= 256:
-                # Children still in the fold when their parent goes were already out of the tree: freeChildren
-                # removes a subtree children first.
-                self._drop_children(pool, h)
-
-    def _drop_children(self, pool: _Pool, parent: int) -> None:
-        blocks, parents = pool.blocks, pool.parents
-        stack = [parent]
-        while stack:
-            p = stack.pop()
-            for h in [k for k, v in parents.items() if v == p]:
-                del parents[h]
-                c = blocks.pop(h, None)
-                if c is None:
-                    continue
-                pool.prio[c & 0xFF] -= 1
-                self._stale_dropped += 1
-                if c >= 256:
-                    stack.append(h)
-
-    def _updated(self, pool: _Pool, data: Mapping[str, Any]) -> None:
-        h = data["block_hash"]
-        cl = data.get("cache_level")
-        pd = data.get("priority")
-        blocks = pool.blocks
-        c = blocks.get(h)  # a hit proves h a well-formed hash: only a miss needs checking
-        if c is None:
-            self._updated_unknown(pool, h, cl, pd)
-            return
-        if cl is not None:
-            nv = _level(cl["new_value"], "data.cache_level.new_value")
-            ov = cl.get("old_value")
-            if ov is not None:
-                ov = _level(ov, "data.cache_level.old_value")
-            cur = c & 1
-            if pd is not None:
-                self._check_priority_diff(pd)
-            if nv != cur:
-                prio = pool.prio
-                prio[c & 0xFF] -= 1
-                c ^= 1
-                prio[c & 0xFF] += 1
-                blocks[h] = c
-            # Count the move the event reports (its old value, or the fold's when the event has none).
-            if (cur if ov is None else ov) != nv:
-                if nv:
-                    self._ev_offloaded += 1
-                else:
-                    self._onboarded()
-        if pd is not None:
-            new_prio = self._check_priority_diff(pd)
-            if new_prio != (c >> 1) & 0x7F:
-                prio = pool.prio
-                prio[c & 0xFF] -= 1
-                c = (c & ~0xFE) | (new_prio << 1)
-                prio[c & 0xFF] += 1
-                blocks[h] = c
-
-    @staticmethod
-    def _check_priority_diff(pd: Any) -> int:
-        if pd.__class__ is not dict:
-            raise _Bad("data.priority", f"must be an event_diff object or null, got {_describe(pd)}")
-        return _priority(pd.get("new_value"), "data.priority.new_value")
-
-    def _updated_unknown(self, pool: _Pool, h: Any, cl: Any, pd: Any) -> None:
-        """An ``updated`` event for a hash the fold does not hold (dropped events, or attached mid-stream)."""
-        h = _hash(h, "data.block_hash")
-        nv = ov = None
-        if cl is not None:
-            if cl.__class__ is not dict:
-                raise _Bad("data.cache_level", f"must be an event_diff object or null, got {_describe(cl)}")
-            nv = _level(cl.get("new_value"), "data.cache_level.new_value")
-            ov = cl.get("old_value")
-            if ov is not None:
-                ov = _level(ov, "data.cache_level.old_value")
-        new_prio = None if pd is None else self._check_priority_diff(pd)
-        if h in pool.blocks:  # a signed hash that unwrapped to a known one
-            self._updated(pool, {"block_hash": h, "cache_level": cl, "priority": pd})
-            return
-        self._unknown_hashes += 1
-        if nv is None:
-            return
-        # TensorRT-LLM reports moves only for blocks in the reuse tree: after dropped events, the best the fold can
-        # know is that this block is cached in tier nv now.
-        c = nv | ((_UNKNOWN_PRIORITY if new_prio is None else new_prio) << 1)
-        pool.blocks[h] = c
-        pool.prio[c] += 1
-        if (1 - nv if ov is None else ov) != nv:
-            if nv:
-                self._ev_offloaded += 1
-            else:
-                self._onboarded()
-
-    def _onboarded(self) -> None:
-        # Every onboard is a reused block served from host memory: a host hit.
-        self._ev_onboarded += 1
-        self._reuse_seen = True
-        if self._warming:
-            self._ev_warm_host_hits += 1
-        else:
-            self._ev_host_hits += 1
-
-    def _prune(self, pool: _Pool) -> None:
-        """Keep the map bounded: drop orphans (parent gone: certainly stale), then the oldest entries."""
-        blocks, parents = pool.blocks, pool.parents
-        doomed = [h for h, p in parents.items() if p not in blocks]
-        target = pool.limit - _PRUNE_SLACK // 2
-        if len(blocks) - len(doomed) > target:
-            orphan_set = set(doomed)
-            extra = len(blocks) - len(doomed) - target
-            doomed += [h for h in blocks if h not in orphan_set][:extra]
-        for h in doomed:
-            c = blocks.pop(h, None)
-            if c is None:
-                continue
-            pool.prio[c & 0xFF] -= 1
-            par = parents.pop(h, None)
-            if par is not None:
-                pc = blocks.get(par)
-                if pc is not None and pc >= 256:
-                    blocks[par] = pc - 256
-            self._pruned += 1
-
-    def _bad_event(self, event: Any, exc: Exception) -> None:
-        """The hot path only knows that something broke; find the field by checking the event thoroughly."""
-        if isinstance(event, (str, bytes)):
-            # A JSON string: parse it off the hot path (dicts are what TensorRT-LLM's API returns).
-            try:
-                parsed = parse_engine_dict(event, "event")
-            except RecordError as err:
-                self._bad(err.field, err.problem)
-                return
-            self.apply_kv_event(parsed)
-            return
-        try:
-            _diagnose_event(event)
-        except _Bad as bad:
-            self._bad(bad.field, bad.problem)
-            return
-        self._bad("event", f"{type(exc).__name__}: {exc}")
-
 
     # ============================================================================================ stats
 
@@ -1314,31 +707,10 @@ class TierModel:
 
     @property
     def _host_hits(self) -> int:
-        return self._st_host_hits if self._it_moves_seen else self._ev_host_hits
+        return self._st_host_hits if self._it_moves_seen else self.event_fold.host_hits
 
     def _update_warming(self) -> None:
-        self._warming = max(self._stats_completed, self._req_records) < self.warmup_requests
-
-    def _tick(self, t: Any) -> bool:
-        """Advance "now" (never backwards) and take rate samples. False (and a bad record) for a bad time."""
-        if t.__class__ is not float and (isinstance(t, bool) or not isinstance(t, (int, float))):
-            self._bad("time", f"must be a number, got {_describe(t)}")
-            return False
-        if t.__class__ is not float and not -1e300 < t < 1e300:  # an int too large for a float (10**400)
-            self._bad("time", "must be a finite number, got an integer too large for a float")
-            return False
-        if not math.isfinite(t):
-            self._bad("time", f"must be a finite number, got {t}")
-            return False
-        t = float(t)
-        last = self.now
-        if last is not None and t <= last:
-            return True
-        self.now = t
-        if last is None:
-            return True
-        self._window.advance(last, t, self._counters)  # the rate samples due (kvtop/tiers/window.py)
-        return True
+        self._warming = self.event_fold.warming = max(self._stats_completed, self._req_records) < self.warmup_requests
 
     def _counters(self) -> tuple[int, ...]:
         m = self.moves
@@ -1378,10 +750,6 @@ class TierModel:
             return size // bpb
         return None
 
-    def _created_capacity(self, level: int) -> int | None:
-        caps = [p.capacity[level] for p in self._pools.values() if p.capacity is not None]
-        return sum(caps) if caps else None
-
     @property
     def _cold_merged(self) -> bool:
         """True when the stats' ``secondary*`` gauges are host and disk together (the V2 manager sums every cold
@@ -1401,7 +769,7 @@ class TierModel:
             return None, None
         if it is not None and key in it:
             return it[key], "stats"
-        created = self._created_capacity(level)
+        created = self.event_fold.created_capacity(level)
         if created is not None:
             return created, "created"
         meta = self.meta.get("primary_blocks") if level == GPU else self._meta_blocks("secondary_blocks",
@@ -1420,24 +788,26 @@ class TierModel:
         key = "primaryMaxNumBlocks" if level == GPU else "secondaryMaxNumBlocks"
         if it is not None and key in it:
             return it[key], "stats"
-        created = self._created_capacity(level)
+        created = self.event_fold.created_capacity(level)
         if created is not None:
             return created, "created"
         meta = self.meta.get("primary_blocks") if level == GPU else self._meta_blocks("secondary_blocks",
                                                                                      "host_cache_bytes")
         return (meta, "meta") if isinstance(meta, int) else (None, None)
 
-    def _cached(self, level: int) -> int:
-        return sum(p.cached(level) for p in self._pools.values())
+    @property
+    def _events_seen(self) -> bool:
+        return self.event_fold.seen or (self._stream is not None and self._stream.events_seen)
 
     @property
     def counts_approximate(self) -> bool:
-        return bool(self._approx_ranks) or self._unknown_hashes > 0 or self._pruned > 0 or (
+        return self.event_fold.approximate or (
             self._stream is not None and self._stream.approximate)
 
     @property
     def cached_approximate(self) -> bool:
-        return self.counts_approximate or self._reuse_seen or self._stale_dropped > 0
+        ev = self.event_fold
+        return self.counts_approximate or self._reuse_seen or ev.reuse_seen or ev.stale_dropped > 0
 
     @property
     def gpu(self) -> TierState:
@@ -1449,7 +819,7 @@ class TierModel:
         in_use = max(cap - free, 0) if cap is not None and free is not None else None
         cached = None
         if self._events_seen:
-            cached = self._cached(GPU)
+            cached = self.event_fold.cached(GPU)
             if cap is not None:
                 cached = min(cached, cap)
         return TierState("gpu", cap, in_use, cached, free, self.tokens_per_block, self.bytes_per_block,
@@ -1484,7 +854,7 @@ class TierModel:
             return TierState("host", cap, None, None, None, tpb, bpb, False)
         cached = None
         if self._events_seen:
-            cached = self._cached(HOST)
+            cached = self.event_fold.cached(HOST)
             if cap is not None:
                 cached = min(cached, cap)
         return TierState("host", cap, in_use, cached, free, tpb, bpb, self.cached_approximate)
@@ -1558,11 +928,11 @@ class TierModel:
 
     @property
     def moves(self) -> Moves:
+        ev = self.event_fold
         if self._it_moves_seen:
-            return Moves(self._it_offloaded, self._it_onboarded, self._ev_evicted[GPU],
-                         self._it_host_dropped or self._ev_evicted[HOST], self._ev_evicted_unknown, "stats")
-        return Moves(self._ev_offloaded, self._ev_onboarded, self._ev_evicted[GPU], self._ev_evicted[HOST],
-                     self._ev_evicted_unknown, "events")
+            return Moves(self._it_offloaded, self._it_onboarded, ev.evicted[GPU],
+                         self._it_host_dropped or ev.evicted[HOST], ev.evicted_unknown, "stats")
+        return Moves(ev.offloaded, ev.onboarded, ev.evicted[GPU], ev.evicted[HOST], ev.evicted_unknown, "events")
 
     @property
     def hit_rate(self) -> HitRate:
@@ -1617,15 +987,9 @@ class TierModel:
     @property
     def cached_by_priority(self) -> dict[str, dict[int | None, int]]:
         """Cached blocks per retention priority, per tier (``None`` = a priority no event gave)."""
-        out: dict[str, dict[int | None, int]] = {"gpu": {}, "host": {}}
+        out: dict[str, dict[int | None, int]] = {}
         for level, name in ((GPU, "gpu"), (HOST, "host")):
-            per = out[name]
-            for p in self._pools.values():
-                for prio in range(_UNKNOWN_PRIORITY + 1):
-                    n = p.prio[level + 2 * prio]
-                    if n:
-                        key = None if prio == _UNKNOWN_PRIORITY else prio
-                        per[key] = per.get(key, 0) + n
+            per = out[name] = self.event_fold.cached_by_priority(level)
             # The fold's map may still hold blocks TensorRT-LLM detached without an event (partial reuse); the
             # tier's cached count is clamped to its pool, so the split is scaled to that total (largest
             # remainders), never showing more cached blocks than the pool has. Flagged by cached_approximate.
@@ -1673,6 +1037,7 @@ class TierModel:
 
     @property
     def quality(self) -> Quality:
+        ev = self.event_fold
         cap_src = self._capacity(GPU)[1]
         host_cap = self._capacity(HOST)[0]
         includes = None
@@ -1684,11 +1049,11 @@ class TierModel:
             elif self._max_num_blocks == pri:
                 includes = False
         return Quality(
-            events_seen=self._events_seen, events_dropped=self._events_dropped,
+            events_seen=self._events_seen, events_dropped=ev.dropped,
             counts_approximate=self.counts_approximate, cached_approximate=self.cached_approximate,
-            unknown_hashes=self._unknown_hashes, unknown_parents=self._unknown_parents,
-            stale_cached_dropped=self._stale_dropped, pruned_entries=self._pruned,
-            duplicate_events=self._duplicates, event_restarts=self._event_restarts,
+            unknown_hashes=ev.unknown_hashes, unknown_parents=ev.unknown_parents,
+            stale_cached_dropped=ev.stale_dropped, pruned_entries=ev.pruned,
+            duplicate_events=ev.duplicates, event_restarts=ev.restarts,
             stats_restarts=self._stats_restarts, stats_iterations_missing=self._iter_missing,
             host_without_events=bool(host_cap) and not self._events_seen and "secondaryFreeNumBlocks" not in (
                 self._it or {}),
@@ -1710,7 +1075,7 @@ class TierModel:
     @property
     def fold_entries(self) -> int:
         """Blocks the fold holds (cached ones plus not-yet-reconciled stale ones); bounded, see ``_prune``."""
-        return sum(len(p.blocks) for p in self._pools.values())
+        return self.event_fold.entries
 
     def summary(self) -> dict[str, Any]:
         """Everything above as one JSON-able dict (``kvtop --headless --json`` prints it)."""
@@ -1765,9 +1130,3 @@ class TierModel:
             "bad_records": self.bad_records,
             "last_bad_reason": self.last_bad_reason,
         }
-
-    # ============================================================================================ bad input
-
-    def _bad(self, field: str, problem: str) -> None:
-        self.bad_records += 1
-        self.last_bad_reason = f"{field}: {problem}"
