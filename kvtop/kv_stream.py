@@ -605,9 +605,9 @@ class StreamFold:
         if d2h is not None or h2d is not None:
             self.metric_moves["offloaded"] += self._delta("kvbm:d2h", d2h)
             self.metric_moves["onboarded"] += self._delta("kvbm:h2d", h2d)
-            m._it_moves_seen = True
-            m._it_offloaded = int(self.metric_moves["offloaded"])
-            m._it_onboarded = int(self.metric_moves["onboarded"])
+            m.stats_fold.moves_seen = True
+            m.stats_fold.offloaded = int(self.metric_moves["offloaded"])
+            m.stats_fold.onboarded = int(self.metric_moves["onboarded"])
         for name in ("kvbm_host_cache_hit_rate", "kvbm_disk_cache_hit_rate", "vllm:kv_offload_cpu_cache_usage_perc"):
             v = total(name)
             if v is not None:
@@ -626,19 +626,19 @@ class StreamFold:
         dh, dl, dhh = hits - self._hits_written, lookups - self._lookups_written, host - self._host_hits_written
         self._hits_written, self._lookups_written, self._host_hits_written = hits, lookups, host
         if dh > 0:
-            m._reuse_seen = True
-        if m._warming:
-            m._warm_hits += dh
-            m._warm_lookups += dl
+            m.stats_fold.reuse_seen = True
+        if m.warming:
+            m.stats_fold.warm_hits += dh
+            m.stats_fold.warm_lookups += dl
             m.event_fold.warm_host_hits += dhh
-            m._st_warm_host_hits += dhh
+            m.stats_fold.warm_host_hits += dhh
         else:
-            m._hits += dh
-            m._lookups += dl
+            m.stats_fold.hits += dh
+            m.stats_fold.lookups += dl
             # Host hits from the engine's own counter; written to both of the TierModel's host-hit sources (it
             # reads one of them, never their sum), and the events' onboards never add to them.
             m.event_fold.host_hits += dhh
-            m._st_host_hits += dhh
+            m.stats_fold.host_hits += dhh
 
     # ------------------------------------------------------------------------------------------ summaries
 
@@ -672,27 +672,27 @@ class StreamFold:
                 d[key] = 0 if self.batches or self.metrics_scrapes else v
             else:
                 d[key] = v - last if v >= last else v
-        m._hits += d.get("hits", 0)
-        m._lookups += d.get("lookups", 0)
+        m.stats_fold.hits += d.get("hits", 0)
+        m.stats_fold.lookups += d.get("lookups", 0)
         ev = m.event_fold
         ev.host_hits += d.get("host_hits", 0)
-        m._st_host_hits += d.get("host_hits", 0)
+        m.stats_fold.host_hits += d.get("host_hits", 0)
         ev.offloaded += d.get("offloaded", 0)
         ev.onboarded += d.get("onboarded", 0)
         ev.evicted[0] += d.get("evicted_gpu", 0)
         ev.evicted[1] += d.get("evicted_host", 0)
         ev.evicted_unknown += d.get("evicted_unknown", 0)
-        m._completed += d.get("completed", 0)
-        m._failed += d.get("failed", 0)
+        m.request_fold.completed += d.get("completed", 0)
+        m.request_fold.failed += d.get("failed", 0)
         if d.get("hits"):
-            m._reuse_seen = True
+            m.stats_fold.reuse_seen = True
         tpb = _count(data.get("tokens_per_block"))
         if tpb:
             self.tier_tpb.setdefault("gpu", tpb)
         if self.summaries == 1 and m.now is not None:
             # The first summary's totals are counts since the agent attached, not moves of this instant: the rate
             # window and the history start after them (an older retained meta would otherwise make them a spike).
-            m._window.restart(m.now, m._counters())
+            m.restart_window()
 
     # ------------------------------------------------------------------------------------------ read side
 

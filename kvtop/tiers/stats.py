@@ -1,0 +1,314 @@
+"""The iteration-stats fold: TensorRT-LLM's per-iteration stats dicts into pool gauges, block hit counters (warm-up
+apart), moves where the stats count them, request and token counts, and the stats stream's own quality (engine
+restarts, iterations that never reached kvtop).
+
+Three shapes, told from the data (``schema``): 1.0-1.2's ``kvCacheStats`` (cumulative counters, diffed;
+``maxNumBlocks`` is primary + secondary), 1.3's ``kvCacheIterationStats`` per attention window (V1 manager), and
+1.3's V2 manager's pool-group and lifecycle views (kvtop/tiers/model.py's docstring says what each number means).
+trtllm-serve's Prometheus metrics come mapped into the same dict (kvtop/sources/trtllm_prometheus.py).
+
+Knows no other fold: the model says whether a record is warm-up and how many bytes a block holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvtop.tiers.common import _Bad, _count, _describe, _number, _required_count
+
+
+class StatsFold:
+    """TensorRT-LLM iteration stats -> gauges and counters (see the module docstring)."""
+
+    def __init__(self, bytes_per_block: Callable[[], int | None]):
+        self._bytes_per_block = bytes_per_block  # the model's (meta's), for Prometheus byte counters
+        self._last_kv: dict[str, int | None] = {}
+        self._last_iter: int | None = None
+        self.restarts = 0
+        self.iterations_missing = 0            # iterations absent from the stats stream (gaps in "iter")
+        self.max_num_blocks: int | None = None
+        self.free_num_blocks: int | None = None
+        self.tokens_per_block: int | None = None
+        self.it: dict[str, int] | None = None   # latest kvCacheIterationStats gauges, summed over windows
+        self.offloaded = 0                      # moves from kvCacheIterationStats (or Prometheus byte counters)
+        self.onboarded = 0
+        self.host_dropped = 0
+        self.moves_seen = False                 # ...which then win over the events' (they also count silent ones)
+        self.shape: str | None = None           # which TensorRT-LLM's stats shape the numbers come from
+        self.prom_seen = False                  # stats mapped from trtllm-serve's Prometheus metrics
+        self._prom_bytes = [0, 0]               # offloaded, onboarded bytes from Prometheus counters
+        self._prom_blocks = [0, 0]              # ...and the whole blocks already counted from them
+        self.level_tiers: list[str] | None = None  # kvCacheLevelTiers (V2): the tier of each cache level
+        self.level_hits: dict[int, int] = {}    # reused blocks per cache level (V2 lifecycles), warm-up excluded
+        self.completed = 0                      # numCompletedRequests, summed
+        self.in_flight: int | None = None
+        self.ctx_tokens = 0
+        self.gen_tokens = 0
+        self.gpu_mem_usage: int | None = None
+        self.pinned_mem_usage: int | None = None
+        # hits: totals past warm-up, and what warm-up took
+        self.hits = 0
+        self.lookups = 0
+        self.warm_hits = 0
+        self.warm_lookups = 0
+        # Host hits from newer stats' iterOnboardBlocks (they line up with the hit counters); the model reads
+        # these when the stats count moves, else the events' onboards, never both.
+        self.host_hits = 0
+        self.warm_host_hits = 0
+        self.reuse_seen = False  # a reuse observed here or in the engines' stream (kvtop/kv_stream.py)
+
+    def apply(self, d: dict[str, Any], warming: bool) -> None:
+        """One iteration-stats dict, parsed; ``warming``: whether its counter deltas are warm-up. Validates
+        everything it uses before changing anything."""
+        kv = d.get("kvCacheStats")
+        if kv is not None and not isinstance(kv, dict):
+            raise _Bad("kvCacheStats", f"must be an object, got {_describe(kv)}")
+        kvv: dict[str, int | None] = {}
+        if kv is not None:
+            for key in ("maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock", "allocTotalBlocks",
+                        "allocNewBlocks", "reusedBlocks", "missedBlocks"):
+                kvv[key] = _count(kv.get(key), f"kvCacheStats.{key}")
+        it_iter, schema, level_tiers, level_hits = self._kv_iteration(d, kv is not None)
+        prom_moves: dict[str, int] | None = None
+        raw_moves = d.get("kvtopPrometheusMoves") if d.get("kvtopSource") == "prometheus" else None
+        if raw_moves is not None:
+            if not isinstance(raw_moves, dict):
+                raise _Bad("kvtopPrometheusMoves", f"must be an object, got {_describe(raw_moves)}")
+            prom_moves = {k: _required_count(raw_moves[k], f"kvtopPrometheusMoves.{k}")
+                          for k in ("offloadBytes", "onboardBytes") if k in raw_moves}
+        iteration = _count(d.get("iter"), "iter")
+        completed = _count(d.get("numCompletedRequests"), "numCompletedRequests")
+        active = _count(d.get("numActiveRequests"), "numActiveRequests")
+        queued = _count(d.get("numQueuedRequests"), "numQueuedRequests")
+        gpu_mem = _count(d.get("gpuMemUsage"), "gpuMemUsage")
+        pinned = _count(d.get("pinnedMemUsage"), "pinnedMemUsage")
+        ifb = d.get("inflightBatchingStats")
+        if ifb is not None and not isinstance(ifb, dict):
+            raise _Bad("inflightBatchingStats", f"must be an object, got {_describe(ifb)}")
+        ctx_tokens = _count(ifb.get("numCtxTokens"), "inflightBatchingStats.numCtxTokens") if ifb else None
+        gen_reqs = _count(ifb.get("numGenRequests"), "inflightBatchingStats.numGenRequests") if ifb else None
+
+        # An engine restart: iter or a cumulative counter went backwards. The new values are then the deltas.
+        last = self._last_kv
+        restarted = iteration is not None and self._last_iter is not None and iteration < self._last_iter
+        for key in ("reusedBlocks", "missedBlocks", "allocTotalBlocks"):
+            v, lv = kvv.get(key), last.get(key)
+            if v is not None and lv is not None and v < lv:
+                restarted = True
+        if restarted:
+            self.restarts += 1
+            last = {}
+        elif iteration is not None and self._last_iter is not None and iteration > self._last_iter + 1:
+            # Iterations that never reached kvtop: another reader of the drain-once stats queue (the user's own
+            # get_stats, trtllm-serve's collector loop) or the queue overflowing. Per-iteration sums undercount.
+            self.iterations_missing += iteration - self._last_iter - 1
+        if iteration is not None:
+            self._last_iter = iteration
+
+        # Completions first: the record that reports the last warm-up completion is still warm-up (the model
+        # counts the new completions into its warm-up state after this record).
+        was_warm = warming
+        if completed:
+            self.completed += completed
+
+        def delta(key: str) -> int:
+            v = kvv.get(key)
+            if v is None:
+                return 0
+            lv = last.get(key)
+            return v - (lv or 0)
+
+        if kv is not None and (kvv.get("reusedBlocks") is not None or kvv.get("missedBlocks") is not None):
+            dr, dm = delta("reusedBlocks"), delta("missedBlocks")
+        elif it_iter is not None:
+            dr, dm = it_iter.get("iterReusedBlocks", 0), it_iter.get("iterMissedBlocks", 0)
+        else:
+            dr = dm = 0
+        if dr > 0:
+            self.reuse_seen = True
+        if was_warm:
+            self.warm_hits += dr
+            self.warm_lookups += dr + dm
+        else:
+            self.hits += dr
+            self.lookups += dr + dm
+        for key, v in kvv.items():
+            if v is not None:
+                last[key] = v
+        self._last_kv = last
+
+        if kv is not None:
+            if kvv["maxNumBlocks"] is not None:
+                self.max_num_blocks = kvv["maxNumBlocks"]
+            if kvv["freeNumBlocks"] is not None:
+                self.free_num_blocks = kvv["freeNumBlocks"]
+            if kvv["tokensPerBlock"]:
+                self.tokens_per_block = kvv["tokensPerBlock"]
+        if prom_moves:
+            # Bytes moved, from trtllm-serve's Prometheus counters: blocks from the running byte totals, so partial
+            # copies add up rather than being floored away scrape by scrape.
+            bpb = self._bytes_per_block()
+            if bpb is not None:
+                self.moves_seen = True
+                self._prom_bytes[0] += prom_moves.get("offloadBytes", 0)
+                self._prom_bytes[1] += prom_moves.get("onboardBytes", 0)
+                off, onb = self._prom_bytes[0] // bpb - self._prom_blocks[0], self._prom_bytes[1] // bpb - \
+                    self._prom_blocks[1]
+                self._prom_blocks = [self._prom_blocks[0] + off, self._prom_blocks[1] + onb]
+                self.offloaded += off
+                self.onboarded += onb
+                if was_warm:
+                    self.warm_host_hits += onb
+                else:
+                    self.host_hits += onb
+        if d.get("kvtopSource") == "prometheus":
+            self.prom_seen = True  # trtllm-serve's Prometheus metrics, mapped (kvtop/sources/trtllm_prometheus.py)
+        elif schema is not None:
+            self.shape = schema
+        if level_tiers is not None:
+            self.level_tiers = level_tiers
+        if level_hits is not None and not was_warm:
+            for i, n in enumerate(level_hits):
+                self.level_hits[i] = self.level_hits.get(i, 0) + n
+        if it_iter is not None:
+            self.it = it_iter
+            if any(k in it_iter for k in ("iterOffloadBlocks", "iterOnboardBlocks", "iterHostDroppedBlocks")):
+                self.moves_seen = True
+                self.offloaded += it_iter.get("iterOffloadBlocks", 0)
+                onb = it_iter.get("iterOnboardBlocks", 0)
+                self.onboarded += onb
+                self.host_dropped += it_iter.get("iterHostDroppedBlocks", 0)
+                # Host hits from the stats' own onboard counter: exact, and aligned with the hit counters.
+                if was_warm:
+                    self.warm_host_hits += onb
+                else:
+                    self.host_hits += onb
+        if active is not None or queued is not None:
+            self.in_flight = (active or 0) + (queued or 0)
+        if ctx_tokens:
+            self.ctx_tokens += ctx_tokens
+        if gen_reqs:
+            self.gen_tokens += gen_reqs
+        if gpu_mem is not None:
+            self.gpu_mem_usage = gpu_mem
+        if pinned is not None:
+            self.pinned_mem_usage = pinned
+
+    def _kv_iteration(self, d: dict[str, Any], has_kv: bool) -> tuple[dict[str, int] | None, str | None,
+                                                                      list[str] | None, list[int] | None]:
+        """The newer stats' views, summed: (gauges and counters, which schema, tier names per cache level,
+        reused blocks per cache level this iteration). Checked whole before anything changes.
+
+        TensorRT-LLM 1.3 with the V1 manager: ``kvCacheIterationStats`` per window holds everything
+        (tensorrt_llm/executor/stats_serialization.py). With the V2 manager (tensorrt_llm/_torch/pyexecutor/
+        kv_cache_stats.py, ``append_kv_cache_iteration_stats``) the window view drops the cold tiers and a pool
+        shared by windows reads 0 there, so, as TensorRT-LLM's own Prometheus collector does
+        (tensorrt_llm/metrics/collector.py): GPU gauges and move counters from
+        ``kvCacheIterationStatsByPoolGroup``, cold (host + disk, summed over cold levels) gauges from
+        ``kvCacheIterationStatsByColdPoolGroup``, reuse from the attention lifecycles (else the windows), and
+        the tier of each cache level from ``kvCacheLevelTiers``.
+        """
+        windows = self._iteration_stats(d.get("kvCacheIterationStats"))
+        by_pool = d.get("kvCacheIterationStatsByPoolGroup")
+        if by_pool is None:
+            if windows is None:
+                return None, ("1.0-1.2" if has_kv else None), None, None
+            return windows, "1.3", None, None
+        pools = self._iteration_stats(by_pool, "kvCacheIterationStatsByPoolGroup", by_key=True) or {}
+        cold = self._iteration_stats(d.get("kvCacheIterationStatsByColdPoolGroup"),
+                                     "kvCacheIterationStatsByColdPoolGroup", by_key=True)
+        out = {k: v for k, v in pools.items() if not k.startswith("secondary")}
+        for k, v in (cold or {}).items():
+            if k.startswith("secondary"):
+                out[k] = v
+        reuse_keys = ("iterReusedBlocks", "iterMissedBlocks")
+        lifecycles = d.get("kvCacheIterationStatsByLifecycle")
+        level_hits: list[int] | None = None
+        if isinstance(lifecycles, dict) and lifecycles:
+            for k in reuse_keys:
+                out[k] = 0
+            for lid, lc in lifecycles.items():
+                where = f"kvCacheIterationStatsByLifecycle.{lid}"
+                if not isinstance(lc, dict):
+                    raise _Bad(where, f"must be an object, got {_describe(lc)}")
+                if lc.get("kind", "attention") != "attention":
+                    continue
+                for k in reuse_keys:
+                    out[k] += _count(lc.get(k), f"{where}.{k}") or 0
+                for k in ("iterFullReusedBlocksByLevel", "iterPartialReusedBlocksByLevel"):
+                    per = lc.get(k)
+                    if per is None:
+                        continue
+                    if not isinstance(per, list) or len(per) > 8:
+                        raise _Bad(f"{where}.{k}", f"must be a list of counts per cache level, got {_describe(per)}")
+                    level_hits = level_hits or []
+                    for i, v in enumerate(per):
+                        n = _count(v, f"{where}.{k}[{i}]") or 0
+                        if i >= len(level_hits):
+                            level_hits.append(0)
+                        level_hits[i] += n
+        elif windows is not None:
+            for k in reuse_keys:
+                if k in windows:
+                    out[k] = windows[k]
+        tiers = d.get("kvCacheLevelTiers")
+        level_tiers: list[str] | None = None
+        if tiers is not None:
+            if not isinstance(tiers, list) or len(tiers) > 8 or not all(isinstance(t, str) for t in tiers):
+                raise _Bad("kvCacheLevelTiers", f"must be a list of tier names, got {_describe(tiers)}")
+            level_tiers = [t.lower() for t in tiers]
+        return out, "1.3+ V2", level_tiers, level_hits
+
+    def _iteration_stats(self, raw: Any, name: str = "kvCacheIterationStats",
+                         by_key: bool = False) -> dict[str, int] | None:
+        """Newer TensorRT-LLM's ``kvCacheIterationStats``: ``{"<window>": {...}}`` (or one flat dict, or a list):
+        gauges and per-iteration counters summed over windows."""
+        if raw is None:
+            return None
+        if isinstance(raw, dict) and "primaryMaxNumBlocks" in raw and not by_key:
+            windows: list[tuple[str, Any]] = [("", raw)]
+        elif isinstance(raw, dict):
+            windows = [(f".{k}", v) for k, v in raw.items()]
+        elif isinstance(raw, list):
+            windows = [(f"[{i}]", v) for i, v in enumerate(raw)]
+        else:
+            raise _Bad(name, f"must be an object, got {_describe(raw)}")
+        out: dict[str, int] = {}
+        for where, w in windows:
+            if not isinstance(w, dict):
+                raise _Bad(f"{name}{where}", f"must be an object, got {_describe(w)}")
+            for key, v in w.items():
+                if not (key.startswith("primary") or key.startswith("secondary") or key.startswith("iter")):
+                    continue
+                if key == "iterCacheHitRate":
+                    _number(v, f"{name}{where}.{key}")
+                    continue
+                if key.endswith("ByLevel"):
+                    continue
+                n = _count(v, f"{name}{where}.{key}")
+                if n is not None:
+                    out[key] = out.get(key, 0) + n
+        return out
+
+    # ============================================================================================ read side
+
+    @property
+    def schema(self) -> str | None:
+        """Which TensorRT-LLM's iteration stats the numbers come from, told from the data itself: "1.0-1.2"
+        (``kvCacheStats`` only), "1.3" (``kvCacheIterationStats`` per window, V1 manager), "1.3+ V2"
+        (the pool-group views of the V2 manager), "prometheus" (trtllm-serve's trtllm_* metrics, when its JSON
+        stats are off), "<schema> + prometheus" with both, or None before any stats."""
+        if self.prom_seen:
+            return "prometheus" if self.shape is None else f"{self.shape} + prometheus"
+        return self.shape
+
+    def hits_by_tier(self) -> dict[str, int]:
+        """Reused blocks per serving tier, warm-up excluded, where the stats say it (V2 lifecycles'
+        ``iter{Full,Partial}ReusedBlocksByLevel``, levels named by ``kvCacheLevelTiers``); else empty."""
+        names = self.level_tiers or ["gpu", "host", "disk"]
+        out: dict[str, int] = {}
+        for level, n in sorted(self.level_hits.items()):
+            name = names[level] if level < len(names) else f"level{level}"
+            out[name] = out.get(name, 0) + n
+        return out
