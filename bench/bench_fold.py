@@ -7,6 +7,7 @@ JSON lines, as a recording or an HTTP/MQTT attach delivers them. One core, one p
 
     python bench/bench_fold.py                 # ~200k events, 5 rounds, ~1 min on this machine
     python bench/bench_fold.py --events 50000 --rounds 3 --save /tmp/events.jsonl
+    python bench/bench_fold.py --load /tmp/events.jsonl   # the same events again (e.g. against another tree)
 
 Prints the event mix, then events/s for ``json.loads`` and for ``TierModel.apply_kv_event`` (best of the rounds,
 each from a fresh model over the whole stream).
@@ -135,10 +136,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--save", type=Path, help="also write the events as JSON lines here")
+    ap.add_argument("--load", type=Path, help="fold these JSON lines (a --save) instead of generating events")
     args = ap.parse_args()
     t0 = time.perf_counter()
-    lines = generate_events(args.events, args.seed)
-    print(f"generated {len(lines)} events in {time.perf_counter() - t0:.1f} s")
+    if args.load:
+        lines = args.load.read_text().splitlines()
+        print(f"loaded {len(lines)} events from {args.load}")
+    else:
+        lines = generate_events(args.events, args.seed)
+        print(f"generated {len(lines)} events in {time.perf_counter() - t0:.1f} s")
     if args.save:
         args.save.write_text("\n".join(lines) + "\n")
     r = bench(lines, args.rounds)

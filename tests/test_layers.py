@@ -297,3 +297,56 @@ def test_no_reader_reads_the_folds_internals() -> None:
             if hits:
                 bad[name] = hits
     assert bad == {}
+
+
+# The fold is a package of small folds (kvtop/tiers/): each owns its state and knows no other fold; the model
+# (kvtop/tiers/model.py) composes them, and its read side (capacity.py, summary.py, snapshot.py) reads them.
+SMALL_FOLDS = ("kvtop.tiers.events", "kvtop.tiers.stats", "kvtop.tiers.requests", "kvtop.tiers.meta")
+COMPOSER = ("kvtop.tiers.model", "kvtop.tiers.capacity", "kvtop.tiers.summary", "kvtop.tiers.snapshot")
+FOLD_ATTRS = {"event_fold", "stats_fold", "request_fold", "meta_fold", "stream_fold"}
+
+
+@pytest.mark.parametrize("fold", SMALL_FOLDS)
+def test_each_small_fold_imports_no_other_fold_nor_the_model(fold: str) -> None:
+    """The event fold never imports the stats fold (and so on): a fold is told what it needs by the model
+    (warm-up, the block size) through its constructor or its arguments."""
+    assert fold in graph()[0], f"{fold} is not a kvtop module any more: update SMALL_FOLDS"
+    reached = _reachable(fold)
+    assert sorted(m for m in reached if m in SMALL_FOLDS + COMPOSER or m == "kvtop.kv_stream") == []
+
+
+def _fold_private_reads(tree: ast.AST) -> list[str]:
+    """``x.event_fold._y`` (any of the model's folds): a reader past a fold's public state."""
+    return [f"line {node.lineno}: {node.value.attr}.{node.attr}" for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+            and isinstance(node.value, ast.Attribute) and node.value.attr in FOLD_ATTRS]
+
+
+def test_nothing_outside_the_tier_package_reads_a_folds_private_state() -> None:
+    """Outside kvtop/tiers, a fold's state is read (and, for the engines' stream fold in kvtop/kv_stream.py,
+    written) through its public attributes only; kv_stream reads no ``model._x`` either (it wrote the model's
+    private counters before the split)."""
+    assert _fold_private_reads(ast.parse("a = m.event_fold._pools\nb = m.event_fold.pools\nc = x._y\n")) == [
+        "line 1: event_fold._pools"]
+    bad = {}
+    paths = [*PACKAGE.rglob("*.py"), *(REPO / "tests").rglob("*.py"), *(REPO / "bench").rglob("*.py")]
+    for path in paths:
+        if path.is_relative_to(PACKAGE / "tiers"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        hits = _fold_private_reads(tree)
+        if path == PACKAGE / "kv_stream.py":
+            hits += _private_reads(tree)
+        if hits:
+            bad[str(path.relative_to(REPO))] = hits
+    assert bad == {}
+
+
+def test_the_model_routes_kv_events_straight_to_the_event_folds_hot_path() -> None:
+    """``TierModel.apply_kv_event`` is the event fold's own bound method, not a wrapper around it: a wrapper
+    would add a call to each of ~50,000 events/s (BENCHMARKS.md, "Folding KV events")."""
+    from kvtop.tiers import TierModel
+
+    m = TierModel()
+    assert m.apply_kv_event.__self__ is m.event_fold  # type: ignore[attr-defined]
+    assert m.apply_kv_event.__func__ is type(m.event_fold).apply  # type: ignore[attr-defined]

@@ -94,7 +94,6 @@ from kvtop.tiers.window import RateWindow
 __all__ = ["TierModel"]
 
 STREAM_KINDS = ("kv_batch", "metrics", "summary")  # folded by kvtop/kv_stream.py
-_MAX_GPUS = 64  # gpu records keep one entry per device index; more than this is a malformed stream
 
 
 class TierModel:
