@@ -9,7 +9,11 @@ For one model on one GPU (and host link), per token and for a whole prompt:
 - time to first token for a GPU hit, a host hit and a miss (the cost model the simulator uses);
 - the host link bandwidth at which reload and recompute cost the same;
 - what one decode step would cost if the requests' active KV had to stream from host every step (an
-  offloaded-attention design) instead of living in HBM.
+  offloaded-attention design) instead of living in HBM;
+- with `--tensor-parallel-size N`, all of it per GPU as the simulator counts it: each GPU holds 1/N of the weights
+  and of every token's KV (its KV heads), so its KV pool (sized as TensorRT-LLM sizes it,
+  `kvtop.engines.sizing.gpu_pool`) grows by what its weights shrink, each GPU copies its share of a block over its
+  own link, and every layer's two all-reduces are timed (`kvtop.engines.sim.cost.CostModel`, the simulator's).
 
 Checked against the measured H200 anchors (`shared/anchors/h200-2026-11-29.json`, Qwen3-8B, 8,192 tokens):
 
@@ -40,10 +44,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from kvtop import options
 from kvtop.engines.gpus import GpuProfile, resolve_gpu
 from kvtop.engines.models import ModelShape, resolve_model
 from kvtop.engines.sim.cost import CostModel
-from kvtop.engines.sizing import format_bytes
+from kvtop.engines.sizing import DEFAULT_FREE_GPU_MEMORY_FRACTION, format_bytes, gpu_pool
 
 __all__ = ["estimate", "main", "render_estimate", "run_estimate"]
 
@@ -61,7 +66,9 @@ def _resolve(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
 
 def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float | None = None,
              prompt_tokens: int = 8192, cached_tokens: int | None = None, batch: int = 1,
-             tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK, kv_cache_dtype: str = "auto") -> dict[str, Any]:
+             tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK, kv_cache_dtype: str = "auto",
+             tensor_parallel_size: int = 1,
+             free_gpu_memory_fraction: float = DEFAULT_FREE_GPU_MEMORY_FRACTION) -> dict[str, Any]:
     """Reload vs recompute vs HBM for `cached_tokens` of a `prompt_tokens` prompt, and TTFT/decode figures.
 
     `cached_tokens` (default: the whole prompt) is the prefix whose KV exists somewhere; `batch` requests of
@@ -69,6 +76,9 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
     (1e9 bytes/s) and TFLOP/s. The flat keys `kv_bytes_per_token`, `reload_s`, `recompute_s`,
     `recompute_over_reload`, `breakeven_link_GBps` are a stable JSON surface; the rest is detail.
     `kv_cache_dtype` is KvCacheConfig.dtype: "auto" keeps the checkpoint's KV dtype, "fp8" halves a bf16 model's.
+    `tensor_parallel_size` splits the model over that many GPUs (LLM(tensor_parallel_size=...)): times are the
+    simulator's cost model at that size, byte counts of the copies and the HBM read are one GPU's share, and
+    `memory_per_gpu` is one GPU's split (weights, runtime, KV pool at `free_gpu_memory_fraction`).
     """
     if not isinstance(prompt_tokens, int) or prompt_tokens <= 0:
         raise ValueError(f"prompt_tokens must be a positive int, got {prompt_tokens!r}")
@@ -80,18 +90,22 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
         raise ValueError(f"batch must be a positive int, got {batch!r}")
     shape, prof = _resolve(model, gpu, link)
     shape = shape.with_kv_cache_dtype(kv_cache_dtype)
-    cost = CostModel(shape, prof)
+    tp = tensor_parallel_size
+    # The simulator's two calls for this config (kvtop sim, kvtop.engines.sim.core): its pool and its cost model.
+    pool = gpu_pool(shape, prof, tokens_per_block, free_gpu_memory_fraction=free_gpu_memory_fraction,
+                    tensor_parallel_size=tp)
+    cost = CostModel(shape, prof, tensor_parallel_size=tp)
     tpb = tokens_per_block
 
     kv_tok = shape.kv_bytes_per_token
     gemm_tflops = prof.fp8_tflops if (shape.weight_quant == "fp8" and prof.fp8_tflops) else prof.bf16_tflops
     hbm_rate = prof.hbm_GBps * 1e9
-    h2d_rate = prof.h2d_GBps * 1e9
     latency_s = prof.copy_latency_us * 1e-6
 
     c = cached_tokens
     blocks = math.ceil(c / tpb)  # onboarding copies whole blocks, a partly filled last one too
     kv_bytes = c * kv_tok * batch
+    kv_bytes_gpu = kv_bytes / tp  # one GPU's KV heads
     # FLOPs of the cached tokens' prefill, causal (token i sees i positions), without the LM head: the rate shown.
     attn_positions = c * (c + 1) // 2
     flops_one = 2.0 * shape.matmul_params * c + shape.attention_flops_per_context_token * attn_positions
@@ -99,12 +113,13 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
     # The cost model's prefill of the cached tokens: GEMMs, attention, elementwise work and the LM head, timed apart
     # and added (kvtop.engines.sim.cost), for `batch` such prompts in one forward pass.
     recompute_s = cost.device_s([(c, 0)] * batch, []) if c else 0.0
-    reload_s = (blocks * batch) * (kv_tok * tpb / h2d_rate + latency_s) if c else 0.0
-    hbm_read_s = kv_bytes / hbm_rate
+    # One copy per block, each GPU its share of the block over its own link, as the simulator onboards.
+    reload_s = cost.onboard_s(blocks * batch, tpb) if c else 0.0
+    hbm_read_s = kv_bytes_gpu / hbm_rate
     ratio = recompute_s / reload_s if reload_s > 0 else None
     # Break-even: bytes / L + copies x latency = recompute  =>  L = bytes / (recompute - copies x latency).
-    # Block copies move whole blocks, so the bytes are blocks x block bytes.
-    link_bytes = blocks * batch * kv_tok * tpb
+    # Block copies move whole blocks, so the bytes are blocks x block bytes (one GPU's share of each).
+    link_bytes = blocks * batch * kv_tok * tpb / tp
     slack = recompute_s - blocks * batch * latency_s
     breakeven = link_bytes / slack / 1e9 if c and slack > 0 else None
 
@@ -118,14 +133,13 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
     ttft_miss = cost.iteration_s([prompt_tokens] * batch, [])
 
     # Decode: each request attends to its prompt (the active KV). From HBM: the cost model's decode step.
-    # From host: the same step, but the KV bytes cross the link instead (weights still come from HBM).
+    # From host: the same step, but the KV bytes cross the link instead, at best hidden behind the rest of the
+    # step (GEMMs, weights from HBM, all-reduces): the longer of the two, one GPU's share of the KV on its link.
     ctx_total = prompt_tokens * batch
-    step_hbm = cost.decode_step_s(batch, ctx_total) + overhead
+    device_hbm = cost.decode_step_s(batch, ctx_total)
+    step_hbm = device_hbm + overhead
     kv_active = kv_tok * (ctx_total + batch)
-    step_flops = batch * (2.0 * shape.matmul_params + 2.0 * shape.lm_head_params) + \
-        shape.attention_flops_per_context_token * ctx_total
-    step_host = max(step_flops / (gemm_tflops * 1e12), shape.weight_read_bytes / hbm_rate,
-                    kv_active / h2d_rate) + overhead
+    step_host = max(device_hbm, kv_active / tp / (prof.h2d_GBps * 1e9)) + overhead
 
     per_tok_flops = flops_one / c if c else 0.0
     return {
@@ -136,6 +150,7 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
         "cached_tokens": c,
         "batch": batch,
         "tokens_per_block": tpb,
+        "tensor_parallel_size": tp,
         "kv_bytes_per_token": kv_tok,
         "kv_bytes_per_block": kv_tok * tpb,
         "kv_bytes": kv_bytes,
@@ -149,7 +164,18 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
             "bf16_tflops": prof.bf16_tflops,
             "gemm_dtype": "fp8" if shape.weight_quant == "fp8" and prof.fp8_tflops else "bf16",
             "gemm_tflops": gemm_tflops,
-            "prefill_tflops": flops / recompute_s / 1e12 if recompute_s else 0.0,
+            "prefill_tflops": flops / tp / recompute_s / 1e12 if recompute_s else 0.0,  # per GPU
+        },
+        "memory_per_gpu": {
+            "gpu_bytes": pool.gpu_bytes,
+            "weight_bytes": pool.weight_bytes,
+            "runtime_bytes": pool.runtime_bytes,
+            "free_gpu_memory_fraction": pool.free_gpu_memory_fraction,
+            "fits": pool.fits,
+            "kv_pool_bytes": pool.kv_pool_bytes,
+            "kv_bytes_per_token": pool.kv_bytes_per_token,
+            "kv_tokens": pool.tokens,
+            "kv_blocks": pool.blocks,
         },
         "reload_s": reload_s,
         "recompute_s": recompute_s,
@@ -159,7 +185,7 @@ def estimate(model: str | ModelShape, gpu: str | GpuProfile, link: str | float |
         "per_token": {
             "reload_s": reload_s / (c * batch) if c else 0.0,
             "recompute_s": recompute_s / (c * batch) if c else 0.0,
-            "hbm_read_s": kv_tok / hbm_rate,
+            "hbm_read_s": kv_tok / tp / hbm_rate,
         },
         "ttft_s": {"gpu_hit": ttft_gpu, "host_hit": ttft_host, "miss": ttft_miss},
         "decode": {
@@ -187,18 +213,33 @@ def render_estimate(e: dict[str, Any]) -> str:
     r = e["rates"]
     c, b, tpb = e["cached_tokens"], e["batch"], e["tokens_per_block"]
     kv = e["kv_bytes_per_token"]
+    tp = e["tensor_parallel_size"]
+    on = f"{tp} x {e['gpu']}, tensor parallel" if tp > 1 else e["gpu"]
+    m = e["memory_per_gpu"]
+    per_gpu = " per GPU" if tp > 1 else ""
+    if m["fits"]:
+        pool = (f"KV pool {format_bytes(m['kv_pool_bytes'])} ({m['free_gpu_memory_fraction']:g} of the rest) = "
+                f"{m['kv_tokens']:,} tokens, {m['kv_blocks']:,} blocks of {tpb}")
+    else:
+        pool = "no room for a KV cache: the model does not fit"
     lines = [
-        f"{e['model']} on {e['gpu']} ({e['link']} link), prompt {e['prompt_tokens']:,} tokens, "
+        f"{e['model']} on {on} ({e['link']} link), prompt {e['prompt_tokens']:,} tokens, "
         f"cached {c:,}, batch {b}",
+        "",
+        f"Memory{per_gpu}",
+        f"  {format_bytes(m['gpu_bytes'])} = weights {format_bytes(m['weight_bytes'])} + runtime "
+        f"{format_bytes(m['runtime_bytes'])} + {pool}",
         "",
         "Rates used",
         f"  host->GPU link   {r['link_h2d_GBps']:.2f} GB/s pinned, + {r['copy_latency_us']:.2f} us per block copy",
         f"  HBM              {r['hbm_GBps']:,.0f} GB/s (read + write)",
         f"  prefill          {r['gemm_tflops']:.1f} TFLOP/s {r['gemm_dtype']} GEMM peak; GEMMs, attention and "
-        f"elementwise work timed apart: {r['prefill_tflops']:.1f} TFLOP/s on the whole prefill",
+        f"elementwise work timed apart{', all-reduces beside them' if tp > 1 else ''}: "
+        f"{r['prefill_tflops']:.1f} TFLOP/s{per_gpu} on the whole prefill",
         "",
         "Per token",
-        f"  KV bytes         {kv:,} B ({format_bytes(kv)}); block of {tpb} = {format_bytes(e['kv_bytes_per_block'])}",
+        f"  KV bytes         {kv:,} B ({format_bytes(kv)}); block of {tpb} = {format_bytes(e['kv_bytes_per_block'])}"
+        + (f"; {format_bytes(m['kv_bytes_per_token'])} a token per GPU" if tp > 1 else ""),
         f"  FLOPs            {e['flops_per_token'] / 1e9:.2f} GFLOP (2 x matmul params + attention over ~c/2 "
         "positions)",
         f"  reload           {_ms(e['per_token']['reload_s'])}",
@@ -206,11 +247,11 @@ def render_estimate(e: dict[str, Any]) -> str:
         f"  read from HBM    {_ms(e['per_token']['hbm_read_s'])}",
         "",
         f"Whole cached prefix ({c:,} tokens x {b}, {format_bytes(e['kv_bytes'])}, {e['blocks']:,} blocks)",
-        f"  reload from host {_ms(e['reload_s'])}  = {e['blocks']:,} x ({format_bytes(e['kv_bytes_per_block'])} / "
+        f"  reload from host {_ms(e['reload_s'])}  = {e['blocks']:,} x ({format_bytes(e['kv_bytes_per_block'] / tp)} / "
         f"{r['link_h2d_GBps']:.2f} GB/s + {r['copy_latency_us']:.2f} us)",
-        f"  recompute        {_ms(e['recompute_s'])}  = {e['recompute_flops'] / 1e12:.1f} TFLOP / "
+        f"  recompute        {_ms(e['recompute_s'])}  = {e['recompute_flops'] / tp / 1e12:.1f} TFLOP / "
         f"{r['prefill_tflops']:.1f} TFLOP/s",
-        f"  read from HBM    {_ms(e['hbm_read_s'])}  = {format_bytes(e['kv_bytes'])} / {r['hbm_GBps']:,.0f} GB/s",
+        f"  read from HBM    {_ms(e['hbm_read_s'])}  = {format_bytes(e['kv_bytes'] / tp)} / {r['hbm_GBps']:,.0f} GB/s",
     ]
     ratio = e["recompute_over_reload"]
     if ratio is not None:
@@ -237,12 +278,18 @@ def render_estimate(e: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+ESTIMATE_DEFAULTS = {"tokens_per_block": DEFAULT_TOKENS_PER_BLOCK}
+
+
 def run_estimate(model: str, gpu: str, link: str | None = None, prompt_tokens: int = 8192,
                  cached_tokens: int | None = None, batch: int = 1, as_json: bool = False,
-                 tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK, kv_cache_dtype: str = "auto") -> int:
+                 tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK, kv_cache_dtype: str = "auto",
+                 tensor_parallel_size: int = 1,
+                 free_gpu_memory_fraction: float = DEFAULT_FREE_GPU_MEMORY_FRACTION) -> int:
     """Print the estimate (text or JSON). Returns the exit code (2 on a bad argument)."""
     try:
-        result = estimate(model, gpu, link, prompt_tokens, cached_tokens, batch, tokens_per_block, kv_cache_dtype)
+        result = estimate(model, gpu, link, prompt_tokens, cached_tokens, batch, tokens_per_block, kv_cache_dtype,
+                          tensor_parallel_size, free_gpu_memory_fraction)
     except ValueError as exc:
         print(f"kvtop estimate: {exc}", file=sys.stderr)
         return 2
@@ -250,22 +297,26 @@ def run_estimate(model: str, gpu: str, link: str | None = None, prompt_tokens: i
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`kvtop estimate --model M --gpu G [--link pcie5|c2c|<GB/s>] [--prompt-tokens N] [--cached-tokens N]
-    [--batch N] [--tokens-per-block N] [--kv-cache-dtype D] [--json]`. `--gpu` also takes a profile JSON from
-    `kvtop calibrate`."""
-    ap = argparse.ArgumentParser(prog="kvtop estimate",
-                                 description="reload cached KV from host vs recompute it: the arithmetic")
-    ap.add_argument("--model", default="Qwen/Qwen3-8B", help="built-in name or a HF config.json / model dir")
-    ap.add_argument("--gpu", default="H200", help="H200, H100, GH200, or a profile .json from kvtop calibrate")
+def _parser() -> argparse.ArgumentParser:
+    ap = options.OptionParser(prog="kvtop estimate",
+                              description="reload cached KV from host vs recompute it: the arithmetic")
+    # The settings it shares with kvtop and kvtop sim, declared from Settings (kvtop.options): same spelling, doc and
+    # validation as there.
+    options.add_settings(ap, options.ESTIMATE_SETTINGS, defaults=ESTIMATE_DEFAULTS, help={
+        "json": "print the figures as JSON", "gpu_cache_fraction": "free_gpu_memory_fraction for the KV pool"})
     ap.add_argument("--link", default=None, help="host link: pcie5, pcie4, c2c, or GB/s (default: the GPU's)")
     ap.add_argument("--prompt-tokens", type=int, default=8192)
     ap.add_argument("--cached-tokens", type=int, default=None, help="cached prefix (default: the whole prompt)")
     ap.add_argument("--batch", type=int, default=1, help="requests of this shape arriving together")
-    ap.add_argument("--tokens-per-block", type=int, default=DEFAULT_TOKENS_PER_BLOCK)
-    ap.add_argument("--kv-cache-dtype", default="auto",
-                    help="KvCacheConfig.dtype: auto (the checkpoint's), fp8, bfloat16, float16")
-    ap.add_argument("--json", action="store_true", help="print the figures as JSON")
-    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`kvtop estimate --model M --gpu G [--link pcie5|c2c|<GB/s>] [--prompt-tokens N] [--cached-tokens N]
+    [--batch N] [--tokens-per-block N] [--kv-cache-dtype D] [--tensor-parallel-size N] [--gpu-cache-fraction F]
+    [--json]`. `--gpu` also takes a profile JSON from `kvtop calibrate`. A bad setting raises SettingsError
+    (kvtop.cli prints it as one line, exit 2), as in every subcommand."""
+    a = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    vars(a).update(options.converted(a, options.ESTIMATE_SETTINGS, ESTIMATE_DEFAULTS))
     return run_estimate(a.model, a.gpu, a.link, a.prompt_tokens, a.cached_tokens, a.batch, a.json,
-                        a.tokens_per_block, a.kv_cache_dtype)
+                        a.tokens_per_block, a.kv_cache_dtype, a.tensor_parallel_size, a.gpu_cache_fraction)

@@ -1,8 +1,8 @@
 """Command-line options, declared once: every option that is a setting comes from its ``Settings`` field.
 
-``kvtop``, ``kvtop attach`` / ``replay``, ``kvtop sim`` and ``kvtop agent`` each take the settings that mean
-something to them (``ATTACH_SETTINGS``, ``SIM_SETTINGS``...), declared here from the field's name, doc, kind and
-default, so that an option is spelled, documented and validated the same way in every subcommand
+``kvtop``, ``kvtop attach`` / ``replay``, ``kvtop sim``, ``kvtop agent`` and ``kvtop estimate`` each take the
+settings that mean something to them (``ATTACH_SETTINGS``, ``SIM_SETTINGS``...), declared here from the field's
+name, doc, kind and default, so that an option is spelled, documented and validated the same way in every subcommand
 (tests/test_cli.py checks that no subcommand declares a setting by hand).
 """
 
@@ -21,6 +21,8 @@ ATTACH_ONLY_SETTINGS = ("mqtt_password_file",)  # kvtop attach mqtt://, not kvto
 SIM_SETTINGS = ("trace", "model", "gpu", "tokens_per_block", "gpu_cache_fraction", "max_batch_size",
                 "max_num_tokens", "capacity_scheduler_policy", "kv_cache_dtype", "tensor_parallel_size", "json")
 AGENT_SETTINGS = ("mqtt_password_file", "duration", "json")
+ESTIMATE_SETTINGS = ("model", "gpu", "tokens_per_block", "kv_cache_dtype", "tensor_parallel_size",
+                     "gpu_cache_fraction", "json")
 
 
 class OptionParser(argparse.ArgumentParser):
@@ -93,5 +95,6 @@ def converted(ns: argparse.Namespace, names: Iterable[str], defaults: Mapping[st
     return {name: getattr(s, name) for name in names}
 
 
-__all__ = ["AGENT_SETTINGS", "ATTACH_ONLY_SETTINGS", "ATTACH_SETTINGS", "OptionParser", "SIM_SETTINGS",
+__all__ = ["AGENT_SETTINGS", "ATTACH_ONLY_SETTINGS", "ATTACH_SETTINGS", "ESTIMATE_SETTINGS", "OptionParser",
+           "SIM_SETTINGS",
            "add_config_option", "add_settings", "converted", "given", "option_name"]

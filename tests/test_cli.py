@@ -383,10 +383,10 @@ def test_scenario_ab_keeps_a_gpu_pool_the_user_set(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- options, once
 
 def _parsers() -> dict[str, Any]:
-    from kvtop import agent, attach, cli
+    from kvtop import agent, attach, cli, estimate
 
     return {"kvtop": cli.build_parser(), "sim": cli._sim_parser(), "attach": attach._parser("attach"),
-            "replay": attach._parser("replay"), "agent": agent._parser()}
+            "replay": attach._parser("replay"), "agent": agent._parser(), "estimate": estimate._parser()}
 
 
 def test_every_subcommand_takes_its_settings_from_settings_never_by_hand() -> None:
@@ -405,6 +405,7 @@ def test_every_subcommand_takes_its_settings_from_settings_never_by_hand() -> No
     # and the ones that matter are shared for real (the same field reaches several subcommands)
     assert {"kvtop", "sim"} <= shared["model"] and {"kvtop", "attach", "replay"} <= shared["refresh"]
     assert {"kvtop", "attach", "agent"} <= shared["mqtt_password_file"]
+    assert {"kvtop", "sim", "estimate"} <= shared["tensor_parallel_size"] & shared["kv_cache_dtype"]
 
 
 @pytest.mark.parametrize("argv", [["--refresh", "0"], ["attach", "x.jsonl", "--refresh", "0"],

@@ -9,6 +9,8 @@ import pytest
 from kvtop.engines.gpus import resolve_gpu
 from kvtop.engines.models import resolve_model
 from kvtop.engines.sim.cost import CostModel
+from kvtop.engines.sim.llm import SimLLM
+from kvtop.engines.sizing import primary_blocks
 from kvtop.estimate import estimate, main, render_estimate
 
 # Anchors: Qwen3-8B, 8,192 tokens, pinned PCIe Gen5 on an H200.
@@ -100,7 +102,100 @@ def test_kv_cache_dtype_halves_what_a_reload_moves(capsys: pytest.CaptureFixture
     latency = 256 * 3.57e-6  # 8,192 tokens in 256 block copies, each with its fixed cost; half the bytes each
     assert fp8["reload_s"] == pytest.approx((base["reload_s"] - latency) / 2 + latency, rel=1e-3)
     assert fp8["recompute_s"] == pytest.approx(base["recompute_s"], rel=0.01)  # bf16 weights either way
-    from kvtop.estimate import main
+    from kvtop.cli import main as kvtop_main
 
-    assert main(["--model", "meta-llama/Llama-3.1-8B-Instruct", "--kv-cache-dtype", "int3"]) == 2
-    assert "unknown dtype 'int3'" in capsys.readouterr().err
+    # --kv-cache-dtype is the shared setting (kvtop.options): refused as in kvtop sim and a driven run
+    assert kvtop_main(["estimate", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--kv-cache-dtype", "int3"]) == 2
+    assert capsys.readouterr().err.strip() == ("kvtop: --kv-cache-dtype: must be one of auto, fp8, bfloat16, "
+                                               "float16, got 'int3'")
+
+
+LLAMA70_FP8 = "nvidia/Llama-3.3-70B-Instruct-FP8"
+
+
+def test_tensor_parallel_halves_the_weights_per_gpu_and_the_pool_takes_the_room() -> None:
+    """Llama-3.3-70B FP8 on H200s: at TP2 each GPU holds half the weights and half of every token's KV (4 of the 8
+    KV heads), so its pool gets 0.9 of the freed weight bytes and holds twice the tokens per byte."""
+    one, two = (estimate(LLAMA70_FP8, "H200", tensor_parallel_size=tp) for tp in (1, 2))
+    m1, m2 = one["memory_per_gpu"], two["memory_per_gpu"]
+    weights = resolve_model(LLAMA70_FP8).weight_bytes  # FP8 linear layers, bf16 embeddings and LM head
+    assert m1["weight_bytes"] == weights == 72_655_052_800
+    assert m2["weight_bytes"] == weights // 2 == 36_327_526_400
+    assert m1["runtime_bytes"] == m2["runtime_bytes"] and m1["fits"] and m2["fits"]
+    assert m2["kv_pool_bytes"] - m1["kv_pool_bytes"] == pytest.approx(0.9 * (weights - weights // 2), abs=2)
+    assert m1["kv_bytes_per_token"] == one["kv_bytes_per_token"] == 163_840  # 80 layers x 2 x 8 heads x 128, FP8
+    assert m2["kv_bytes_per_token"] == 81_920 and two["kv_bytes_per_token"] == 163_840  # a block still holds all
+    assert (m1["kv_tokens"], m1["kv_blocks"]) == (406_527, 12_704)
+    assert (m2["kv_tokens"], m2["kv_blocks"]) == (1_212_161, 37_881)
+    # what kvtop sim and SimLLM size for the same config
+    for tp, m in ((1, m1), (2, m2)):
+        assert m["kv_blocks"] == primary_blocks(resolve_model(LLAMA70_FP8), resolve_gpu("H200"), 32,
+                                                tensor_parallel_size=tp)
+    text = render_estimate(two)
+    assert "on 2 x H200, tensor parallel" in text and "Memory per GPU" in text
+    assert "weights 33.8 GiB" in text and "37,881 blocks of 32" in text
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_tensor_parallel_times_are_the_simulators(tp: int) -> None:
+    """Every time the estimate gives at a TP size is the simulator's cost model at that size, as SimLLM builds it
+    (all-reduces included), and its pool is SimLLM's."""
+    e = estimate(LLAMA70_FP8, "H200", prompt_tokens=8192, cached_tokens=4096, tensor_parallel_size=tp)
+    with SimLLM(LLAMA70_FP8, gpu="H200", tensor_parallel_size=tp, speed=0) as llm:
+        cost = llm._core.cost
+        assert cost.tp == tp
+        assert e["memory_per_gpu"]["kv_blocks"] == llm.primary_blocks
+        assert e["ttft_s"]["miss"] == pytest.approx(cost.iteration_s([8192], []), rel=1e-12)
+        assert e["ttft_s"]["gpu_hit"] == pytest.approx(cost.iteration_s([(4096, 4096)], []), rel=1e-12)
+        assert e["ttft_s"]["host_hit"] - e["ttft_s"]["gpu_hit"] == pytest.approx(cost.onboard_s(128, 32))
+        assert e["reload_s"] == pytest.approx(cost.onboard_s(128, 32), rel=1e-12)
+        assert e["recompute_s"] == pytest.approx(cost.device_s([(4096, 0)], []), rel=1e-12)
+        step = cost.decode_step_s(1, 8192) + cost.iteration_overhead_s
+        assert e["decode"]["step_s_kv_in_hbm"] == pytest.approx(step, rel=1e-12)
+
+
+def test_tensor_parallel_splits_the_copies_but_not_their_count() -> None:
+    """Each GPU copies its half of every block over its own link: half the bytes, the same 256 copies and their
+    fixed latency; the prefill is faster but not twice (two all-reduces a layer)."""
+    one, two = (estimate(LLAMA70_FP8, "H200", tensor_parallel_size=tp) for tp in (1, 2))
+    latency = 256 * 3.57e-6
+    assert two["reload_s"] == pytest.approx((one["reload_s"] - latency) / 2 + latency, rel=1e-3)
+    assert two["hbm_read_s"] == pytest.approx(one["hbm_read_s"] / 2)
+    assert one["recompute_s"] / 2 < two["recompute_s"] < one["recompute_s"]
+    assert one["ttft_s"]["miss"] / 2 < two["ttft_s"]["miss"] < one["ttft_s"]["miss"]
+    # break-even: one GPU's bytes over (recompute - copies x latency)
+    be = 256 * 163_840 * 32 / 2 / (two["recompute_s"] - latency) / 1e9
+    assert two["breakeven_link_GBps"] == pytest.approx(be, rel=1e-3)
+
+
+def test_tensor_parallel_size_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """--tensor-parallel-size is the setting kvtop sim takes (kvtop.options), validated the same way."""
+    from kvtop.cli import main as kvtop_main
+
+    assert main(["--model", LLAMA70_FP8, "--tensor-parallel-size", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["tensor_parallel_size"] == 2
+    assert out == json.loads(json.dumps(estimate(LLAMA70_FP8, "H200", tensor_parallel_size=2)))
+    for argv, err in ((["--tensor-parallel-size", "0"], "kvtop: --tensor-parallel-size: must be a positive integer, "
+                                                         "got 0"),
+                      (["--gpu-cache-fraction", "1.5"],
+                       "kvtop: --gpu-cache-fraction: must be a fraction between 0 and 1 (exclusive), got '1.5'")):
+        assert kvtop_main(["estimate", *argv]) == 2
+        assert capsys.readouterr().err.strip() == err
+        assert kvtop_main(["sim", "--trace", "t.jsonl", *argv]) == 2
+        assert capsys.readouterr().err.strip() == err
+    # 3 does not divide Llama's 8 KV heads: the cost model refuses it, one line
+    assert main(["--model", LLAMA70_FP8, "--tensor-parallel-size", "3"]) == 2
+    assert capsys.readouterr().err.strip() == ("kvtop estimate: tensor_parallel_size 3 does not divide "
+                                               "nvidia/Llama-3.3-70B-Instruct-FP8's 8 KV heads")
+
+
+def test_a_model_that_does_not_fit_still_gets_its_times() -> None:
+    """Llama-3.1-70B in bf16 does not fit one H100 (141 GB of weights, 86 GB of HBM): the estimate says so and
+    still times it; at TP2 it fits."""
+    one = estimate("meta-llama/Llama-3.1-70B-Instruct", "H100")
+    assert one["memory_per_gpu"]["fits"] is False and one["memory_per_gpu"]["kv_blocks"] == 0
+    assert one["ttft_s"]["miss"] > 0
+    assert "the model does not fit" in render_estimate(one)
+    two = estimate("meta-llama/Llama-3.1-70B-Instruct", "H100", tensor_parallel_size=2)
+    assert two["memory_per_gpu"]["fits"] is True and two["memory_per_gpu"]["kv_blocks"] > 0

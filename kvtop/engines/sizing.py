@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from kvtop.engines.gpus import GpuProfile
@@ -33,9 +34,11 @@ from kvtop.engines.models import ModelShape
 __all__ = [
     "DEFAULT_FREE_GPU_MEMORY_FRACTION",
     "DEFAULT_MAX_NUM_TOKENS",
+    "GpuPool",
     "RUNTIME_OVERHEAD_BYTES",
     "activation_bytes",
     "format_bytes",
+    "gpu_pool",
     "parse_size",
     "primary_blocks",
     "runtime_reserve_bytes",
@@ -74,19 +77,34 @@ def runtime_reserve_bytes(model: ModelShape, max_num_tokens: int = DEFAULT_MAX_N
     return activation_bytes(model, max_num_tokens) + RUNTIME_OVERHEAD_BYTES
 
 
-def primary_blocks(model: ModelShape, gpu: GpuProfile, tokens_per_block: int, max_tokens: int | None = None,
-                   free_gpu_memory_fraction: float | None = DEFAULT_FREE_GPU_MEMORY_FRACTION,
-                   other_bytes: int | None = None, tensor_parallel_size: int = 1,
-                   max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS) -> int:
-    """Blocks in the GPU pool, as TensorRT-LLM sizes it (see the module docstring).
+@dataclass(frozen=True, slots=True)
+class GpuPool:
+    """One GPU's memory as TensorRT-LLM splits it (:func:`gpu_pool`); every figure is per GPU (per tensor-parallel
+    rank: all ranks hold the same). ``blocks`` is what :func:`primary_blocks` returns; ``fits`` is False where the
+    weights and the runtime leave no memory for the KV cache (``blocks`` is 0 then)."""
 
-    `free_gpu_memory_fraction` of the memory left after the weights (their real bytes: FP8 linear layers, bf16
-    embeddings and LM head) and `other_bytes` (default: `runtime_reserve_bytes(model, max_num_tokens)`), in
-    whole tokens, capped by `max_tokens` when given (TensorRT-LLM takes the lesser), then rounded up to whole
-    blocks. With tensor parallelism each rank holds 1/tp of the weights and of every token's KV (its KV heads),
-    and every rank's pool has the same block count. Qwen3-8B on an H200 at the defaults: about 25,000 blocks of
-    32 tokens; Llama-3.1-8B FP8 with an FP8 KV cache: about 60,000. Raises ValueError when the model does not fit.
-    """
+    tensor_parallel_size: int
+    gpu_bytes: int
+    weight_bytes: int  # this rank's shard: ceil(weights / tp)
+    runtime_bytes: int  # activations of the dry run + RUNTIME_OVERHEAD_BYTES, or other_bytes
+    free_gpu_memory_fraction: float
+    kv_bytes_per_token: int  # this rank's share of a token's KV (its KV heads)
+    kv_pool_bytes: int  # (gpu - weights - runtime) x fraction, floored; 0 where it does not fit
+    tokens: int  # whole tokens in the pool, capped by max_tokens
+    blocks: int
+
+    @property
+    def fits(self) -> bool:
+        return self.gpu_bytes - self.weight_bytes - self.runtime_bytes > 0
+
+
+def gpu_pool(model: ModelShape, gpu: GpuProfile, tokens_per_block: int, max_tokens: int | None = None,
+             free_gpu_memory_fraction: float | None = DEFAULT_FREE_GPU_MEMORY_FRACTION,
+             other_bytes: int | None = None, tensor_parallel_size: int = 1,
+             max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS) -> GpuPool:
+    """How TensorRT-LLM sizes the GPU pool (see the module docstring), each part shown: :func:`primary_blocks`'s
+    arithmetic, for ``kvtop estimate`` to print and the simulator to use (one computation). Raises ValueError on a
+    bad argument, not when the model does not fit (``fits`` says so)."""
     if not isinstance(tensor_parallel_size, int) or tensor_parallel_size <= 0:
         raise ValueError(f"tensor_parallel_size must be a positive int, got {tensor_parallel_size!r}")
     tp = tensor_parallel_size
@@ -104,16 +122,37 @@ def primary_blocks(model: ModelShape, gpu: GpuProfile, tokens_per_block: int, ma
         raise ValueError(f"other_bytes must be >= 0, got {other_bytes}")
     weights = -(-model.weight_bytes // tp)
     free = gpu.memory_bytes - weights - reserve
-    if free <= 0:
-        per = f" per GPU at tensor parallelism {tp}" if tp > 1 else ""
-        raise ValueError(
-            f"{model.name} does not fit on {gpu.name}: weights {format_bytes(weights)}{per} + runtime "
-            f"{format_bytes(reserve)} >= GPU memory {format_bytes(gpu.memory_bytes)}")
     kv_per_token_rank = model.kv_bytes_per_token // min(tp, model.num_kv_heads)
-    tokens = int((free * fraction) // kv_per_token_rank)
+    pool = int(free * fraction) if free > 0 else 0
+    tokens = int((free * fraction) // kv_per_token_rank) if free > 0 else 0
     if max_tokens is not None:
         tokens = min(tokens, max_tokens)
-    return math.ceil(tokens / tokens_per_block) if tokens > 0 else 0
+    blocks = math.ceil(tokens / tokens_per_block) if tokens > 0 else 0
+    return GpuPool(tp, gpu.memory_bytes, weights, reserve, fraction, kv_per_token_rank, pool, tokens, blocks)
+
+
+def primary_blocks(model: ModelShape, gpu: GpuProfile, tokens_per_block: int, max_tokens: int | None = None,
+                   free_gpu_memory_fraction: float | None = DEFAULT_FREE_GPU_MEMORY_FRACTION,
+                   other_bytes: int | None = None, tensor_parallel_size: int = 1,
+                   max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS) -> int:
+    """Blocks in the GPU pool, as TensorRT-LLM sizes it (see the module docstring).
+
+    `free_gpu_memory_fraction` of the memory left after the weights (their real bytes: FP8 linear layers, bf16
+    embeddings and LM head) and `other_bytes` (default: `runtime_reserve_bytes(model, max_num_tokens)`), in
+    whole tokens, capped by `max_tokens` when given (TensorRT-LLM takes the lesser), then rounded up to whole
+    blocks. With tensor parallelism each rank holds 1/tp of the weights and of every token's KV (its KV heads),
+    and every rank's pool has the same block count. Qwen3-8B on an H200 at the defaults: about 25,000 blocks of
+    32 tokens; Llama-3.1-8B FP8 with an FP8 KV cache: about 60,000. Raises ValueError when the model does not fit.
+    """
+    pool = gpu_pool(model, gpu, tokens_per_block, max_tokens, free_gpu_memory_fraction, other_bytes,
+                    tensor_parallel_size, max_num_tokens)
+    if not pool.fits:
+        tp = pool.tensor_parallel_size
+        per = f" per GPU at tensor parallelism {tp}" if tp > 1 else ""
+        raise ValueError(
+            f"{model.name} does not fit on {gpu.name}: weights {format_bytes(pool.weight_bytes)}{per} + runtime "
+            f"{format_bytes(pool.runtime_bytes)} >= GPU memory {format_bytes(gpu.memory_bytes)}")
+    return pool.blocks
 
 
 def secondary_blocks(model: ModelShape, tokens_per_block: int, host_cache_bytes: int) -> int:
