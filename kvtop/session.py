@@ -13,11 +13,13 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
 
 from kvtop.fleet import STALE_INTERVALS, StaleClock
-from kvtop.problems import Problems
+from kvtop.problems import Problem, Problems
 from kvtop.records import Record, SourceId, make
 from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
@@ -29,6 +31,44 @@ LOG_LINES = 500  # the event log keeps the newest 500 lines; older ones are drop
 # are ~200 MB at most; a fleet of 1,000 engines fits, 10,000 fake source ids on a shared broker do not get in.
 MAX_SOURCES = 4096
 MAX_TIME_JUMP_S = 86400.0  # a record a day or more from its source's last one is flagged (record.time_jump)
+LogEntry = tuple[float, str, str]  # (epoch seconds, level, text): a line of Session.log
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """What a screen reads off a session at one refresh; kvtop/ui/app.py reads nothing else of it.
+
+    Taken on the loop that runs the session (the dashboard's own), so it copies nothing that grows with the run:
+    the mappings are read-only windows onto the session's live ones, the log is the session's bounded deque. The
+    models are read through their snapshots (kvtop/tiers/snapshot.py), never field by field off the live fold.
+    """
+
+    model: TierModel                    # the session's own source's fold
+    models: Mapping[str, TierModel]     # per source key (empty until a record came)
+    meta: Mapping[str, Any]
+    status: Mapping[str, str]           # per producer and per source: "ok", "done", "offline", "stale", ...
+    producers: tuple[str, ...]          # the producers' names, in the order they were added
+    log: Sequence[LogEntry]             # the newest LOG_LINES lines, oldest first
+    problems: tuple[Problem, ...]       # the problems still going on (kvtop.problems), oldest kind first
+    stale_sources: int                  # sources marked stale (nothing heard for STALE_INTERVALS intervals)
+    in_flight: int | None               # the workload driver's requests in flight; None without a driver
+    started_at: float | None            # epoch seconds the run started
+    source_key: str | None              # the session's own source (SourceId.key()), None where it has none
+
+
+@runtime_checkable
+class DashboardSession(Protocol):
+    """What the dashboard calls on a session: ``view()`` every refresh, ``tick()`` for housekeeping, ``run()`` and
+    ``stop()`` for its lifecycle, ``reset_window()`` for the r key, ``what_if()`` for the 2x / 4x host line (None:
+    the session folds no estimate, the line is hidden). Session is one; ``for_dashboard`` makes one of anything
+    with a Session's read side."""
+
+    def view(self) -> SessionView: ...
+    def run(self) -> Awaitable[None]: ...
+    def stop(self) -> None: ...
+    def tick(self) -> object: ...
+    def reset_window(self) -> None: ...
+    def what_if(self) -> Mapping[str, Any] | None: ...
 
 
 class Session:
@@ -227,6 +267,22 @@ class Session:
     def requests_in_flight(self) -> int:
         return int(getattr(self.driver, "in_flight", 0) or 0)
 
+    @property
+    def producer_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self._producers)
+
+    def view(self) -> SessionView:
+        """What a screen reads now (SessionView). On the session's loop; ~2 us plus the active problems' copy."""
+        problems = self.problems
+        return SessionView(
+            model=self.model, models=MappingProxyType(self.models), meta=MappingProxyType(self.meta),
+            status=MappingProxyType(self.status), producers=self.producer_names, log=self.log,
+            # copied under the registry's lock only when there is something in it (a few kinds at most)
+            problems=tuple(p for p in problems.snapshot() if p.active) if len(problems) else (),
+            stale_sources=len(self.stale_sources()),
+            in_flight=None if self.driver is None else self.requests_in_flight,
+            started_at=self.started_at, source_key=self.source.key())
+
     def reset_window(self) -> None:
         for model in {id(m): m for m in [self.model, *self.models.values()]}.values():
             reset = getattr(model, "reset_window", None)
@@ -309,3 +365,53 @@ class Session:
                 stop()
             except Exception as exc:
                 self.note("error", f"stopping failed: {exc}")
+
+
+class PartialSession:
+    """A DashboardSession made of an object that has only part of a Session's read side: a test's stand-in, an
+    embedder's own session. It must have ``model`` (and ``run()`` / ``stop()`` to be run); every other part may be
+    missing and then reads as absent (no sources table, no log, no problems, no what-if line). The one place that
+    reads a session by ``getattr``: the dashboard reads the SessionView this builds, by type."""
+
+    def __init__(self, session: Any):
+        self.session = session
+
+    def view(self) -> SessionView:
+        s = self.session
+        # may lack (each getattr below): the object is anyone's; a Session has them all
+        key = getattr(getattr(s, "source", None), "key", None)
+        driver = getattr(s, "driver", None)
+        stale = getattr(s, "stale_sources", None)
+        problems = getattr(s, "problems", None)
+        return SessionView(
+            model=s.model, models=getattr(s, "models", None) or {}, meta=getattr(s, "meta", None) or {},
+            status=getattr(s, "status", None) or {}, producers=(), log=getattr(s, "log", None) or (),
+            problems=tuple(p for p in problems.snapshot() if p.active) if problems is not None else (),
+            stale_sources=len(stale()) if callable(stale) else 0,
+            in_flight=None if driver is None else int(getattr(s, "requests_in_flight", 0) or 0),
+            started_at=getattr(s, "started_at", None),
+            source_key=str(key()) if callable(key) else None)
+
+    async def run(self) -> None:
+        await self.session.run()
+
+    def stop(self) -> None:
+        self.session.stop()
+
+    def tick(self) -> object:
+        tick = getattr(self.session, "tick", None)  # may lack: see the class docstring
+        return tick() if callable(tick) else None
+
+    def reset_window(self) -> None:
+        reset = getattr(self.session, "reset_window", None)  # may lack
+        if callable(reset):
+            reset()
+
+    def what_if(self) -> Mapping[str, Any] | None:
+        what_if = getattr(self.session, "what_if", None)  # may lack: then no what-if line
+        return what_if() if callable(what_if) else None
+
+
+def for_dashboard(session: Any) -> DashboardSession:
+    """``session`` as the dashboard reads it: a Session (or any full DashboardSession) as it is, else wrapped."""
+    return session if isinstance(session, DashboardSession) else PartialSession(session)
