@@ -350,3 +350,102 @@ def test_the_model_routes_kv_events_straight_to_the_event_folds_hot_path() -> No
     m = TierModel()
     assert m.apply_kv_event.__self__ is m.event_fold  # type: ignore[attr-defined]
     assert m.apply_kv_event.__func__ is type(m.event_fold).apply  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------- the dashboard
+
+UI = PACKAGE / "ui"
+# The one private name the dashboard reads off something not its own: Textual's repaint hook, probed for here and kept
+# behind a version check with an off switch (kvtop/ui/widgets.py strip_cache_enabled). Textual's, not kvtop's.
+FOREIGN_PRIVATE_ALLOWED = {("widgets.py", "getattr(Widget, '_set_dirty', None)")}
+_NAME_READERS = ("getattr", "hasattr")
+
+
+def _named_reads(tree: ast.AST) -> list[tuple[ast.Call, ast.expr, str]]:
+    """``getattr(obj, "name", ...)`` and ``hasattr(obj, "name")`` with the name written out: (call, obj, name)."""
+    return [(node, node.args[0], node.args[1].value) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _NAME_READERS
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)]
+
+
+def _foreign_private_reads(tree: ast.AST, file: str) -> list[str]:
+    """``x._name`` or ``getattr(x, "_name")`` where x is not the code's own: ``self``, ``cls``, ``super()`` or a class
+    defined in the same module. ``self.session._producers`` and ``model._req_records`` are someone else's."""
+    own_classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+
+    def own(target: ast.expr) -> bool:
+        if isinstance(target, ast.Name):
+            return target.id in ("self", "cls") or target.id in own_classes
+        return isinstance(target, ast.Call) and isinstance(target.func, ast.Name) and target.func.id == "super"
+
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.startswith("__")
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and private(node.attr) \
+                and not own(node.value):
+            found.append(f"{file}:{node.lineno}: {ast.unparse(node)}")
+    for call, target, name in _named_reads(tree):
+        if private(name) and not own(target) and (file, ast.unparse(call)) not in FOREIGN_PRIVATE_ALLOWED:
+            found.append(f"{file}:{call.lineno}: {ast.unparse(call)}")
+    return sorted(found)
+
+
+def _unexplained_named_reads(source: str, file: str) -> list[str]:
+    """A getattr with the attribute's name written out reads a field the code could name by type; it stays only
+    where the object may really lack it, and the line says so (``# may lack: why``)."""
+    lines = source.splitlines()
+    found = []
+    for call, _target, _name in _named_reads(ast.parse(source)):
+        span = "\n".join(lines[call.lineno - 1:(call.end_lineno or call.lineno)])
+        if "may lack" not in span:
+            found.append(f"{file}:{call.lineno}: {ast.unparse(call)}")
+    return found
+
+
+def _duck_typed_reads(tree: ast.AST, file: str) -> list[str]:
+    """getattr on the session, the settings, a model or a snapshot, even with a reason: those have types
+    (kvtop.session.SessionView / DashboardSession, kvtop.tiers.snapshot.TierSnapshot), so the screen reads them."""
+    typed = {"session", "settings", "model", "live", "snap", "snapshot"}
+    found = []
+    for call, target, _name in _named_reads(tree):
+        names = {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} | \
+                {n.attr for n in ast.walk(target) if isinstance(n, ast.Attribute)}
+        if names & typed:
+            found.append(f"{file}:{call.lineno}: {ast.unparse(call)}")
+    return found
+
+
+def test_the_dashboard_checks_see_what_they_forbid() -> None:
+    code = ("class Own:\n    _k = 1\n"
+            "a = self.session._producers\nb = getattr(self.session, '_producers', ())\nc = model._req_records\n"
+            "d = self._mine\ne = super()._set_dirty\nf = Own._k\ng = getattr(self.session, 'status', None)\n"
+            "h = getattr(row, what)\ni = getattr(x, 'y', None)  # may lack: a third-party object\n")
+    tree = ast.parse(code)
+    assert _foreign_private_reads(tree, "t.py") == [
+        "t.py:3: self.session._producers", "t.py:4: getattr(self.session, '_producers', ())",
+        "t.py:5: model._req_records"]
+    assert _unexplained_named_reads(code, "t.py") == [
+        "t.py:4: getattr(self.session, '_producers', ())", "t.py:9: getattr(self.session, 'status', None)"]
+    assert _duck_typed_reads(tree, "t.py") == [
+        "t.py:4: getattr(self.session, '_producers', ())", "t.py:9: getattr(self.session, 'status', None)"]
+
+
+def test_the_dashboard_reads_no_private_name_of_anything_not_its_own() -> None:
+    """Issue 15: the screen read ``getattr(self.session, "_producers", ())`` (and once the fold's ``_req_records``)."""
+    found = [hit for path in sorted(UI.glob("*.py"))
+             for hit in _foreign_private_reads(ast.parse(path.read_text(), str(path)), path.name)]
+    assert found == []
+
+
+def test_the_dashboard_reads_session_and_model_by_type_not_by_getattr() -> None:
+    """Issue 15: 46 getattr calls in kvtop/ui/app.py read the session, the settings and the model as if any
+    field might be missing (``getattr(model, "history_step_s", 1.0)``, ``getattr(v, "cumulative", v)``)."""
+    duck, unexplained = [], []
+    for path in sorted(UI.glob("*.py")):
+        source = path.read_text()
+        duck += _duck_typed_reads(ast.parse(source, str(path)), path.name)
+        unexplained += _unexplained_named_reads(source, path.name)
+    assert duck == []
+    assert unexplained == []

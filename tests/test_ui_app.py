@@ -543,3 +543,63 @@ async def test_no_what_if_line_without_the_estimate() -> None:
         await pilot.pause()
         text = _hit_text(app)
         assert "what-if" not in text and "total" in text
+
+
+# ---------------------------------------------------------------------------------------------- what it reads
+
+async def test_one_failed_request_is_logged_once_however_often_the_screen_refreshes() -> None:
+    """The failure's log key was the snapshot's id, new with every record: one failure was logged again at each
+    refresh that drew a new snapshot (2 lines in 5 refreshes, varying with id reuse) and the keys grew without end."""
+    session = session_from_recording()
+    last = session.model.now
+    session.emit(make("request", {"request_id": 99_999, "ok": False, "error": "out of blocks", "prompt_tokens": 9000},
+                      source=session.source, time=last + 0.1))
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)):
+        for i in range(20):
+            session.emit(make("stats", {"iter": 10**6 + i, "numActiveRequests": 0}, source=session.source,
+                              time=last + 0.2 + i))
+            app.refresh_view()
+        failed = [(line.text, line.count) for line in app.screen.query_one(EventLog).lines if "failed" in line.text]
+        assert failed == [("1 request failed: out of blocks", 1)]
+        assert app.refreshes >= 20
+
+
+async def test_a_refresh_with_nothing_folded_draws_no_panel_again() -> None:
+    """The model's snapshot is the cache: the same snapshot means nothing changed (no version tuple kept beside)."""
+    session = session_from_recording()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        drawn, data = app.refreshes, _gpu_panel(app).data
+        for _ in range(3):
+            app.refresh_view()
+        assert app.refreshes == drawn and _gpu_panel(app).data is data
+        session.emit(make("stats", {"iter": 10**6, "numActiveRequests": 0}, source=session.source,
+                          time=session.model.now + 1.0))
+        app.refresh_view()
+        assert app.refreshes == drawn + 1
+        assert app.shown_data_time == session.model.now
+
+
+async def test_the_header_and_requests_show_what_the_sessions_view_says() -> None:
+    """Problems, stale sources and the driver's in-flight count reach the screen through SessionView."""
+    session = session_from_recording()
+
+    class Driver:
+        in_flight = 5
+
+    session.driver = Driver()
+    session.problems.report("record.bad", "line 3: not JSON", lost=True)
+    session.status.update({"node-b/0/x": "stale", "node-c/0/x": "stale"})
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        flags = app.screen.query_one("#header").data.flags
+        assert "1 problem: record.bad" in flags and "2 sources stale" in flags
+        assert app.screen.query_one("#requests").data.in_flight == 5
+        session.driver = None   # no driver: the fold's own count of requests in flight
+        session.emit(make("stats", {"iter": 10**6, "numActiveRequests": 0}, source=session.source,
+                          time=session.model.now + 1.0))
+        app.refresh_view()
+        assert app.screen.query_one("#requests").data.in_flight == session.model.requests.in_flight

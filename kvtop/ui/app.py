@@ -1,20 +1,19 @@
 """The Textual dashboard: ``build_app(session, settings)`` is the one way to make it (the CLI and the tests).
 
-The app owns no data. A session (``kvtop.session.Session``, or anything with its attributes) runs its producers
-as a worker on the app's event loop and folds every record into its TierModel; the app reads that model on a
-timer (``settings.refresh``, 0.25 s by default) and shows it. Reading is cheap by construction: every TierModel
-property the refresh reads costs 40 us in total on the dev box, plus 0.26 ms for the requests' percentiles and
-0.28 ms for the 600-step history (read only when it has moved a step), so a refresh never holds the loop long
-enough to delay input or the fold.
+The app owns no data. A session (``kvtop.session.Session``, or any object with its read side, wrapped once by
+``kvtop.session.for_dashboard``) runs its producers as a worker on the app's event loop and folds every record into
+its TierModel; the app reads it on a timer (``settings.refresh``, 0.25 s by default) and shows it.
 
-What the screen reads from the session: ``model`` / ``models`` (TierModel per source), ``meta``, ``started_at``,
-``log``, ``status``, ``requests_in_flight`` and ``driver`` (when a workload driver runs), ``run()``, ``stop()``,
-``reset_window()``, ``what_if()`` (optional: the 2x / 4x host line). With 2+ sources that have data, a sources
-table (kvtop.fleet: one row each and the aggregate) takes the per-priority and memory panels' place.
-From each TierModel: ``gpu``, ``host``, ``moves``, ``hit_rate``, ``rates``, ``history()``,
-``history_step_s``, ``window_s``, ``cached_by_priority``, ``hit_rate_by_priority``, ``requests``, ``gpus``,
-``gpu_error``, ``host_memory``, ``quality``, ``bad_records``, ``last_bad_reason``, ``records_applied``,
-``now``, ``meta``, ``tokens_per_block``, ``bytes_per_block``.
+What the screen reads, by type and nothing else:
+- of the session, one ``SessionView`` per refresh (``session.view()``: meta, status per producer and source, the
+  producers' names, the log, the active problems, the stale sources, the driver's requests in flight, started_at,
+  its own source's key, the models), and it calls ``tick()``, ``run()``, ``stop()``, ``reset_window()`` and
+  ``what_if()`` (the 2x / 4x host line; None hides it): ``kvtop.session.DashboardSession``;
+- of each model, its ``TierSnapshot`` (kvtop/tiers/snapshot.py: ``reading(model)``), never the live fold. The
+  snapshot is the cache: a model that folded nothing hands out the same snapshot (a tuple comparison), so "did
+  anything change" is ``snapshot is shown``, and only a changed one is drawn again (~0.23 ms to take one).
+With 2+ sources that have data, a sources table (kvtop.fleet: one row each and the aggregate) takes the
+per-priority and memory panels' place.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
@@ -39,6 +38,8 @@ from textual.worker import Worker
 
 from kvtop.fleet import FleetRow, combine, source_row, source_status
 from kvtop.occupancy import occupancy
+from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
+from kvtop.tiers import HistoryPoint, Quality, Rates, TierModel, TierSnapshot, TierState
 from kvtop.tiers.snapshot import reading
 from kvtop.ui import format as fmt
 from kvtop.ui.themes import DEFAULT_THEME, PREFERRED_ORDER, VARIABLE_DEFAULTS, ThemeError, load_theme, load_themes
@@ -94,18 +95,32 @@ def layout_for(width: int, height: int) -> str:
     return "medium"
 
 
-def tier_states(model: Any) -> list[Any]:
-    """A model's tiers in order, GPU first (TierModel.tiers where the fold has it: GPU, host, then disk)."""
-    tiers = getattr(model, "tiers", None)
-    if callable(tiers):
-        tiers = tiers()
-    return list(tiers) if tiers else [model.gpu, model.host]
+class ScreenSettings(Protocol):
+    """What the screen reads of the settings (kvtop.settings.Settings has them all)."""
+
+    @property
+    def refresh(self) -> float: ...            # s between refreshes
+    @property
+    def theme(self) -> str: ...                # a theme's name or a .toml path
+    @property
+    def duration(self) -> float | None: ...    # s, then the session is stopped
 
 
-def _has_data(model: Any) -> bool:
-    gpu = model.gpu
-    return (gpu.free_blocks is not None or gpu.cached_blocks is not None or bool(model.gpus)
-            or model.host_memory is not None or model.hit_rate.lookups > 0)
+def tier_states(snap: TierSnapshot) -> list[TierState]:
+    """A snapshot's tiers in order: GPU, host, then disk where the engine has one."""
+    return list(snap.tiers) or [snap.gpu, snap.host]
+
+
+def _has_data(snap: TierSnapshot) -> bool:
+    gpu = snap.gpu
+    return (gpu.free_blocks is not None or gpu.cached_blocks is not None or bool(snap.gpus)
+            or snap.host_memory is not None or snap.hit_rate.lookups > 0)
+
+
+def _changed(snap: TierSnapshot, shown: TierSnapshot | None) -> bool:
+    """Whether ``snap`` differs from the one ``shown``. A TierModel hands out the same snapshot until it folds
+    something, so identity says it; a look-alike model (not a TierModel: a test's) is read as it is, every time."""
+    return snap is not shown or not isinstance(snap, TierSnapshot)
 
 
 class Column(Vertical):
@@ -205,16 +220,16 @@ class KvtopApp(App[int]):
     class HelpShown(Message):
         pass
 
-    def __init__(self, session: Any, settings: Any = None, *, run_session: bool = True):
+    def __init__(self, session: Any, settings: ScreenSettings | None = None, *, run_session: bool = True):
         super().__init__()
-        self.session = session
+        self.session: DashboardSession = for_dashboard(session)
         self.settings = settings
         self.run_session = run_session
-        refresh = getattr(settings, "refresh", None) or getattr(settings, "refresh_s", None) or DEFAULT_REFRESH_S
-        self.refresh_s = float(refresh)
+        self.refresh_s = float(settings.refresh if settings is not None and settings.refresh else DEFAULT_REFRESH_S)
+        self.duration_s = None if settings is None else settings.duration
         self.theme_names: list[str] = []
         self._theme_errors: list[str] = []
-        self._register_themes(getattr(settings, "theme", None) or DEFAULT_THEME)
+        self._register_themes(settings.theme if settings is not None and settings.theme else DEFAULT_THEME)
         self.source_index = 0
         self.refreshes = 0              # refreshes that read the model (not paused)
         self.last_refresh_cost_s = 0.0  # wall time of the last refresh_view, for the bench
@@ -222,19 +237,20 @@ class KvtopApp(App[int]):
         # Called after each refresh with (monotonic time, model time shown, refresh cost in s): the bench's probe.
         self.on_refreshed: Callable[[float, float | None, float], None] | None = None
         self._session_worker: Worker[None] | None = None
-        self._log_last: Any = None
+        self._dashboard: DashboardScreen | None = None
+        self._view: SessionView | None = None    # the session as the last refresh read it
+        self._log_last: LogEntry | None = None
         self._seen: dict[str, Any] = {}
         self._last_records = -1
         self._last_change_at: float | None = None
-        self._hist_key: tuple[Any, ...] | None = None
-        self._hist: tuple[Any, ...] = ()
+        self._hist_key: tuple[int, int | None] | None = None
+        self._hist: tuple[HistoryPoint, ...] = ()
         self._panels: dict[str, Any] = {}
-        self._shown_version: tuple[Any, ...] | None = None
+        self._shown: TierSnapshot | None = None  # the snapshot the panels show
         self._force = True
-        self._quality: Any = None
-        self._req: Any = None
+        self._with_data: dict[str, TierModel] = {}  # sources seen with data: data once there never goes
         self.fleet_refresh_s = FLEET_REFRESH_S
-        self._fleet_rows: dict[str, tuple[tuple[Any, ...], FleetRow]] = {}  # key -> (model version, row)
+        self._fleet_rows: dict[str, tuple[TierSnapshot, str | None, FleetRow]] = {}  # key -> (snapshot, status, row)
         self._fleet_key: tuple[Any, ...] | None = None
         self._fleet_at = float("-inf")
         self._fleet_shown = False
@@ -298,19 +314,19 @@ class KvtopApp(App[int]):
             "events": screen.query_one(EventLog), "sources": screen.query_one(SourcesPanel),
         }
         self._dashboard = screen
-        self._feed_log()  # the session's earlier lines first, so the log reads in time order
+        view = self._view = self.session.view()
+        self._feed_log(view)  # the session's earlier lines first, so the log reads in time order
         for err in self._theme_errors:
             self.note("warn", err)
-        meta = getattr(self.session, "meta", None) or {}
+        meta = view.meta
         what = " ".join(str(x) for x in (meta.get("engine"), meta.get("model")) if x)
         self.note("info", f"kvtop dashboard{' on ' + what if what else ''}: refresh {self.refresh_s:g} s, "
                           f"theme {self.theme} (? for help)")
         if self.run_session:
             self._session_worker = self.run_worker(self._run_session(), name="session", group="session",
                                                    exit_on_error=False)
-            duration = getattr(self.settings, "duration", None)
-            if duration:
-                self.set_timer(float(duration), self._duration_reached, name="duration")
+            if self.duration_s:
+                self.set_timer(float(self.duration_s), self._duration_reached, name="duration")
         self.refresh_view()
         self.set_interval(self.refresh_s, self.refresh_view, name="refresh")
 
@@ -342,10 +358,8 @@ class KvtopApp(App[int]):
         self.refresh_view()
 
     def _duration_reached(self) -> None:
-        duration = getattr(self.settings, "duration", "?")
-        self._finished = f"--duration {duration:g} s reached" if isinstance(duration, (int, float)) else \
-            f"--duration {duration} s reached"
-        self.note("info", f"--duration {duration} s reached")
+        self._finished = f"--duration {self.duration_s:g} s reached"
+        self.note("info", f"--duration {self.duration_s} s reached")
         self.session.stop()
 
     def note(self, level: str, text: str) -> None:
@@ -356,89 +370,102 @@ class KvtopApp(App[int]):
 
     # ------------------------------------------------------------------------------------------ refresh
 
-    def _sources(self) -> list[tuple[str, Any]]:
+    def _sources(self) -> list[tuple[str, TierModel]]:
         """The attached sources that have sent data (a session's own meta record alone makes a model too)."""
-        models = getattr(self.session, "models", None) or {}
+        view = self._view if self._view is not None else self.session.view()
+        models = view.models
         if len(models) <= 1:
-            return [("", self.session.model)]
-        active = [(k, m) for k, m in models.items() if _has_data(m)]
+            return [("", view.model)]
+        active = [(k, m) for k, m in models.items() if self._has_data(k, m)]
         if len(active) == 1:
             return [("", active[0][1])]
-        return active or [("", self.session.model)]
+        return active or [("", view.model)]
 
-    def current_model(self) -> tuple[str, Any]:
+    def _has_data(self, key: str, model: TierModel) -> bool:
+        # Each source's snapshot is read only until it has data, which it then keeps (block counts, lookups and
+        # devices are never forgotten): 64 busy sources cost no snapshot each per refresh, only the shown one.
+        if self._with_data.get(key) is model:
+            return True
+        if _has_data(reading(model)):
+            self._with_data[key] = model
+            return True
+        return False
+
+    def current_model(self) -> tuple[str, TierModel]:
         sources = self._sources()
         return sources[self.source_index % len(sources)]
 
     def refresh_view(self) -> None:
-        """Read the model and show it. Runs on the UI loop every ``refresh_s``; never blocks (no I/O)."""
+        """Read the session and its model's snapshot, and show them. On the UI loop every ``refresh_s``; never
+        blocks (no I/O)."""
         t0 = time.perf_counter()
         now = wall_clock()
-        tick = getattr(self.session, "tick", None)
-        if callable(tick):
-            tick()  # stale sources, and the problem lines due, into the session's log
-        self._feed_log()
+        self.session.tick()  # stale sources, and the problem lines due, into the session's log
+        view = self._view = self.session.view()
+        self._feed_log(view)
         if self.paused:
             # The figures stay frozen; the header still knows whether records arrive (a paused screen over a
             # running engine is not stale), and whether the session finished meanwhile.
-            key, model = self.current_model()
-            self._track_freshness(now, model)
-            self._panels["header"].show(self._header(now, key, model, self._quality))
+            key, live = self.current_model()
+            snap = reading(live)
+            self._track_freshness(now, snap)
+            self._panels["header"].show(self._header(now, key, snap, self._quality()))
             return
-        self._refresh_fleet()
-        key, model = self.current_model()
-        version = (id(model), getattr(model, "records_applied", None), getattr(model, "bad_records", None))
-        if version == self._shown_version and not self._force:
+        self._refresh_fleet(view)
+        key, live = self.current_model()
+        # One immutable reading of the fold (kvtop/tiers/snapshot.py) that every panel below reads; a model that
+        # folded nothing since hands out the same one, which is how a refresh knows nothing changed.
+        snap = reading(live)
+        if not _changed(snap, self._shown) and not self._force:
             # Nothing was folded since the last refresh: only the header's clock can have moved. An idle engine
-            # then costs a header line a second, not a full read of the model four times a second.
+            # then costs a header line a second, not a redraw of every panel four times a second.
             self._watch_freshness(now)
-            self._panels["header"].show(self._header(now, key, model, self._quality))
+            self._panels["header"].show(self._header(now, key, snap, self._quality()))
             return
-        self._shown_version = version
+        self._shown = snap
         self._force = False
-        # One immutable reading of the fold per refresh that changed (kvtop/tiers/snapshot.py): every panel below
-        # reads it, never the live model's internals; ~0.23 ms, a model that did not move hands out the same one.
-        live, model = model, reading(model)
-        q = self._quality = model.quality
-        self._watch_model(now, model, q)
-        self._panels["header"].show(self._header(now, key, model, q))
-        tiers = tier_states(model)
-        gpu, host = tiers[0], tiers[1] if len(tiers) > 1 else model.host
-        self._show_tiers(tiers)
-        history = self._history(model)
-        rates = model.rates
-        self._panels["hit"].show(HitData(model.hit_rate, tuple(h.hit_rate for h in history),
-                                         getattr(model, "window_s", None), self._what_if(live)))
-        moves = model.moves
+        q = snap.quality
+        self._watch_model(now, snap, q)
+        self._panels["header"].show(self._header(now, key, snap, q))
+        tiers = tier_states(snap)
+        gpu, host = tiers[0], tiers[1] if len(tiers) > 1 else snap.host
+        self._show_tiers(tiers, live, snap)
+        history = self._history(live, snap)
+        rates = snap.rates
+        self._panels["hit"].show(HitData(snap.hit_rate, tuple(h.hit_rate for h in history), snap.window_s,
+                                         self._what_if(live, snap)))
+        moves = snap.moves
         self._panels["moves"].show(MovesData(rates, moves, tuple(
             (h.offloaded_per_s, h.onboarded_per_s, h.evicted_gpu_per_s, h.evicted_host_per_s) for h in history),
             known=moves.source != "events" or q.events_seen))
-        self._panels["requests"].show(self._requests(model, rates))
-        self._panels["prio"].show(self._priorities(model, gpu, host))
-        self._panels["memory"].show(self._memory(model))
-        self.shown_data_time = model.now
+        self._panels["requests"].show(self._requests(live, snap, rates, view))
+        self._panels["prio"].show(self._priorities(snap, gpu, host))
+        self._panels["memory"].show(self._memory(snap))
+        self.shown_data_time = snap.now
         self.refreshes += 1
         self.last_refresh_cost_s = time.perf_counter() - t0
         if self.on_refreshed is not None:
-            self.on_refreshed(time.monotonic(), model.now, self.last_refresh_cost_s)
+            self.on_refreshed(time.monotonic(), snap.now, self.last_refresh_cost_s)
 
-    def _show_tiers(self, tiers: list[Any]) -> None:
+    def _quality(self) -> Quality | None:
+        """The quality of the figures on screen (the shown snapshot's), None before the first draw."""
+        return None if self._shown is None else self._shown.quality
+
+    def _show_tiers(self, tiers: list[TierState], live: TierModel, snap: TierSnapshot) -> None:
         """A TierPanel per tier, in the model's order (GPU, host, then disk where the engine has one): a tier
         the screen has no panel for yet gets one, mounted under the last."""
         panels: list[TierPanel] = self._panels["tiers"]
-        while len(panels) < len(tiers):
-            name = str(getattr(tiers[len(panels)], "name", f"tier{len(panels)}")).lower()
-            panel = TierPanel(id=f"tier-{name}")
+        while len(panels) < len(tiers) and self._dashboard is not None:
+            panel = TierPanel(id=f"tier-{tiers[len(panels)].name.lower()}")
             self._dashboard.query_one("#left").mount(panel, after=panels[-1])
             panels.append(panel)
             self._dashboard.set_class(len(panels) > 2, "-tiers3")
-        model = self.current_model()[1]
-        step = None if model.now is None else int(model.now / (getattr(model, "history_step_s", 1.0) or 1.0))
-        cold = getattr(model, "cold", None)  # TensorRT-LLM's V2 manager: host and disk reported as one sum
+        step = None if snap.now is None else int(snap.now / (snap.history_step_s or 1.0))
+        cold = snap.cold  # TensorRT-LLM's V2 manager: host and disk reported as one sum
         for panel, st in zip(panels, tiers):
-            label, medium = tier_label(str(getattr(st, "name", "")))
-            medium = getattr(st, "medium", None) or medium  # a host tier whose offloads go to files says so
-            history = self._tier_history(model, st, label, step)
+            label, medium = tier_label(st.name)
+            medium = st.medium or medium  # a host tier whose offloads go to files says so
+            history = self._tier_history(live, st, label, step)
             note = None
             if label != "GPU" and cold is not None and cold.capacity_blocks is not None:
                 note = (f"host+disk together: {fmt.count(cold.in_use_blocks or 0)} of "
@@ -450,10 +477,11 @@ class KvtopApp(App[int]):
                     note = f"no KV events: {label} occupancy unknown (enable event_buffer_max_size)"
             panel.show(TierData(label, medium, st, note, history))
 
-    def _tier_history(self, model: Any, st: Any, label: str, step: int | None) -> tuple[float | None, ...]:
+    def _tier_history(self, live: TierModel, st: TierState, label: str, step: int | None
+                      ) -> tuple[float | None, ...]:
         """The tier's headline share (GPU in use, others cached) once per history step, for the 200x60 layout's
         sparkline under each bar; kept for every layout so that a resize shows the past, not a blank."""
-        key = (id(model), label)
+        key = (id(live), label)
         hist = self._tier_hist.get(key)
         if hist is None:
             hist = self._tier_hist[key] = deque(maxlen=XL_SPARK_POINTS)
@@ -464,43 +492,43 @@ class KvtopApp(App[int]):
             hist.append(part / o.capacity if part is not None and o.capacity else None)
         return tuple(hist)[-self.spark_points:] if self.xl else ()
 
-    def _what_if(self, model: Any) -> WhatIfData | None:
+    def _what_if(self, live: TierModel, snap: TierSnapshot) -> WhatIfData | None:
         """``session.what_if()``'s hit rate and its 2x / 4x host estimates (one span, one definition), for the
         session's own source only (the estimate is folded from its records alone); None hides the line. Read at
         most once per second of model time: its cost grows with the host pool (a walk over up to 3 x
         host-capacity ghost ranks; 0.12 ms at 227 blocks)."""
-        what_if = getattr(self.session, "what_if", None)
-        if what_if is None or model is not getattr(self.session, "model", None):
+        if self._view is None or live is not self._view.model:
             return None
-        key = (id(model), None if model.now is None else int(model.now))
+        key = (id(live), None if snap.now is None else int(snap.now))
         if key != self._whatif_key:
             self._whatif_key = key
             try:
-                est = what_if() or {}
+                est = self.session.what_if()
             except Exception:  # an estimate that fails shows "?", never takes the screen down
                 est = {}
-            host = est.get("host_capacity_blocks")
-            self._whatif = WhatIfData(est.get("hit_rate"), est.get("host_x2_hit_rate"), est.get("host_x4_hit_rate"),
-                                      host if isinstance(host, int) else None)
+            if est is None:    # the session folds no estimate: no line
+                self._whatif = None
+            else:
+                host = est.get("host_capacity_blocks")
+                self._whatif = WhatIfData(est.get("hit_rate"), est.get("host_x2_hit_rate"),
+                                          est.get("host_x4_hit_rate"), host if isinstance(host, int) else None)
         return self._whatif
 
-    def _refresh_fleet(self) -> None:
+    def _refresh_fleet(self, view: SessionView) -> None:
         """The sources table: shown (the screen's ``-fleet`` class) while 2+ sources have data."""
         sources = self._sources()
         fleet = len(sources) > 1 or self.xl   # 200x60 has room for the table even with one source
         if len(sources) == 1:
-            sources = [(self._own_key(), sources[0][1])]
+            sources = [(self._own_key(view), sources[0][1])]
         if fleet != self._fleet_shown:
             self._fleet_shown = fleet
-            screen = getattr(self, "_dashboard", None)
-            if screen is not None:
-                screen.set_class(fleet, "-fleet")  # restyles the screen: only when it changes
+            if self._dashboard is not None:
+                self._dashboard.set_class(fleet, "-fleet")  # restyles the screen: only when it changes
             self._fleet_key = None
         if not fleet:
             return
-        status = getattr(self.session, "status", None) or {}
         selected = self.source_index % len(sources)
-        statuses = tuple(source_status(k, status) for k, _ in sources)
+        statuses = tuple(source_status(k, view.status) for k, _ in sources)
         key = (tuple(k for k, _ in sources), selected, statuses)
         t = time.monotonic()
         cache = self._fleet_rows
@@ -510,35 +538,34 @@ class KvtopApp(App[int]):
             panel = self._panels["sources"]
             k, model = sources[selected]
             if self._fleet_row(k, model, statuses[selected]) is not panel.data.rows[selected]:
-                rows = [cache[k][1] for k, _ in sources]
+                rows = [cache[k][2] for k, _ in sources]
                 panel.show(FleetData(tuple(rows), combine(rows), selected))
             return
         self._fleet_key, self._fleet_at = key, t
         rows = [self._fleet_row(k, model, st) for (k, model), st in zip(sources, statuses)]
         self._panels["sources"].show(FleetData(tuple(rows), combine(rows), selected))
 
-    def _own_key(self) -> str:
+    @staticmethod
+    def _own_key(view: SessionView) -> str:
         """The one source's name in the sources table: what it is attached to, or its own key."""
-        meta = getattr(self.session, "meta", None) or {}
-        src = getattr(self.session, "source", None)
-        name = meta.get("attached_to") or (src.key() if src is not None and hasattr(src, "key") else "this run")
-        return fmt.clean(name, limit=60)
+        return fmt.clean(view.meta.get("attached_to") or view.source_key or "this run", limit=60)
 
-    def _fleet_row(self, key: str, model: Any, status: str | None) -> FleetRow:
-        """A source's row, read again only when its model folded something since (or its status changed)."""
-        version = (id(model), getattr(model, "records_applied", None), getattr(model, "bad_records", None), status)
+    def _fleet_row(self, key: str, model: TierModel, status: str | None) -> FleetRow:
+        """A source's row, read again only when its model folded something since (a new snapshot) or its status
+        changed."""
+        snap = reading(model)
         hit = self._fleet_rows.get(key)
-        if hit is None or hit[0] != version:
-            hit = self._fleet_rows[key] = (version, source_row(key, model, status))
-        return hit[1]
+        if hit is None or _changed(snap, hit[0]) or hit[1] != status:
+            hit = self._fleet_rows[key] = (snap, status, source_row(key, snap, status))
+        return hit[2]
 
     def _watch_freshness(self, now: float) -> None:
         if self._last_change_at is None:
             self._last_change_at = now
 
-    def _track_freshness(self, now: float, model: Any) -> None:
+    def _track_freshness(self, now: float, snap: TierSnapshot) -> None:
         """When a record last arrived (the fold's count of them moved): what the stale badge measures."""
-        records = getattr(model, "records_applied", 0) + getattr(model, "bad_records", 0)
+        records = snap.records_applied + snap.bad_records
         if records != self._last_records or self._last_change_at is None:
             if self._seen.get("stale") and self._last_records >= 0:
                 self.note("info", "data flowing again")
@@ -552,8 +579,9 @@ class KvtopApp(App[int]):
         the session itself waits for q)."""
         if self._finished is not None:
             return self._finished
-        status = getattr(self.session, "status", None) or {}
-        producers = [n for n, _ in getattr(self.session, "_producers", ())] or list(status)
+        view = self._view if self._view is not None else self.session.view()
+        status = view.status
+        producers = list(view.producers) or list(status)
         states = [status.get(n) for n in producers]
         if states and all(st in ("done", "failed") for st in states):
             if "replay" in producers and status.get("replay") == "done":
@@ -561,24 +589,26 @@ class KvtopApp(App[int]):
             return "producers finished" if all(st == "done" for st in states) else "producers stopped"
         return None
 
-    def _watch_model(self, now: float, model: Any, q: Any) -> None:
+    def _watch_model(self, now: float, snap: TierSnapshot, q: Quality) -> None:
         """Data freshness and quality changes, turned into log lines once each."""
-        self._track_freshness(now, model)
+        self._track_freshness(now, snap)
         self._on_increase("dropped", q.events_dropped, "warn",
                           lambda n: f"{n} KV events dropped (event buffer overflowed): counts are approximate "
                                     "from here on; raise event_buffer_max_size")
-        self._on_increase("bad", model.bad_records, "warn", lambda n: f"bad record: {model.last_bad_reason}")
+        self._on_increase("bad", snap.bad_records, "warn", lambda n: f"bad record: {snap.last_bad_reason}")
         self._on_increase("restarts", q.stats_restarts + q.event_restarts, "warn",
                           lambda n: "engine restarted: counters went backwards; totals continue")
-        self._on_change("gpu_error", model.gpu_error, "info", lambda v: f"GPU memory: {v}")
+        self._on_change("gpu_error", snap.gpu_error, "info", lambda v: f"GPU memory: {v}")
         self._on_change("host_without_events", q.host_without_events, "warn",
                         lambda v: "host pool without KV events: host occupancy unknown" if v else None)
-        status = getattr(self.session, "status", None) or {}
+        status = self._view.status if self._view is not None else {}
         for name, st in list(status.items()):
             # "done" is said by the producer itself (e.g. "replay finished"); "ok" only after a problem.
             bad = st in ("offline", "failed", "error") or str(st).startswith("disconnected")
-            self._on_change(f"status:{name}", None if st == "done" else st, "warn" if bad else "info",
-                            lambda v, n=name: f"{n}: {v}")
+            def line(v: Any, n: str = name) -> str:
+                return f"{n}: {v}"
+
+            self._on_change(f"status:{name}", None if st == "done" else st, "warn" if bad else "info", line)
 
     def _on_increase(self, key: str, value: int, level: str, text: Callable[[int], str]) -> None:
         old = self._seen.get(key, 0)
@@ -597,15 +627,15 @@ class KvtopApp(App[int]):
         if line:
             self.note(level, line)
 
-    def _feed_log(self) -> None:
-        """New entries of ``session.log`` (a bounded deque of (time, level, text)) into the event log."""
-        log = getattr(self.session, "log", None)
+    def _feed_log(self, view: SessionView) -> None:
+        """New entries of the session's log (a bounded deque of (time, level, text)) into the event log."""
+        log = view.log
         if not log:
             return
         last = log[-1]
         if last is self._log_last:
             return
-        new: list[Any] = []
+        new: list[LogEntry] = []
         for entry in reversed(log):  # newest first, back to the last one shown: O(new entries)
             if entry is self._log_last:
                 break
@@ -615,14 +645,15 @@ class KvtopApp(App[int]):
         for entry in reversed(new):
             try:
                 t, level, text = entry
-            except (TypeError, ValueError):
+            except (TypeError, ValueError):  # a stand-in session's log of bare strings
                 t, level, text = wall_clock(), "info", str(entry)
             panel.add(float(t), str(level), str(text))
 
-    def _header(self, now: float, key: str, model: Any, q: Any) -> HeaderData:
-        meta = dict(getattr(self.session, "meta", None) or {})
-        meta.update(getattr(model, "meta", None) or {})
-        started = getattr(self.session, "started_at", None)
+    def _header(self, now: float, key: str, snap: TierSnapshot, q: Quality | None) -> HeaderData:
+        view = self._view if self._view is not None else self.session.view()
+        meta = dict(view.meta)
+        meta.update(snap.meta)
+        started = view.started_at
         stale = None
         finished = self.finished_reason()
         if finished is None and self._last_change_at is not None and now - self._last_change_at >= STALE_AFTER_S:
@@ -637,25 +668,20 @@ class KvtopApp(App[int]):
             flags.append(f"{q.events_dropped} events dropped")
         elif q.counts_approximate:
             # A late attacher to a vLLM/SGLang stream cannot know what was cached before: say so, not just "≈"
-            flags.append("counts since attach" if getattr(model, "since_attach", False) else "counts ≈")
-        if model.bad_records:
-            flags.append(f"{model.bad_records} bad records")
+            flags.append("counts since attach" if snap.since_attach else "counts ≈")
+        if snap.bad_records:
+            flags.append(f"{snap.bad_records} bad records")
         if q is not None and q.host_without_events:
             flags.append("host unknown")
-        problems = getattr(self.session, "problems", None)
-        if problems is not None and len(problems):
-            active = [p for p in problems.snapshot() if p.active]  # a few entries; copied under its lock
-            if active:
-                flags.append(f"{len(active)} problem{'s' if len(active) > 1 else ''}: {active[0].kind}")
-        stale_sources = getattr(self.session, "stale_sources", None)
-        if callable(stale_sources) and (n_stale := len(stale_sources())):
+        if active := view.problems:
+            flags.append(f"{len(active)} problem{'s' if len(active) > 1 else ''}: {active[0].kind}")
+        if n_stale := view.stale_sources:
             flags.append(f"{n_stale} source{'s' if n_stale > 1 else ''} stale")
-        if q is not None and getattr(q, "stats_iterations_missing", 0):
+        if q is not None and q.stats_iterations_missing:
             flags.append(f"{q.stats_iterations_missing} iterations missing")  # another reader of the stats queue
-        status = getattr(self.session, "status", None) or {}
         # Statuses of sources (their keys) are in the sources table's status column, not in the header.
-        models = getattr(self.session, "models", None) or {}
-        sources = tuple((n, s) for n, s in status.items()
+        models = view.models
+        sources = tuple((n, s) for n, s in view.status.items()
                         if s not in ("ok", "done") and not (self._fleet_shown and n in models))
         nsrc = len(self._sources())
         label = f"{self.source_index % nsrc + 1}/{nsrc} {key}" if nsrc > 1 else None
@@ -663,37 +689,36 @@ class KvtopApp(App[int]):
         return HeaderData(
             engine=meta.get("engine"), engine_version=meta.get("engine_version"), model=meta.get("model"),
             gpu=meta.get("gpu"), simulated=simulated, sim_reason=meta.get("sim_reason"),
-            tokens_per_block=model.tokens_per_block or meta.get("tokens_per_block"),
-            bytes_per_block=model.bytes_per_block or meta.get("bytes_per_block"),
-            uptime_s=None if started is None else now - float(started), data_time=model.now,
+            tokens_per_block=snap.tokens_per_block or meta.get("tokens_per_block"),
+            bytes_per_block=snap.bytes_per_block or meta.get("bytes_per_block"),
+            uptime_s=None if started is None else now - float(started), data_time=snap.now,
             paused=self.paused, stale_s=None if stale is None else float(int(stale)), flags=tuple(flags),
             finished=finished, paused_at=self._paused_at if self.paused else None,
-            sources=sources, source_label=label, stats_schema=getattr(q, "stats_schema", None))
+            sources=sources, source_label=label, stats_schema=None if q is None else q.stats_schema)
 
-    def _history(self, model: Any) -> tuple[Any, ...]:
-        # history() walks up to 600 samples (0.28 ms); its points change once per history step, so it is read
-        # again only when the model's clock has moved a step on (or another model is shown).
-        step = getattr(model, "history_step_s", 1.0) or 1.0
-        now = model.now
-        key = (id(model), None if now is None else int(now / step))
+    def _history(self, live: TierModel, snap: TierSnapshot) -> tuple[HistoryPoint, ...]:
+        # The snapshot's history holds up to 600 samples; its points change once per history step, so the
+        # sparklines' slice is cut again only when the model's clock has moved a step on (or another model is shown).
+        step = snap.history_step_s or 1.0
+        now = snap.now
+        key = (id(live), None if now is None else int(now / step))
         if key != self._hist_key:
             self._hist_key = key
-            hist = model.history()[-self.spark_points - 1:]
+            hist = snap.history()[-self.spark_points - 1:]
             if len(hist) >= 2 and hist[-1].t - hist[-2].t < 0.5 * step:
                 # A last step only a fraction of a second long turns one block into a spike of blocks/s.
                 hist = hist[:-1]
             self._hist = tuple(hist[-self.spark_points:])
         return self._hist
 
-    def _requests(self, model: Any, rates: Any) -> RequestData:
-        req = self._req = model.requests  # a snapshot's: read once when it was taken
+    def _requests(self, live: TierModel, snap: TierSnapshot, rates: Rates, view: SessionView) -> RequestData:
+        req = snap.requests
         # A failure reaches the event log with its reason (the panel keeps only the last one; the log the story).
-        self._on_increase(f"failed:{id(model)}", req.failed, "error",
+        # Keyed by the live model, which lives as long as its source: a snapshot's id changes with every record
+        # (a key per snapshot logged one failure again and again, and grew without bound).
+        self._on_increase(f"failed:{id(live)}", req.failed, "error",
                           lambda n: f"{n} request{'s' * (n > 1)} failed: {fmt.clean(req.last_error or '?')}")
-        if getattr(self.session, "driver", None) is not None:
-            in_flight: int | None = int(getattr(self.session, "requests_in_flight", 0) or 0)
-        else:
-            in_flight = req.in_flight
+        in_flight = view.in_flight if view.in_flight is not None else req.in_flight  # the driver's, when one runs
         windowed = req.window_ttft.count > 0
         ttft = req.window_ttft if windowed else req.ttft
         e2e = req.window_e2e if req.window_e2e.count > 0 else req.e2e
@@ -702,25 +727,21 @@ class KvtopApp(App[int]):
                            req.last_error)
 
     @staticmethod
-    def _priorities(model: Any, gpu: Any, host: Any) -> PriorityData:
-        by = model.cached_by_priority
-        hit = model.hit_rate_by_priority
-        prios = set(by.get("gpu", {})) | set(by.get("host", {}))
-        order = sorted(prios, key=lambda p: -1 if p is None else p, reverse=True)
-        def rate(p: int | None) -> float | None:
-            v = hit.get(p)
-            return getattr(v, "cumulative", v)  # a HitRate (kvtop.tiers now) or a bare fraction (its first version)
-
-        rows = tuple((p, by.get("gpu", {}).get(p, 0), by.get("host", {}).get(p, 0), rate(p)) for p in order)
-        split_by = getattr(model, "hit_split_by_priority", None) or {}
-        split = tuple((getattr(split_by.get(p), "gpu", None), getattr(split_by.get(p), "host", None)) for p in order)
+    def _priorities(snap: TierSnapshot, gpu: TierState, host: TierState) -> PriorityData:
+        by = snap.cached_by_priority
+        hit = snap.hit_rate_by_priority
+        gpu_by, host_by = by.get("gpu", {}), by.get("host", {})
+        order = sorted(set(gpu_by) | set(host_by), key=lambda p: -1 if p is None else p, reverse=True)
+        rows = tuple((p, gpu_by.get(p, 0), host_by.get(p, 0), hit.get(p)) for p in order)
+        split_by = snap.hit_split_by_priority
+        split = tuple((s.gpu, s.host) if (s := split_by.get(p)) is not None else (None, None) for p in order)
         return PriorityData(rows, gpu.capacity_blocks, host.capacity_blocks, split, gpu.bytes_per_block)
 
     @staticmethod
-    def _memory(model: Any) -> MemoryData:
+    def _memory(snap: TierSnapshot) -> MemoryData:
         gpus = tuple(GpuMemoryRow(g.index, g.name, g.memory_used_bytes, g.memory_total_bytes,
-                                  g.data.get("utilization_gpu_pct")) for _, g in sorted(model.gpus.items()))
-        hm = model.host_memory
+                                  g.data.get("utilization_gpu_pct")) for _, g in sorted(snap.gpus.items()))
+        hm = snap.host_memory
         rss = pinned = avail = total = None
         if hm is not None:
             data = hm.data or {}
@@ -729,7 +750,7 @@ class KvtopApp(App[int]):
             avail = hm.available_bytes if hm.available_bytes is not None else data.get("system_available_bytes")
             pinned = hm.pinned_pool_bytes
             total = data.get("system_total_bytes")
-        return MemoryData(gpus, model.gpu_error, rss, pinned, avail, total)
+        return MemoryData(gpus, snap.gpu_error, rss, pinned, avail, total)
 
     # ------------------------------------------------------------------------------------------ actions
 
@@ -752,9 +773,7 @@ class KvtopApp(App[int]):
         self.post_message(self.PauseToggled(self.paused))
 
     def action_reset_window(self) -> None:
-        reset = getattr(self.session, "reset_window", None)
-        if reset is not None:
-            reset()
+        self.session.reset_window()
         self._hist_key = None
         self._fleet_key = None
         self._force = True
@@ -790,9 +809,9 @@ class KvtopApp(App[int]):
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
             return
-        key, model = self.current_model()
-        req = self._req if self._req is not None else getattr(model, "requests", None)
-        self.push_screen(HelpScreen(getattr(req, "last_error", None), getattr(req, "failed", 0) or 0))
+        # the requests on screen (the shown snapshot's), else the current model's now
+        req = (self._shown if self._shown is not None else reading(self.current_model()[1])).requests
+        self.push_screen(HelpScreen(req.last_error, req.failed))
         self.post_message(self.HelpShown())
 
     async def action_quit(self, return_code: int = 0) -> None:
@@ -847,11 +866,12 @@ class KvtopApp(App[int]):
             yield SystemCommand("Next source", "Show the next attached source", self.action_next_source)
 
 
-def build_app(session: Any, settings: Any = None, *, run_session: bool = True) -> KvtopApp:
-    """The dashboard for ``session``. ``settings`` gives ``refresh`` (s), ``theme`` (a name or a .toml path)
-    and ``duration`` (s, stops the session); ``run_session=False`` shows a session that is already folded
-    (snapshots) without running its producers."""
+def build_app(session: Any, settings: ScreenSettings | None = None, *, run_session: bool = True) -> KvtopApp:
+    """The dashboard for ``session`` (a Session, or any object with its read side: kvtop.session.for_dashboard).
+    ``settings`` gives ``refresh`` (s), ``theme`` (a name or a .toml path) and ``duration`` (s, stops the
+    session); ``run_session=False`` shows a session that is already folded without running its producers."""
     return KvtopApp(session, settings, run_session=run_session)
 
 
-__all__ = ["DEFAULT_REFRESH_S", "DashboardScreen", "KvtopApp", "build_app", "layout_for", "wall_clock"]
+__all__ = ["DEFAULT_REFRESH_S", "DashboardScreen", "KvtopApp", "ScreenSettings", "build_app", "layout_for",
+           "wall_clock"]

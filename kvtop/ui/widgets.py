@@ -165,7 +165,7 @@ def strip_cache_enabled(textual_version: str | None = None, environ: Any = None)
     first, past = STRIP_CACHE_TEXTUAL
     if not first <= (int(match[1]), int(match[2])) < past:
         return False, f"Textual {textual_version} is outside {first[0]}.{first[1]} to {past[0]}.x, where it is tested"
-    if not callable(getattr(Widget, "_set_dirty", None)):
+    if not callable(getattr(Widget, "_set_dirty", None)):  # may lack: a private hook, gone in any release
         return False, f"Textual {textual_version} has no Widget._set_dirty"
     return True, f"Textual {textual_version}"
 
@@ -1050,7 +1050,7 @@ class SourcesPanel(Panel):
         if what == "host":
             return (f"{fmt.count(row.host_cached)}/{fmt.count(row.host_capacity)}", S_FIG)
         if what == "disk":
-            if not getattr(row, "has_disk", False):
+            if not row.has_disk:
                 return ("-", S_DIM)  # this source has no disk tier (not unknown: "?" is for that)
             return (f"{fmt.count(row.disk_cached)}/{fmt.count(row.disk_capacity)}", S_FIG)
         if what in ("hit_window", "hit_cumulative"):
@@ -1098,7 +1098,7 @@ class SourcesPanel(Panel):
                                  *([("  ▶", "bold $primary"), (sel.key, "bold")] if sel else [])), width)
         key_w = min(max([self.KEY_MIN, *(len(r.key) for r in d.rows)]), self.KEY_MAX)
         cols = self._columns(width, key_w, show_status=any(r.status for r in d.rows),
-                             show_disk=any(getattr(r, "has_disk", False) for r in d.rows))
+                             show_disk=any(r.has_disk for r in d.rows))
         header = line_of(("  " + "source".ljust(key_w), S_DIM),
                          *[(" " + (h.ljust(w - 1) if what == "status" else _pad(h, w)), S_DIM)
                            for h, w, what in cols])
