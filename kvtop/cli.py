@@ -22,10 +22,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvtop import __version__, options
-from kvtop.modes import run_dashboard, run_headless
-from kvtop.modes import run_headless_until as run_headless_until  # re-exported for callers of kvtop.cli
 from kvtop.problems import EXIT_INTERRUPTED, EXIT_USAGE
 from kvtop.settings import SettingsError, load_settings
+
+# kvtop.modes (asyncio: ~35 ms of a ~130 ms start-up on the dev box) is imported where a run needs it, not for
+# `kvtop sim`; run_headless_until stays importable from here for callers of kvtop.cli.
+
+
+def __getattr__(name: str) -> Any:
+    if name == "run_headless_until":
+        from kvtop.modes import run_headless_until
+
+        return run_headless_until
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 SUBCOMMANDS = ("sim", "attach", "replay", "agent", "estimate", "calibrate", "report", "run")
 
@@ -151,7 +161,6 @@ def _check_machine_size(size: int, text: str) -> None:
 def cmd_sim(argv: Sequence[str]) -> int:
     from kvtop.engines.gpus import resolve_gpu
     from kvtop.engines.models import resolve_model
-    from kvtop.engines.sim.offline import TraceRunConfig, run_trace
     from kvtop.engines.sizing import format_bytes, primary_blocks, secondary_blocks
     from kvtop.workload.trace import TraceError, read_trace
 
@@ -202,6 +211,8 @@ def cmd_sim(argv: Sequence[str]) -> int:
         raise SettingsError("--trace", f"cannot read {a.trace}: {exc.strerror}") from None
     if a.hit_rate_only or a.one_pass:
         return _sim_hit_rates(a, requests, model, gpu, tpb, primary, sweep)
+    from kvtop.engines.sim.offline import TraceRunConfig, run_trace
+
     runs = []
     for host_bytes, host_blocks in sweep:
         cfg = TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
@@ -302,7 +313,11 @@ def cmd_run(argv: Sequence[str]) -> int:
         print(f"kvtop: {exc}", file=sys.stderr)
         return 2
     if settings.headless:
+        from kvtop.modes import run_headless
+
         return run_headless(session, settings.duration if settings.duration is not None else 30.0, settings.json)
+    from kvtop.modes import run_dashboard
+
     return run_dashboard(session, settings)
 
 

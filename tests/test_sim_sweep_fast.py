@@ -4,8 +4,9 @@ they replace, exactly, over randomized workloads:
 - ``BlockManager.add_tokens`` against ``add_token`` once per token: the same block ids, counters, free counts,
   events and block states after every step, pools running dry and retention (decode priorities and durations)
   included;
-- the sweep's replay loop (``sweep._replay``: one ``add_tokens`` per request) against the per-token loop it
-  replaced: the same reused tokens per request and the same counters;
+- the sweep's replay loop (``sweep._replay``: one ``add_tokens`` per request, a run of generated ids) against the
+  per-token loop it replaced, with the engine's generated ids: the same reused tokens per request, the same
+  counters and block states;
 - the one-pass curve's numpy counts against its Python counts (``host_curve(vectorized=...)``), and the numpy
   "earlier and smaller" count against the definition.
 """
@@ -21,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, TokenRuns
-from kvtop.engines.sim.core import generated_token, generated_tokens
+from kvtop.engines.sim.core import generated_token
 from kvtop.engines.sim.retention import KvCacheRetentionConfig
 from kvtop.workload.trace import TraceRequest
 
@@ -119,7 +120,8 @@ def test_add_tokens_pool_runs_dry_part_way() -> None:
 
 
 def _per_token_replay(bm: BlockManager, requests: list[TraceRequest]) -> list[int]:
-    """The sweep's replay as it was before add_tokens: one add_token per generated token."""
+    """The sweep's replay as it was before add_tokens: one add_token per generated token, the engine's ids
+    (``generated_token``: a hash of the prompt's digest and the position)."""
     reused = []
     for rid, tr in enumerate(requests):
         if -(-(tr.input_length + tr.output_length) // bm.tokens_per_block) > bm.primary_blocks:
@@ -137,23 +139,29 @@ def _per_token_replay(bm: BlockManager, requests: list[TraceRequest]) -> list[in
 
 
 def _trace(rng: random.Random, count: int) -> list[TraceRequest]:
-    """Requests over a few shared prefixes of 512-token trace blocks, random lengths and outputs."""
+    """Requests over a few shared prefixes of 512-token trace blocks, random lengths and outputs; a third repeat an
+    earlier prompt exactly (the engine then generates the same ids: what the sweep's run of ids must not change),
+    some have prompts longer than their hash ids (a tail of ids unique to the line)."""
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(1, 4))] for _ in range(6)]
-    out = []
+    out: list[TraceRequest] = []
     for i in range(count):
+        if out and rng.random() < 0.33:
+            same = rng.choice(out)
+            out.append(TraceRequest(i, float(i), same.input_length, rng.randint(1, 300), same.hash_ids))
+            continue
         ids = list(rng.choice(prefixes)) + [1000 + i * 10 + k for k in range(rng.randint(0, 2))]
-        length = len(ids) * 512 - rng.randrange(512)
+        length = len(ids) * 512 - rng.randrange(512) + (rng.randrange(1, 300) if rng.random() < 0.1 else 0)
         out.append(TraceRequest(i, float(i), length, rng.randint(1, 300), tuple(ids)))
     return out
 
 
 @settings(SETTINGS, max_examples=25)
-@given(st.integers(0, 2**32), st.sampled_from([32, 64, 128, 512]), st.integers(40, 200), st.integers(0, 120))
-def test_sweep_replay_gives_the_per_token_loops_hits(seed: int, tpb: int, primary: int, host: int) -> None:
+@given(st.integers(0, 2**32), st.sampled_from([8, 16, 32, 64, 128, 512]), st.integers(40, 200), st.integers(0, 120))
+def test_sweep_replay_gives_the_engine_ids_hits(seed: int, tpb: int, primary: int, host: int) -> None:
     from kvtop.engines.sim import sweep
 
     requests = _trace(random.Random(seed), 60)
-    primary = max(primary * 32 // tpb, 4)
+    primary = max(primary * 32 // tpb, 4)  # pools in units of 32 tokens, so that each block size evicts as often
     host = host * 32 // tpb
     fast, slow = BlockManager(primary, host, tpb), BlockManager(primary, host, tpb)
     reused: list[int] = []
@@ -162,11 +170,6 @@ def test_sweep_replay_gives_the_per_token_loops_hits(seed: int, tpb: int, primar
     sweep._replay(fast, requests)
     assert reused == _per_token_replay(slow, requests)
     assert _observe(fast, []) == _observe(slow, [])
-
-
-def test_generated_tokens_are_generated_token_per_position() -> None:
-    assert generated_tokens(12345, 50) == [generated_token(12345, p) for p in range(50)]
-    assert generated_tokens(-7, 0) == []
 
 
 @settings(SETTINGS, max_examples=40)
@@ -207,3 +210,24 @@ def test_earlier_smaller_counts(values: list[int]) -> None:
 
     expected = [sum(1 for j in range(i) if values[j] < v) for i, v in enumerate(values)]
     assert _earlier_smaller(np.array(values, dtype=np.int64)).tolist() == expected
+
+
+# ---------------------------------------------------------------------------------------------- trace lines
+
+_EDGES = [-1, 0, 1, True, False, None, "7", 0.5, 1.5, 2**63, 2**64 - 1, 2**64, -2**64, 2**70, 1e400, -1e400,
+          float("nan"), [], {}, [1], 3.0]
+
+
+@SETTINGS
+@given(st.one_of(st.lists(st.one_of(st.integers(-2**66, 2**66), st.integers(0, 10**6), st.sampled_from(_EDGES)),
+                          max_size=6), st.sampled_from(_EDGES)))
+def test_trace_hash_ids_check_is_the_per_id_check(hash_ids: Any) -> None:
+    """The C-level check of a line's hash ids (``trace._hash_ids_ok``) against the per-id generator it replaced."""
+    import json
+
+    from kvtop.workload import trace
+
+    hash_ids = json.loads(json.dumps(hash_ids))  # what a trace line gives: json's types
+    before = isinstance(hash_ids, list) and all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 1 << 64
+                                                for h in hash_ids)
+    assert trace._hash_ids_ok(hash_ids) == before

@@ -1,17 +1,38 @@
-"""The built-in engine: TensorRT-LLM's KV cache manager and LLM API, simulated (see design.md)."""
+"""The built-in engine: TensorRT-LLM's KV cache manager and LLM API, simulated (see design.md).
+
+The LLM API (``kvtop.engines.sim.llm``: asyncio, threads, the tokenizer) is imported on first use of one of its
+names: ``kvtop sim --hit-rate-only`` needs the block manager alone, and importing the API took ~45 ms of its
+~130 ms start-up on the dev box (asyncio ~35 of them)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, block_key_hash
-from kvtop.engines.sim.llm import (
-    CapacitySchedulerPolicy,
-    CompletionOutput,
-    KvCacheConfig,
-    RequestError,
-    RequestOutput,
-    SamplingParams,
-    SchedulerConfig,
-    SimLLM,
-)
 from kvtop.engines.sim.retention import KvCacheRetentionConfig, KvCacheTransferMode, TokenRangeRetentionConfig
+
+if TYPE_CHECKING:
+    from kvtop.engines.sim.llm import (
+        CapacitySchedulerPolicy,
+        CompletionOutput,
+        KvCacheConfig,
+        RequestError,
+        RequestOutput,
+        SamplingParams,
+        SchedulerConfig,
+        SimLLM,
+    )
+
+_FROM_LLM = frozenset({"CapacitySchedulerPolicy", "CompletionOutput", "KvCacheConfig", "RequestError",
+                       "RequestOutput", "SamplingParams", "SchedulerConfig", "SimLLM"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_LLM:
+        return getattr(importlib.import_module("kvtop.engines.sim.llm"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BlockManager",

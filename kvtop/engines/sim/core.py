@@ -58,11 +58,6 @@ def generated_token(prompt_digest: int, position: int) -> int:
     return GENERATED_TOKEN_BASE | (hash((prompt_digest, position)) & _GENERATED_TOKEN_MASK)
 
 
-def generated_tokens(prompt_digest: int, count: int) -> list[int]:
-    """``generated_token`` for positions 0 .. count - 1, in one comprehension (no call per token)."""
-    return [GENERATED_TOKEN_BASE | (hash((prompt_digest, p)) & _GENERATED_TOKEN_MASK) for p in range(count)]
-
-
 @dataclass
 class SimRequest:
     request_id: int

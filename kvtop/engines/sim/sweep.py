@@ -39,7 +39,7 @@ from typing import Any
 
 from kvtop.engines.inputs import TRACE_BLOCK_TOKENS, TraceRequest
 from kvtop.engines.sim.block_manager import BlockManager, TokenRuns, _Block
-from kvtop.engines.sim.core import generated_tokens
+from kvtop.engines.sim.core import GENERATED_TOKEN_BASE
 
 
 @contextmanager
@@ -75,10 +75,17 @@ def _replay(bm: BlockManager, requests: Sequence[TraceRequest], after_add: Calla
         if after_add is not None:
             after_add()
         store(rid)
-        digest = hash(prompt.runs)  # the engine's digest of a trace prompt: the same generated ids (core.submit)
-        out = generated_tokens(digest, tr.output_length)
-        add_tokens(rid, out[:-1])  # add_token per generated token but the last, in one call
-        remove(rid, final_tokens=out[-1:])
+        # add_token per generated token but the last, in one call. The engine generates hash((digest, position))
+        # ids (core.generated_token); here every request generates the run GENERATED_TOKEN_BASE, +1, +2, ...
+        # instead, and the block manager does exactly the same (tests/test_sim_sweep_fast.py holds it to the
+        # engine's ids, per request): a generated id is never a prompt id, so a key holding one equals another key
+        # only under the same parent block, where both requests' tokens so far are equal, so their prompts are
+        # equal (a prompt id and a generated id never stand at the same place), and so are the engine's generated
+        # ids; and a partial match stops at the first generated id either way. What it saves: an id per token by
+        # hash (595k on the Mooncake trace), and a run's keys are cut in O(1) per block.
+        out = tr.output_length
+        add_tokens(rid, range(GENERATED_TOKEN_BASE, GENERATED_TOKEN_BASE + out - 1))
+        remove(rid, final_tokens=(GENERATED_TOKEN_BASE + out - 1,))
     return len(requests) - skipped, skipped
 
 
