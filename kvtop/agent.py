@@ -101,9 +101,11 @@ class Agent:
         n = 0
         for key, model in list(self.session.models.items()):
             src = self.sources.get(key)
-            if src is None or model.records_applied == 0:
+            if src is None:
                 continue
-            model = model.snapshot()
+            model = model.snapshot()  # one immutable reading; the fold goes on under it
+            if model.records_applied == 0:
+                continue
             meta = {"engine": str(model.meta.get("engine") or "unknown"), "agent": self.agent.key(),
                     **{k: v for k, v in model.meta.items() if isinstance(v, (str, int, float, bool)) and k != "engine"}}
             if self._metas.get(key) != meta:
