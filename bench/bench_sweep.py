@@ -1,26 +1,35 @@
 """Host-cache sweeps on the Mooncake trace: kvtop's one-pass curve against kvcache-simulator, in one run.
 
     pip install kvcache-simulator            # the peer, from PyPI (bench only: not a kvtop dependency)
-    python bench/bench_sweep.py [--repeat 3] [--skip-slow]
+    nice -n 5 python bench/bench_sweep.py [--repeat 3] [--skip-slow]
 
-Every command runs as a subprocess from this script, one after the other, so each figure includes what a user
-waits for (interpreter start-up, reading the trace) and all were measured on the same machine in the same minutes:
+Offline (the lent GPU host reaches no index): carry the peer's wheel (py3-none-any, no dependencies; ``pip download
+--no-deps kvcache-simulator==0.1.3 -d .whl``) and pass ``--peer-wheels .whl``: it is installed into a folder of
+its own under /tmp and run from there. Its C++ backend needs a ``c++`` compiler on PATH.
 
-- peer: ``kvcache-simulator run --model qwen3-8b --block-size 512 --budgets-gib 8,16,32,64 --policies lru,optimal``
-  (its C++ backend; the first call compiles it, timed on its own as "cold" when no binary was cached);
-- kvtop one-pass: ``kvtop sim --one-pass --host-cache 0:64GB:16`` with and without ``--belady``;
-- kvtop full replays without timing: ``kvtop sim --hit-rate-only --host-cache 8GB,16GB,32GB,64GB`` (--skip-slow
-  leaves it out, and the next);
-- kvtop with engine timing, the path every sweep took before: ``kvtop sim --host-cache 8GB,16GB,32GB,64GB``.
+Every command runs as a subprocess from this script, so each figure includes what a user waits for (interpreter
+start-up, reading the trace), and all are measured on the same machine in the same minutes, the peer's and
+kvtop's runs interleaved round by round so that a change in the machine's load falls on both. kvtop's modules are
+byte-compiled first (an installed kvtop has its .pyc; a checkout run with PYTHONDONTWRITEBYTECODE=1 compiles every
+module on every start, ~20 ms). Rows:
 
-Then, in this process, kvtop's Belady's MIN in the peer's units (512-token blocks, one unit of room each, hits
-counted in tokens, the second half of the requests measured) at the peer's four cache sizes, against the peer's
-``optimal``: the same algorithm must give the same figures. Best of ``--repeat`` runs for the fast commands.
+- peer, cold: ``kvcache-simulator run --model qwen3-8b --block-size 512 --budgets-gib 8,16,32,64 --policies
+  lru,optimal`` after deleting the binary it compiled (its cache in the temp folder), so the call compiles it;
+- peer, warm: the same with the binary cached (best of ``--repeat``);
+- kvtop one pass, 16 sizes: ``kvtop sim --one-pass --host-cache 0:64GB:16`` at 32 tokens a block (TensorRT-LLM's
+  default) and at 512 (the trace's and the peer's block: the same number of block lookups as the peer), each with
+  and without ``--belady`` (best of ``--repeat``);
+- kvtop full replays without timing, ``--hit-rate-only --host-cache 8GB,16GB,32GB,64GB``, and with engine timing,
+  the path every sweep took before (once each; ``--skip-slow`` leaves them out).
+
+Then kvtop's Belady's MIN in the peer's units (512-token blocks, one unit of room each, hits in tokens, the second
+half of the requests measured) at the peer's four cache sizes, against the peer's ``optimal``.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import platform
@@ -37,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 from bench_sim import TRACE  # noqa: E402  (this directory is on sys.path when a script here runs)
 
 PEER_BUDGETS_GIB = "8,16,32,64"
+PEER_SITE = Path("/tmp/kvtop-bench-peer")
 
 
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
@@ -48,81 +58,125 @@ def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str
     return wall, done.stdout
 
 
-def best(cmd: list[str], repeat: int, env: dict[str, str] | None = None) -> tuple[float, str]:
-    runs = [timed(cmd, env) for _ in range(repeat)]
-    return min(w for w, _ in runs), runs[-1][1]
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
 
 
-def peer_binary_cached() -> bool:
+def cpu_name() -> str:
     try:
-        from kvcache_sim import cpp_backend
-    except ImportError:
-        raise SystemExit("kvcache-simulator is not installed: pip install kvcache-simulator") from None
-    path = cpp_backend._build_path_for_source(cpp_backend._cpp_source_path())
-    return path.exists()
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def peer_command(wheels: Path | None) -> tuple[list[str], dict[str, str]]:
+    """How to run the peer: from the carried wheels (installed under /tmp), else the installed console script."""
+    env = dict(os.environ)
+    if wheels is not None:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--upgrade",
+                        "--target", str(PEER_SITE), *map(str, sorted(wheels.glob("kvcache_simulator-*.whl")))],
+                       check=True)
+        env["PYTHONPATH"] = os.pathsep.join([str(PEER_SITE), *filter(None, [env.get("PYTHONPATH")])])
+        return [sys.executable, "-m", "kvcache_sim"], env
+    exe = shutil.which("kvcache-simulator")
+    if exe is None:
+        raise SystemExit("kvcache-simulator is not on PATH: pip install kvcache-simulator (or --peer-wheels DIR)")
+    return [exe], env
+
+
+def peer_binary(env: dict[str, str]) -> Path:
+    """The binary the peer's C++ backend compiles once and caches (kvcache_sim.cpp_backend)."""
+    code = ("from kvcache_sim import cpp_backend as c; "
+            "print(c._build_path_for_source(c._cpp_source_path()))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-slow", action="store_true", help="leave out the full replays (with and without timing)")
+    ap.add_argument("--peer-wheels", type=Path, default=None,
+                    help="a folder holding kvcache_simulator-*.whl, for a machine with no package index")
     a = ap.parse_args()
     if not TRACE.exists():
         raise SystemExit(f"trace not found: {TRACE} (set KVTOP_TRACE)")
-    peer_exe = shutil.which("kvcache-simulator")
-    if peer_exe is None:
-        raise SystemExit("kvcache-simulator is not on PATH: pip install kvcache-simulator")
+    load_start = load()
+    peer_cmd, peer_env = peer_command(a.peer_wheels)
+    if shutil.which("c++") is None:
+        raise SystemExit("the peer's C++ backend needs a c++ compiler on PATH")
+    compileall.compile_dir(str(ROOT / "kvtop"), quiet=1)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     kvtop = [sys.executable, "-m", "kvtop", "sim", "--trace", str(TRACE), "--json"]
-    peer = [peer_exe, "run", "--trace", str(TRACE), "--model", "qwen3-8b", "--block-size", "512", "--budgets-gib",
+    peer = [*peer_cmd, "run", "--trace", str(TRACE), "--model", "qwen3-8b", "--block-size", "512", "--budgets-gib",
             PEER_BUDGETS_GIB, "--policies", "lru,optimal", "--no-progress", "--format", "json"]
-    rows: list[tuple[str, int, float]] = []
+    one_pass = [*kvtop, "--host-cache", "0:64GB:16", "--one-pass"]
+    fast: dict[str, tuple[list[str], dict[str, str], int]] = {
+        "kvcache-simulator (C++ backend, binary cached), LRU + optimal, 8/16/32/64 GiB": (peer, peer_env, 4),
+        "`kvtop sim --one-pass --host-cache 0:64GB:16`, 32 tokens a block": (one_pass, env, 16),
+        "`... --belady`, 32 tokens a block": ([*one_pass, "--belady"], env, 16),
+        "`... --tokens-per-block 512` (the peer's block)": ([*one_pass, "--tokens-per-block", "512"], env, 16),
+        "`... --tokens-per-block 512 --belady`": ([*one_pass, "--tokens-per-block", "512", "--belady"], env, 16),
+    }
 
-    if not peer_binary_cached():
-        wall, _ = timed(peer)
-        rows.append(("kvcache-simulator, cold (compiles its C++ backend first)", 4, wall))
-    wall, out = best(peer, a.repeat)
-    peer_json = json.loads(out)
-    rows.append(("kvcache-simulator (C++ backend), LRU + optimal", 4, wall))
-
-    wall, out = best(kvtop + ["--host-cache", "0:64GB:16", "--one-pass", "--belady"], a.repeat, env)
-    one_pass = json.loads(out)
-    rows.append(("kvtop sim --one-pass --belady", 16, wall))
-    wall, _ = best(kvtop + ["--host-cache", "0:64GB:16", "--one-pass"], a.repeat, env)
-    rows.append(("kvtop sim --one-pass", 16, wall))
+    binary = peer_binary(peer_env)
+    binary.unlink(missing_ok=True)  # the peer's own cache: the next call compiles it again
+    cold, peer_out = timed(peer, peer_env)
+    walls: dict[str, list[float]] = {name: [] for name in fast}
+    outs: dict[str, str] = {}
+    for _ in range(a.repeat):  # round by round: each round runs every command once
+        for name, (cmd, cmd_env, _) in fast.items():
+            wall, outs[name] = timed(cmd, cmd_env)
+            walls[name].append(wall)
+    rows: list[tuple[str, int, float]] = [
+        ("kvcache-simulator, cold (compiles its C++ backend first), LRU + optimal, 8/16/32/64 GiB", 4, cold)]
+    rows += [(name, sizes, min(walls[name])) for name, (_, _, sizes) in fast.items()]
     full_hit: dict[str, Any] | None = None
     timed_runs: dict[str, Any] | None = None
     if not a.skip_slow:
-        wall, out = timed(kvtop + ["--host-cache", "8GB,16GB,32GB,64GB", "--hit-rate-only"], env)
+        wall, out = timed([*kvtop, "--host-cache", "8GB,16GB,32GB,64GB", "--hit-rate-only"], env)
         full_hit = json.loads(out)
-        rows.append(("kvtop sim --hit-rate-only (a full replay per size)", 4, wall))
-        wall, out = timed(kvtop + ["--host-cache", "8GB,16GB,32GB,64GB"], env)
+        rows.append(("`kvtop sim --hit-rate-only --host-cache 8GB,16GB,32GB,64GB` (a full replay per size)", 4,
+                     wall))
+        wall, out = timed([*kvtop, "--host-cache", "8GB,16GB,32GB,64GB"], env)
         timed_runs = json.loads(out)
-        rows.append(("kvtop sim (engine timing, a full replay per size)", 4, wall))
+        rows.append(("`kvtop sim --host-cache 8GB,16GB,32GB,64GB` (engine timing, a full replay per size)", 4,
+                     wall))
+    load_end = load()
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
-          f"{platform.python_version()}; load average {os.getloadavg()[0]:.2f} at the end")
-    print(f"trace: {TRACE.name}\n")
-    print("| command | host sizes | wall s | s per size |")
-    print("|---|---:|---:|---:|")
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}; load average "
+          f"(1/5/15 min) {load_start} at the start, {load_end} at the end")
+    print(f"trace: {TRACE.name}; best of {a.repeat} but the cold row and the full replays (one run each)\n")
+    print("| command | host sizes | wall s | s per size | all runs, s |")
+    print("|---|---:|---:|---:|---|")
     for name, sizes, wall in rows:
-        print(f"| {name} | {sizes} | {wall:.2f} | {wall / sizes:.2f} |")
+        runs = ", ".join(f"{w:.2f}" for w in walls.get(name, [wall]))
+        print(f"| {name} | {sizes} | {wall:.2f} | {wall / sizes:.3f} | {runs} |")
 
-    print("\nkvtop, Qwen3-8B on H200 sizing (GPU pool "
-          f"{one_pass['runs'][0]['primary_blocks']} blocks of 32 tokens), every request counted:\n")
-    print("| host cache | host blocks | hit rate (one pass) | full replay | optimal (Belady) |")
-    print("|---:|---:|---:|---:|---:|")
+    curve = json.loads(outs["`... --belady`, 32 tokens a block"])
+    curve512 = json.loads(outs["`... --tokens-per-block 512 --belady`"])
+    print("\nkvtop, Qwen3-8B on H200 sizing, every request counted, one request at a time: GPU pool "
+          f"{curve['runs'][0]['primary_blocks']} blocks of 32 tokens / {curve512['runs'][0]['primary_blocks']} of "
+          "512\n")
+    print("| host cache | hit rate, 32 (one pass) | full replay, 32 | optimal (Belady), 32 | hit rate, 512 | optimal, 512 |")
+    print("|---:|---:|---:|---:|---:|---:|")
     full_by_bytes = {r["host_cache_bytes"]: r for r in (full_hit or {}).get("runs", [])}
-    for r in one_pass["runs"]:
+    for r, r512 in zip(curve["runs"], curve512["runs"]):
         full = full_by_bytes.get(r["host_cache_bytes"])
-        print(f"| {r['host_cache_bytes'] / 1e9:.1f} GB | {r['secondary_blocks']} | {100 * r['cache_hit_rate']:.2f}% | "
-              + (f"{100 * full['cache_hit_rate']:.2f}%" if full else "") + f" | {100 * r['belady_hit_rate']:.2f}% |")
+        print(f"| {r['host_cache_bytes'] / 1e9:.1f} GB | {100 * r['cache_hit_rate']:.2f}% | "
+              + (f"{100 * full['cache_hit_rate']:.2f}%" if full else "") + f" | {100 * r['belady_hit_rate']:.2f}% | "
+              f"{100 * r512['cache_hit_rate']:.2f}% | {100 * r512['belady_hit_rate']:.2f}% |")
     if full_hit is not None:
         # the one-pass curve at the full replays' sizes: not on the 16-size grid, so from a second one-pass call
-        wall, out = timed(kvtop + ["--host-cache", "8GB,16GB,32GB,64GB", "--one-pass"], env)
+        _, out = timed([*kvtop, "--host-cache", "8GB,16GB,32GB,64GB", "--one-pass"], env)
         by_bytes = {r["host_cache_bytes"]: r for r in json.loads(out)["runs"]}
         worst = max(abs(by_bytes[b]["cache_hit_rate"] - r["cache_hit_rate"]) for b, r in full_by_bytes.items())
-        print(f"\none pass against full replays at 8/16/32/64 GB: worst difference {100 * worst:.4f} points")
+        print(f"\none pass against full replays at 8/16/32/64 GB (32 tokens a block): worst difference "
+              f"{100 * worst:.4f} points")
     if timed_runs is not None:
         print("with engine timing (requests side by side): "
               + ", ".join(f"{r['host_cache_bytes'] / 1e9:.0f} GB {100 * r['cache_hit_rate']:.2f}%"
@@ -131,6 +185,7 @@ def main() -> None:
     from kvtop.engines.sim.sweep import belady_curve
     from kvtop.workload.trace import read_trace
 
+    peer_json = json.loads(peer_out)
     requests = list(read_trace(TRACE))
     points = peer_json["points"]
     mine = belady_curve(requests, [p["cacheBlocks"] for p in points], 512,
