@@ -162,7 +162,8 @@ def main() -> None:
     print("\nkvtop, Qwen3-8B on H200 sizing, every request counted, one request at a time: GPU pool "
           f"{curve['runs'][0]['primary_blocks']} blocks of 32 tokens / {curve512['runs'][0]['primary_blocks']} of "
           "512\n")
-    print("| host cache | hit rate, 32 (one pass) | full replay, 32 | optimal (Belady), 32 | hit rate, 512 | optimal, 512 |")
+    print("| host cache | hit rate, 32 (one pass) | full replay, 32 | optimal (Belady), 32 | hit rate, 512 | "
+          "optimal, 512 |")
     print("|---:|---:|---:|---:|---:|---:|")
     full_by_bytes = {r["host_cache_bytes"]: r for r in (full_hit or {}).get("runs", [])}
     for r, r512 in zip(curve["runs"], curve512["runs"]):

@@ -13,6 +13,7 @@ they replace, exactly, over randomized workloads:
 
 from __future__ import annotations
 
+import heapq as _heapq
 import random
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, TokenRuns
 from kvtop.engines.sim.core import generated_token
 from kvtop.engines.sim.retention import KvCacheRetentionConfig
+from kvtop.engines.sim.sweep import _Plan
 from kvtop.workload.trace import TraceRequest
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -231,3 +233,108 @@ def test_trace_hash_ids_check_is_the_per_id_check(hash_ids: Any) -> None:
     before = isinstance(hash_ids, list) and all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 1 << 64
                                                 for h in hash_ids)
     assert trace._hash_ids_ok(hash_ids) == before
+
+
+# ---------------------------------------------------------------------------------------------- Belady
+
+# sweep._belady_hits as it was before the dead-suffix skip and the pending parent (commit b779f52), the reference.
+def _reference_belady_hits(plan: _Plan, capacity: int, first_measured: int = 0) -> int:
+    if capacity <= 0:
+        return 0
+    nodes, weights, next_use, parent, starts = plan.nodes, plan.weights, plan.next_use, plan.parent, plan.starts
+    node_weight = plan.node_weight
+    n = len(parent)
+    present = bytearray(n)
+    present[0] = 1
+    children = [0] * n
+    key = [0] * n           # the next request using a cached node
+    version = [0] * n
+    heap: list[tuple[int, int, int]] = []  # (-next use, node, version): the farthest first; leaves only
+    used = 0
+    hits = 0
+    for r in range(len(starts) - 1):
+        a, b = starts[r], starts[r + 1]
+        alive = True
+        for i in range(a, b):  # lookup: the cached prefix is reused, and its next use moves on
+            node = nodes[i]
+            if alive and present[node]:
+                if i >= first_measured:
+                    hits += weights[i]
+                key[node] = next_use[i]
+                if children[node] == 0:
+                    version[node] += 1
+                    _heapq.heappush(heap, (-next_use[i], node, version[node]))
+            else:
+                alive = False
+        protected = {nodes[i] for i in range(a, b)}
+        for i in range(a, b):  # insert what is missing, evicting the farthest-used leaves not on this path
+            node = nodes[i]
+            if present[node]:
+                continue
+            if not present[parent[node]]:
+                break
+            w = node_weight[node]
+            skipped: list[tuple[int, int, int]] = []
+            fits = True
+            while used + w > capacity:
+                if not heap:
+                    fits = False
+                    break
+                top = _heapq.heappop(heap)
+                neg_use, victim, ver = top
+                if not present[victim] or children[victim] or version[victim] != ver:
+                    continue
+                if victim in protected:
+                    skipped.append(top)
+                    continue
+                if -neg_use <= next_use[i]:  # every leaf is used again sooner than this block: do not insert
+                    skipped.append(top)
+                    fits = False
+                    break
+                present[victim] = 0
+                used -= node_weight[victim]
+                p = parent[victim]
+                children[p] -= 1
+                if p and present[p] and children[p] == 0:
+                    version[p] += 1
+                    _heapq.heappush(heap, (-key[p], p, version[p]))
+            for item in skipped:
+                _heapq.heappush(heap, item)
+            if not fits:
+                break
+            present[node] = 1
+            used += w
+            key[node] = next_use[i]
+            p = parent[node]
+            children[p] += 1
+            version[node] += 1
+            _heapq.heappush(heap, (-next_use[i], node, version[node]))
+    return hits
+
+
+
+
+@settings(SETTINGS, max_examples=60)
+@given(st.integers(0, 2**32), st.sampled_from([32, 128, 512]), st.booleans(),
+       st.lists(st.integers(0, 400), min_size=1, max_size=5))
+def test_belady_gives_the_reference_hits(seed: int, tpb: int, as_peer: bool, capacities: list[int]) -> None:
+    from kvtop.engines.sim.sweep import _belady_hits, _belady_plan
+
+    requests = _trace(random.Random(seed), 120)
+    plan = _belady_plan(requests, tpb, as_peer)
+    first = plan.starts[len(requests) // 2] if as_peer else 0
+    for c in capacities:
+        c = c if as_peer else c * 32 // tpb
+        assert _belady_hits(plan, c, first) == _reference_belady_hits(plan, c, first)
+        assert _belady_hits(plan, c, first, skip_dead=False) == _reference_belady_hits(plan, c, first)
+
+
+def test_belady_gives_the_reference_hits_on_the_shipped_slice() -> None:
+    from kvtop.engines.sim.sweep import _belady_hits, _belady_plan
+    from kvtop.workload.trace import read_trace
+
+    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    plan = _belady_plan(requests, 32)
+    hits = [_belady_hits(plan, c) for c in (100, 2000, 6000, 20000)]
+    assert hits == [_reference_belady_hits(plan, c) for c in (100, 2000, 6000, 20000)]
+    assert len(set(hits)) == 4
