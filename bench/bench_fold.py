@@ -7,10 +7,16 @@ JSON lines, as a recording or an HTTP/MQTT attach delivers them. One core, one p
 
     python bench/bench_fold.py                 # ~200k events, 5 rounds, ~1 min on this machine
     python bench/bench_fold.py --events 50000 --rounds 3 --save /tmp/events.jsonl
-    python bench/bench_fold.py --load /tmp/events.jsonl   # the same events again (e.g. against another tree)
+    python bench/bench_fold.py --load /tmp/events.jsonl   # the same events again
+    python bench/bench_fold.py --against 77a50a1 --pairs 5  # this tree's fold beside an older commit's, same events
 
 Prints the event mix, then events/s for ``json.loads`` and for ``TierModel.apply_kv_event`` (best of the rounds,
 each from a fresh model over the whole stream).
+
+``--against REV`` then folds the same events with REV's kvtop (``git archive`` into a temporary directory) and with
+this tree's, in alternating child processes (``--pairs`` of each, ``--rounds`` fresh models in each), so that
+a busy shared machine slows both sides alike; it prints each side's best and median events per CPU second and
+their ratio.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import gc
 import json
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -130,6 +138,52 @@ def bench(lines: list[str], rounds: int) -> dict[str, Any]:
     }
 
 
+# One child of --against: fold the saved events ``rounds`` times with whichever kvtop is first on sys.path. CPU time
+# of the process, not wall time: on a shared machine the time spent waiting for a core is not the fold's.
+_CHILD = """
+import gc, json, sys, time
+sys.path.insert(0, sys.argv[1])
+from kvtop.tiers import TierModel
+events = [json.loads(line) for line in open(sys.argv[2])]
+gc.collect()
+gc.freeze()
+best = []
+for _ in range(int(sys.argv[3])):
+    model = TierModel()
+    apply = model.apply_kv_event
+    gc.collect()
+    t0 = time.process_time()
+    for ev in events:
+        apply(ev)
+    best.append(time.process_time() - t0)
+    assert model.bad_records == 0, model.last_bad_reason
+print(json.dumps({"events": len(events), "seconds": best}))
+"""
+
+
+def against(rev: str, lines: list[str], pairs: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="kvtop-bench-fold-") as tmp:
+        old = Path(tmp) / "tree"
+        old.mkdir()
+        archive = subprocess.run(["git", "archive", rev, "kvtop"], cwd=ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(old)], input=archive.stdout, check=True)
+        events = Path(tmp) / "events.jsonl"
+        events.write_text("\n".join(lines) + "\n")
+        results: dict[str, list[float]] = {rev: [], "this tree": []}
+        for _ in range(pairs):
+            for name, tree in ((rev, old), ("this tree", ROOT)):
+                out = subprocess.run([sys.executable, "-c", _CHILD, str(tree), str(events), str(rounds)],
+                                     cwd=tmp, capture_output=True, text=True, check=True)
+                results[name] += json.loads(out.stdout)["seconds"]
+        n = len(lines)
+        for name, secs in results.items():
+            print(f"{name:>12}: best {n / min(secs):>10,.0f} events/CPU-s, "
+                  f"median {n / statistics.median(secs):>10,.0f} ({len(secs)} folds in {pairs} processes)")
+        ratio = min(results[rev]) / min(results["this tree"])
+        print(f"this tree / {rev}: {ratio:.3f}x the events/s at the best, "
+              f"{statistics.median(results[rev]) / statistics.median(results['this tree']):.3f}x at the median")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--events", type=int, default=200_000)
@@ -137,6 +191,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--save", type=Path, help="also write the events as JSON lines here")
     ap.add_argument("--load", type=Path, help="fold these JSON lines (a --save) instead of generating events")
+    ap.add_argument("--against", metavar="REV", help="then fold the same events with REV's kvtop and this tree's")
+    ap.add_argument("--pairs", type=int, default=5, help="--against: child processes per side, alternating")
     args = ap.parse_args()
     t0 = time.perf_counter()
     if args.load:
@@ -153,6 +209,8 @@ def main() -> None:
     print(f"TierModel.apply_kv_event: {r['fold_eps']:>12,.0f} events/s  (median {r['fold_eps_median']:,.0f}); "
           f"{r['fold_blocks_per_s']:,.0f} blocks/s")
     print(f"fold / json.loads time:   {r['loads_eps'] / r['fold_eps']:.2f}")
+    if args.against:
+        against(args.against, lines, args.pairs, args.rounds)
 
 
 if __name__ == "__main__":

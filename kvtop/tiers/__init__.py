@@ -1,6 +1,12 @@
 """The tier model: small folds from kvtop records to the per-tier state a person wants to see.
 
-- :mod:`kvtop.tiers.model`: ``TierModel``, the fold of TensorRT-LLM's stats, KV events and requests (the fast path);
+- :mod:`kvtop.tiers.model`: ``TierModel``, the composer: it routes each record to one of the small folds below and
+  builds every reading from them;
+- :mod:`kvtop.tiers.events` (TensorRT-LLM's KV cache events, the fast path), :mod:`kvtop.tiers.stats` (iteration
+  stats), :mod:`kvtop.tiers.requests` (request records), :mod:`kvtop.tiers.meta` (meta, gpu, host records),
+  :mod:`kvtop.tiers.window` (the rate window): the folds, each owning its state and knowing no other fold;
+- :mod:`kvtop.tiers.capacity` (the tiers' sizes and occupancy) and :mod:`kvtop.tiers.summary` (the ``--json``
+  summary): read from the folds; :mod:`kvtop.tiers.common`: the field checks and the ledger every fold shares;
 - :mod:`kvtop.tiers.whatif`: the live what-if (the hit rate with a larger host tier);
 - :mod:`kvtop.tiers.state`: the immutable read-side types every sink reads;
 - :mod:`kvtop.tiers.snapshot`: ``TierSnapshot``, one immutable reading of a model, published when it changed.

@@ -148,7 +148,6 @@ def _diagnose_event(event: Any) -> None:
             _required_count(v, f"data.num_blocks_per_cache_level[{i}]")
 
 
-
 class EventFold:
     """TensorRT-LLM KV cache events -> the blocks each tier caches, per priority, and the moves between tiers."""
 

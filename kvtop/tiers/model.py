@@ -56,10 +56,13 @@ Data quality (``quality``), never hidden:
   (``loadOrAllocateBlocks`` enqueues the event before its partial-match branch; the copied block keeps its
   priority). Both are counted in the truth test (tests/test_tiers.py).
 
-The fold is a package of small folds, each owning its state, that this module composes: the KV event fold and
-its hot path (kvtop/tiers/events.py), the field checks and the shared ledger (kvtop/tiers/common.py), the rate
-window (kvtop/tiers/window.py). Everything the dashboard reads (``gpu``, ``host``, ``rates``, ``summary()``...)
-is built on read, 4 times a second.
+How it is built: ``TierModel`` composes small folds, each owning its state and knowing no other fold: KV cache
+events and their hot path (kvtop/tiers/events.py), iteration stats (stats.py), request records (requests.py),
+meta / gpu / host records (meta.py), the engines' common KV event stream (kvtop/kv_stream.py), and the rate window
+(window.py). It routes each record to its fold, keeps warm-up (told to the folds that split by it), and builds
+every reading from the folds' public state: here, in capacity.py (the tiers) and in summary.py (``--json``).
+Everything the dashboard reads (``gpu``, ``host``, ``rates``, ``summary()``...) is built on read, 4 times a
+second, or once per change through ``snapshot()``.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ class TierModel:
         if not history_step_s > 0:
             raise ValueError(f"history_step_s: must be > 0, got {history_step_s}")
         self.warmup_requests = warmup_requests
-        self._warming = warmup_requests > 0  # kept current by _update_warming (read on the hot path)
+        self._warming = warmup_requests > 0  # kept current by _update_warming, and told to the event fold
         self.window_s = float(window_s)
         self.history_step_s = float(history_step_s)
 
@@ -291,8 +294,9 @@ class TierModel:
         return self._warming
 
     def _update_warming(self) -> None:
-        done = max(self.stats_fold.completed, self.request_fold.records)
-        self._warming = self.event_fold.warming = done < self.warmup_requests
+        if self._warming:  # the counts only grow: once past warm-up, always past it (and nothing to do per record)
+            done = max(self.stats_fold.completed, self.request_fold.records)
+            self._warming = self.event_fold.warming = done < self.warmup_requests
 
     def _counters(self) -> tuple[int, ...]:
         m, st, rq = self.moves, self.stats_fold, self.request_fold

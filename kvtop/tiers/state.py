@@ -1,7 +1,8 @@
 """The fold's read-side value types: what a sink reads of a tier, the moves, hit rates, rates, requests, quality.
 
-Immutable dataclasses with no behaviour beyond unit conversions and ``to_json``; the folds (kvtop/tiers/model.py,
-kvtop/tiers/stream.py) build them, and no fold's internals leak through them.
+Immutable dataclasses with no behaviour beyond unit conversions and ``to_json``; the model and its folds
+(kvtop/tiers/model.py, capacity.py, requests.py; kvtop/kv_stream.py) build them, and no fold's internals leak
+through them.
 """
 
 from __future__ import annotations
