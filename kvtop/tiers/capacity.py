@@ -1,5 +1,6 @@
-"""The tiers' sizes and occupancy, read from the folds: each tier's capacity and where it came from, and the
-``TierState`` of GPU, host, disk and the V2 manager's merged cold tier.
+"""The tiers' sizes and occupancy, read from the folds: each tier's capacity and where it came from, the
+``TierState`` of GPU, host, disk and the V2 manager's merged cold tier, the cached blocks per priority, and the
+``Quality`` of those numbers.
 
 Capacity sources, best first (kvtop/tiers/model.py's docstring says why): newer stats' ``*MaxNumBlocks``, the
 ``created`` events, ``meta``, else derived from 1.0-1.2's ``maxNumBlocks`` (primary + secondary). Read-only: these
@@ -12,7 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from kvtop.tiers.events import GPU, HOST
-from kvtop.tiers.state import TierState
+from kvtop.tiers.state import Quality, TierState
 
 if TYPE_CHECKING:
     from kvtop.tiers.model import TierModel
@@ -157,3 +158,46 @@ def cold(m: TierModel) -> TierState | None:
     free = it.get("secondaryFreeNumBlocks")
     used = it.get("secondaryUsedNumBlocks", None if free is None else max(cap - free, 0))
     return TierState("cold", cap, used, None, free, m.tokens_per_block, m.bytes_per_block, False)
+
+
+def cached_by_priority(m: TierModel) -> dict[str, dict[int | None, int]]:
+    """Cached blocks per retention priority, per tier (``None`` = a priority no event gave)."""
+    out: dict[str, dict[int | None, int]] = {}
+    for level, name in ((GPU, "gpu"), (HOST, "host")):
+        per = out[name] = m.event_fold.cached_by_priority(level)
+        # The fold's map may still hold blocks TensorRT-LLM detached without an event (partial reuse); the
+        # tier's cached count is clamped to its pool, so the split is scaled to that total (largest
+        # remainders), never showing more cached blocks than the pool has. Flagged by cached_approximate.
+        cap = (m.gpu if level == GPU else m.host).cached_blocks
+        total = sum(per.values())
+        if cap is not None and total > cap:
+            shares = {k: n * cap / total for k, n in per.items()}
+            scaled = {k: int(v) for k, v in shares.items()}
+            for k in sorted(shares, key=lambda k: shares[k] - scaled[k], reverse=True)[:cap - sum(scaled.values())]:
+                scaled[k] += 1
+            out[name] = {k: v for k, v in scaled.items() if v}
+    return out
+
+
+def quality(m: TierModel) -> Quality:
+    ev = m.event_fold
+    cap_src = capacity(m, GPU)[1]
+    host_cap = capacity(m, HOST)[0]
+    includes = None
+    pri = capacity_known(m, GPU)[0]
+    sec = capacity_known(m, HOST)[0]
+    if m.stats_fold.max_num_blocks is not None and pri is not None and sec:
+        if m.stats_fold.max_num_blocks == pri + sec:
+            includes = True
+        elif m.stats_fold.max_num_blocks == pri:
+            includes = False
+    return Quality(
+        events_seen=m.events_seen, events_dropped=ev.dropped,
+        counts_approximate=m.counts_approximate, cached_approximate=m.cached_approximate,
+        unknown_hashes=ev.unknown_hashes, unknown_parents=ev.unknown_parents,
+        stale_cached_dropped=ev.stale_dropped, pruned_entries=ev.pruned,
+        duplicate_events=ev.duplicates, event_restarts=ev.restarts,
+        stats_restarts=m.stats_fold.restarts, stats_iterations_missing=m.stats_fold.iterations_missing,
+        host_without_events=bool(host_cap) and not m.events_seen and "secondaryFreeNumBlocks" not in (
+            m.stats_fold.it or {}),
+        capacity_source=cap_src, stats_max_includes_host=includes, stats_schema=m.stats_schema)

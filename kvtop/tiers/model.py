@@ -446,21 +446,7 @@ class TierModel:
     @property
     def cached_by_priority(self) -> dict[str, dict[int | None, int]]:
         """Cached blocks per retention priority, per tier (``None`` = a priority no event gave)."""
-        out: dict[str, dict[int | None, int]] = {}
-        for level, name in ((GPU, "gpu"), (HOST, "host")):
-            per = out[name] = self.event_fold.cached_by_priority(level)
-            # The fold's map may still hold blocks TensorRT-LLM detached without an event (partial reuse); the
-            # tier's cached count is clamped to its pool, so the split is scaled to that total (largest
-            # remainders), never showing more cached blocks than the pool has. Flagged by cached_approximate.
-            cap = (self.gpu if level == GPU else self.host).cached_blocks
-            total = sum(per.values())
-            if cap is not None and total > cap:
-                shares = {k: n * cap / total for k, n in per.items()}
-                scaled = {k: int(v) for k, v in shares.items()}
-                for k in sorted(shares, key=lambda k: shares[k] - scaled[k], reverse=True)[:cap - sum(scaled.values())]:
-                    scaled[k] += 1
-                out[name] = {k: v for k, v in scaled.items() if v}
-        return out
+        return _capacity.cached_by_priority(self)
 
     @property
     def hit_rate_by_priority(self) -> dict[int | None, float]:
@@ -493,27 +479,8 @@ class TierModel:
 
     @property
     def quality(self) -> Quality:
-        ev = self.event_fold
-        cap_src = _capacity.capacity(self, GPU)[1]
-        host_cap = _capacity.capacity(self, HOST)[0]
-        includes = None
-        pri = _capacity.capacity_known(self, GPU)[0]
-        sec = _capacity.capacity_known(self, HOST)[0]
-        if self.stats_fold.max_num_blocks is not None and pri is not None and sec:
-            if self.stats_fold.max_num_blocks == pri + sec:
-                includes = True
-            elif self.stats_fold.max_num_blocks == pri:
-                includes = False
-        return Quality(
-            events_seen=self.events_seen, events_dropped=ev.dropped,
-            counts_approximate=self.counts_approximate, cached_approximate=self.cached_approximate,
-            unknown_hashes=ev.unknown_hashes, unknown_parents=ev.unknown_parents,
-            stale_cached_dropped=ev.stale_dropped, pruned_entries=ev.pruned,
-            duplicate_events=ev.duplicates, event_restarts=ev.restarts,
-            stats_restarts=self.stats_fold.restarts, stats_iterations_missing=self.stats_fold.iterations_missing,
-            host_without_events=bool(host_cap) and not self.events_seen and "secondaryFreeNumBlocks" not in (
-                self.stats_fold.it or {}),
-            capacity_source=cap_src, stats_max_includes_host=includes, stats_schema=self.stats_schema)
+        """What the numbers are worth: drops, restarts, approximations, where the capacity came from."""
+        return _capacity.quality(self)
 
     @property
     def agent(self) -> str | None:
