@@ -609,3 +609,85 @@ def test_loads_exact_of_what_orjson_reads_otherwise(raw: bytes) -> None:
     except RecordError as exc:
         got = str(exc)
     assert got == want
+
+
+# A stored event with its token dicts (~35 KB a line in a busy recording) is parsed by orjson when its bytes hold
+# no integer that orjson would read as a float (records._ints_exact), and checked as the standard path checks it.
+_digit_ints = st.integers(-(2**70), 2**70) | st.sampled_from([
+    2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, 10**19 - 1, 10**19, 10**20 - 1, 10**20, 10**21,
+    -(2**63), -(2**63) - 1, -(10**18), -(10**19), 99999999999999999999, 18446744073709551614])
+_token_value = _digit_ints | st.floats(allow_nan=False) | st.text(alphabet="0123456789-.e", max_size=24) | st.none()
+
+
+@st.composite
+def _stored_lines(draw: Any) -> bytes:
+    def field(wide: Any) -> Any:   # a 64-bit value four times in five (a valid record), else any of ``wide``
+        return draw(st.integers(0, 2**64 - 1)) if draw(st.integers(0, 4)) else draw(wide)
+
+    blocks = []
+    for _ in range(draw(st.integers(1, 3))):
+        tokens = [{"type": "unique_token", "token_id": draw(_token_value), "token_extra_id": draw(_token_value)}
+                  for _ in range(draw(st.integers(0, 4)))]
+        block: dict[str, Any] = {"type": "stored_block", "tokens": tokens,
+                                 "block_hash": field(_digit_ints | _token_value)}
+        if draw(st.booleans()):
+            block["cache_level"] = field(_token_value)
+        blocks.append(block)
+    event = {"event_id": field(_digit_ints), "data": {"type": "stored", "parent_hash": field(_digit_ints | st.none()),
+                                                      "blocks": blocks}, "window_size": field(_digit_ints)}
+    # mostly valid envelopes (the tokens' numbers are what is under test), now and then a wide number there too
+    wide = draw(st.integers(0, 19)) == 0
+    obj = {"v": draw(st.sampled_from([1, 2, 2**64, 2**65])) if wide else 1, "kind": "kv_event",
+           "source": {"host": draw(st.text(alphabet="ab0123456789", max_size=25)),
+                      "rank": draw(_digit_ints) if wide else 0, "run": "r"},
+           "time": draw(_digit_ints) if wide else draw(st.floats(0, 5e9)), "data": event}
+    return json.dumps(obj, separators=draw(st.sampled_from([(",", ":"), (", ", ": ")]))).encode()
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_stored_lines())
+def test_stored_event_lines_through_orjson_give_what_the_standard_parser_gives(raw: bytes) -> None:
+    from kvtop import records
+
+    assert records._fast_safe(raw) is False   # the token dicts' line goes to _decode_tokens_fast
+    # repr, not ==: 2**64 == float(2**64), and an integer read as a float must not pass for the same record
+    assert repr(_decode_outcome(raw)) == repr(_standard_outcome(raw))
+    fast = records._decode_tokens_fast(raw)
+    if fast is not None:
+        assert repr(fast) == repr(_standard_outcome(raw))
+
+
+@pytest.mark.parametrize("number, exact", [
+    (0, True), (2**63, True), (2**64 - 1, True), (10**19, True), (18446744073709551614, True),
+    (2**64, False), (2**64 + 1, False), (99999999999999999999, False), (10**20, False), (10**40, False),
+    (-(10**18) + 1, True), (-(2**59), True),
+    (-(10**18), False), (-(2**63), False),  # in orjson's range, but a minus and 19 digits are left to json
+    (-(2**63) - 1, False), (-(10**25), False),
+])
+def test_ints_exact_finds_every_integer_orjson_would_read_as_a_float(number: int, exact: bool) -> None:
+    from kvtop.records import _ints_exact
+
+    for raw in (f'{{"a":[{number}]}}'.encode(), f'{{"a":1,"b":{{"c":{number}}}, "d":7}}'.encode()):
+        assert _ints_exact(raw) is exact
+    assert _ints_exact(b'{"x":"12345678901234567890123"}') is False   # digits in a string: conservatively not
+    if exact:   # what _ints_exact passes, orjson reads as the standard parser does
+        assert repr(records_orjson_loads(f"[{number}]".encode())) == repr(json.loads(f"[{number}]"))
+
+
+def records_orjson_loads(raw: bytes) -> Any:
+    import orjson
+
+    return orjson.loads(raw)
+
+
+def test_decode_takes_the_stored_events_with_tokens_through_orjson() -> None:
+    """The committed busy recording's stored events with token dicts (~35 KB lines) take the orjson path and
+    give the records the standard parser gives."""
+    from kvtop import records
+
+    lines = [line for line in (Path(__file__).parent / "data" / "busy.jsonl").read_bytes().splitlines()
+             if b'"tokens"' in line]
+    assert len(lines) > 50
+    for line in lines:
+        rec = records._decode_tokens_fast(line)
+        assert rec is not None and repr(rec) == repr(_standard_outcome(line)) == repr(decode(line))
