@@ -1113,6 +1113,33 @@ class BlockManager:
                 freed += 1
         return freed
 
+    def find_new_context_block(self, token_ids: Sequence[int]) -> tuple[_Block, bytes] | None:
+        """``findNewContextBlock`` (kvCacheManager.cpp, WindowBlockManager): the first full block of ``token_ids``
+        that the reuse tree does not hold, matched exactly (no partial matches), or None where every full block is
+        there (or there is none). The block is named by the tree node its prefix ends at and its own key, which
+        names the same prefix of tokens as TensorRT-LLM's BlockKey of the accumulated tokens does: two requests get
+        equal results exactly when their tokens agree up to and including that block. Only the capacity
+        scheduler's ``beneficialToSkip`` reads it; nothing changes."""
+        tpb = self.tokens_per_block
+        stop = len(token_ids) // tpb * tpb
+        node = self._root
+        pos = 0
+        # Keys a few blocks at a time: the walk stops at the first miss, usually within the first few blocks of a
+        # long prompt, so most of a 10,000-token prompt is never encoded.
+        chunk = 4 * tpb
+        while pos < stop:
+            end = min(stop, pos + chunk)
+            keys = (token_ids.block_keys(pos, end, tpb) if isinstance(token_ids, TokenRuns)
+                    else _encode_full_blocks(token_ids[pos:end], tpb))
+            for key in keys:
+                child = node.child(key)
+                if child is None:
+                    return node, key
+                node = child
+            pos = end
+            chunk *= 2
+        return None
+
     def refresh(self) -> int:
         """``refreshBlocks``: timed priorities that have expired fall back to 35. Returns how many expired."""
         return self._policy.refresh()

@@ -20,8 +20,13 @@ Scheduling follows one of TensorRT-LLM's capacity policies (``CapacitySchedulerP
   request's KV is released for reuse (``removeSequence``), its generated tokens become part of its prompt
   (``LlmRequest::pause``), and it is scheduled again, prefill first, when its blocks fit: what is still cached
   is reused, the rest recomputed. So more requests run at once than GUARANTEED_NO_EVICT admits, at the cost of
-  recomputation when the pool runs out. Not modelled: ``beneficialToSkip`` (neither policy here delays a request
-  to reuse blocks a scheduled one is about to write) and ``maxInputLen`` capping a paused prompt.
+  recomputation when the pool runs out. A paused prompt is not capped at ``maxInputLen`` (docs/trtllm-kv.md 9.2).
+
+Both policies skip, for this iteration, a request about to start its first context chunk whose first block not
+in the reuse tree is one that a request scheduled before it in this pass (or a chunked context still running) is
+about to compute (``beneficialToSkip``, capacityScheduler.cpp): the next iteration it reuses those blocks instead
+of computing them a second time. A request that arrives with others sharing its prefix waits one iteration and
+hits (docs/trtllm-kv.md 9.1).
 
 Requests start in arrival order, at most ``max_batch_size`` are scheduled at once, and one iteration computes at
 most ``max_num_tokens`` tokens; prompts longer than what is left of that budget are prefilled in chunks (as with
@@ -240,6 +245,36 @@ class SimEngineCore:
             return 1 if req.kv_tokens % self.tpb == 0 else 0
         return 0  # a context past its first chunk: its blocks were all allocated at the first
 
+    def _contributed_context_blocks(self) -> set[Any] | None:
+        """``prefillWithChunkedContextsAlreadyExecuting``: the first new block of every chunked context still
+        running (past its first chunk), which later requests would rather reuse than compute; None where block
+        reuse is off (``beneficialToSkip`` is then never true)."""
+        bm = self.bm
+        if not bm.enable_block_reuse:
+            return None
+        contributed = set()
+        for req in self.running:
+            if req.stage == "CONTEXT_IN_PROGRESS":
+                block = bm.find_new_context_block(req.kv_prompt if req.kv_prompt is not None else req.prompt_ids)
+                if block is not None:
+                    contributed.add(block)
+        return contributed
+
+    def _beneficial_to_skip(self, req: SimRequest, contributed: set[Any] | None) -> bool:
+        """``beneficialToSkip`` for a request about to start its first context chunk (new, or resumed after a
+        pause): True when its first block not in the reuse tree is one another request already contributes in
+        this scheduling pass; otherwise its own first new block is added to ``contributed`` (whether or not it
+        is scheduled after this: TensorRT-LLM adds it before the capacity check)."""
+        if contributed is None or req.stage not in ("QUEUED", "PAUSED"):
+            return False
+        block = self.bm.find_new_context_block(req.kv_prompt if req.kv_prompt is not None else req.prompt_ids)
+        if block is None:
+            return False
+        if block in contributed:
+            return True
+        contributed.add(block)
+        return False
+
     def _schedule_max_utilization(self) -> tuple[list[SimRequest], list[SimRequest]]:
         """MAX_UTILIZATION (``MaxUtilizationScheduler::operator()``), then the pauses and allocations it decided."""
         bm = self.bm
@@ -248,6 +283,7 @@ class SimEngineCore:
             if req.arrival_s > self.now_s:
                 break
             active.append(req)
+        contributed = self._contributed_context_blocks()
         free = bm.num_free_blocks(0)  # startScheduling
         scheduling_refs: dict[int, int] = {}
         scheduled: list[SimRequest] = []
@@ -257,6 +293,11 @@ class SimEngineCore:
         i = 0
         while i < end:
             req = active[i]
+            # Checked on every visit, as TensorRT-LLM does: a request that did not fit, and so paused a started one,
+            # added its own first new block on the first visit, so the retry skips it (capacityScheduler.cpp).
+            if self._beneficial_to_skip(req, contributed):
+                i += 1
+                continue
             need = self._needed_blocks_one_step(req)
             if len(scheduled) < self.max_batch_size and used + need <= free:
                 used += need
@@ -318,14 +359,22 @@ class SimEngineCore:
             reserved += r.blocks_to_completion - r.kv_blocks
         available = bm.num_free_blocks(0) - reserved
         started = []
-        while self.waiting and len(self.running) < self.max_batch_size:
-            req = self.waiting[0]
+        contributed = self._contributed_context_blocks()
+        waiting = self.waiting
+        i = 0
+        while i < len(waiting):
+            req = waiting[i]
             if req.arrival_s > self.now_s:
+                break
+            if self._beneficial_to_skip(req, contributed):  # it waits here, in its place, for the next iteration
+                i += 1
+                continue
+            if len(self.running) >= self.max_batch_size:
                 break
             need = req.blocks_to_completion
             if need > available:
                 break
-            self.waiting.popleft()
+            del waiting[i]
             self._admit(req)
             available -= need
             self.running.append(req)
@@ -341,9 +390,11 @@ class SimEngineCore:
         moves_before = (bm.onboarded_blocks, bm.offloaded_blocks)
         self._paused_now = []
         started, scheduled = self._schedule()
-        if scheduled is not None and not scheduled:
+        if scheduled is not None and not scheduled and not self._paused_now:
             # MAX_UTILIZATION with nothing scheduled even after pausing every started request: the first active
             # request cannot fit an empty pool (submit() rejects what can never fit, so this is a safety net).
+            # (Nothing scheduled but some paused: the request that paused them was then skipped, beneficialToSkip;
+            # the pauses freed blocks and the next iteration schedules again.)
             head = self.running[0] if self.running else self.waiting.popleft()
             if head in self.running:
                 self.running.remove(head)
