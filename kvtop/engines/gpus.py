@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,9 +44,13 @@ __all__ = [
     "LINKS",
     "GpuProfile",
     "cost_rates_from_measured",
+    "allreduce_curve_from_probe",
+    "gemm_correction_curve",
     "gemm_layer_model_s",
+    "gemm_shape_corrections",
     "known_gpu_names",
     "load_profile",
+    "merge_probe",
     "parse_link",
     "resolve_gpu",
     "save_profile",
@@ -121,6 +126,19 @@ class GpuProfile:
     request_step_us: float | None = None
     """Engine work per running request per iteration that the GPU does not hide (TensorRT-LLM's sampler and request
     bookkeeping), microseconds. Not measurable without TensorRT-LLM: fitted (see the built-in H200's note)."""
+    step_layer_us: float | None = None
+    """The per-layer part of `step_overhead_us` (the graphed small kernels, 4 a layer), microseconds a layer: a model
+    with more layers than the calibrated one (`step_layers`) pays it for each extra layer."""
+    step_layers: int | None = None
+    """Layers of the model `step_overhead_us` was measured for."""
+    gemm_shape_correction: list[dict[str, Any]] = field(default_factory=list, compare=False, hash=False)
+    """Per measured GEMM shape set: {"shapes_KN": one layer's four (K, N), "dtype": "bf16" | "fp8", "correction":
+    [tokens, measured / modelled]}. A model whose layer (one rank's shard) has exactly these shapes uses this curve;
+    any other falls back to `gemm_correction` (the calibrated model's)."""
+    allreduce_curve: dict[str, list[list[float]]] = field(default_factory=dict, compare=False, hash=False)
+    """Per tensor-parallel size ("2", "4", ...): [message bytes, microseconds] of one all-reduce, interpolated
+    linearly in bytes; past the largest size, its last segment's rate. Where a size has none, `allreduce_latency_us`
+    + bytes over `allreduce_GBps`."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.memory_bytes, int) or self.memory_bytes <= 0:
@@ -148,7 +166,7 @@ class GpuProfile:
 
 COST_FIELDS = ("fp8_tflops", "hbm_read_GBps", "gemm_kernel_us", "gemm_correction", "attention_prefill_tflops",
                 "step_overhead_us", "copy_duplex_penalty", "allreduce_GBps", "allreduce_latency_us", "gemm_sustained",
-                "request_step_us")
+                "request_step_us", "step_layer_us", "step_layers", "gemm_shape_correction", "allreduce_curve")
 
 
 def gemm_layer_model_s(shapes: list[tuple[int, int]] | list[list[int]], tokens: int, tflops: float,
@@ -198,8 +216,7 @@ def cost_rates_from_measured(measured: dict[str, Any]) -> dict[str, Any]:
             stream = gemm_layer_model_s(shapes, small, peak, out["hbm_read_GBps"], wbytes, 0.0)
             kus = max(0.0, (curve[small] - stream) / len(shapes) * 1e6)
             kernel_us.append(kus)
-            correction[label] = [[m, round(curve[m] / gemm_layer_model_s(shapes, m, peak, out["hbm_read_GBps"],
-                                                                         wbytes, kus), 4)] for m in sorted(curve)]
+            correction[label] = gemm_correction_curve(shapes, curve, wbytes, peak, out["hbm_read_GBps"], kus)
             if label == "fp8":
                 out["fp8_tflops"] = round(peak, 1)
             else:
@@ -212,11 +229,123 @@ def cost_rates_from_measured(measured: dict[str, Any]) -> dict[str, Any]:
     step = measured.get("step_overhead_s")
     if isinstance(step, (int, float)) and step > 0:
         out["step_overhead_us"] = round(step * 1e6, 1)
+        kernels, graph_s = measured.get("small_kernels_per_step"), measured.get("graph_small_kernels_s")
+        # calibrate graphs 4 small kernels a layer (norms, RoPE, activation, residual adds); their time scales with
+        # the layer count, the sampling and host round trip do not
+        if isinstance(kernels, int) and kernels >= 4 and isinstance(graph_s, (int, float)) and 0 < graph_s <= step:
+            out["step_layers"] = kernels // 4
+            out["step_layer_us"] = round(graph_s * 1e6 / (kernels // 4), 3)
+    probe = measured.get("gemm_shapes_probe")
+    rates = ("hbm_read_GBps", "gemm_kernel_us", "bf16_tflops")
+    if isinstance(probe, dict) and all(k in out for k in rates):
+        out["gemm_shape_correction"] = gemm_shape_corrections(
+            probe, hbm_read_GBps=out["hbm_read_GBps"], bf16_tflops=out["bf16_tflops"],
+            fp8_tflops=out.get("fp8_tflops"), gemm_kernel_us=out["gemm_kernel_us"])
+    for key, ar in measured.items():
+        if str(key).startswith("allreduce_probe") and isinstance(ar, dict):
+            size, ar_curve = allreduce_curve_from_probe(ar)
+            out.setdefault("allreduce_curve", {})[size] = ar_curve
     on, off, both = (measured.get(k) for k in ("overlap_onboard_s", "overlap_offload_s", "overlap_both_s"))
     if all(isinstance(v, (int, float)) and v > 0 for v in (on, off, both)):
         assert isinstance(on, (int, float)) and isinstance(off, (int, float)) and isinstance(both, (int, float))
         out["copy_duplex_penalty"] = round(max(0.0, (both - max(on, off)) / min(on, off)), 3)
     return out
+
+
+def gemm_correction_curve(shapes: Sequence[Sequence[int]], times: dict[int, float], weight_bytes: float,
+                          peak_tflops: float, read_GBps: float, kernel_us: float) -> list[list[float]]:
+    """[tokens, measured / modelled] of one layer's GEMMs timed at each token count (`times`: tokens -> seconds),
+    against `gemm_layer_model_s` at these rates (the cost model multiplies its roofline by it)."""
+    pairs = [(int(k), int(n)) for k, n in shapes]
+    return [[m, round(times[m] / gemm_layer_model_s(pairs, m, peak_tflops, read_GBps, weight_bytes, kernel_us), 4)]
+            for m in sorted(times)]
+
+
+def gemm_shape_corrections(probe: dict[str, Any], *, hbm_read_GBps: float, bf16_tflops: float,
+                           fp8_tflops: float | None, gemm_kernel_us: float) -> list[dict[str, Any]]:
+    """`GpuProfile.gemm_shape_correction` from bench/gemm_shapes_probe.py's output ({"model|tpN|bf16" / "|fp8" /
+    "|fp8fast": {"shapes_KN", "tokens_s"}}), relative to a profile's own rates (the ones its cost model's roofline
+    uses). FP8 takes the faster of exact and fast accumulation at each count, as `cost_rates_from_measured` does.
+    A malformed entry raises ValueError naming it."""
+    grouped: dict[tuple[tuple[tuple[int, int], ...], str], dict[int, float]] = {}
+    for key, entry in probe.items():
+        label = str(key).rsplit("|", 1)[-1]
+        if label not in ("bf16", "fp8", "fp8fast"):
+            continue  # other keys (metadata) are not curves
+        try:
+            shapes = tuple((int(k), int(n)) for k, n in entry["shapes_KN"])
+            rows = [(int(m), float(t)) for m, t in entry["tokens_s"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"GEMM shapes probe entry {key!r}: needs shapes_KN [[K, N], ...] and tokens_s "
+                             f"[[tokens, seconds], ...] ({exc})") from exc
+        if len(shapes) != 4 or not rows or any(m <= 0 or not t > 0 for m, t in rows):
+            raise ValueError(f"GEMM shapes probe entry {key!r}: four (K, N) shapes and positive tokens/seconds")
+        dtype = "bf16" if label == "bf16" else "fp8"
+        curve = grouped.setdefault((shapes, dtype), {})
+        for m, t in rows:
+            curve[m] = min(t, curve.get(m, float("inf")))
+    out = []
+    for (shapes, dtype), times in grouped.items():
+        if dtype == "fp8" and not fp8_tflops:
+            continue
+        peak = fp8_tflops if dtype == "fp8" else bf16_tflops
+        assert peak is not None
+        out.append({"shapes_KN": [list(s) for s in shapes], "dtype": dtype,
+                    "correction": gemm_correction_curve(shapes, times, 1.0 if dtype == "fp8" else 2.0, peak,
+                                                        hbm_read_GBps, gemm_kernel_us)})
+    return out
+
+
+def allreduce_curve_from_probe(probe: dict[str, Any]) -> tuple[str, list[list[float]]]:
+    """(tensor-parallel size, [[bytes, us], ...]) from bench/allreduce_probe.py's output: per message size the
+    fastest of its graphed NCCL and symmetric-memory one-shot / two-shot all-reduces (one kernel each, launched as
+    TensorRT-LLM launches its own: from a graph or back to back), the eager NCCL figure only where none of those
+    ran. A malformed probe raises ValueError naming what is wrong."""
+    world = probe.get("world_size")
+    rows = probe.get("rows")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 2:
+        raise ValueError(f"all-reduce probe: world_size must be an int >= 2, got {world!r}")
+    if not isinstance(rows, list) or not rows:
+        raise ValueError("all-reduce probe: no rows")
+    curve: dict[int, float] = {}
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"all-reduce probe row {i}: not an object")
+        nbytes = row.get("bytes")
+        times = [row.get(k) for k in ("graph_us", "symm_one_shot_us", "symm_two_shot_us")]
+        good = [float(t) for t in times if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0]
+        eager = row.get("eager_us")
+        if not good and isinstance(eager, (int, float)) and not isinstance(eager, bool) and eager > 0:
+            good = [float(eager)]
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes <= 0 or not good:
+            raise ValueError(f"all-reduce probe row {i}: needs positive int bytes and a positive time in us")
+        curve[nbytes] = min(good)
+    return str(world), [[b, round(curve[b], 3)] for b in sorted(curve)]
+
+
+def merge_probe(profile: GpuProfile, probe: dict[str, Any], source: str) -> GpuProfile:
+    """`profile` with one probe's output added: bench/allreduce_probe.py's (an all-reduce curve for its
+    tensor-parallel size) or bench/gemm_shapes_probe.py's (per-shape GEMM corrections). The raw output is kept in
+    `measured`; the curves already there for other sizes or shapes stay. Unknown or malformed: ValueError."""
+    if "world_size" in probe and "rows" in probe:
+        size, curve = allreduce_curve_from_probe(probe)
+        return dataclasses.replace(
+            profile, allreduce_curve={**profile.allreduce_curve, size: curve},
+            measured={**profile.measured, f"allreduce_probe_tp{size}": probe},
+            source=f"{profile.source}; all-reduce tp{size} from {source}")
+    if any("|" in str(k) for k in probe):
+        if profile.hbm_read_GBps is None or profile.gemm_kernel_us is None:
+            raise ValueError(f"{source}: the profile has no calibrated GEMM rates to correct against "
+                             "(run kvtop calibrate first)")
+        added = gemm_shape_corrections(probe, hbm_read_GBps=profile.hbm_read_GBps, bf16_tflops=profile.bf16_tflops,
+                                       fp8_tflops=profile.fp8_tflops, gemm_kernel_us=profile.gemm_kernel_us)
+        keys = {(json.dumps(e["shapes_KN"]), e["dtype"]) for e in added}
+        kept = [e for e in profile.gemm_shape_correction if (json.dumps(e["shapes_KN"]), e["dtype"]) not in keys]
+        return dataclasses.replace(profile, gemm_shape_correction=kept + added,
+                                   measured={**profile.measured, "gemm_shapes_probe": probe},
+                                   source=f"{profile.source}; per-shape GEMM curves from {source}")
+    raise ValueError(f"{source}: neither an all-reduce probe (world_size, rows) nor a GEMM shapes probe "
+                     "('model|tpN|dtype' keys)")
 
 
 # Ratios measured on the H200 anchor against its datasheet, used to derate other Hopper parts.
@@ -241,10 +370,45 @@ _H200_COST: dict[str, Any] = {
     },
     "attention_prefill_tflops": [[1024, 244.1], [4096, 520.5], [16384, 629.1]],
     "step_overhead_us": 159.1,
+    # of which the 128 graphed small kernels (4 a layer x 32 layers) took 113.2 us: 3.536 us a layer, paid again for
+    # each layer a deeper model has (Llama-3.3-70B's 80: 159.1 + 48 x 3.536 = 328.8 us)
+    "step_layer_us": 3.536,
+    "step_layers": 32,
+    # One Llama-3.1-70B layer's GEMMs, one rank's shard at tp 1 and 2, timed on the same H200 the same way
+    # (bench/gemm_shapes_probe.py -> bench/results/h200-cost-2026-12-01-gemm-shapes.json; gemm_shape_corrections
+    # of its 70B entries, which a test checks): the 8B-derived curve gave 0.87-1.08x of these measured times
+    # (burst against burst), mostly too fast: FP8 0.89-0.92x at 8,192-16,384 tokens (the 70B layer ran at
+    # 1,324 TFLOP/s where the 8B one reached 1,430), 0.93-0.99x at 1-128 tokens (weight streaming).
+    "gemm_shape_correction": [
+        {"shapes_KN": [[8192, 10240], [8192, 8192], [8192, 57344], [28672, 8192]], "dtype": "bf16",
+         "correction": [[1, 1.0742], [16, 1.0449], [64, 1.1049], [128, 1.1491], [256, 0.9604], [512, 0.885],
+                        [1024, 0.8773], [2048, 0.8624], [4096, 0.9819], [8192, 0.9981], [16384, 0.9978]]},
+        {"shapes_KN": [[8192, 10240], [8192, 8192], [8192, 57344], [28672, 8192]], "dtype": "fp8",
+         "correction": [[1, 1.0729], [16, 1.0133], [64, 1.0851], [128, 1.1266], [256, 1.0206], [512, 0.9781],
+                        [1024, 0.9631], [2048, 0.9707], [4096, 0.979], [8192, 1.0811], [16384, 1.0785]]},
+        {"shapes_KN": [[8192, 5120], [4096, 8192], [8192, 28672], [14336, 8192]], "dtype": "bf16",
+         "correction": [[1, 1.0471], [16, 1.0367], [64, 1.1117], [128, 1.1511], [256, 0.9844], [512, 0.8858],
+                        [1024, 0.87], [2048, 0.8573], [4096, 0.9431], [8192, 0.9933], [16384, 0.9972]]},
+        {"shapes_KN": [[8192, 5120], [4096, 8192], [8192, 28672], [14336, 8192]], "dtype": "fp8",
+         "correction": [[1, 1.0218], [16, 0.9876], [64, 1.0353], [128, 1.1046], [256, 1.0901], [512, 1.0329],
+                        [1024, 1.0231], [2048, 0.9904], [4096, 1.0234], [8192, 1.0971], [16384, 1.0771]]},
+    ],
     "copy_duplex_penalty": 0.135,
-    # Not measured here (one GPU): NVLink 4 between SXM Hopper GPUs, 450 GB/s per direction in theory; nccl-tests
-    # all-reduce bus bandwidth is commonly reported at ~360 GB/s for large messages on DGX H100, and small
-    # all-reduces (a decode step's) cost a few microseconds in TensorRT-LLM's custom kernels: assumed 8 us.
+    # All-reduce: PUBLISHED, not measured here (one GPU; bench/allreduce_probe.py is the probe for a multi-GPU run,
+    # merged with `kvtop calibrate --merge`). sglang PR #2904 (https://github.com/sgl-project/sglang/pull/2904,
+    # "unit test performance in H100 (without cuda graph)", sgl-kernel/tests/test_trt_reduce.py): TensorRT-LLM's
+    # custom all-reduce kernel as sglang adapted it, on H100 SXM GPUs over NVLink, per call, at 512 to 1,048,576
+    # float32 values (2 KiB to 4 MiB; the test's tensors are float32), tp 2 / 4 / 8. The H200 has the same NVLink 4.
+    # Cross-check: vLLM PR #24111 (https://github.com/vllm-project/vllm/pull/24111), H100 TP2, bf16 (32, 8192) =
+    # 0.5 MB: 7 us in vLLM's one-stage custom all-reduce (this curve: 6.0 us there).
+    "allreduce_curve": {
+        "2": [[2048, 3.7], [16384, 3.9], [131072, 4.5], [1048576, 7.9], [2097152, 12.5], [4194304, 19.9]],
+        "4": [[2048, 4.8], [16384, 3.7], [131072, 4.8], [1048576, 13.9], [2097152, 20.2], [4194304, 31.1]],
+        "8": [[2048, 5.9], [16384, 5.7], [131072, 7.8], [1048576, 16.7], [2097152, 22.1], [4194304, 33.8]],
+    },
+    # Past 4 MiB (prefill chunks: 256+ tokens of a 8,192-wide model) and for other sizes: ASSUMED, not measured:
+    # NVLink 4 is 450 GB/s per direction in theory; nccl-tests all-reduce bus bandwidth is commonly reported at
+    # ~360 GB/s for large messages on Hopper SXM; 8 us fixed where no curve covers the tensor-parallel size.
     "allreduce_GBps": 360.0,
     "allreduce_latency_us": 8.0,
     # bench/results/h200-cost-2026-12-01-sustained.json (bench/sustained_probe.py): one Llama-3.1-8B layer's GEMMs at

@@ -10,7 +10,9 @@ token (the LM head runs on the last prompt token only: no context logits by defa
 
 - GEMMs: one layer's four (fused QKV, O, gate+up, down, each sharded `tensor_parallel_size` ways) per GEMM
   max(FLOPs / peak, (weights + bf16 activations) / HBM read rate) + a fixed kernel time, times a correction
-  measured by `kvtop calibrate` at 1 to 16,384 tokens (`GpuProfile.gemm_correction`). FP8 checkpoints run FP8
+  measured by `kvtop calibrate` at 1 to 16,384 tokens: the curve measured for this layer's own shapes where the
+  profile has one (`GpuProfile.gemm_shape_correction`: the H200's has Llama-3.1/3.3-70B at tp 1 and 2, timed on
+  the same machine), else the calibrated model's (`gemm_correction`, Llama-3.1-8B). FP8 checkpoints run FP8
   GEMMs at the measured FP8 rate (H200: 1,430 TFLOP/s, 2.1x bf16's 679 at 16,384 tokens, 1.6x at decode sizes,
   where both stream weights: not an assumed 2x) and read one byte a weight; the LM head stays bf16.
 - Attention: decode reads each request's K and V (the KV dtype's bytes: FP8 halves them) at the decode-attention
@@ -18,10 +20,14 @@ token (the LM head runs on the last prompt token only: no context logits by defa
   attended position (causal: a fresh prompt of n tokens attends n(n+1)/2) at the measured FlashAttention rate for
   its length (H200: 244 TFLOP/s at 1,024 tokens, 521 at 4,096, 629 at 16,384), and reads its cached context.
 - Elementwise: norms and the SwiGLU product move (4 x hidden + 3 x intermediate) x 2 bytes a token a layer.
-- All-reduce, with tensor parallelism: two a layer (after O and down), each a fixed latency + 2(tp-1)/tp x the
-  bf16 activations over the NVLink bus rate.
-- Step overhead: 159 us on the H200 (128 graphed small kernels for Llama-3.1-8B, greedy sampling and the host
-  round trip), measured; plus 7 us per running request (TensorRT-LLM's sampler and request bookkeeping), the one
+- All-reduce, with tensor parallelism: two a layer (after O and down), each from the profile's all-reduce curve
+  for the tensor-parallel size (time by message bytes: bench/allreduce_probe.py's output via `kvtop calibrate
+  --merge`; the built-in Hopper curve is PUBLISHED, H100 TensorRT-LLM-style custom all-reduce, 2 KiB-4 MiB), past
+  its largest size the NVLink bus rate (assumed 360 GB/s); without a curve a fixed latency + 2(tp-1)/tp x the
+  bf16 activations over that rate.
+- Step overhead: 159 us on the H200 for Llama-3.1-8B (128 graphed small kernels, 4 a layer, 113 us; greedy sampling
+  and the host round trip 46 us), measured; the small kernels' 3.54 us a layer is paid for every layer (80-layer
+  Llama-3.3-70B: 329 us); plus 7 us per running request (TensorRT-LLM's sampler and request bookkeeping), the one
   figure fitted rather than measured: to v1.0's published Llama-3.1-8B FP8 H200 table (GpuProfile.request_step_us).
 - Compute-bound GEMMs run at the sustained rate of a GPU at its power limit: 0.888 of the burst for FP8, 0.938
   for bf16 on the H200 (bench/sustained_probe.py).
@@ -93,8 +99,16 @@ class CostModel:
         self.gpu = gpu
         tp = self.tp = tensor_parallel_size
         h200 = _H200
-        self.iteration_overhead_s = (iteration_overhead_s if iteration_overhead_s is not None
-                                     else (gpu.step_overhead_us or h200.step_overhead_us or 0.0) * 1e-6)
+        if iteration_overhead_s is None:
+            step_us = gpu.step_overhead_us if gpu.step_overhead_us is not None else (h200.step_overhead_us or 0.0)
+            # the measured step's small kernels are per layer (4 a layer, graphed): a deeper model pays them for
+            # each extra layer; sampling and the host round trip are once a step
+            layer_us, layers = ((gpu.step_layer_us, gpu.step_layers) if gpu.step_overhead_us is not None
+                                else (h200.step_layer_us, h200.step_layers))
+            if layer_us is not None and layers:
+                step_us += layer_us * (model.num_layers - layers)
+            iteration_overhead_s = max(0.0, step_us) * 1e-6
+        self.iteration_overhead_s = iteration_overhead_s
         self._read_rate = (gpu.hbm_read_GBps or (h200.hbm_read_GBps or 4496.4) * gpu.hbm_GBps / h200.hbm_GBps) * 1e9
         self._hbm_rate = gpu.hbm_GBps * 1e9
         self._kernel_us = gpu.gemm_kernel_us if gpu.gemm_kernel_us is not None else (h200.gemm_kernel_us or 0.0)
@@ -113,13 +127,21 @@ class CostModel:
         self._lm_tflops = gpu.bf16_tflops * bf16_sustained
         rs = gpu.request_step_us if gpu.request_step_us is not None else (h200.request_step_us or 0.0)
         self.request_step_s = rs * 1e-6
-        corrections = gpu.gemm_correction or h200.gemm_correction
-        self._corr = _curve(corrections.get("fp8" if fp8 and fp8_rate else "bf16", [[1, 1.0]]))
-        self._corr_bf16 = _curve(corrections.get("bf16", [[1, 1.0]]))
-        self._att = _curve(gpu.attention_prefill_tflops or h200.attention_prefill_tflops or [[1, 600.0]])
         h, hd = model.hidden_size, model.head_dim
         nh, nkv, inter = model.num_attention_heads, model.num_kv_heads, model.intermediate_size
         self._shapes = [(h, (nh + 2 * nkv) * hd // tp), (nh * hd // tp, h), (h, 2 * inter // tp), (inter // tp, h)]
+        corrections = gpu.gemm_correction or h200.gemm_correction
+        self._corr = _curve(corrections.get(gemm_key, [[1, 1.0]]))
+        self.gemm_curve = "calibrated model's layer"
+        # this layer's own shapes measured (one rank's shard): its curve, not the calibrated model's
+        shape_curves = gpu.gemm_shape_correction if gpu.gemm_correction else h200.gemm_shape_correction
+        for entry in shape_curves:
+            if entry.get("dtype") == gemm_key and [tuple(x) for x in entry.get("shapes_KN", [])] == self._shapes:
+                self._corr = _curve(entry["correction"])
+                self.gemm_curve = "measured for these shapes"
+                break
+        self._corr_bf16 = _curve(corrections.get("bf16", [[1, 1.0]]))
+        self._att = _curve(gpu.attention_prefill_tflops or h200.attention_prefill_tflops or [[1, 600.0]])
         self._wbytes = float(model.linear_weight_bytes)
         self._lm_shape = [(h, model.vocab_size // tp)]
         self._layers = model.num_layers
@@ -128,15 +150,27 @@ class CostModel:
         self._kv_layer_rank = 2 * kv_heads_rank * hd * model.kv_bytes  # one layer, one rank
         self._att_flops_layer = 4 * max(1, nh // tp) * hd  # per attended position, one layer, one rank
         self._elementwise_bytes = (4 * h + 3 * inter // tp) * model.dtype_bytes
+        self._ar_bytes_per_token = h * model.dtype_bytes  # one bf16 activation row
+        self._ar_curve: tuple[list[float], list[float]] | None = None
         if tp > 1:
             ar_rate = (gpu.allreduce_GBps or h200.allreduce_GBps or 360.0) * 1e9
             ar_lat = (gpu.allreduce_latency_us if gpu.allreduce_latency_us is not None
                       else (h200.allreduce_latency_us or 0.0)) * 1e-6
             self._ar_lat = 2 * ar_lat
-            self._ar_per_token = 2 * h * model.dtype_bytes * 2 * (tp - 1) / tp / ar_rate
+            # a bus rate: each rank moves 2(tp-1)/tp of the message
+            self._ar_msg_rate = ar_rate * tp / (2 * (tp - 1))
+            self._ar_per_token = 2 * self._ar_bytes_per_token / self._ar_msg_rate
+            curve = (gpu.allreduce_curve if gpu.allreduce_curve else h200.allreduce_curve).get(str(tp))
+            if curve:
+                pts = sorted((float(b), float(us) * 1e-6) for b, us in curve)
+                self._ar_curve = ([b for b, _ in pts], [t for _, t in pts])
+                self._ar_lat = 0.0
+                self._ar_per_token = 0.0
         else:
             self._ar_lat = 0.0
             self._ar_per_token = 0.0
+            self._ar_msg_rate = 0.0
+        self._ar_memo: dict[int, float] = {}
         self._gemm_memo: dict[int, float] = {}
         self._lm_memo: dict[int, float] = {}
 
@@ -178,6 +212,30 @@ class CostModel:
             base = gemm_layer_model_s(self._lm_shape, rows, self._lm_tflops, self._read_rate / 1e9,
                                       float(self.model.dtype_bytes), self._kernel_us)
             t = self._lm_memo[rows] = base * _interp(*self._corr_bf16, rows)
+        return t
+
+    def allreduce_s(self, tokens: int) -> float:
+        """One all-reduce of `tokens` bf16 activation rows (a layer runs two). From the profile's curve for this
+        tensor-parallel size (linear in bytes between its sizes, flat below the smallest, the bus rate
+        `allreduce_GBps` past the largest), else `allreduce_latency_us` + bytes at that rate; 0 without tensor
+        parallelism. Llama-3.3-70B TP2 on the H200, 64 tokens (1 MiB): 7.9 us."""
+        if self.tp == 1 or tokens <= 0:
+            return 0.0
+        t = self._ar_memo.get(tokens)
+        if t is None:
+            nbytes = float(tokens * self._ar_bytes_per_token)
+            if self._ar_curve is None:
+                t = self._ar_lat / 2 + nbytes / self._ar_msg_rate
+            else:
+                xs, ys = self._ar_curve
+                if nbytes <= xs[0]:
+                    t = ys[0]
+                elif nbytes >= xs[-1]:
+                    t = ys[-1] + (nbytes - xs[-1]) / self._ar_msg_rate
+                else:
+                    i = bisect.bisect_right(xs, nbytes)
+                    t = ys[i - 1] + (ys[i] - ys[i - 1]) * (nbytes - xs[i - 1]) / (xs[i] - xs[i - 1])
+            self._ar_memo[tokens] = t
         return t
 
     def _prefill_attention_layer_s(self, n: int, c: int) -> float:
@@ -225,7 +283,7 @@ class CostModel:
         if requests == 0:
             return 0.0
         per_layer = (self.gemm_layer_s(tokens) + attention + tokens * self._elementwise_bytes / self._hbm_rate
-                     + self._ar_lat + tokens * self._ar_per_token)
+                     + 2 * self.allreduce_s(tokens))
         return self._layers * per_layer + self.lm_head_s(requests)
 
     def device_s(self, prefill_items: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
