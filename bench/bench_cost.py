@@ -4,6 +4,7 @@
     python bench/bench_cost.py --scale 0.1          # a tenth of the requests (at least 4 batches' worth)
     python bench/bench_cost.py --only 8B --gpu H200 # a subset
     python bench/bench_cost.py --ttft               # the single-request TTFT rows only (a second)
+    python bench/bench_cost.py --vllm               # the vLLM CPU-offloading blog's host-hit ratios (20 s)
 
 Throughput: each row of bench/data/trtllm_perf_overview.json (Llama-3.1-8B FP8 on H200/H100/GH200 TP1,
 Llama-3.3-70B FP8 on H200 TP1 and H100/H200 TP2; TensorRT-LLM v0.21 and v1.0 docs) replayed the way trtllm-bench
@@ -166,6 +167,81 @@ def ttft_rows() -> list[dict[str, Any]]:
     return rows
 
 
+# vLLM's CPU-offloading blog (Or Ozeri, Danny Harnik, 2026-01-08,
+# blog.vllm.ai/2026/01/08/kv-offloading-connector.html; its text is _posts/2026-01-08-kv-offloading-connector.md
+# of vllm-project/vllm-project.github.io):
+# Llama-3.1-8B-Instruct on an NVIDIA H100 80GB HBM3, a batch of 10,000 unique 512-token prefill requests, GPU prefix
+# caching off, 16-token GPU and CPU blocks, throughput at CPU hit rates 0-100% (the figures themselves are in an
+# image, Figure 2). What its text states: "the throughput increases by up to X9" with the CPU hit rate, "even though
+# TTFT for this prompt size only decreased by X2" (Figure 1: single-request TTFT, CPU load against recompute). A
+# vLLM figure, used here to check kvtop's host-hit copy cost (per-block copies at the link's rate, onboard and
+# offload on their own streams), not TensorRT-LLM's.
+VLLM_BLOG = "blog.vllm.ai/2026/01/08/kv-offloading-connector.html"
+VLLM_BLOCK = 16
+VLLM_PROMPT = 512
+
+
+def _vllm_core(model: ModelShape, gpu: GpuProfile, max_tokens: int, max_seqs: int,
+               requests: int) -> tuple[SimEngineCore, BlockManager]:
+    blocks = primary_blocks(model, gpu, VLLM_BLOCK, free_gpu_memory_fraction=0.9, max_num_tokens=max_tokens)
+    host = requests * (VLLM_PROMPT // VLLM_BLOCK + 1)  # every prompt fits in host memory (500 GB DRAM there)
+    core_ref: list[SimEngineCore] = []
+    bm = BlockManager(blocks, host, VLLM_BLOCK, clock_ms=lambda: core_ref[0].now_s * 1000.0)
+    core = SimEngineCore(model, gpu, bm, max_batch_size=max_seqs, max_num_tokens=max_tokens,
+                         max_seq_len=VLLM_PROMPT + 1, enable_iter_perf_stats=False)
+    core_ref.append(core)
+    return core, bm
+
+
+def _run_pass(core: SimEngineCore, first_id: int, requests: int) -> float:
+    start = core.now_s
+    for i in range(requests):
+        # one token out: a prefill request; distinct prompts share no block
+        core.submit(SimRequest(first_id + i, TokenRuns([(1 + i * (VLLM_PROMPT + 1), VLLM_PROMPT)]), 1,  # type: ignore[arg-type]
+                               arrival_s=start))
+    while not core.idle():
+        core.step()
+    return core.now_s - start
+
+
+def vllm_host_hit_rows(requests: int = 10_000) -> list[dict[str, Any]]:
+    """kvtop's prefill throughput at 0% and 100% host (CPU) hits for the blog's setup, and the single-request
+    TTFT of a host hit against a miss, beside the blog's stated ratios. kvtop runs its own engine loop
+    (TensorRT-LLM's block manager and scheduler), not vLLM's; batch limits are vLLM's defaults on an H100
+    (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults: 16,384 tokens and 1,024 sequences for the offline
+    LLM class, 8,192 for `vllm serve`): both are run. Model: Llama-3.1-8B-Instruct in bf16 (the blog names no
+    quantization), KV bf16: 2 MiB a 16-token block, the blog's 'new block size' for this model."""
+    model = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    gpu = resolve_gpu("H100")
+    rows = []
+    for label, max_tokens in (("LLM class", 16384), ("vllm serve", 8192)):
+        cold, _ = _vllm_core(model, gpu, max_tokens, 1024, requests)
+        miss_s = _run_pass(cold, 0, requests)
+        warm, bm = _vllm_core(model, gpu, max_tokens, 1024, requests)
+        _run_pass(warm, 0, requests)  # warms the host tier; the blog omits this time too
+        on0 = bm.onboarded_blocks
+        hit_s = _run_pass(warm, requests, requests)
+        onboarded = bm.onboarded_blocks - on0
+        rows.append({"what": f"throughput 100% / 0% host hits ({label}: {max_tokens:,} tokens, 1,024 seqs)",
+                     "kvtop": miss_s / hit_s, "published": 9.0, "published_words": "up to X9",
+                     "kvtop_prefill_tok_s_miss": requests * VLLM_PROMPT / miss_s,
+                     "kvtop_prefill_tok_s_host_hit": requests * VLLM_PROMPT / hit_s,
+                     "onboarded_blocks_per_request": onboarded / requests, "requests": requests})
+    cost = CostModel(model, gpu)
+    reused = (VLLM_PROMPT // VLLM_BLOCK - 1) * VLLM_BLOCK  # vLLM recomputes at least the last token: 31 blocks
+    miss = cost.iteration_s([(VLLM_PROMPT, 0)], [])
+    host = cost.iteration_s([(VLLM_PROMPT - reused, reused)], []) + cost.transfers_s(reused // VLLM_BLOCK, 0,
+                                                                                     VLLM_BLOCK)
+    rows.append({"what": "single-request TTFT, 512 tokens: miss / host hit", "kvtop": miss / host,
+                 "published": 2.0, "published_words": "only decreased by X2", "kvtop_miss_ms": miss * 1e3,
+                 "kvtop_host_hit_ms": host * 1e3})
+    for r in rows:
+        r["ratio"] = r["kvtop"] / r["published"]
+        print(f"vLLM blog: {r['what']}: kvtop {r['kvtop']:.2f}x, the blog {r['published_words']} "
+              f"({r['ratio']:.2f})", flush=True)
+    return rows
+
+
 def markdown(rows: list[dict[str, Any]], ttft: list[dict[str, Any]]) -> str:
     out = []
     if rows:
@@ -195,15 +271,22 @@ def main() -> int:
     ap.add_argument("--only", default=None, help="substring of the model name (8B, 70B)")
     ap.add_argument("--gpu", action="append", help="H200, H100, GH200 (repeatable)")
     ap.add_argument("--ttft", action="store_true", help="the TTFT rows only")
+    ap.add_argument("--vllm", action="store_true", help="the vLLM CPU-offloading blog rows only (about 20 s)")
     ap.add_argument("--out", default=None, help="JSON results (default bench/results/cost-bench-<date>.json)")
     a = ap.parse_args()
-    ttft = ttft_rows()
-    rows = [] if a.ttft else throughput_rows(a.scale, a.only, a.gpu)
+    ttft = [] if a.vllm else ttft_rows()
+    vllm = [] if a.ttft else vllm_host_hit_rows()
+    rows = [] if (a.ttft or a.vllm) else throughput_rows(a.scale, a.only, a.gpu)
     print(markdown(rows, ttft))
+    if vllm:
+        print("\n| vLLM blog figure (text) | kvtop | kvtop / blog |\n|---|---:|---:|")
+        for r in vllm:
+            print(f"| {r['what']}: {r['published_words']} | {r['kvtop']:.2f}x | {r['ratio']:.2f} |")
     out = Path(a.out) if a.out else HERE / "results" / f"cost-bench-{_dt.date.today().isoformat()}.json"
     out.write_text(json.dumps({"command": " ".join(sys.argv), "machine": platform.processor() or platform.machine(),
                                "python": platform.python_version(), "scale": a.scale, "throughput": rows,
-                               "ttft": ttft}, indent=1) + "\n", encoding="utf-8")
+                               "ttft": ttft, "vllm_blog": {"source": VLLM_BLOG, "rows": vllm}}, indent=1) + "\n",
+                          encoding="utf-8")
     return 0
 
 

@@ -393,3 +393,29 @@ def test_trtllm_bench_heuristic_as_restated() -> None:
     assert trtllm_bench_settings(model, h200, 1, 2048, 128) == (1024, 16384)
     big = resolve_model("nvidia/Llama-3.3-70B-Instruct-FP8")
     assert trtllm_bench_settings(big, resolve_gpu("H100"), 2, 2048, 2048) == (160, 2208)
+
+
+def test_decode_attention_reads_at_the_rate_measured_for_its_size() -> None:
+    # calibrate's decode attention: 3,067 GB/s reading 67 MB in a call, 4,170 at 537 MB, 4,496 at 2.1 GB. A batch of
+    # 64 x 1,024 bf16 Llama-3.1-8B contexts reads 268.7 MB a layer: 3,802 GB/s (log-bytes interpolation), not the
+    # 4,496 peak the model used for every size (the graphed 64 x 1,024 step measured 7.29 ms: 7.00 -> 7.35 ms)
+    measured = json.loads(PROFILE.read_text())["measured"]
+    h200 = resolve_gpu("H200")
+    assert h200.attention_decode_GBps == cost_rates_from_measured(measured)["attention_decode_GBps"]
+    model = resolve_model("meta-llama/Llama-3.1-8B-Instruct").with_kv_cache_dtype("bfloat16")
+    flat = dataclasses.replace(h200, attention_decode_GBps=[[1, 4496.4]])
+    step, step_flat = CostModel(model, h200).decode_step_s(64, 64 * 1024), CostModel(model, flat).decode_step_s(
+        64, 64 * 1024)
+    nbytes = 64 * 1025 * 2 * 8 * 128 * 2
+    import math
+    rate = 3066.8 + (4169.6 - 3066.8) * math.log(nbytes / 67108864) / math.log(8)
+    assert rate == pytest.approx(3802, abs=2)
+    assert step - step_flat == pytest.approx(32 * nbytes * (1 / (rate * 1e9) - 1 / 4496.4e9), rel=1e-6)
+    # another Hopper part without its own curve: the H200's scaled by the two peaks (H100: 3,139 / 4,496)
+    h100 = resolve_gpu("H100")
+    assert h100.attention_decode_GBps[1] == [536870912, round(4169.6 * h100.hbm_read_GBps / 4496.4, 1)]  # type: ignore[operator]
+    c100 = CostModel(model, dataclasses.replace(h100, attention_decode_GBps=[]))
+    c100_flat = CostModel(model, dataclasses.replace(h100, attention_decode_GBps=[[1, h100.hbm_read_GBps]]))
+    scale = h100.hbm_read_GBps / 4496.4  # type: ignore[operator]
+    assert c100.decode_step_s(64, 64 * 1024) - c100_flat.decode_step_s(64, 64 * 1024) == pytest.approx(
+        32 * nbytes * (1 / (rate * scale * 1e9) - 1 / (h100.hbm_read_GBps * 1e9)), rel=1e-6)  # type: ignore[operator]

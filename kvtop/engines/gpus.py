@@ -135,6 +135,9 @@ class GpuProfile:
     """Per measured GEMM shape set: {"shapes_KN": one layer's four (K, N), "dtype": "bf16" | "fp8", "correction":
     [tokens, measured / modelled]}. A model whose layer (one rank's shard) has exactly these shapes uses this curve;
     any other falls back to `gemm_correction` (the calibrated model's)."""
+    attention_decode_GBps: list[list[float]] = field(default_factory=list, compare=False, hash=False)
+    """[KV bytes one decode-attention call reads, GB/s] measured (calibrate: 16 x 1,024 to 32 x 16,384 contexts),
+    interpolated on log bytes, flat beyond: a small batch's KV read runs below `hbm_read_GBps` (its peak)."""
     allreduce_curve: dict[str, list[list[float]]] = field(default_factory=dict, compare=False, hash=False)
     """Per tensor-parallel size ("2", "4", ...): [message bytes, microseconds] of one all-reduce, interpolated
     linearly in bytes; past the largest size, its last segment's rate. Where a size has none, `allreduce_latency_us`
@@ -166,7 +169,8 @@ class GpuProfile:
 
 COST_FIELDS = ("fp8_tflops", "hbm_read_GBps", "gemm_kernel_us", "gemm_correction", "attention_prefill_tflops",
                 "step_overhead_us", "copy_duplex_penalty", "allreduce_GBps", "allreduce_latency_us", "gemm_sustained",
-                "request_step_us", "step_layer_us", "step_layers", "gemm_shape_correction", "allreduce_curve")
+                "request_step_us", "step_layer_us", "step_layers", "gemm_shape_correction", "allreduce_curve",
+                "attention_decode_GBps")
 
 
 def gemm_layer_model_s(shapes: list[tuple[int, int]] | list[list[int]], tokens: int, tflops: float,
@@ -198,6 +202,11 @@ def cost_rates_from_measured(measured: dict[str, Any]) -> dict[str, Any]:
     shapes = measured.get("gemm_layer_shapes_KN")
     if isinstance(read, (int, float)) and read > 0:
         out["hbm_read_GBps"] = round(float(read), 1)
+    decode = measured.get("attention_decode_batch_ctx_s_GBps")
+    if isinstance(decode, list) and decode:
+        # [batch, context, seconds, GB/s]: the bytes one call read are its rate x its time
+        out["attention_decode_GBps"] = sorted([int(round(float(gbps) * float(t) * 1e9)), round(float(gbps), 1)]
+                                              for _b, _c, t, gbps in decode)
     curves: dict[str, dict[int, float]] = {}
     for key, label in (("gemm_layer_s_bf16", "bf16"), ("gemm_layer_s_fp8", "fp8"), ("gemm_layer_s_fp8fast", "fp8")):
         rows = measured.get(key)
@@ -369,6 +378,9 @@ _H200_COST: dict[str, Any] = {
                 [2048, 0.9396], [4096, 0.9381], [8192, 0.9812], [16384, 0.9939]],
     },
     "attention_prefill_tflops": [[1024, 244.1], [4096, 520.5], [16384, 629.1]],
+    # decode attention's KV read rate by bytes a call reads (16 x 1,024, 64 x 2,048, 128 x 4,096, 32 x 16,384 bf16
+    # contexts of Llama-3.1-8B's 8 KV heads): 3,067 GB/s at 67 MB, 4,170 at 537 MB, 4,468-4,496 at 2.1 GB
+    "attention_decode_GBps": [[67108864, 3066.8], [536870912, 4169.6], [2147483648, 4468.3], [2147483648, 4496.4]],
     "step_overhead_us": 159.1,
     # of which the 128 graphed small kernels (4 a layer x 32 layers) took 113.2 us: 3.536 us a layer, paid again for
     # each layer a deeper model has (Llama-3.3-70B's 80: 159.1 + 48 x 3.536 = 328.8 us)
@@ -425,7 +437,10 @@ _HBM_READ_DERATE = _H200_COST["hbm_read_GBps"] / 4800.0  # 0.937 of the datashee
 
 
 def _hopper_cost(hbm_datasheet_GBps: float) -> dict[str, Any]:
-    return {**_H200_COST, "hbm_read_GBps": round(hbm_datasheet_GBps * _HBM_READ_DERATE, 1)}
+    read = round(hbm_datasheet_GBps * _HBM_READ_DERATE, 1)
+    scale = read / _H200_COST["hbm_read_GBps"]
+    return {**_H200_COST, "hbm_read_GBps": read,
+            "attention_decode_GBps": [[b, round(r * scale, 1)] for b, r in _H200_COST["attention_decode_GBps"]]}
 
 
 # Sustained bf16 GEMM rate: one Llama-3.1-8B layer's GEMMs at 16,384 tokens, 2026-12-01 (the rate the GEMM

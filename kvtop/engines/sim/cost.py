@@ -16,7 +16,8 @@ token (the LM head runs on the last prompt token only: no context logits by defa
   GEMMs at the measured FP8 rate (H200: 1,430 TFLOP/s, 2.1x bf16's 679 at 16,384 tokens, 1.6x at decode sizes,
   where both stream weights: not an assumed 2x) and read one byte a weight; the LM head stays bf16.
 - Attention: decode reads each request's K and V (the KV dtype's bytes: FP8 halves them) at the decode-attention
-  read rate (H200: 4,496 GB/s) + one kernel's fixed time; prefill computes 4 x heads x head_dim FLOPs per
+  read rate measured for a call reading that many bytes (H200: 3,067 GB/s at 67 MB, 4,170 at 537 MB, 4,496 at
+  2.1 GB; one call a layer for the batch) + one kernel's fixed time; prefill computes 4 x heads x head_dim FLOPs per
   attended position (causal: a fresh prompt of n tokens attends n(n+1)/2) at the measured FlashAttention rate for
   its length (H200: 244 TFLOP/s at 1,024 tokens, 521 at 4,096, 629 at 16,384), and reads its cached context.
 - Elementwise: norms and the SwiGLU product move (4 x hidden + 3 x intermediate) x 2 bytes a token a layer.
@@ -111,6 +112,11 @@ class CostModel:
         self.iteration_overhead_s = iteration_overhead_s
         self._read_rate = (gpu.hbm_read_GBps or (h200.hbm_read_GBps or 4496.4) * gpu.hbm_GBps / h200.hbm_GBps) * 1e9
         self._hbm_rate = gpu.hbm_GBps * 1e9
+        # decode attention's read rate by the bytes a call reads (one call a layer for the whole batch); another
+        # GPU without its own curve takes the H200's scaled by the two peaks
+        decode_curve = gpu.attention_decode_GBps or [
+            [b, r * self._read_rate / ((h200.hbm_read_GBps or 4496.4) * 1e9)] for b, r in h200.attention_decode_GBps]
+        self._decode_rate = _curve(decode_curve) if decode_curve else None
         self._kernel_us = gpu.gemm_kernel_us if gpu.gemm_kernel_us is not None else (h200.gemm_kernel_us or 0.0)
         self._h2d_rate = gpu.h2d_GBps * 1e9
         self._d2h_rate = gpu.d2h_GBps * 1e9
@@ -279,7 +285,9 @@ class CostModel:
             tokens += d
             requests += d
             # read every request's context and write its new token
-            attention += self._kv_layer_rank * (sum(decode_contexts) + d) / self._read_rate + self._kernel_us * 1e-6
+            kv_bytes = self._kv_layer_rank * (sum(decode_contexts) + d)
+            rate = _interp(*self._decode_rate, kv_bytes) * 1e9 if self._decode_rate else self._read_rate
+            attention += kv_bytes / rate + self._kernel_us * 1e-6
         if requests == 0:
             return 0.0
         per_layer = (self.gemm_layer_s(tokens) + attention + tokens * self._elementwise_bytes / self._hbm_rate
