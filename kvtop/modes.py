@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+YOUNG_GC_THRESHOLD = 10_000   # the dashboard's first-generation collection threshold (Python's default: 700)
+
 
 def run_dashboard(session: Any, settings: Any) -> int:
     """The dashboard until q (0, or 3 / 4 as a headless run) or Ctrl-C (130); a crash inside it is Textual's
@@ -34,9 +36,15 @@ def run_dashboard(session: Any, settings: Any) -> int:
     finally:
         if collecting:
             gc.enable()
+    # A young collection every 10,000 objects, not 700: a stored event's ~1,000 token dicts, alive only until they
+    # are folded, set off one or two collections a line (~22 a second on a busy stream) that found no garbage and
+    # moved the dicts a generation up; the collector's CPU over the 30 s run 0.075 -> 0.020 s (dev box).
+    threshold = gc.get_threshold()
+    gc.set_threshold(YOUNG_GC_THRESHOLD, *threshold[1:])
     try:
         app.run()
     finally:
+        gc.set_threshold(*threshold)
         gc.unfreeze()
     runner.finish_problems(session)
     # The screen is gone: what went wrong stays visible in the shell, one line per kind.

@@ -1,6 +1,7 @@
 """The dashboard's start-up leaves the garbage collector nothing to walk (kvtop/modes.py, run_dashboard): the
-app is built with collection off, what start-up made is frozen for the run, collection is on during the run,
-and the freeze is undone after it. The cost it saves is in BENCHMARKS.md ("An attached kvtop beside nvitop")."""
+app is built with collection off, what start-up made is frozen for the run, collection is on during the run
+(young collections every 10,000 objects), and all of it is undone after the run. The cost it saves is in
+BENCHMARKS.md ("An attached kvtop beside nvitop")."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class _FakeApp:
     def run(self) -> None:
         self.seen["frozen_during_run"] = gc.get_freeze_count()
         self.seen["collecting_during_run"] = gc.isenabled()
+        self.seen["threshold_during_run"] = gc.get_threshold()
 
 
 def test_the_dashboard_runs_with_start_up_frozen_and_collection_on(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -40,7 +42,9 @@ def test_the_dashboard_runs_with_start_up_frozen_and_collection_on(monkeypatch: 
     # every object alive when the app was built (this test process: > 10,000, the modules among them)
     assert seen["frozen_during_run"] > 10_000
     assert seen["collecting_during_run"] is True
-    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    before = gc.get_threshold()
+    assert seen["threshold_during_run"] == (modes.YOUNG_GC_THRESHOLD, *before[1:]) == (10_000, *before[1:])
+    assert gc.get_freeze_count() == 0 and gc.isenabled() and gc.get_threshold() == before
 
 
 def test_a_failing_build_leaves_collection_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
