@@ -230,6 +230,15 @@ def vllm_host_hit_rows(requests: int = 2_000) -> list[dict[str, Any]]:
                      "kvtop_prefill_tok_s_host_hit": requests * VLLM_PROMPT / hit_s,
                      "onboarded_blocks_per_request": onboarded / requests, "requests": requests})
     cost = CostModel(model, gpu)
+    # the cost model alone, every block of a 512-token prompt from the host, batches of 256: as vLLM runs it (the CPU
+    # cache keeps its copy: nothing offloaded) and as TensorRT-LLM does (each onboard evicts a GPU block, offloaded)
+    per = VLLM_PROMPT // VLLM_BLOCK
+    miss_b = cost.iteration_s([(VLLM_PROMPT, 0)] * 256, [])
+    hit_b = cost.iteration_s([(1, VLLM_PROMPT - 1)] * 256, [])
+    for label, offload in (("onboard only, as vLLM keeps the CPU copy", 0), ("onboard + as many offloads", per * 256)):
+        rows.append({"what": f"throughput 100% / 0% host hits, cost model alone ({label})",
+                     "kvtop": miss_b / (hit_b + cost.transfers_s(per * 256, offload, VLLM_BLOCK)), "published": 9.0,
+                     "published_words": "up to X9"})
     reused = (VLLM_PROMPT // VLLM_BLOCK - 1) * VLLM_BLOCK  # vLLM recomputes at least the last token: 31 blocks
     miss = cost.iteration_s([(VLLM_PROMPT, 0)], [])
     host = cost.iteration_s([(VLLM_PROMPT - reused, reused)], []) + cost.transfers_s(reused // VLLM_BLOCK, 0,
