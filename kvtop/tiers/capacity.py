@@ -47,15 +47,9 @@ def capacity(m: TierModel, level: int) -> tuple[int | None, str | None]:
         if it is not None and key in it and disk is not None:
             return max(it[key] - disk, 0), "derived"
         return None, None
-    if it is not None and key in it:
-        return it[key], "stats"
-    created = m.event_fold.created_capacity(level)
-    if created is not None:
-        return created, "created"
-    meta = m.meta.get("primary_blocks") if level == GPU else meta_blocks(m, "secondary_blocks",
-                                                                                 "host_cache_bytes")
-    if isinstance(meta, int):
-        return meta, "meta"
+    direct = capacity_known(m, level)
+    if direct[0] is not None:
+        return direct
     # 1.0-1.2: maxNumBlocks = primary + secondary, so either one gives the other.
     other, _ = (capacity_known(m, HOST) if level == GPU else capacity_known(m, GPU))
     if m.stats_fold.max_num_blocks is not None and other is not None:
