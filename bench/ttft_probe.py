@@ -132,7 +132,7 @@ def run(model: ModelShape, prompts: list[int], reps: int = 5, device: str = "cud
         for li, (wqkv, wo, wgu, wd, n1, n2) in enumerate(weights):
             q, k, v = pre_attention(x, wqkv, n1, c, s)
             k_cache[li][:, :, start:start + n] = k
-            v_cache[li][:, :, start:start + n] = v.view(1, n, nkv, hd).transpose(1, 2)
+            v_cache[li][:, :, start:start + n] = v  # already (1, kv heads, n, head dim), as k
             kk, vv = k_cache[li][:, :, : start + n], v_cache[li][:, :, : start + n]
             if start == 0:
                 a = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=True)
