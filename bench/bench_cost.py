@@ -15,8 +15,9 @@ pool at free_gpu_memory_fraction 0.95, 32-token blocks, GUARANTEED_NO_EVICT, thr
 trtllm-bench's "Total Output Throughput".
 
 TTFT: single requests (miss, GPU hit, host hit) of Llama-3.1-8B and Qwen3-8B in bf16, the cost model against
-bench/results/h200-cost-2026-12-01-ttft-*-lr.json (bench/ttft_probe.py on the H200: plain PyTorch, every layer,
-captured in a CUDA graph, GPU-hit attention through SDPA's lower-right causal bias; per-block pinned copies).
+bench/results/h200-cost-2026-12-02-ttft-*-compiled.json (bench/ttft_probe.py --compile on the H200: every layer, its
+norms, RoPE and SwiGLU fused by torch.compile, captured in a CUDA graph, GPU-hit attention through SDPA's lower-right
+causal bias; per-block pinned copies), the unfused probe (`*-2026-12-01-*-lr.json`) beside it.
 
 Writes bench/results/cost-bench-<date>.json and prints markdown tables.
 """
@@ -137,32 +138,46 @@ def throughput_rows(scale: float, only: str | None, gpus: list[str] | None) -> l
     return rows
 
 
+# The single-request probes (bench/ttft_probe.py on the H200, each captured in a CUDA graph): `-lr` ran every layer
+# as plain PyTorch ops (~24 kernels a layer: unfused norms, RoPE as ten elementwise kernels, SwiGLU), `-compiled`
+# (2026-12-02, `--compile`) the same layers with the norms, RoPE and SwiGLU fused by torch.compile around the
+# cuBLAS GEMMs and SDPA, as TensorRT-LLM fuses them into its attention preprocessing and neighbouring kernels. The
+# rows compare with the fused probe; the unfused one stays beside it, and its decode steps (which have none of that
+# work) are the decode rows.
+TTFT_PROBES = (("meta-llama/Llama-3.1-8B-Instruct", "h200-cost-2026-12-01-ttft-llama31-8b-lr.json",
+                "h200-cost-2026-12-02-ttft-llama31-8b-compiled.json"),
+               ("Qwen/Qwen3-8B", "h200-cost-2026-12-01-ttft-qwen3-8b-lr.json",
+                "h200-cost-2026-12-02-ttft-qwen3-8b-compiled.json"))
+TTFT_KEYS = {"miss": "miss_graph_s", "GPU hit": "gpu_hit_graph_s", "host hit": "host_hit_graph_s",
+             "onboard alone": "onboard_s"}
+
+
 def ttft_rows() -> list[dict[str, Any]]:
     rows = []
     gpu = resolve_gpu("H200")
-    for model_name, path in (("meta-llama/Llama-3.1-8B-Instruct", "h200-cost-2026-12-01-ttft-llama31-8b-lr.json"),
-                             ("Qwen/Qwen3-8B", "h200-cost-2026-12-01-ttft-qwen3-8b-lr.json")):
-        measured = json.loads((HERE / "results" / path).read_text())
+    for model_name, unfused_path, fused_path in TTFT_PROBES:
+        unfused = json.loads((HERE / "results" / unfused_path).read_text())
+        fused = json.loads((HERE / "results" / fused_path).read_text())
+        unfused_by_prompt = {m["prompt_tokens"]: m for m in unfused["rows"]}
         cost = CostModel(resolve_model(model_name), gpu)
-        for m in measured["rows"]:
+        for m in fused["rows"]:
             n, reused, blocks = m["prompt_tokens"], m["reused_tokens"], m["onboard_blocks"]
+            plain = unfused_by_prompt.get(n, {})
             # what a graphed plain-PyTorch step measures: the GPU's time + the step overhead (graph, sampling, host
             # round trip); TensorRT-LLM's per-request engine work has no counterpart there
             over = cost.iteration_overhead_s
             miss = cost.device_s([(n, 0)], []) + over
             hit = cost.device_s([(n - reused, reused)], []) + over
             host = hit + cost.transfers_s(blocks, 0, TOKENS_PER_BLOCK)
-            for kind, sim, meas in (("miss", miss, m["miss_graph_s"]), ("GPU hit", hit, m["gpu_hit_graph_s"]),
-                                    ("host hit", host, m["host_hit_graph_s"]),
-                                    ("onboard alone", cost.onboard_s(blocks, TOKENS_PER_BLOCK), m["onboard_s"])):
+            for kind, sim in (("miss", miss), ("GPU hit", hit), ("host hit", host),
+                              ("onboard alone", cost.onboard_s(blocks, TOKENS_PER_BLOCK))):
+                meas = m[TTFT_KEYS[kind]]
                 rows.append({"model": model_name, "prompt_tokens": n, "kind": kind, "sim_s": sim, "measured_s": meas,
-                             "eager_s": m.get({"miss": "miss_s", "GPU hit": "gpu_hit_s",
-                                               "host hit": "host_hit_s"}.get(kind, "onboard_s")),
-                             "ratio": sim / meas})
-        for d in measured.get("decode_rows", []):
+                             "unfused_s": plain.get(TTFT_KEYS[kind]), "ratio": sim / meas})
+        for d in unfused.get("decode_rows", []):
             sim = cost.device_s([], [d["context"]] * d["batch"]) + cost.iteration_overhead_s
             rows.append({"model": model_name, "prompt_tokens": d["context"], "kind": f"decode step x{d['batch']}",
-                         "sim_s": sim, "measured_s": d["step_graph_s"], "eager_s": None,
+                         "sim_s": sim, "measured_s": d["step_graph_s"], "unfused_s": None,
                          "ratio": sim / d["step_graph_s"]})
     return rows
 
@@ -267,12 +282,12 @@ def markdown(rows: list[dict[str, Any]], ttft: list[dict[str, Any]]) -> str:
         out.append(f"\n{within} of {len(rows)} rows within 25%; kvtop/published from {min(ratios):.2f} to "
                    f"{max(ratios):.2f}, geometric mean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.2f}.\n")
     if ttft:
-        out += ["| model | tokens | what | measured (graphed) | measured (eager) | kvtop | kvtop / measured |",
+        out += ["| model | tokens | what | measured, fused layers | measured, unfused | kvtop | kvtop / measured |",
                 "|---|---:|---|---:|---:|---:|---:|"]
         for r in ttft:
-            eager = f"{r['eager_s'] * 1e3:.2f} ms" if r["eager_s"] else ""
+            unfused = f"{r['unfused_s'] * 1e3:.2f} ms" if r["unfused_s"] else ""
             out.append(f"| {r['model'].split('/')[-1]} | {r['prompt_tokens']:,} | {r['kind']} | "
-                       f"{r['measured_s'] * 1e3:.2f} ms | {eager} | {r['sim_s'] * 1e3:.2f} ms | {r['ratio']:.2f} |")
+                       f"{r['measured_s'] * 1e3:.2f} ms | {unfused} | {r['sim_s'] * 1e3:.2f} ms | {r['ratio']:.2f} |")
     return "\n".join(out)
 
 
