@@ -3,6 +3,7 @@
     python bench/bench_attached.py                       # kvtop replay of a busy full-scale recording, and nvitop
     python bench/bench_attached.py --json --out r.json   # one JSON object (also written to --out)
     python bench/bench_attached.py --recording tests/data/busy.jsonl --seconds 10
+    python bench/bench_attached.py --baseline /tmp/base --rounds 3 --recording FILE   # two trees alternated, + nvitop
 
 How (issue 15, "Cost, as a user feels it"):
 
@@ -168,27 +169,40 @@ def main(argv: list[str] | None = None) -> int:
                          "~1,000 records/s) and the committed tests/data/busy.jsonl (8 s at ~400 records/s, then idle)")
     ap.add_argument("--no-nvitop", action="store_true")
     ap.add_argument("--kvtop", default=None, help="the kvtop command (default: this Python's -m kvtop)")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="another checkout of kvtop (e.g. `git worktree add --detach /tmp/base REV`): its kvtop runs "
+                         "too, alternately with this tree's, on the same recordings, in this run")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run each program this many times, alternated; the summary gives each one's runs, best "
+                         "and median (default 1)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     a = ap.parse_args(argv)
 
     recordings = ([Path(r) for r in a.recording] if a.recording
                   else [busy_recording(max(a.seconds + 10, 40)), REPO / "tests" / "data" / "busy.jsonl"])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    trees = [("", REPO)] + ([(" (baseline)", Path(a.baseline).resolve())] if a.baseline else [])
     kvtop = shlex.split(a.kvtop) if a.kvtop else [sys.executable, "-m", "kvtop"]
-    rows = [measure(f"kvtop replay {r.name}", [*kvtop, "replay", str(r), "--refresh", str(a.refresh)], b"up 0:00",
-                    a.seconds, env) for r in recordings]
     nv = None if a.no_nvitop else nvitop_command(a.refresh)
-    if nv is not None:
-        rows.append(measure("nvitop", nv, b"NVITOP", a.seconds, env))
-    else:
+    rows: list[dict[str, Any]] = []
+    for _ in range(max(1, a.rounds)):
+        for label, tree in trees:
+            # the tree's kvtop first on the path, so each run imports the checkout it is named after
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+            for r in recordings:
+                row = measure(f"kvtop replay {r.name}{label}", [*kvtop, "replay", str(r), "--refresh", str(a.refresh)],
+                              b"up 0:00", a.seconds, env)
+                rows.append({**row, "tree": str(tree)})
+        if nv is not None:
+            rows.append(measure("nvitop", nv, b"NVITOP", a.seconds, dict(os.environ)))
+    if nv is None:
         rows.append({"name": "nvitop", "error": "not run: --no-nvitop" if a.no_nvitop else "nvitop not installed"})
     result = {
         "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "python": platform.python_version(),
                     "load_1m": round(os.getloadavg()[0], 2)},
         "recordings": [{"path": str(r), "mb": round(r.stat().st_size / 2**20, 1)} for r in recordings],
-        "seconds": a.seconds, "refresh_s": a.refresh, "rows": rows,
+        "seconds": a.seconds, "refresh_s": a.refresh, "rows": rows, "summary": summary(rows),
     }
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
@@ -203,7 +217,28 @@ def main(argv: list[str] | None = None) -> int:
                       f"out {r['output_mb']} MB" + (f"  ERROR {r['error'][-200:]!r}" if "error" in r else ""))
             else:
                 print(f"  {r['name']:36} {r['error']}")
+        if a.rounds > 1:
+            for name, sm in result["summary"].items():
+                print(f"  {name:36} runs {sm['runs']}  best {sm['best']}%  median {sm['median']}%")
     return 0
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each program's runs (% of a core, in the order run), best and median; a run that failed is left out of
+    its figures and counted."""
+    import statistics
+
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if "cpu_s" in r:  # a program that did not run (no nvitop) has no figures to sum up
+            by_name.setdefault(r["name"], []).append(r)
+    out = {}
+    for name, runs in by_name.items():
+        ok = [r["cpu_percent_of_a_core"] for r in runs if "error" not in r]
+        out[name] = {"runs": ok, "failed": len(runs) - len(ok),
+                     "best": min(ok) if ok else None, "median": round(statistics.median(ok), 2) if ok else None,
+                     "startup_cpu_s": [r.get("startup_cpu_s") for r in runs]}
+    return out
 
 
 if __name__ == "__main__":
