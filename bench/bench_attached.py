@@ -188,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(max(1, a.rounds)):
         for label, tree in trees:
             # the tree's kvtop first on the path, so each run imports the checkout it is named after
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+            path = [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])]
+            env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
             for r in recordings:
                 row = measure(f"kvtop replay {r.name}{label}", [*kvtop, "replay", str(r), "--refresh", str(a.refresh)],
                               b"up 0:00", a.seconds, env)
