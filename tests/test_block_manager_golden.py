@@ -371,10 +371,16 @@ GOLDEN: dict[str, str] = {
 }
 # Engine digests carry simulated times: recomputed for the cost model's per-layer step kernels and decode KV read
 # rate by size (issue 12 part 2); the trace slice's block counters below are unchanged by it (only its times and
-# iteration count, 2,017 -> 2,005, moved).
+# iteration count, 2,017 -> 2,005, moved). Seed 2 (max_batch_size 4, shared prefixes) and the traces' times recomputed
+# again when the capacity schedulers began to walk TensorRT-LLM's active list: requests in submission order, started,
+# paused and not yet started ones interleaved, at most max_batch_size of them (py_executor.py _fetch_new_requests),
+# so a request that beneficialToSkip passed over keeps its place before later ones (its context gets the token
+# budget first, GUARANTEED_NO_EVICT weighs it before a later chunked context, MAX_UTILIZATION pauses the later
+# ones for it; tests/test_capacity_scheduler_port.py). The slice's block counters did not move; the 300-request
+# replay's reused blocks neither (4,797), its onboards did: 2,106 -> 1,312 (offloads 94,585 -> 93,791).
 ENGINE_GOLDEN: dict[int, str] = {
     1: "6132dd807d7b9c3768a93f7ed09ee2e1",
-    2: "7378dd4eab1c55834ce65cc81981de19",
+    2: "9c1964e9bc38bce3d800d61910ab16c9",
     3: "24e4132742e225bb021659196de9772a",
 }
 
@@ -398,10 +404,10 @@ TRACE_SLICE_8GB: dict[str, Any] = {
     "onboarded_blocks": 608,
     "reused_tokens": 182784,
     "input_tokens": 7288597,
-    "ttft_p50_s": 111.67612029695567,
-    "ttft_p99_s": 206.4393393851184,
-    "simulated_seconds": 864.4327899270137,
-    "busy_seconds": 337.531789927016,
+    "ttft_p50_s": 111.67662539886669,
+    "ttft_p99_s": 205.6268393197564,
+    "simulated_seconds": 864.4325603512474,
+    "busy_seconds": 337.53156035124795,
     "iterations": 2005,
     "paused": 0,
     "max_scheduled": 119,
@@ -422,14 +428,14 @@ TRACE_300: dict[str, Any] = {
     "reused_blocks": 4797,
     "missed_blocks": 115750,
     "cache_hit_rate": 0.03979360747260405,
-    "offloaded_blocks": 94585,
-    "onboarded_blocks": 2106,
+    "offloaded_blocks": 93791,
+    "onboarded_blocks": 1312,
     "reused_tokens": 153504,
     "input_tokens": 3853165,
-    "ttft_p50_s": 33.043726690523066,
-    "ttft_p99_s": 75.03201944980299,
-    "simulated_seconds": 170.3937334442156,
-    "busy_seconds": 170.3937334442156,
+    "ttft_p50_s": 32.96437866286026,
+    "ttft_p99_s": 74.95373308103214,
+    "simulated_seconds": 170.31544707544475,
+    "busy_seconds": 170.31544707544475,
     "iterations": 1296,
     "failures": [],
 }

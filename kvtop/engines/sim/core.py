@@ -28,15 +28,20 @@ about to compute (``beneficialToSkip``, capacityScheduler.cpp): the next iterati
 of computing them a second time. A request that arrives with others sharing its prefix waits one iteration and
 hits (docs/trtllm-kv.md 9.1).
 
-Requests start in arrival order, at most ``max_batch_size`` are scheduled at once, and one iteration computes at
-most ``max_num_tokens`` tokens; prompts longer than what is left of that budget are prefilled in chunks (as with
-``enable_chunked_prefill``), their KV blocks all allocated at the first chunk.
+Both walk TensorRT-LLM's active request list: the requests its executor fetched, in submission order, started,
+paused and not yet started ones interleaved, at most ``max_batch_size`` of them (py_executor.py
+``_fetch_new_requests`` fetches only up to ``max_num_active_requests`` active ones); the rest wait in its queue. A
+request passed over by ``beneficialToSkip`` keeps its place before later ones (docs/trtllm-kv.md 9.3). At most
+``max_batch_size`` requests are scheduled at once, and one iteration computes at most ``max_num_tokens`` tokens;
+prompts longer than what is left of that budget are prefilled in chunks (as with ``enable_chunked_prefill``), their
+KV blocks all allocated at the first chunk.
 """
 
 
 from __future__ import annotations
 
 import datetime as _dt
+from bisect import insort
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -56,6 +61,10 @@ CAPACITY_SCHEDULER_POLICIES = (GUARANTEED_NO_EVICT, MAX_UTILIZATION)
 
 GENERATED_TOKEN_BASE = 1 << 30  # generated ids live in [2^30, 2^31): never a tokenizer id nor a trace token
 _GENERATED_TOKEN_MASK = GENERATED_TOKEN_BASE - 1
+
+
+def _by_order(req: SimRequest) -> int:
+    return req.order
 
 
 def generated_token(prompt_digest: int, position: int) -> int:
@@ -100,6 +109,9 @@ class SimRequest:
     # and the tokens generated before the pause), None while it was never paused
     paused_count: int = 0
     kv_prompt: Any = field(default=None, repr=False, compare=False)
+    # Submission order: TensorRT-LLM's active request list is kept in the order requests were fetched (FIFO), and
+    # both capacity schedulers walk it in that order, started, paused and not yet started requests interleaved.
+    order: int = field(default=0, repr=False, compare=False)
 
     @property
     def prompt_len(self) -> int:
@@ -146,7 +158,8 @@ class SimEngineCore:
         self.now_s = 0.0
         self.iteration = 0
         self.waiting: deque[SimRequest] = deque()
-        self.running: list[SimRequest] = []
+        self.running: list[SimRequest] = []  # started (and, MAX_UTILIZATION, paused) requests, in submission order
+        self._submitted = 0
         self.completed = 0
         self.failed = 0
         self.busy_s = 0.0
@@ -154,6 +167,7 @@ class SimEngineCore:
         self.paused_total = 0       # pauses so far (MAX_UTILIZATION)
         self.max_scheduled = 0      # the most requests scheduled in one iteration
         self._paused_now: list[SimRequest] = []  # paused in the current iteration (for its stats)
+        self._blocked: SimRequest | None = None  # the request that ended the last scheduling pass, not fitting
 
     # ------------------------------------------------------------------------------------------ intake
 
@@ -175,6 +189,8 @@ class SimEngineCore:
             req.digest = hash(tuple(prompt))
         req.num_prompt_tokens = len(prompt)
         req.blocks_to_completion = self.blocks_to_completion(req)
+        self._submitted += 1
+        req.order = self._submitted
         problem = None
         if req.prompt_len == 0:
             problem = "the prompt is empty"
@@ -231,11 +247,59 @@ class SimEngineCore:
         req.context_done = reused
         req.stage = "CONTEXT_IN_PROGRESS"
 
-    def _schedule(self) -> tuple[list[SimRequest], list[SimRequest] | None]:
-        """(requests started this iteration, the requests scheduled to run: None for all running ones)."""
+    def _schedule(self) -> tuple[list[SimRequest], list[SimRequest]]:
+        """(requests started this iteration, the requests scheduled to run, in the active list's order)."""
         if self.capacity_scheduler_policy == MAX_UTILIZATION:
             return self._schedule_max_utilization()
-        return self._schedule_no_evict(), None
+        return self._schedule_no_evict()
+
+    def _fetched(self) -> list[SimRequest]:
+        """The arrived requests not yet started that TensorRT-LLM's executor has in its active list: it fetches new
+        requests, in order, only up to ``max_num_active_requests`` (``max_batch_size``) active ones, started and
+        paused included (py_executor.py ``_fetch_new_requests``: ``total_max_num_active_requests -
+        total_num_active_requests``). Since it fetches in order and only started requests leave the queue, they are
+        the head of ``waiting``."""
+        room = self.max_batch_size - len(self.running)
+        fetched: list[SimRequest] = []
+        if room <= 0:
+            return fetched
+        now = self.now_s
+        for req in self.waiting:
+            if req.arrival_s > now or len(fetched) >= room:
+                break
+            fetched.append(req)
+        return fetched
+
+    @staticmethod
+    def _in_order(started: list[SimRequest], fetched: list[SimRequest]) -> list[SimRequest]:
+        """Merge two lists that are each in submission order (Timsort merges the two runs in linear time)."""
+        if not started:
+            return fetched
+        if not fetched or started[-1].order < fetched[0].order:
+            return started + fetched
+        return sorted(started + fetched, key=_by_order)
+
+    def _start(self, started: list[SimRequest]) -> None:
+        """Move requests that start this iteration from ``waiting`` to ``running``, keeping submission order: a
+        request passed over (``beneficialToSkip``) starts after later ones did and goes back to its place."""
+        if not started:
+            return
+        gone = {id(r) for r in started}
+        waiting = self.waiting
+        head: list[SimRequest] = []
+        while gone and waiting:  # the started requests are among the fetched ones: the head of the queue
+            req = waiting.popleft()
+            if id(req) in gone:
+                gone.discard(id(req))
+            else:
+                head.append(req)
+        waiting.extendleft(reversed(head))
+        running = self.running
+        for req in started:  # in order themselves
+            if running and running[-1].order > req.order:
+                insort(running, req, key=_by_order)
+            else:
+                running.append(req)
 
     def _needed_blocks_one_step(self, req: SimRequest) -> int:
         """``getNeededBlocksOneStep`` for beam width 1 and no draft tokens."""
@@ -278,16 +342,14 @@ class SimEngineCore:
     def _schedule_max_utilization(self) -> tuple[list[SimRequest], list[SimRequest]]:
         """MAX_UTILIZATION (``MaxUtilizationScheduler::operator()``), then the pauses and allocations it decided."""
         bm = self.bm
-        active = list(self.running)  # in arrival order, paused ones in place
-        for req in self.waiting:
-            if req.arrival_s > self.now_s:
-                break
-            active.append(req)
+        # the active list in TensorRT-LLM's order: started, paused and fetched requests as they were submitted
+        active = self._in_order(self.running, self._fetched())
         contributed = self._contributed_context_blocks()
         free = bm.num_free_blocks(0)  # startScheduling
         scheduling_refs: dict[int, int] = {}
         scheduled: list[SimRequest] = []
         paused: list[SimRequest] = []
+        self._blocked = None
         used = 0
         end = len(active)
         i = 0
@@ -309,18 +371,17 @@ class SimEngineCore:
             while j >= i and active[j].stage not in ("CONTEXT_IN_PROGRESS", "GENERATION_IN_PROGRESS"):
                 j -= 1
             if j < i:
+                self._blocked = req
                 break
             free += bm.scheduling_remove_sequence(active[j].request_id, scheduling_refs)
             paused.append(active[j])
             end = j
         for req in paused:
             self._pause(req)
-        started = []
+        started = [r for r in scheduled if r.stage == "QUEUED"]
+        self._start(started)
+        failed = []
         for req in scheduled:
-            if req.stage == "QUEUED":
-                self.waiting.remove(req)
-                self.running.append(req)
-                started.append(req)
             if req.stage in ("QUEUED", "PAUSED"):
                 try:
                     self._admit(req)
@@ -329,8 +390,12 @@ class SimEngineCore:
                     # the request fails, the run goes on.
                     bm.remove_sequence(req.request_id)
                     self.running.remove(req)
-                    scheduled = [r for r in scheduled if r is not req]
+                    failed.append(req)
                     self._fail(req, f"out of KV cache blocks at allocation: {exc}")
+        if failed:  # by identity: == would compare dataclasses field by field
+            gone = {id(r) for r in failed}
+            scheduled = [r for r in scheduled if id(r) not in gone]
+            started = [r for r in started if id(r) not in gone]
         return started, scheduled
 
     def _pause(self, req: SimRequest) -> None:
@@ -350,36 +415,42 @@ class SimEngineCore:
         self.paused_total += 1
         self._paused_now.append(req)
 
-    def _schedule_no_evict(self) -> list[SimRequest]:
-        """GUARANTEED_NO_EVICT admission, in arrival order."""
+    def _schedule_no_evict(self) -> tuple[list[SimRequest], list[SimRequest]]:
+        """GUARANTEED_NO_EVICT (``GuaranteedNoEvictScheduler::impl``): every generating request runs and reserves
+        the blocks it still needs to finish; then the other active requests, in the active list's order (a chunked
+        context still running among new ones), each start or go on while the blocks they need to finish fit, and
+        the first that does not fit ends the pass."""
         bm = self.bm
-        # Blocks running requests still need to finish: sum of (blocks to completion - blocks held).
-        reserved = 0
+        available = bm.num_free_blocks(0)
+        scheduled: list[SimRequest] = []
+        chunked: list[SimRequest] = []  # contexts past their first chunk: TensorRT-LLM's context-init requests
         for r in self.running:
-            reserved += r.blocks_to_completion - r.kv_blocks
-        available = bm.num_free_blocks(0) - reserved
-        started = []
+            if r.stage == "GENERATION_IN_PROGRESS":
+                scheduled.append(r)
+                available -= r.blocks_to_completion - r.kv_blocks
+            else:
+                chunked.append(r)
         contributed = self._contributed_context_blocks()
-        waiting = self.waiting
-        i = 0
-        while i < len(waiting):
-            req = waiting[i]
-            if req.arrival_s > self.now_s:
-                break
-            if self._beneficial_to_skip(req, contributed):  # it waits here, in its place, for the next iteration
-                i += 1
+        started: list[SimRequest] = []
+        self._blocked = None
+        for req in self._in_order(chunked, self._fetched()):
+            # only a request about to start its first chunk can be skipped; it waits in its place for the next pass
+            if req.stage == "QUEUED" and self._beneficial_to_skip(req, contributed):
                 continue
-            if len(self.running) >= self.max_batch_size:
+            if len(scheduled) >= self.max_batch_size:
                 break
-            need = req.blocks_to_completion
+            need = req.blocks_to_completion - req.kv_blocks  # getRemainingBlocksToCompletion
             if need > available:
+                self._blocked = req
                 break
-            del waiting[i]
-            self._admit(req)
             available -= need
-            self.running.append(req)
-            started.append(req)
-        return started
+            scheduled.append(req)
+            if req.stage == "QUEUED":
+                started.append(req)
+        self._start(started)
+        for req in started:
+            self._admit(req)
+        return started, scheduled
 
     def step(self) -> list[SimRequest]:
         """One iteration. Returns the requests that finished in it. Does nothing when nothing can run."""
@@ -390,29 +461,33 @@ class SimEngineCore:
         moves_before = (bm.onboarded_blocks, bm.offloaded_blocks)
         self._paused_now = []
         started, scheduled = self._schedule()
-        if scheduled is not None and not scheduled and not self._paused_now:
-            # MAX_UTILIZATION with nothing scheduled even after pausing every started request: the first active
-            # request cannot fit an empty pool (submit() rejects what can never fit, so this is a safety net).
-            # (Nothing scheduled but some paused: the request that paused them was then skipped, beneficialToSkip;
-            # the pauses freed blocks and the next iteration schedules again.)
-            head = self.running[0] if self.running else self.waiting.popleft()
-            if head in self.running:
-                self.running.remove(head)
-            self._fail(head, f"needs {self._needed_blocks_one_step(head)} free KV cache blocks for its next step, "
-                             f"the GPU pool has {bm.num_free_blocks(0)} free of {bm.primary_blocks}")
-            return []
-        if scheduled is None and not self.running and self.waiting and self.waiting[0].arrival_s <= self.now_s:
-            # Nothing runs and the head still does not fit (submit() rejects what can never fit, so this is a
-            # safety net): waiting would spin forever, so it fails with the numbers that say why.
-            head = self.waiting.popleft()
-            self._fail(head, f"needs {self.blocks_to_completion(head)} free KV cache blocks, the GPU pool has "
-                             f"{bm.num_free_blocks(0)} free of {bm.primary_blocks}")
+        if not scheduled and not self._paused_now:
+            # Nothing runs and nothing was paused: the pass ended at a request whose blocks do not fit with nothing
+            # left to free (submit() rejects what can never fit an empty pool, so this is a safety net; TensorRT-LLM
+            # would wait forever). It fails with the numbers that say why. (Nothing scheduled but some paused:
+            # the request that paused them was then skipped, beneficialToSkip; the pauses freed blocks and the
+            # next iteration schedules again.)
+            head = self._blocked
+            if head is None:
+                raise RuntimeError(f"iteration {self.iteration}: nothing scheduled, nothing paused and no request "
+                                   f"blocked ({len(self.running)} running, {len(self.waiting)} waiting)")
+            if self.capacity_scheduler_policy == MAX_UTILIZATION:
+                need = f"{self._needed_blocks_one_step(head)} free KV cache blocks for its next step"
+            else:
+                need = f"{head.blocks_to_completion - head.kv_blocks} free KV cache blocks"
+            if head.stage == "QUEUED":  # by identity: == would compare dataclasses field by field
+                self.waiting = deque(r for r in self.waiting if r is not head)
+            else:
+                self.running = [r for r in self.running if r is not head]
+                if bm.has_request(head.request_id):  # a chunked context holds its blocks; a paused one none
+                    bm.remove_sequence(head.request_id)
+            self._fail(head, f"needs {need}, the GPU pool has {bm.num_free_blocks(0)} free of {bm.primary_blocks}")
             return []
         # Token budget: every generation request takes one token; context chunks share the rest.
         running = self.running
         gen: list[SimRequest] = []
         in_context: list[SimRequest] = []
-        for r in (running if scheduled is None else scheduled):
+        for r in scheduled:
             stage = r.stage
             if stage == "GENERATION_IN_PROGRESS":
                 gen.append(r)
