@@ -174,6 +174,54 @@ def test_sweep_replay_gives_the_engine_ids_hits(seed: int, tpb: int, primary: in
     assert _observe(fast, []) == _observe(slow, [])
 
 
+def _general_and_specialised(requests: list[TraceRequest], primary: int, host: int, tpb: int) -> tuple[Any, Any]:
+    """What the one-pass curve reads from a replay: counters, each onboard's (distance, offload counts), where each
+    request's onboards start; from ``sweep._replay`` over the block manager and from ``hit_replay.replay``."""
+    from kvtop.engines.sim import hit_replay, sweep
+
+    bm = sweep._DistanceRecorder(primary, host, tpb)
+    replayed, skipped = sweep._replay(bm, requests)
+    fast = hit_replay.replay(requests, primary, host, tpb, record_onboards=True)
+    return ((replayed, skipped, bm.reused_blocks, bm.missed_blocks, bm.offloaded_blocks, bm.onboarded_blocks,
+             bm.onboards, bm.request_starts),
+            (fast.replayed, fast.skipped, fast.reused_blocks, fast.missed_blocks, fast.offloaded_blocks,
+             fast.onboarded_blocks, fast.onboards, fast.request_starts))
+
+
+@settings(SETTINGS, max_examples=120)
+@given(st.integers(0, 2**32), st.sampled_from([1, 2, 8, 16, 32, 64, 128, 512]), st.integers(4, 200),
+       st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(0, 150)))
+def test_hit_replay_is_the_block_manager_replay(seed: int, tpb: int, primary: int, host: int) -> None:
+    """Tiny pools (a request skipped when it needs more than the GPU pool), host tiers of 0-3 blocks (an onboard
+    that leaves no free host block for its victim's offload), repeated prompts (partial matches of a block holding
+    generated ids, copies and claimed leaves), tails past the hash ids, consecutive hash ids (a block across two
+    runs that is one run of ids)."""
+    requests = _trace(random.Random(seed), 70)
+    general, fast = _general_and_specialised(requests, max(primary * 32 // tpb, 2), host * 32 // tpb or host, tpb)
+    assert fast == general
+
+
+def test_hit_replay_is_the_block_manager_replay_on_the_shipped_slice() -> None:
+    from kvtop.workload.trace import read_trace
+
+    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    # (GPU blocks, host blocks, tokens a block, onboards): the host tier used, a request skipped at 130 and 200 blocks
+    for primary, host, tpb, onboarded in ((2000, 30000, 32, 12333), (3000, 3000, 32, 1059), (200, 2000, 512, 783),
+                                          (130, 1, 512, 1)):
+        general, fast = _general_and_specialised(requests, primary, host, tpb)
+        assert fast == general
+        assert general[5] == onboarded
+
+
+def test_hit_replay_rejects_ids_past_64_bits() -> None:
+    from kvtop.engines.sim import hit_replay
+
+    with pytest.raises(OverflowError, match="trace line 7: hash id"):
+        hit_replay.replay([TraceRequest(7, 0.0, 600, 3, (1, 1 << 60))], 100, 10, 32)
+    with pytest.raises(ValueError, match="primary_blocks > 0"):
+        hit_replay.replay([], 0, 10, 32)
+
+
 @settings(SETTINGS, max_examples=40)
 @given(st.integers(0, 2**32), st.sampled_from([16, 32, 512]), st.integers(30, 200), st.lists(st.integers(0, 150),
                                                                                                min_size=1, max_size=6))

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvtop.engines.inputs import TRACE_BLOCK_TOKENS, TraceRequest
+from kvtop.engines.sim import hit_replay
 from kvtop.engines.sim.block_manager import BlockManager, TokenRuns, _Block
 from kvtop.engines.sim.core import GENERATED_TOKEN_BASE
 
@@ -113,7 +114,8 @@ def replay_hit_rates(requests: Sequence[TraceRequest], primary_blocks: int, host
 
 
 class _DistanceRecorder(BlockManager):
-    """A block manager that notes, at each onboard, where the onboarded block stood in the host tier's queue."""
+    """A block manager that notes, at each onboard, where the onboarded block stood in the host tier's queue: the
+    general replay that ``hit_replay.replay`` (what ``host_curve`` runs) is held to (tests/test_sim_sweep_fast.py)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -143,15 +145,16 @@ def host_curve(requests: Sequence[TraceRequest], primary_blocks: int, host_sizes
         raise ValueError("host_sizes: expected block counts >= 0")
     largest = sizes[-1]
     with _no_gc():
-        bm = _DistanceRecorder(primary_blocks, largest, tokens_per_block)
-        replayed, skipped = _replay(bm, requests)
-    total = bm.reused_blocks + bm.missed_blocks
-    gpu_hits = bm.reused_blocks - bm.onboarded_blocks
+        # _replay over a _DistanceRecorder, specialised (hit_replay: the same counters and onboards, exactly)
+        run = hit_replay.replay(requests, primary_blocks, largest, tokens_per_block, record_onboards=True)
+    replayed, skipped = run.replayed, run.skipped
+    total = run.reused_blocks + run.missed_blocks
+    gpu_hits = run.reused_blocks - run.onboarded_blocks
     smaller = [h for h in sizes if h < largest]
     if vectorized is None:
-        vectorized = len(bm.onboards) >= NUMPY_FROM_ONBOARDS
-    counts = (_host_hits_numpy if vectorized else _host_hits_python)(bm.onboards, bm.request_starts, smaller)
-    counts[largest] = bm.onboarded_blocks
+        vectorized = len(run.onboards) >= NUMPY_FROM_ONBOARDS
+    counts = (_host_hits_numpy if vectorized else _host_hits_python)(run.onboards, run.request_starts, smaller)
+    counts[largest] = run.onboarded_blocks
     out = []
     for h in sizes:
         host_hits = counts[h]

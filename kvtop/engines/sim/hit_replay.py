@@ -1,0 +1,404 @@
+"""The hit-rate-only trace replay of ``BlockManager``, specialised: the same blocks evicted, offloaded, onboarded and
+reused, request by request, with only what a hit-rate sweep reads kept.
+
+``sweep._replay`` drives TensorRT-LLM's block manager (``block_manager.BlockManager``, the ground truth) through a
+trace one request at a time: ``add_sequence``, ``store_context_blocks``, ``add_tokens``, ``remove_sequence``. In
+that use most of what the manager carries is never read: every block has the default priority 35 and no duration
+(no retention), events are off, nothing else runs beside the request, so every block the request does not hold is
+free, and the host tier's blocks are all free. ``replay`` below takes the same steps in the same order, on state
+held the cheapest way CPython allows for that case (profile of the Mooncake trace, 16 sizes: 43% of the general
+replay was ``_take_free_blocks``, 25% cutting prompts into keys and walking the tree; 1.9M blocks at 32 tokens a
+block):
+
+- blocks are ints, their fields lists indexed by block (tier, key, parent, children, offload count);
+- one free queue per tier (one priority: TensorRT-LLM's 101 queues reduce to the 35 one), a deque of entries
+  ``epoch << shift | block``. A block leaves the middle of a queue only when a request claims it (reuse), which
+  raises the block's ``claimed`` mark past every entry of it made so far: an entry is live iff it is not below its
+  block's mark. So a release queues a request's blocks with one ``deque.extend`` of a ``map``, no write per block,
+  where the general manager stamps each block;
+- a block key is an int, the first token id, for a full block of consecutive ids (every block inside a trace
+  block), and an interned id past 2^64 for any other key (a partial block, a block across runs: the general
+  manager's bytes key, ``block_manager.encode_key``, named by its own id). Two keys are equal iff their tokens are,
+  as with the bytes keys, so the reuse tree's dicts behave the same; a request's keys are cut from its trace hash
+  ids in C (``range``) for the trace blocks it holds whole;
+- partial reuse (``_find_matching``'s scan of a node's children for the longest common prefix, the first in
+  insertion order on ties) reads only the candidates that share the key's first token: the int child of that id
+  and the interned children indexed by (node, first id), ordered by insertion; the general scan read all the
+  root's thousands of children once per request.
+
+Each step below names the ``BlockManager`` method it stands for. tests/test_sim_sweep_fast.py holds ``replay`` to
+``sweep._replay`` over ``BlockManager`` (``sweep._DistanceRecorder``) exactly: counters, each onboard's
+(distance, offload counts) and where each request's onboards start, on randomized traces (tiny pools, host tiers of
+0, 1 and 2 blocks, repeated prompts, partial blocks, prompts longer than their hash ids) and on the shipped
+Mooncake slice.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from itertools import chain
+
+from kvtop.engines.inputs import TRACE_BLOCK_TOKENS, TraceRequest
+from kvtop.engines.sim.core import GENERATED_TOKEN_BASE
+
+_INTERNED_BASE = 1 << 64  # past every token id (signed 64-bit), so an interned key never equals a run key
+_NO_BLOCK = -1
+_MAX_HASH_ID = ((1 << 63) - TRACE_BLOCK_TOKENS) // TRACE_BLOCK_TOKENS  # its 512 ids fit in signed 64 bits
+
+
+@dataclass
+class ReplayResult:
+    replayed: int = 0
+    skipped: int = 0
+    reused_blocks: int = 0
+    missed_blocks: int = 0
+    offloaded_blocks: int = 0
+    onboarded_blocks: int = 0
+    # per onboard, in order: (offloads since the block's own, the offload count at its offload, at the onboard)
+    onboards: list[tuple[int, int, int]] = field(default_factory=list)
+    request_starts: list[int] = field(default_factory=list)  # index into onboards where each request's start
+
+
+class _Tokens:
+    """A request's token sequence from its last whole trace block on (``start`` is that block's position): the
+    runs of ``TraceRequest.prompt_runs`` from there (the block, the last trace block cut to the prompt, or the
+    prompt's unique tail), then the run of generated ids ``sweep._replay`` feeds (``GENERATED_TOKEN_BASE``, +1,
+    ...). Every key that is not inside a whole trace block lies here."""
+
+    __slots__ = ("whole", "start", "runs")
+
+    def __init__(self, tr: TraceRequest):
+        hash_ids = tr.hash_ids
+        whole = min(len(hash_ids), tr.input_length // TRACE_BLOCK_TOKENS)  # trace blocks of 512 prompt tokens
+        self.whole = whole
+        runs: list[tuple[int, int]] = []
+        if whole:
+            runs.append((hash_ids[whole - 1] * TRACE_BLOCK_TOKENS, TRACE_BLOCK_TOKENS))
+        self.start = max(whole - 1, 0) * TRACE_BLOCK_TOKENS
+        remaining = tr.input_length - whole * TRACE_BLOCK_TOKENS
+        if remaining > 0 and whole < len(hash_ids):  # < 512: the last trace block, cut
+            runs.append((hash_ids[whole] * TRACE_BLOCK_TOKENS, remaining))
+        elif remaining > 0:  # the hash ids end before the prompt does (prompt_runs' tail)
+            runs.append((-((tr.line + 1) << 24), remaining))
+        runs.append((GENERATED_TOKEN_BASE, tr.output_length))
+        self.runs = runs
+
+    def slice(self, start: int, stop: int) -> tuple[tuple[int, int], ...]:
+        """Tokens ``[start, stop)`` (``start >= self.start``) as maximal runs: equal tuples iff equal tokens."""
+        out: list[tuple[int, int]] = []
+        pos = self.start
+        for first, length in self.runs:
+            lo, hi = max(start, pos), min(stop, pos + length)
+            if lo < hi:
+                v = first + lo - pos
+                if out and out[-1][0] + out[-1][1] == v:  # continues the run before it
+                    out[-1] = (out[-1][0], out[-1][1] + hi - lo)
+                else:
+                    out.append((v, hi - lo))
+            pos += length
+            if pos >= stop:
+                break
+        return tuple(out)
+
+
+class _Keys:
+    """Block keys as ints (see the module docstring): a full block of consecutive ids is its first id; any other
+    block's tokens, as maximal runs, are interned under an id from ``_INTERNED_BASE`` on."""
+
+    def __init__(self, tokens_per_block: int):
+        self.tpb = tokens_per_block
+        self.interned: dict[tuple[tuple[int, int], ...], int] = {}
+        self.runs: list[tuple[tuple[int, int], ...]] = []  # per interned id - _INTERNED_BASE
+
+    def of_runs(self, runs: tuple[tuple[int, int], ...]) -> int:
+        """The key of one block's tokens, given as maximal runs (fewer tokens than a block's: a partial block)."""
+        if len(runs) == 1 and runs[0][1] == self.tpb:
+            return runs[0][0]
+        k = self.interned.get(runs)
+        if k is None:
+            k = self.interned[runs] = _INTERNED_BASE + len(self.runs)
+            self.runs.append(runs)
+        return k
+
+    def first_token(self, key: int) -> int:
+        return key if key < _INTERNED_BASE else self.runs[key - _INTERNED_BASE][0][0]
+
+    def tokens(self, key: int) -> Iterator[int]:
+        if key < _INTERNED_BASE:
+            return iter(range(key, key + self.tpb))
+        return chain.from_iterable(range(v, v + n) for v, n in self.runs[key - _INTERNED_BASE])
+
+    def full(self, tr: TraceRequest, tokens: _Tokens, count: int) -> list[int]:
+        """Keys of the first ``count`` full blocks of the request's tokens: those inside whole trace blocks in C
+        (``range``), then block by block from ``tokens``."""
+        tpb = self.tpb
+        whole = tokens.whole
+        if tpb == TRACE_BLOCK_TOKENS:
+            keys = [h * TRACE_BLOCK_TOKENS for h in tr.hash_ids[:whole]]
+        else:
+            keys = []
+            extend = keys.extend
+            for h in tr.hash_ids[:whole]:
+                base = h * TRACE_BLOCK_TOKENS
+                extend(range(base, base + TRACE_BLOCK_TOKENS, tpb))
+        # (count >= len(keys): a request holds its whole trace blocks' tokens, and blocks divide 512 tokens)
+        pos = len(keys) * tpb
+        while len(keys) < count:
+            keys.append(self.of_runs(tokens.slice(pos, pos + tpb)))
+            pos += tpb
+        return keys
+
+
+def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: int, tokens_per_block: int,
+           record_onboards: bool = False) -> ReplayResult:
+    """``sweep._replay`` of a ``BlockManager(primary_blocks, host_blocks, tokens_per_block)`` (a
+    ``sweep._DistanceRecorder`` with ``record_onboards``), its counters and onboards (see the module docstring)."""
+    if primary_blocks <= 0 or host_blocks < 0 or tokens_per_block <= 0:
+        raise ValueError(f"replay: expected primary_blocks > 0, host_blocks >= 0, tokens_per_block > 0, got "
+                         f"{primary_blocks}, {host_blocks}, {tokens_per_block}")
+    tpb, P, H = tokens_per_block, primary_blocks, host_blocks
+    root = P + H
+    shift = root.bit_length()
+    mask = (1 << shift) - 1
+    on_gpu = bytearray([1]) * P + bytearray(H) + bytearray([1])
+    key: list[int | None] = [None] * (root + 1)      # None: no key yet (the general manager's empty key)
+    prev = [_NO_BLOCK] * (root + 1)                  # parent in the reuse tree, -1 when out of it
+    kids: list[dict[int, int] | None] = [None] * (root + 1)  # children by key, insertion order; None when none
+    inserted = [0] * (root + 1)                      # the store call that last put it under its parent
+    claimed = [0] * (root + 1)                       # entries of the block below this are stale
+    offload_seq = [0] * (root + 1)
+    # Entries of epoch 0: the GPU blocks, then the host blocks, in id order (_EvictionPolicy's first pushes).
+    gpu_queue = deque(range(P))
+    host_queue = deque(range(P, P + H))
+    keys_of = _Keys(tpb)
+    by_first: dict[tuple[int, int], list[int]] = {}  # (node, first token) -> interned-key children, in order
+    out = ReplayResult()
+    onboards = out.onboards
+    starts = out.request_starts
+    epoch = 1
+    offloaded = onboarded = reused = missed = 0
+    stores = 0
+
+    def take(n: int, offload: bool, into: list[int], offloaded: int, epoch_bits: int,
+             gpu_pop=gpu_queue.popleft, host_pop=host_queue.popleft, host_push=host_queue.append,
+             key=key, prev=prev, kids=kids, claimed=claimed, on_gpu=on_gpu, offload_seq=offload_seq,
+             mask=mask) -> int:
+        """``_take_free_blocks(n)``: the GPU queue's front ``n`` blocks, each offloaded first when it holds a key and
+        ``offload`` (a host block is free; onboard_blocks on, priority 35 >= 30): it goes to the back of the host
+        queue and the host front's block, whose data is dropped, takes its GPU slot. What the taken block frees
+        leaves the tree. Returns the offload count."""
+        append = into.append
+        for _ in range(n):
+            e = gpu_pop()
+            b = e & mask
+            while e < claimed[b]:  # a stale entry (the block was claimed since)
+                e = gpu_pop()
+                b = e & mask
+            if offload and key[b] is not None:
+                e = host_pop()
+                t = e & mask
+                while e < claimed[t]:
+                    e = host_pop()
+                    t = e & mask
+                on_gpu[b] = 0
+                on_gpu[t] = 1
+                offloaded += 1
+                offload_seq[b] = offloaded
+                host_push(epoch_bits | b)
+                b = t
+            if kids[b] is not None:
+                free_children(b)
+            else:
+                p = prev[b]
+                if p != -1:  # a leaf (_NO_BLOCK: out of the tree): detach it by key, as free_children would
+                    d = kids[p]
+                    if d is not None:
+                        d.pop(key[b], None)
+                        if not d:
+                            kids[p] = None
+                    prev[b] = -1
+            append(b)
+        return offloaded
+
+    def free_children(block: int) -> None:
+        """``freeChildren``: the block's subtree leaves the tree, children first, each node detached from its parent
+        by key; each node's children as they were when it was reached (BlockManager._free_children's order)."""
+        stack = [(block, iter(list(kids[block].values())))]  # type: ignore[union-attr]
+        while stack:
+            node, children = stack[-1]
+            c = next(children, None)
+            if c is not None:
+                d = kids[c]
+                stack.append((c, iter(list(d.values()) if d is not None else ())))
+                continue
+            stack.pop()
+            p = prev[node]
+            if p != _NO_BLOCK:
+                d = kids[p]
+                if d is not None:
+                    d.pop(key[node], None)  # type: ignore[arg-type]
+                    if not d:
+                        kids[p] = None
+                prev[node] = _NO_BLOCK
+
+    def detach(block: int) -> None:
+        p = prev[block]
+        if p != _NO_BLOCK:
+            d = kids[p]
+            if d is not None:
+                d.pop(key[block], None)  # type: ignore[arg-type]
+                if not d:
+                    kids[p] = None
+            prev[block] = _NO_BLOCK
+
+    def partial_match(node: int, k: int) -> int | None:
+        """``_find_matching``'s partial scan: the child of ``node`` sharing the longest prefix with key ``k`` (at
+        least one token), the first inserted on ties; the candidates are the children whose key starts with the
+        same token (the int key of that token and the interned keys indexed under it)."""
+        d = kids[node]
+        assert d is not None
+        v = keys_of.first_token(k)
+        candidates = set()
+        if k >= _INTERNED_BASE and v in d:
+            candidates.add(d[v])
+        for c in by_first.get((node, v), ()):
+            ck = key[c]
+            if ck is not None and ck >= _INTERNED_BASE and d.get(ck) == c:
+                candidates.add(c)
+        best_n, best = 0, None
+        for c in sorted(candidates, key=inserted.__getitem__):
+            n = 0
+            for x, y in zip(keys_of.tokens(key[c]), keys_of.tokens(k)):  # type: ignore[arg-type]
+                if x != y:
+                    break
+                n += 1
+            if n > best_n:
+                best_n, best = n, c
+        return best
+
+    def store(blocks: list[int], keys: list[int], tree_prefix: int, stores: int) -> int:
+        """``_store_blocks``: walk the tree along ``keys`` from the sequence's known path; from the first miss on,
+        insert the sequence's blocks. Returns the new ``tree_prefix``."""
+        count = min(len(keys), len(blocks))
+        first_new = min(tree_prefix, count)
+        search = blocks[first_new - 1] if first_new else root
+        on_path = True
+        while first_new < count:
+            d = kids[search]
+            match = d.get(keys[first_new]) if d is not None else None
+            if match is None:
+                break
+            if on_path and match == blocks[first_new]:
+                tree_prefix = first_new + 1
+            else:
+                on_path = False
+            search = match
+            first_new += 1
+        for i in range(first_new, count):
+            b = blocks[i]
+            k = keys[i]
+            key[b] = k
+            prev[b] = search
+            d = kids[search]
+            existing: int | None = None
+            if d is None:
+                kids[search] = {k: b}
+            else:
+                existing = d.get(k)
+                if existing is None:
+                    d[k] = b
+            if existing is None:  # inserted (add_child, which returns the block held under the key)
+                existing = b
+                inserted[b] = stores
+            if existing != b:
+                on_path = False
+            else:
+                if on_path:
+                    tree_prefix = i + 1
+                if inserted[b] == stores and k >= _INTERNED_BASE:
+                    by_first.setdefault((search, keys_of.first_token(k)), []).append(b)
+            search = b
+        return tree_prefix
+
+    for tr in requests:
+        length, generated = tr.input_length, tr.output_length
+        if tr.hash_ids and max(tr.hash_ids) > _MAX_HASH_ID:
+            raise OverflowError(f"trace line {tr.line}: hash id {max(tr.hash_ids)} gives token ids past signed 64 "
+                                "bits (the block manager's TokenRuns rejects them too)")
+        if length == 0 or generated <= 0 or -(-(length + generated) // tpb) > P:
+            out.skipped += 1  # the engine rejects a request needing more blocks than the GPU pool
+            continue
+        out.replayed += 1
+        if record_onboards:
+            starts.append(len(onboards))
+        tokens = _Tokens(tr)
+        with_kv = length + generated - 1  # the last generated token has no KV (remove_sequence's final token)
+        full = keys_of.full(tr, tokens, with_kv // tpb)
+        add_full = (length - 1) // tpb  # addSequence keys the first length - 1 tokens: full blocks, then the rest
+        add_keys = full[:add_full]
+        if (length - 1) % tpb:
+            add_keys.append(keys_of.of_runs(tokens.slice(add_full * tpb, length - 1)))
+        num_blocks = -(-length // tpb)
+        blocks: list[int] = []
+        # addSequence: walk the tree while blocks match (stop at the first miss or partial match)
+        search = root
+        tree_prefix = 0
+        while len(blocks) < len(add_keys):
+            bi = len(blocks)
+            k = add_keys[bi]
+            d = kids[search]
+            if d is None:
+                break
+            m = d.get(k)
+            partial = bi >= add_full  # an exact match of the partial last key
+            if m is None:
+                m = partial_match(search, k)
+                if m is None:
+                    break
+                partial = True
+            reused += 1
+            if partial and kids[m] is not None:  # copy the matched tokens into a new block, which takes the key
+                offloaded = take(1, H > 0, blocks, offloaded, epoch << shift)
+                key[blocks[-1]] = k
+                break
+            epoch += 1  # claim: out of its free queue
+            claimed[m] = epoch << shift
+            if partial:  # an idle leaf: claimed, out of the tree
+                detach(m)
+            if not on_gpu[m]:  # onboard: the GPU victim's slot is swapped with the host block's
+                now = offloaded
+                if record_onboards:
+                    onboards.append((now - offload_seq[m], offload_seq[m], now))
+                victim: list[int] = []
+                offloaded = take(1, H > 1, victim, offloaded, epoch << shift)  # m took a host block out
+                v = victim[0]
+                on_gpu[m] = 1
+                on_gpu[v] = 0
+                onboarded += 1
+                host_queue.append((epoch << shift) | v)  # released into the host queue
+            blocks.append(m)
+            if partial:
+                break
+            search = m
+            tree_prefix = len(blocks)
+        # every block from the first miss on is new
+        bi = len(blocks)
+        offloaded = take(num_blocks - bi, H > 0, blocks, offloaded, epoch << shift)
+        missed += num_blocks - bi
+        for i in range(bi, num_blocks):
+            key[blocks[i]] = add_keys[i] if i < len(add_keys) else None
+        stores += 1
+        tree_prefix = store(blocks, add_keys[:add_full], tree_prefix, stores)  # storeContextBlocks
+        # add_tokens: the generated tokens but the last, new blocks as the sequence fills its last one
+        offloaded = take(-(-with_kv // tpb) - num_blocks, H > 0, blocks, offloaded, epoch << shift)
+        # removeSequence: store every block (a partial last one too), then release, last first
+        if with_kv % tpb:
+            full.append(keys_of.of_runs(tokens.slice(len(full) * tpb, with_kv)))
+        stores += 1
+        store(blocks, full, tree_prefix, stores)
+        gpu_queue.extend(map((epoch << shift).__or__, reversed(blocks)))
+    out.reused_blocks, out.missed_blocks = reused, missed
+    out.offloaded_blocks, out.onboarded_blocks = offloaded, onboarded
+    return out
