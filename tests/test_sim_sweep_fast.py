@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvtop.engines.sim import sweep
 from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, TokenRuns
 from kvtop.engines.sim.core import generated_token
 from kvtop.engines.sim.retention import KvCacheRetentionConfig
@@ -220,6 +221,69 @@ def test_hit_replay_rejects_ids_past_64_bits() -> None:
         hit_replay.replay([TraceRequest(7, 0.0, 600, 3, (1, 1 << 60))], 100, 10, 32)
     with pytest.raises(ValueError, match="primary_blocks > 0"):
         hit_replay.replay([], 0, 10, 32)
+
+
+# sweep._host_hits_python as it was before the one walk over all sizes (one Fenwick-tree pass per size), the reference.
+def _reference_host_hits(onboards: list[tuple[int, int, int]], request_starts: list[int], size: int,
+               in_front_max: list[int]) -> int:
+    """Host hits a tier of ``size`` slots would have had. A block offloaded at count s and onboarded at count S
+    survived iff (S - s) + (onboards, hits at this size, of blocks offloaded before s and onboarded after it) < size:
+    each offload takes the front slot, each such onboard one in front of it. Reuse stops at a prompt's first miss.
+
+    Most onboards are decided by bounds: a miss when S - s >= size, a hit when S - s + ``in_front_max`` < size (the
+    count at the largest size, where every onboard is a hit). The others count the hits (or, when most onboards are
+    hits, the misses) of this size so far, whichever is the smaller set to keep."""
+    if size <= 0:
+        return 0
+    n = max((now for _, _, now in onboards), default=0) + 2
+    few_hits = sum(1 for since, _, _ in onboards if since < size) < len(onboards) // 2
+    kept_offloaded, kept_onboarded = sweep._Fenwick(n), sweep._Fenwick(n)  # the hits so far if few_hits, else misses
+    hits = 0
+    starts = request_starts + [len(onboards)]
+    for r in range(len(request_starts)):
+        alive = True
+        for i in range(starts[r], starts[r + 1]):
+            since, seq, now = onboards[i]
+            if alive:
+                if since >= size:
+                    alive = False
+                elif since + in_front_max[i] >= size:
+                    kept = kept_offloaded.below(seq) - kept_onboarded.below(seq)
+                    alive = since + (kept if few_hits else in_front_max[i] - kept) < size
+            if alive:
+                hits += 1
+            if alive == few_hits:
+                kept_offloaded.add(seq)
+                kept_onboarded.add(now)
+    return hits
+
+
+@settings(SETTINGS, max_examples=40)
+@given(st.integers(0, 2**32), st.sampled_from([16, 32, 512]), st.integers(30, 200), st.lists(st.integers(0, 150),
+                                                                                               min_size=1, max_size=6))
+def test_one_pass_python_counts_are_the_per_size_counts(seed: int, tpb: int, primary: int, sizes: list[int]) -> None:
+    from kvtop.engines.sim import hit_replay
+
+    requests = _trace(random.Random(seed), 80)
+    scale = 32 // tpb if tpb < 32 else 1
+    primary, sizes = max(primary * 32 // tpb, 4), [s * scale for s in sizes]
+    run = hit_replay.replay(requests, primary, max(sizes), tpb, record_onboards=True)
+    in_front = sweep._in_front_at_largest(run.onboards)
+    expected = {h: _reference_host_hits(run.onboards, run.request_starts, h, in_front) for h in sizes}
+    assert sweep._host_hits_python(run.onboards, run.request_starts, sizes) == expected
+
+
+def test_one_pass_python_counts_on_the_shipped_slice() -> None:
+    from kvtop.engines.sim import hit_replay
+    from kvtop.workload.trace import read_trace
+
+    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    sizes = [0, 500, 1000, 2000, 4000, 8000, 16000, 29999, 30000]
+    run = hit_replay.replay(requests, 2000, 30000, 32, record_onboards=True)
+    in_front = sweep._in_front_at_largest(run.onboards)
+    expected = {h: _reference_host_hits(run.onboards, run.request_starts, h, in_front) for h in sizes}
+    assert sweep._host_hits_python(run.onboards, run.request_starts, sizes) == expected
+    assert expected[30000] == run.onboarded_blocks == 12333 and len(set(expected.values())) == 8  # 2,230 twice
 
 
 @settings(SETTINGS, max_examples=40)

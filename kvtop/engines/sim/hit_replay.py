@@ -87,6 +87,13 @@ class _Tokens:
 
     def slice(self, start: int, stop: int) -> tuple[tuple[int, int], ...]:
         """Tokens ``[start, stop)`` (``start >= self.start``) as maximal runs: equal tuples iff equal tokens."""
+        pos = self.start
+        for first, length in self.runs:  # most slices lie in one run: one run, the maximal form already
+            if start < pos + length:
+                if stop <= pos + length:
+                    return ((first + start - pos, stop - start),)
+                break
+            pos += length
         out: list[tuple[int, int]] = []
         pos = self.start
         for first, length in self.runs:
@@ -165,7 +172,7 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
     on_gpu = bytearray([1]) * P + bytearray(H) + bytearray([1])
     key: list[int | None] = [None] * (root + 1)      # None: no key yet (the general manager's empty key)
     prev = [_NO_BLOCK] * (root + 1)                  # parent in the reuse tree, -1 when out of it
-    kids: list[dict[int, int] | None] = [None] * (root + 1)  # children by key, insertion order; None when none
+    kids: list[int | dict[int, int] | None] = [None] * (root + 1)  # children: see child() below
     inserted = [0] * (root + 1)                      # the store call that last put it under its parent
     claimed = [0] * (root + 1)                       # entries of the block below this are stale
     offload_seq = [0] * (root + 1)
@@ -179,7 +186,7 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
     starts = out.request_starts
     epoch = 1
     offloaded = onboarded = reused = missed = 0
-    stores = 0
+    stores_done = [0]  # store calls so far: a child's ``inserted``
 
     def take(n: int, offload: bool, into: list[int], offloaded: int, epoch_bits: int,
              gpu_pop=gpu_queue.popleft, host_pop=host_queue.popleft, host_push=host_queue.append,
@@ -208,64 +215,99 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
                 offload_seq[b] = offloaded
                 host_push(epoch_bits | b)
                 b = t
-            if kids[b] is not None:
+            c = kids[b]
+            if c is not None:
                 free_children(b)
             else:
                 p = prev[b]
-                if p != -1:  # a leaf (_NO_BLOCK: out of the tree): detach it by key, as free_children would
-                    d = kids[p]
-                    if d is not None:
-                        d.pop(key[b], None)
-                        if not d:
-                            kids[p] = None
+                if p != -1:  # a leaf (-1: out of the tree): detach it by key, as free_children would
+                    c = kids[p]
+                    if c == b:  # its parent's only child (a chain's link, most of the tree)
+                        kids[p] = None
+                    elif c is not None:
+                        remove_child(p, key[b])  # type: ignore[arg-type]
                     prev[b] = -1
             append(b)
         return offloaded
 
+    # A node's children (``_Block.children``): None, the only child's id, or a dict by key in insertion order (two or
+    # more at some point; never empty). A single child is compared by its own key, as _Block.child does.
+
+    def child(node: int, k: int) -> int | None:
+        c = kids[node]
+        if c is None or c.__class__ is int:
+            return c if c is not None and key[c] == k else None  # type: ignore[index]
+        return c.get(k)  # type: ignore[union-attr]
+
+    def child_list(node: int) -> list[int]:
+        c = kids[node]
+        if c is None:
+            return []
+        return [c] if c.__class__ is int else list(c.values())  # type: ignore[list-item,union-attr]
+
+    def remove_child(node: int, k: int) -> None:
+        c = kids[node]
+        if c is None:
+            return
+        if c.__class__ is int:
+            if key[c] == k:  # type: ignore[index]
+                kids[node] = None
+            return
+        c.pop(k, None)  # type: ignore[union-attr]
+        if not c:
+            kids[node] = None
+
+    def add_child(node: int, k: int, b: int) -> int:
+        """The child now under ``k`` (``_Block.add_child``); ``inserted`` orders a node's children past its first."""
+        c = kids[node]
+        if c is None:
+            kids[node] = b
+            return b
+        if c.__class__ is int:
+            ck = key[c]  # type: ignore[index]
+            if ck == k:
+                return c  # type: ignore[return-value]
+            kids[node] = {ck: c, k: b}  # type: ignore[dict-item]
+        else:
+            existing = c.setdefault(k, b)  # type: ignore[union-attr]
+            if existing != b:
+                return existing  # type: ignore[no-any-return]
+        inserted[b] = stores_done[0]
+        return b
+
     def free_children(block: int) -> None:
         """``freeChildren``: the block's subtree leaves the tree, children first, each node detached from its parent
         by key; each node's children as they were when it was reached (BlockManager._free_children's order)."""
-        stack = [(block, iter(list(kids[block].values())))]  # type: ignore[union-attr]
+        stack = [(block, iter(child_list(block)))]
         while stack:
             node, children = stack[-1]
             c = next(children, None)
             if c is not None:
-                d = kids[c]
-                stack.append((c, iter(list(d.values()) if d is not None else ())))
+                stack.append((c, iter(child_list(c))))
                 continue
             stack.pop()
-            p = prev[node]
-            if p != _NO_BLOCK:
-                d = kids[p]
-                if d is not None:
-                    d.pop(key[node], None)  # type: ignore[arg-type]
-                    if not d:
-                        kids[p] = None
-                prev[node] = _NO_BLOCK
+            detach(node)
 
     def detach(block: int) -> None:
         p = prev[block]
-        if p != _NO_BLOCK:
-            d = kids[p]
-            if d is not None:
-                d.pop(key[block], None)  # type: ignore[arg-type]
-                if not d:
-                    kids[p] = None
-            prev[block] = _NO_BLOCK
+        if p != -1:
+            remove_child(p, key[block])  # type: ignore[arg-type]
+            prev[block] = -1
 
     def partial_match(node: int, k: int) -> int | None:
         """``_find_matching``'s partial scan: the child of ``node`` sharing the longest prefix with key ``k`` (at
         least one token), the first inserted on ties; the candidates are the children whose key starts with the
-        same token (the int key of that token and the interned keys indexed under it)."""
-        d = kids[node]
-        assert d is not None
+        same token (the int key of that token and the interned keys indexed under it). A node's first child (put
+        under it while it had none) has the oldest ``inserted`` of its children: its own is from before them."""
         v = keys_of.first_token(k)
         candidates = set()
-        if k >= _INTERNED_BASE and v in d:
-            candidates.add(d[v])
+        if k >= _INTERNED_BASE:
+            c = child(node, v)
+            if c is not None:
+                candidates.add(c)
         for c in by_first.get((node, v), ()):
             ck = key[c]
-            if ck is not None and ck >= _INTERNED_BASE and d.get(ck) == c:
+            if ck is not None and ck >= _INTERNED_BASE and prev[c] == node and child(node, ck) == c:
                 candidates.add(c)
         best_n, best = 0, None
         for c in sorted(candidates, key=inserted.__getitem__):
@@ -278,16 +320,16 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
                 best_n, best = n, c
         return best
 
-    def store(blocks: list[int], keys: list[int], tree_prefix: int, stores: int) -> int:
+    def store(blocks: list[int], keys: list[int], tree_prefix: int) -> int:
         """``_store_blocks``: walk the tree along ``keys`` from the sequence's known path; from the first miss on,
         insert the sequence's blocks. Returns the new ``tree_prefix``."""
+        stores_done[0] += 1
         count = min(len(keys), len(blocks))
         first_new = min(tree_prefix, count)
         search = blocks[first_new - 1] if first_new else root
         on_path = True
         while first_new < count:
-            d = kids[search]
-            match = d.get(keys[first_new]) if d is not None else None
+            match = child(search, keys[first_new])
             if match is None:
                 break
             if on_path and match == blocks[first_new]:
@@ -301,23 +343,17 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
             k = keys[i]
             key[b] = k
             prev[b] = search
-            d = kids[search]
-            existing: int | None = None
-            if d is None:
-                kids[search] = {k: b}
-            else:
-                existing = d.get(k)
-                if existing is None:
-                    d[k] = b
-            if existing is None:  # inserted (add_child, which returns the block held under the key)
+            if kids[search] is None:  # a fresh link (add_child's first case, inlined)
+                kids[search] = b
                 existing = b
-                inserted[b] = stores
+            else:
+                existing = add_child(search, k, b)
             if existing != b:
                 on_path = False
             else:
                 if on_path:
                     tree_prefix = i + 1
-                if inserted[b] == stores and k >= _INTERNED_BASE:
+                if k >= _INTERNED_BASE:
                     by_first.setdefault((search, keys_of.first_token(k)), []).append(b)
             search = b
         return tree_prefix
@@ -348,10 +384,9 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
         while len(blocks) < len(add_keys):
             bi = len(blocks)
             k = add_keys[bi]
-            d = kids[search]
-            if d is None:
+            if kids[search] is None:
                 break
-            m = d.get(k)
+            m = child(search, k)
             partial = bi >= add_full  # an exact match of the partial last key
             if m is None:
                 m = partial_match(search, k)
@@ -387,17 +422,16 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
         bi = len(blocks)
         offloaded = take(num_blocks - bi, H > 0, blocks, offloaded, epoch << shift)
         missed += num_blocks - bi
-        for i in range(bi, num_blocks):
+        # the new blocks' keys; storeContextBlocks sets the full ones again, and nothing reads them in between
+        for i in range(max(bi, add_full), num_blocks):
             key[blocks[i]] = add_keys[i] if i < len(add_keys) else None
-        stores += 1
-        tree_prefix = store(blocks, add_keys[:add_full], tree_prefix, stores)  # storeContextBlocks
+        tree_prefix = store(blocks, add_keys[:add_full], tree_prefix)  # storeContextBlocks
         # add_tokens: the generated tokens but the last, new blocks as the sequence fills its last one
         offloaded = take(-(-with_kv // tpb) - num_blocks, H > 0, blocks, offloaded, epoch << shift)
         # removeSequence: store every block (a partial last one too), then release, last first
         if with_kv % tpb:
             full.append(keys_of.of_runs(tokens.slice(len(full) * tpb, with_kv)))
-        stores += 1
-        store(blocks, full, tree_prefix, stores)
+        store(blocks, full, tree_prefix)
         gpu_queue.extend(map((epoch << shift).__or__, reversed(blocks)))
     out.reused_blocks, out.missed_blocks = reused, missed
     out.offloaded_blocks, out.onboarded_blocks = offloaded, onboarded
