@@ -22,6 +22,10 @@ module on every start, ~20 ms). Rows:
 - kvtop full replays without timing, ``--hit-rate-only --host-cache 8GB,16GB,32GB,64GB``, and with engine timing,
   the path every sweep took before (once each; ``--skip-slow`` leaves them out).
 
+- with ``--baseline DIR`` (a checkout of an earlier kvtop, e.g. ``git worktree add --detach /tmp/base c82c581``):
+  the four one-pass rows again from that tree, in the same rounds (its commands run in its folder: ``python -m``
+  puts the working folder first on the path, so a run from this one would import this tree's kvtop).
+
 Then kvtop's Belady's MIN in the peer's units (512-token blocks, one unit of room each, hits in tokens, the second
 half of the requests measured) at the peer's four cache sizes, against the peer's ``optimal``.
 """
@@ -49,9 +53,9 @@ PEER_BUDGETS_GIB = "8,16,32,64"
 PEER_SITE = Path("/tmp/kvtop-bench-peer")
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, str]:
+def timed(cmd: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> tuple[float, str]:
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
@@ -102,26 +106,45 @@ def main() -> None:
     ap.add_argument("--skip-slow", action="store_true", help="leave out the full replays (with and without timing)")
     ap.add_argument("--peer-wheels", type=Path, default=None,
                     help="a folder holding kvcache_simulator-*.whl, for a machine with no package index")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a checkout of an earlier kvtop whose one-pass rows run in the same rounds")
     a = ap.parse_args()
     if not TRACE.exists():
         raise SystemExit(f"trace not found: {TRACE} (set KVTOP_TRACE)")
+    if a.baseline is not None and not (a.baseline / "kvtop" / "engines" / "sim" / "sweep.py").is_file():
+        raise SystemExit(f"--baseline {a.baseline}: not a kvtop checkout with the one-pass sweep "
+                         "(kvtop/engines/sim/sweep.py missing)")
     load_start = load()
     peer_cmd, peer_env = peer_command(a.peer_wheels)
     if shutil.which("c++") is None:
         raise SystemExit("the peer's C++ backend needs a c++ compiler on PATH")
     compileall.compile_dir(str(ROOT / "kvtop"), quiet=1)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+    def env_for(tree: Path) -> dict[str, str]:
+        return dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+    env = env_for(ROOT)
     kvtop = [sys.executable, "-m", "kvtop", "sim", "--trace", str(TRACE), "--json"]
     peer = [*peer_cmd, "run", "--trace", str(TRACE), "--model", "qwen3-8b", "--block-size", "512", "--budgets-gib",
             PEER_BUDGETS_GIB, "--policies", "lru,optimal", "--no-progress", "--format", "json"]
     one_pass = [*kvtop, "--host-cache", "0:64GB:16", "--one-pass"]
-    fast: dict[str, tuple[list[str], dict[str, str], int]] = {
-        "kvcache-simulator (C++ backend, binary cached), LRU + optimal, 8/16/32/64 GiB": (peer, peer_env, 4),
-        "`kvtop sim --one-pass --host-cache 0:64GB:16`, 32 tokens a block": (one_pass, env, 16),
-        "`... --belady`, 32 tokens a block": ([*one_pass, "--belady"], env, 16),
-        "`... --tokens-per-block 512` (the peer's block)": ([*one_pass, "--tokens-per-block", "512"], env, 16),
-        "`... --tokens-per-block 512 --belady`": ([*one_pass, "--tokens-per-block", "512", "--belady"], env, 16),
+    kvtop_rows = {
+        "`kvtop sim --one-pass --host-cache 0:64GB:16`, 32 tokens a block": one_pass,
+        "`... --belady`, 32 tokens a block": [*one_pass, "--belady"],
+        "`... --tokens-per-block 512` (the peer's block)": [*one_pass, "--tokens-per-block", "512"],
+        "`... --tokens-per-block 512 --belady`": [*one_pass, "--tokens-per-block", "512", "--belady"],
     }
+    fast: dict[str, tuple[list[str], dict[str, str], int, Path]] = {
+        "kvcache-simulator (C++ backend, binary cached), LRU + optimal, 8/16/32/64 GiB": (peer, peer_env, 4, ROOT)}
+    for name, cmd in kvtop_rows.items():
+        fast[name] = (cmd, env, 16, ROOT)
+    if a.baseline is not None:
+        base = a.baseline.resolve()
+        compileall.compile_dir(str(base / "kvtop"), quiet=1)
+        rev = subprocess.run(["git", "-C", str(base), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             check=False).stdout.strip() or base.name
+        for name, cmd in kvtop_rows.items():
+            fast[f"baseline {rev}: {name}"] = (cmd, env_for(base), 16, base)
 
     binary = peer_binary(peer_env)
     binary.unlink(missing_ok=True)  # the peer's own cache: the next call compiles it again
@@ -129,12 +152,12 @@ def main() -> None:
     walls: dict[str, list[float]] = {name: [] for name in fast}
     outs: dict[str, str] = {}
     for _ in range(a.repeat):  # round by round: each round runs every command once
-        for name, (cmd, cmd_env, _) in fast.items():
-            wall, outs[name] = timed(cmd, cmd_env)
+        for name, (cmd, cmd_env, _, cwd) in fast.items():
+            wall, outs[name] = timed(cmd, cmd_env, cwd)
             walls[name].append(wall)
     rows: list[tuple[str, int, float]] = [
         ("kvcache-simulator, cold (compiles its C++ backend first), LRU + optimal, 8/16/32/64 GiB", 4, cold)]
-    rows += [(name, sizes, min(walls[name])) for name, (_, _, sizes) in fast.items()]
+    rows += [(name, sizes, min(walls[name])) for name, (_, _, sizes, _) in fast.items()]
     full_hit: dict[str, Any] | None = None
     timed_runs: dict[str, Any] | None = None
     if not a.skip_slow:
@@ -159,6 +182,14 @@ def main() -> None:
 
     curve = json.loads(outs["`... --belady`, 32 tokens a block"])
     curve512 = json.loads(outs["`... --tokens-per-block 512 --belady`"])
+    for name in kvtop_rows:  # the same curve from the baseline tree, point by point
+        base_name = next((n for n in outs if n.startswith("baseline ") and n.endswith(name)), None)
+        if base_name is not None:
+            mine, theirs = json.loads(outs[name])["runs"], json.loads(outs[base_name])["runs"]
+            keys = ("secondary_blocks", "reused_blocks", "missed_blocks", "cache_hit_rate", "onboarded_blocks",
+                    "belady_hit_rate")
+            same = [{k: r.get(k) for k in keys} for r in mine] == [{k: r.get(k) for k in keys} for r in theirs]
+            print(f"curve of {name}: {'the same as' if same else 'DIFFERENT from'} the baseline's, point by point")
     print("\nkvtop, Qwen3-8B on H200 sizing, every request counted, one request at a time: GPU pool "
           f"{curve['runs'][0]['primary_blocks']} blocks of 32 tokens / {curve512['runs'][0]['primary_blocks']} of "
           "512\n")
