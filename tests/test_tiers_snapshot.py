@@ -43,6 +43,22 @@ def test_a_snapshot_reads_as_the_model_does_and_stays_put_while_the_model_moves_
     assert again is not snap and again.moves.offloaded_blocks == offloaded + 1 and m.published is again
 
 
+def test_a_snapshots_summary_is_the_models_at_every_point_of_a_busy_run() -> None:
+    # take() builds the summary from the reads it took for the snapshot's own fields (one set of percentiles, not
+    # two): it must still be exactly what the model's summary() says at that moment, record after record.
+    m = TierModel()
+    compared = 0
+    for i, rec in enumerate(read_jsonl(BUSY_RECORDING)):
+        assert isinstance(rec, Record)
+        m.apply(rec)
+        if i % 97 == 0:
+            snap = m.snapshot()
+            assert snap.summary() == m.summary(), f"after record {i}"
+            assert snap.requests == m.requests and snap.tiers == tuple(m.tiers)
+            compared += 1
+    assert compared > 30 and m.snapshot().summary()["requests"]["completed"] > 0
+
+
 def test_an_unchanged_model_hands_out_the_same_snapshot_and_any_record_changes_it() -> None:
     m = _busy()
     first = m.snapshot()

@@ -134,6 +134,8 @@ class Column(Vertical):
 class DashboardScreen(Screen[None]):
     """The one screen. Its class (``-wide`` / ``-medium`` / ``-compact``) follows its size (kvtop.tcss)."""
 
+    BLANK = True
+
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
         with Column(id="bottom"):  # docked widgets on one edge overlap: the log and the keys share one dock

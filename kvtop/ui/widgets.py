@@ -28,6 +28,7 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.geometry import Region
+from textual.messages import Update
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.strip import Strip
@@ -274,7 +275,11 @@ class Panel(Widget):
                 regions.append(Region(self._row_x, start, self._row_width, y - start))
                 start = -1
         if regions:
-            self.refresh(*regions)
+            self._repaint(regions)
+
+    def _repaint(self, regions: list[Region]) -> None:
+        """Mark content ``regions`` for repainting (Textual's public refresh; see the cached path below)."""
+        self.refresh(*regions)
 
     def on_resize(self) -> None:
         self._inner = None
@@ -443,7 +448,20 @@ class Panel(Widget):
         return inner
 
 
-if not _CACHE_RENDERS:
+def _repaint_direct(self: Panel, regions: list[Region]) -> None:
+    # Changed rows straight to the screen: Widget.refresh would mark them the same way, then clear the panel's
+    # layout and style caches (nothing in them changed: a row's text is not its size or its styles) and wake the
+    # panel's own message pump only to post this very Update to the screen.
+    if not self.is_mounted:
+        self.refresh(*regions)
+        return
+    self._set_dirty(*regions)
+    self.screen.post_message(Update(self))
+
+
+if _CACHE_RENDERS:
+    Panel._repaint = _repaint_direct  # type: ignore[method-assign]
+else:
     # Off: not a line of the private hook is installed; Textual's own render_lines and _set_dirty run as they are.
     del Panel._set_dirty, Panel.render_lines, Panel._framed, Panel._learn_frame
 
