@@ -281,3 +281,65 @@ def test_needed_blocks_do_not_count_reuse_as_in_1_2() -> None:
     run = drive(MAX_UTIL, 60, 3, [iota(30), iota(30)], 5, reuse=True, max_tokens_per_seq=50)
     check(run, [State(0, 5, (0, 1), {0: (5, 30, 0, 0)}), State(5, 10, (1,), {1: (5, 30, 0, 0)})], 10)
     assert run.core.bm.reused_blocks == 3 and run.core.paused_total == 0
+
+
+# ---------------------------------------------------------------------- the micro-batch scheduler (token budget)
+# microBatchScheduler.cpp ``MicroBatchScheduler::operator()`` with chunked prefill (FIRST_COME_FIRST_SERVED, chunk
+# unit = tokens_per_block), then ``addSequence`` only for the contexts it schedules and
+# ``LlmRequest::setPrepopulatedPromptLen`` for what they find cached. In 1.2 a first chunk is charged its whole
+# prompt (the lookup comes after scheduling; main subtracts the reusable tokens since PR #11637, Mar 2026:
+# microBatchSchedulerTest.cpp ``ReusableTokensReduceComputeBudget``, whose first half is 1.2's behaviour).
+
+def _engine(blocks: int, tpb: int, max_num_tokens: int) -> SimEngineCore:
+    return SimEngineCore(MODEL, GPU, BlockManager(blocks, 0, tpb), max_batch_size=8, max_num_tokens=max_num_tokens,
+                         max_seq_len=4096, enable_iter_perf_stats=True)
+
+
+def test_a_first_chunk_is_charged_its_whole_prompt_however_much_is_cached() -> None:
+    """4 prompts of 48 tokens (16-token blocks), each run once, then all 4 again at once with 64 tokens a batch.
+    Each finds 47 tokens cached and computes 1, but the budget charges 48: the first gets 48, the second the 16
+    left (a whole block), the other two nothing, so they are not scheduled, not even allocated, and run the next
+    iteration. kvtop before: all four were admitted and, charged 1 token each, ran in one iteration."""
+    core = _engine(64, 16, 64)
+    prompts = [[1000 * i + k for k in range(48)] for i in range(4)]
+    for i, p in enumerate(prompts):  # warm-up, one at a time
+        core.submit(SimRequest(i, p, 1, arrival_s=core.now_s))
+        while not core.idle():
+            core.step()
+    core.take_stats()
+    again = [SimRequest(10 + i, p, 1, arrival_s=core.now_s) for i, p in enumerate(prompts)]
+    for r in again:
+        core.submit(r)
+    first = core.iteration
+    core.step()
+    assert [core.bm.has_request(r.request_id) for r in again] == [False, False, False, False]  # 2 done, 2 not begun
+    assert [r.finished for r in again] == [True, True, False, False]
+    assert [r.first_iter for r in again[2:]] == [None, None]
+    while not core.idle():
+        core.step()
+    assert [r.first_iter - first for r in again] == [0, 0, 1, 1]  # type: ignore[operator]
+    assert [r.reused_tokens for r in again] == [47] * 4
+    stats = core.take_stats()
+    assert [(s["inflightBatchingStats"]["numContextRequests"], s["inflightBatchingStats"]["numCtxTokens"])
+            for s in stats] == [(2, 2), (2, 2)]
+
+
+def test_a_partial_chunk_is_whole_blocks_and_a_context_that_gets_none_waits_unallocated() -> None:
+    """A 100-token prompt and a 20-token one, 16-token blocks, 40 tokens a batch. The first is charged 100 and
+    gets 40 cut to 32 (2 blocks); the second would get the 8 left, cut to 0: it is not scheduled and holds no
+    block. Then 32 again (68 left), then the last 36 (the rest of its prompt: not cut), which leaves 4 for the
+    second: cut to 0 again. The second runs alone at iteration 3. kvtop before: 40, 40, then the first's last 20
+    beside the second's 20, the second admitted (its 2 blocks allocated) at iteration 0."""
+    core = _engine(64, 16, 40)
+    a, b = SimRequest(0, list(range(100)), 2, arrival_s=0.0), SimRequest(1, list(range(500, 520)), 2, arrival_s=0.0)
+    core.submit(a)
+    core.submit(b)
+    chunks = []
+    while not core.idle():
+        core.step()
+        if core.iteration == 1:
+            assert not core.bm.has_request(1) and b.first_iter is None
+        chunks += [s["inflightBatchingStats"]["numCtxTokens"] for s in core.take_stats()]
+    assert chunks[:4] == [32, 32, 36, 20]
+    assert (a.first_iter, b.first_iter) == (0, 3)
+    assert a.context_done == 100 and b.context_done == 20

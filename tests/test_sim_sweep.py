@@ -38,11 +38,13 @@ def run_kvtop(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
 
 # (host bytes, host blocks, reused, missed, onboarded) per host size, Qwen3-8B on H200 (25,054 GPU blocks of 32
 # tokens). Before the iterative freeChildren the 8 GB run died with RecursionError (exit 1, traceback).
-SWEEP = [  # with the capacity scheduler's beneficialToSkip (was 2784, 3392, 4325, 7760 reused without it)
+# With the capacity scheduler's beneficialToSkip (was 2784, 3392, 4325, 7760 reused without it); at 32 and 64 GB
+# 6712 -> 6665 and 10080 -> 10064 reused with the micro-batch scheduler's token budget (docs/trtllm-kv.md 9.4).
+SWEEP = [
     (0, 0, 5104, 222896, 0),
     (8_000_000_000, 1695, 5712, 222288, 608),
-    (32_000_000_000, 6781, 6712, 221288, 1608),
-    (64_000_000_000, 13563, 10080, 217920, 4976),
+    (32_000_000_000, 6781, 6665, 221335, 1561),
+    (64_000_000_000, 13563, 10064, 217936, 4960),
 ]
 
 

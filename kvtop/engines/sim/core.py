@@ -32,9 +32,11 @@ Both walk TensorRT-LLM's active request list: the requests its executor fetched,
 paused and not yet started ones interleaved, at most ``max_batch_size`` of them (py_executor.py
 ``_fetch_new_requests`` fetches only up to ``max_num_active_requests`` active ones); the rest wait in its queue. A
 request passed over by ``beneficialToSkip`` keeps its place before later ones (docs/trtllm-kv.md 9.3). At most
-``max_batch_size`` requests are scheduled at once, and one iteration computes at most ``max_num_tokens`` tokens;
-prompts longer than what is left of that budget are prefilled in chunks (as with ``enable_chunked_prefill``), their
-KV blocks all allocated at the first chunk.
+``max_batch_size`` requests are scheduled at once, and one iteration computes at most ``max_num_tokens`` tokens,
+shared as TensorRT-LLM's micro-batch scheduler shares them with ``enable_chunked_prefill`` (FIRST_COME_FIRST_SERVED,
+chunks of whole blocks but a prompt's last): a context asks for the rest of its prompt, all of it at its first
+chunk however much is cached (1.2 looks the prompt up only after scheduling), and a context that gets nothing is not
+scheduled; a first chunk allocates all of the prompt's KV blocks, and only a scheduled one (docs/trtllm-kv.md 9.4).
 """
 
 
@@ -136,6 +138,11 @@ class SimEngineCore:
             raise ValueError(f"max_batch_size: must be > 0, got {max_batch_size}")
         if max_num_tokens <= 0:
             raise ValueError(f"max_num_tokens: must be > 0, got {max_num_tokens}")
+        if max_num_tokens < block_manager.tokens_per_block:
+            # a chunk that is not the rest of its prompt is a whole number of blocks: below one block, a prompt
+            # longer than the budget could never be scheduled
+            raise ValueError(f"max_num_tokens ({max_num_tokens}) must be at least tokens_per_block "
+                             f"({block_manager.tokens_per_block})")
         self.model = model
         self.gpu = gpu
         self.bm = block_manager
@@ -247,11 +254,74 @@ class SimEngineCore:
         req.context_done = reused
         req.stage = "CONTEXT_IN_PROGRESS"
 
-    def _schedule(self) -> tuple[list[SimRequest], list[SimRequest]]:
-        """(requests started this iteration, the requests scheduled to run, in the active list's order)."""
+    def _schedule(self) -> list[SimRequest]:
+        """The capacity scheduler's fitting requests, in the active list's order (paused ones already paused)."""
         if self.capacity_scheduler_policy == MAX_UTILIZATION:
             return self._schedule_max_utilization()
         return self._schedule_no_evict()
+
+    def _micro_batch(self, fitting: list[SimRequest]
+                     ) -> tuple[list[SimRequest], list[tuple[SimRequest, int]], list[SimRequest]]:
+        """``MicroBatchScheduler::operator()`` with chunked prefill (FIRST_COME_FIRST_SERVED, chunk unit = a block),
+        then ``addSequence`` for the contexts it schedules: (generation requests, [(context, tokens to compute)],
+        the requests that started).
+
+        Every generation request takes one token of ``max_num_tokens``. A context asks for what is left of its
+        prompt (all of it before its first chunk: the reuse lookup happens after scheduling, so 1.2 charges a
+        request the whole prompt whatever is cached); when they do not all fit, each in turn gets what is left of
+        the budget, cut down to whole blocks unless it is the rest of its prompt. A context that gets 0 is not
+        scheduled: a first chunk is then not allocated at all (TensorRT-LLM allocates KV only for the scheduled
+        batch, ``prepare_resources``) and tries again next iteration. A first chunk that finds tokens cached starts
+        after them and stops at a block boundary within its chunk (``LlmRequest::setPrepopulatedPromptLen``)."""
+        gen: list[SimRequest] = []
+        contexts: list[SimRequest] = []
+        for r in fitting:
+            if r.stage == "GENERATION_IN_PROGRESS":
+                gen.append(r)
+            else:
+                contexts.append(r)
+        capacity = max(self.max_num_tokens - len(gen), 0)
+        asked = [r.num_prompt_tokens - r.context_done for r in contexts]  # context_done: 0 before the first chunk
+        if sum(asked) <= capacity:
+            sizes = asked
+        else:
+            tpb = self.tpb
+            sizes = []
+            for want in asked:
+                size = min(want, capacity)
+                if size != want:
+                    size = size // tpb * tpb
+                sizes.append(size)
+                capacity -= size
+        chunks: list[tuple[SimRequest, int]] = []
+        new: list[SimRequest] = []
+        for r, size in zip(contexts, sizes):
+            if size <= 0:
+                continue
+            if r.stage == "QUEUED":
+                new.append(r)
+            chunks.append((r, size))
+        self._start(new)
+        out: list[tuple[SimRequest, int]] = []
+        for r, size in chunks:
+            if r.stage != "CONTEXT_IN_PROGRESS":  # new, or resumed after a pause: addSequence
+                try:
+                    self._admit(r)
+                except NoFreeBlockError as exc:
+                    # The capacity scheduler counted these blocks free, so this is a safety net (TensorRT-LLM
+                    # would throw): the request fails, the run goes on.
+                    self.bm.remove_sequence(r.request_id)
+                    self.running[:] = [x for x in self.running if x is not r]  # in place: step() holds the list
+                    new = [x for x in new if x is not r]
+                    self._fail(r, f"out of KV cache blocks at allocation: {exc}")
+                    continue
+                cached = r.context_done
+                if cached and cached + size < r.num_prompt_tokens:
+                    size = (cached + size) // self.tpb * self.tpb - cached
+                else:
+                    size = min(size, r.num_prompt_tokens - cached)
+            out.append((r, size))
+        return gen, out, new
 
     def _fetched(self) -> list[SimRequest]:
         """The arrived requests not yet started that TensorRT-LLM's executor has in its active list: it fetches new
@@ -339,8 +409,9 @@ class SimEngineCore:
         contributed.add(block)
         return False
 
-    def _schedule_max_utilization(self) -> tuple[list[SimRequest], list[SimRequest]]:
-        """MAX_UTILIZATION (``MaxUtilizationScheduler::operator()``), then the pauses and allocations it decided."""
+    def _schedule_max_utilization(self) -> list[SimRequest]:
+        """MAX_UTILIZATION (``MaxUtilizationScheduler::operator()``), then the pauses it decided: the requests that
+        fit this iteration, in the active list's order."""
         bm = self.bm
         # the active list in TensorRT-LLM's order: started, paused and fetched requests as they were submitted
         active = self._in_order(self.running, self._fetched())
@@ -378,25 +449,7 @@ class SimEngineCore:
             end = j
         for req in paused:
             self._pause(req)
-        started = [r for r in scheduled if r.stage == "QUEUED"]
-        self._start(started)
-        failed = []
-        for req in scheduled:
-            if req.stage in ("QUEUED", "PAUSED"):
-                try:
-                    self._admit(req)
-                except NoFreeBlockError as exc:
-                    # The scheduler counted these blocks free, so this is a safety net (TensorRT-LLM would throw):
-                    # the request fails, the run goes on.
-                    bm.remove_sequence(req.request_id)
-                    self.running.remove(req)
-                    failed.append(req)
-                    self._fail(req, f"out of KV cache blocks at allocation: {exc}")
-        if failed:  # by identity: == would compare dataclasses field by field
-            gone = {id(r) for r in failed}
-            scheduled = [r for r in scheduled if id(r) not in gone]
-            started = [r for r in started if id(r) not in gone]
-        return started, scheduled
+        return scheduled
 
     def _pause(self, req: SimRequest) -> None:
         """``LlmRequest::pause`` + ``terminateRequest(pause=true)``: release the KV (stored for reuse), move the
@@ -415,7 +468,7 @@ class SimEngineCore:
         self.paused_total += 1
         self._paused_now.append(req)
 
-    def _schedule_no_evict(self) -> tuple[list[SimRequest], list[SimRequest]]:
+    def _schedule_no_evict(self) -> list[SimRequest]:
         """GUARANTEED_NO_EVICT (``GuaranteedNoEvictScheduler::impl``): every generating request runs and reserves
         the blocks it still needs to finish; then the other active requests, in the active list's order (a chunked
         context still running among new ones), each start or go on while the blocks they need to finish fit, and
@@ -431,7 +484,6 @@ class SimEngineCore:
             else:
                 chunked.append(r)
         contributed = self._contributed_context_blocks()
-        started: list[SimRequest] = []
         self._blocked = None
         for req in self._in_order(chunked, self._fetched()):
             # only a request about to start its first chunk can be skipped; it waits in its place for the next pass
@@ -445,12 +497,7 @@ class SimEngineCore:
                 break
             available -= need
             scheduled.append(req)
-            if req.stage == "QUEUED":
-                started.append(req)
-        self._start(started)
-        for req in started:
-            self._admit(req)
-        return started, scheduled
+        return scheduled
 
     def step(self) -> list[SimRequest]:
         """One iteration. Returns the requests that finished in it. Does nothing when nothing can run."""
@@ -460,7 +507,7 @@ class SimEngineCore:
         bm.refresh()
         moves_before = (bm.onboarded_blocks, bm.offloaded_blocks)
         self._paused_now = []
-        started, scheduled = self._schedule()
+        scheduled = self._schedule()
         if not scheduled and not self._paused_now:
             # Nothing runs and nothing was paused: the pass ended at a request whose blocks do not fit with nothing
             # left to free (submit() rejects what can never fit an empty pool, so this is a safety net; TensorRT-LLM
@@ -484,24 +531,9 @@ class SimEngineCore:
             self._fail(head, f"needs {need}, the GPU pool has {bm.num_free_blocks(0)} free of {bm.primary_blocks}")
             return []
         # Token budget: every generation request takes one token; context chunks share the rest.
+        gen, chunks, started = self._micro_batch(scheduled)
         running = self.running
-        gen: list[SimRequest] = []
-        in_context: list[SimRequest] = []
-        for r in scheduled:
-            stage = r.stage
-            if stage == "GENERATION_IN_PROGRESS":
-                gen.append(r)
-            elif stage == "CONTEXT_IN_PROGRESS":
-                in_context.append(r)
-        self.max_scheduled = max(self.max_scheduled, len(gen) + len(in_context))
-        budget = max(self.max_num_tokens - len(gen), 0)
-        chunks: list[tuple[SimRequest, int]] = []
-        for r in in_context:
-            if budget <= 0:
-                break
-            n = min(r.num_prompt_tokens - r.context_done, budget)
-            chunks.append((r, n))
-            budget -= n
+        self.max_scheduled = max(self.max_scheduled, len(gen) + len(chunks))
         # addToken runs before the forward pass: room for the KV of the token being fed.
         tpb = self.tpb
         add_token = bm.add_token
