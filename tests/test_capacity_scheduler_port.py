@@ -343,3 +343,30 @@ def test_a_partial_chunk_is_whole_blocks_and_a_context_that_gets_none_waits_unal
     assert chunks[:4] == [32, 32, 36, 20]
     assert (a.first_iter, b.first_iter) == (0, 3)
     assert a.context_done == 100 and b.context_done == 20
+
+
+@pytest.mark.parametrize(("blocks", "c_at_2"), [(20, 0), (21, 16)])
+def test_no_evict_weighs_a_chunked_context_in_list_order(blocks: int, c_at_2: int) -> None:
+    """GUARANTEED_NO_EVICT, 16-token blocks, 64 tokens a batch. A (96 tokens), B (A's first block + 24 of its own),
+    C (160 tokens of its own) arrive together. Iteration 0: A starts, 64 tokens; B waits for A's first block
+    (beneficialToSkip); C is admitted but the budget is spent, so it is not scheduled. Iteration 1: A's last 32, C's
+    first 32 (B still waits: A's context is still running). Iteration 2: the list is [A, B, C]; A generates and
+    reserves its last block; B and C are both pending (``GuaranteedNoEvictScheduler::impl``), in that order: B takes
+    3 blocks, and with 20 blocks that leaves C's last one (it needs 11 to finish, holds 10) unavailable, so the pass
+    ends at C and C's context waits an iteration with 23 tokens of budget left; with 21 blocks C goes on (16 tokens,
+    the budget cut to a block). kvtop before (20 blocks): C was allocated at iteration 0, and every started request
+    reserved first, so at iteration 2 C went on (63 tokens) and B started at 3."""
+    core = _engine(blocks, 16, 64)
+    a = SimRequest(0, list(range(96)), 2, arrival_s=0.0)
+    b = SimRequest(1, list(range(16)) + list(range(5000, 5024)), 2, arrival_s=0.0)
+    c = SimRequest(2, list(range(9000, 9160)), 2, arrival_s=0.0)
+    for r in (a, b, c):
+        core.submit(r)
+    per_iteration = []
+    while not core.idle():
+        before = [r.context_done for r in (a, b, c)]
+        core.step()
+        per_iteration.append([r.context_done - n for r, n in zip((a, b, c), before)])
+    assert per_iteration[:3] == [[64, 0, 0], [32, 0, 32], [0, 40, c_at_2]]  # B: 16 reused, 24 computed
+    assert (a.first_iter, b.first_iter, c.first_iter) == (0, 2, 1)
+    assert b.reused_tokens == 16 and c.context_done == 160
