@@ -189,16 +189,25 @@ def _general_and_specialised(requests: list[TraceRequest], primary: int, host: i
              fast.onboarded_blocks, fast.onboards, fast.request_starts))
 
 
-@settings(SETTINGS, max_examples=120)
+@settings(SETTINGS, max_examples=150)
 @given(st.integers(0, 2**32), st.sampled_from([1, 2, 8, 16, 32, 64, 128, 512]), st.integers(4, 200),
-       st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(0, 150)))
-def test_hit_replay_is_the_block_manager_replay(seed: int, tpb: int, primary: int, host: int) -> None:
+       st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(0, 150)), st.sampled_from([1, 8, 1 << 20]))
+def test_hit_replay_is_the_block_manager_replay(seed: int, tpb: int, primary: int, host: int, batch: int) -> None:
     """Tiny pools (a request skipped when it needs more than the GPU pool), host tiers of 0-3 blocks (an onboard
     that leaves no free host block for its victim's offload), repeated prompts (partial matches of a block holding
     generated ids, copies and claimed leaves), tails past the hash ids, consecutive hash ids (a block across two
-    runs that is one run of ids)."""
+    runs that is one run of ids); the batched take and store from 1 block on, from 8, or never, at every block
+    size."""
+    from kvtop.engines.sim import hit_replay
+
     requests = _trace(random.Random(seed), 70)
-    general, fast = _general_and_specialised(requests, max(primary * 32 // tpb, 2), host * 32 // tpb or host, tpb)
+    before = hit_replay.BATCH_FROM, hit_replay.BATCH_FROM_BLOCKS_PER_TRACE_BLOCK
+    hit_replay.BATCH_FROM, hit_replay.BATCH_FROM_BLOCKS_PER_TRACE_BLOCK = batch, 1
+    try:
+        general, fast = _general_and_specialised(requests, max(primary * 32 // tpb, 2), host * 32 // tpb or host,
+                                                 tpb)
+    finally:
+        hit_replay.BATCH_FROM, hit_replay.BATCH_FROM_BLOCKS_PER_TRACE_BLOCK = before
     assert fast == general
 
 

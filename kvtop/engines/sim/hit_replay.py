@@ -45,6 +45,12 @@ from kvtop.engines.sim.core import GENERATED_TOKEN_BASE
 
 _INTERNED_BASE = 1 << 64  # past every token id (signed 64-bit), so an interned key never equals a run key
 _NO_BLOCK = -1
+# take() and store() a step at a time for all blocks from this many (most of a trace's: a prompt's new blocks), when
+# a trace block is 16 KV blocks or more. Measured on the Mooncake trace (CPU s of the replay, best of 2, dev box at
+# load 4-6, so rough): 32 tokens a block 1.59-1.85 against 1.86-1.95 step by step; 64 and 128 even; 512 slower
+# (0.165 against 0.145; why is not known), so off there.
+BATCH_FROM = 8
+BATCH_FROM_BLOCKS_PER_TRACE_BLOCK = 16
 _MAX_HASH_ID = ((1 << 63) - TRACE_BLOCK_TOKENS) // TRACE_BLOCK_TOKENS  # its 512 ids fit in signed 64 bits
 
 
@@ -187,6 +193,7 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
     epoch = 1
     offloaded = onboarded = reused = missed = 0
     stores_done = [0]  # store calls so far: a child's ``inserted``
+    batch_from = BATCH_FROM if TRACE_BLOCK_TOKENS // tpb >= BATCH_FROM_BLOCKS_PER_TRACE_BLOCK else 1 << 62
 
     def take(n: int, offload: bool, into: list[int], offloaded: int, epoch_bits: int,
              gpu_pop=gpu_queue.popleft, host_pop=host_queue.popleft, host_push=host_queue.append,
@@ -196,6 +203,8 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
         ``offload`` (a host block is free; onboard_blocks on, priority 35 >= 30): it goes to the back of the host
         queue and the host front's block, whose data is dropped, takes its GPU slot. What the taken block frees
         leaves the tree. Returns the offload count."""
+        if offload and batch_from <= n <= H:
+            return take_batch(n, into, offloaded, epoch_bits)
         append = into.append
         for _ in range(n):
             e = gpu_pop()
@@ -229,6 +238,52 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
                     prev[b] = -1
             append(b)
         return offloaded
+
+    def take_batch(n: int, into: list[int], offloaded: int, epoch_bits: int,
+                   gpu_pop=gpu_queue.popleft, host_pop=host_queue.popleft, key=key, prev=prev, kids=kids,
+                   claimed=claimed, on_gpu=on_gpu, offload_seq=offload_seq, mask=mask) -> int:
+        """``take`` of ``n`` blocks, offloading, a step at a time for all of them: the GPU front's ``n`` live
+        entries, the host front's as many as hold keys, the tiers and offload counts, the host queue's new entries,
+        then each taken block's detach, in take's order. The same as ``take``'s loop when ``n`` is at most the
+        host tier's size: its targets are then all entries that were in the host queue before the batch (the
+        offloaded blocks go behind every one of them), so popping them all before pushing changes nothing."""
+        gpu = [gpu_pop() for _ in range(n)]
+        victims = [e & mask for e in gpu if e >= claimed[e & mask]]
+        while len(victims) < n:  # stale entries (claimed blocks) were among them
+            e = gpu_pop()
+            if e >= claimed[e & mask]:
+                victims.append(e & mask)
+        keyed = [b for b in victims if key[b] is not None]
+        host = [host_pop() for _ in range(len(keyed))]
+        targets = [e & mask for e in host if e >= claimed[e & mask]]
+        while len(targets) < len(keyed):
+            e = host_pop()
+            if e >= claimed[e & mask]:
+                targets.append(e & mask)
+        for b in keyed:
+            on_gpu[b] = 0
+        for t in targets:
+            on_gpu[t] = 1
+        for b, seq in zip(keyed, range(offloaded + 1, offloaded + 1 + len(keyed))):
+            offload_seq[b] = seq
+        host_queue.extend(map(epoch_bits.__or__, keyed))
+        if len(keyed) < n:  # blocks without a key are taken themselves, in their place
+            from_host = iter(targets)
+            targets = [next(from_host) if key[b] is not None else b for b in victims]
+        for b in targets:
+            if kids[b] is not None:
+                free_children(b)
+            else:
+                p = prev[b]
+                if p != -1:
+                    c = kids[p]
+                    if c == b:
+                        kids[p] = None
+                    elif c is not None:
+                        remove_child(p, key[b])  # type: ignore[arg-type]
+                    prev[b] = -1
+        into.extend(targets)
+        return offloaded + len(keyed)
 
     # A node's children (``_Block.children``): None, the only child's id, or a dict by key in insertion order (two or
     # more at some point; never empty). A single child is compared by its own key, as _Block.child does.
@@ -338,6 +393,30 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
                 on_path = False
             search = match
             first_new += 1
+        chain = blocks[first_new:count]
+        if len(chain) >= batch_from and list(map(kids.__getitem__, chain[:-1])).count(None) == len(chain) - 1:
+            # Every block but the first goes under the one before it, which has no children: a fresh chain (the
+            # common case: the new blocks of a prompt, of a decode), its links set a step at a time for all.
+            chain_keys = keys[first_new:count]
+            for b, k in zip(chain, chain_keys):
+                key[b] = k
+            b = chain[0]
+            prev[b] = search
+            for p, b in zip(chain, chain[1:]):
+                prev[b] = p
+                kids[p] = b
+            first = chain[0]
+            existing = add_child(search, chain_keys[0], first)
+            if existing != first:
+                on_path = False
+            elif on_path:
+                tree_prefix = count
+            if max(chain_keys) >= _INTERNED_BASE:
+                for j, k in enumerate(chain_keys):
+                    if k >= _INTERNED_BASE and (j or existing == first):
+                        under = chain[j - 1] if j else search
+                        by_first.setdefault((under, keys_of.first_token(k)), []).append(chain[j])
+            return tree_prefix
         for i in range(first_new, count):
             b = blocks[i]
             k = keys[i]
