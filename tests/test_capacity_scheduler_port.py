@@ -370,3 +370,25 @@ def test_no_evict_weighs_a_chunked_context_in_list_order(blocks: int, c_at_2: in
     assert per_iteration[:3] == [[64, 0, 0], [32, 0, 32], [0, 40, c_at_2]]  # B: 16 reused, 24 computed
     assert (a.first_iter, b.first_iter, c.first_iter) == (0, 2, 1)
     assert b.reused_tokens == 16 and c.context_done == 160
+
+
+def test_iteration_stats_count_fetched_requests_as_active() -> None:
+    """py_executor.py ``_get_init_iter_stats``: ``numActiveRequests`` is ``len(self.active_requests)`` (fetched,
+    started or not), ``numNewActiveRequests`` the requests fetched this iteration, ``numQueuedRequests`` the request
+    queue's size. 5 requests at t=0, max_batch_size 3, 8 blocks of 16 tokens: each needs 6 to finish, so one runs
+    at a time. Iteration 0 fetches 3 (1 starts): 3 new, 3 active, 2 queued; then 3 active, 2 queued, none new,
+    until the first finishes and a fourth is fetched. kvtop before: 1 new, 1 active, 4 queued (it counted only
+    started requests as active)."""
+    core = SimEngineCore(MODEL, GPU, BlockManager(8, 0, 16), max_batch_size=3, max_num_tokens=4096,
+                         enable_iter_perf_stats=True)
+    reqs = [SimRequest(i, [100 * i + k for k in range(64)], 20, arrival_s=0.0) for i in range(5)]
+    for r in reqs:
+        core.submit(r)
+    while not core.idle():
+        core.step()
+    stats = core.take_stats()
+    counts = [(s["numNewActiveRequests"], s["numActiveRequests"], s["numQueuedRequests"]) for s in stats]
+    assert counts[:2] == [(3, 3, 2), (0, 3, 2)]
+    assert counts[19:21] == [(0, 3, 2), (1, 3, 1)]  # request 0 finished at 19: request 3 fetched at 20
+    assert sum(n for n, _, _ in counts) == 5 and max(a for _, a, _ in counts) == 3
+    assert reqs[0].last_iter == 19 and reqs[1].first_iter == 20

@@ -87,6 +87,7 @@ class SimRequest:
     digest: int = 0
     stage: str = "QUEUED"
     scheduled_s: float | None = None
+    fetched_s: float | None = None   # when the executor first took it into its active list (_fetched)
     first_token_s: float | None = None
     last_token_s: float | None = None
     first_iter: int | None = None
@@ -175,6 +176,8 @@ class SimEngineCore:
         self.max_scheduled = 0      # the most requests scheduled in one iteration
         self._paused_now: list[SimRequest] = []  # paused in the current iteration (for its stats)
         self._blocked: SimRequest | None = None  # the request that ended the last scheduling pass, not fitting
+        self._fetched_now: list[SimRequest] = []  # this iteration's fetched requests not started before it
+        self._new_fetched: list[SimRequest] = []  # ...of which fetched for the first time (numNewActiveRequests)
 
     # ------------------------------------------------------------------------------------------ intake
 
@@ -260,11 +263,9 @@ class SimEngineCore:
             return self._schedule_max_utilization()
         return self._schedule_no_evict()
 
-    def _micro_batch(self, fitting: list[SimRequest]
-                     ) -> tuple[list[SimRequest], list[tuple[SimRequest, int]], list[SimRequest]]:
+    def _micro_batch(self, fitting: list[SimRequest]) -> tuple[list[SimRequest], list[tuple[SimRequest, int]]]:
         """``MicroBatchScheduler::operator()`` with chunked prefill (FIRST_COME_FIRST_SERVED, chunk unit = a block),
-        then ``addSequence`` for the contexts it schedules: (generation requests, [(context, tokens to compute)],
-        the requests that started).
+        then ``addSequence`` for the contexts it schedules: (generation requests, [(context, tokens to compute)]).
 
         Every generation request takes one token of ``max_num_tokens``. A context asks for what is left of its
         prompt (all of it before its first chunk: the reuse lookup happens after scheduling, so 1.2 charges a
@@ -312,7 +313,6 @@ class SimEngineCore:
                     # would throw): the request fails, the run goes on.
                     self.bm.remove_sequence(r.request_id)
                     self.running[:] = [x for x in self.running if x is not r]  # in place: step() holds the list
-                    new = [x for x in new if x is not r]
                     self._fail(r, f"out of KV cache blocks at allocation: {exc}")
                     continue
                 cached = r.context_done
@@ -321,7 +321,7 @@ class SimEngineCore:
                 else:
                     size = min(size, r.num_prompt_tokens - cached)
             out.append((r, size))
-        return gen, out, new
+        return gen, out
 
     def _fetched(self) -> list[SimRequest]:
         """The arrived requests not yet started that TensorRT-LLM's executor has in its active list: it fetches new
@@ -331,13 +331,16 @@ class SimEngineCore:
         the head of ``waiting``."""
         room = self.max_batch_size - len(self.running)
         fetched: list[SimRequest] = []
-        if room <= 0:
-            return fetched
         now = self.now_s
-        for req in self.waiting:
-            if req.arrival_s > now or len(fetched) >= room:
-                break
-            fetched.append(req)
+        if room > 0:
+            for req in self.waiting:
+                if req.arrival_s > now or len(fetched) >= room:
+                    break
+                fetched.append(req)
+                if req.fetched_s is None:
+                    req.fetched_s = now
+                    self._new_fetched.append(req)
+        self._fetched_now = fetched
         return fetched
 
     @staticmethod
@@ -507,6 +510,7 @@ class SimEngineCore:
         bm.refresh()
         moves_before = (bm.onboarded_blocks, bm.offloaded_blocks)
         self._paused_now = []
+        self._new_fetched = []
         scheduled = self._schedule()
         if not scheduled and not self._paused_now:
             # Nothing runs and nothing was paused: the pass ended at a request whose blocks do not fit with nothing
@@ -531,7 +535,7 @@ class SimEngineCore:
             self._fail(head, f"needs {need}, the GPU pool has {bm.num_free_blocks(0)} free of {bm.primary_blocks}")
             return []
         # Token budget: every generation request takes one token; context chunks share the rest.
-        gen, chunks, started = self._micro_batch(scheduled)
+        gen, chunks = self._micro_batch(scheduled)
         running = self.running
         self.max_scheduled = max(self.max_scheduled, len(gen) + len(chunks))
         # addToken runs before the forward pass: room for the KV of the token being fed.
@@ -601,7 +605,7 @@ class SimEngineCore:
             done = {id(r) for r in finished}
             running[:] = [r for r in running if id(r) not in done]
         if self.enable_iter_perf_stats:
-            self.stats.append(self._iteration_stats(dt, started, chunks, gen, finished, num_ctx_tokens))
+            self.stats.append(self._iteration_stats(dt, chunks, gen, finished, num_ctx_tokens))
         bm.flush_events()
         self.iteration += 1
         for r in finished:
@@ -624,20 +628,24 @@ class SimEngineCore:
         t = _dt.datetime.fromtimestamp(self.epoch_s + self.now_s)
         return t.strftime("%m-%d-%Y %H:%M:%S.%f")
 
-    def _iteration_stats(self, dt: float, started: Sequence[SimRequest], chunks: Sequence[tuple[SimRequest, int]],
-                         gen: Sequence[SimRequest], finished: Sequence[SimRequest],
-                         num_ctx_tokens: int) -> dict[str, Any]:
+    def _iteration_stats(self, dt: float, chunks: Sequence[tuple[SimRequest, int]], gen: Sequence[SimRequest],
+                         finished: Sequence[SimRequest], num_ctx_tokens: int) -> dict[str, Any]:
         """One iteration-stats dict with TensorRT-LLM 1.2's keys (jsonSerialization.cpp, PyTorch backend)."""
-        queue_latency_ms = (sum((r.scheduled_s or 0.0) - r.arrival_s for r in started) / len(started) * 1000.0
-                            if started else 0.0)
+        # TensorRT-LLM's executor counts a request active from when it fetches it into its active list, started
+        # or not (py_executor.py _get_init_iter_stats: len(self.active_requests), the requests fetched this
+        # iteration and their time in the queue), and queued while it is still in the request queue
+        new = self._new_fetched
+        queue_latency_ms = (sum((r.fetched_s or 0.0) - r.arrival_s for r in new) / len(new) * 1000.0
+                            if new else 0.0)
+        fetched_waiting = sum(1 for r in self._fetched_now if r.stage == "QUEUED")
         stats: dict[str, Any] = {
             "timestamp": self.timestamp(),
             "iter": self.iteration,
             "iterLatencyMS": dt * 1000.0,
             "newActiveRequestsQueueLatencyMS": queue_latency_ms,
-            "numNewActiveRequests": len(started),
-            "numActiveRequests": len(self.running) + len(finished),
-            "numQueuedRequests": len(self.waiting),
+            "numNewActiveRequests": len(new),
+            "numActiveRequests": len(self.running) + len(finished) + fetched_waiting,
+            "numQueuedRequests": len(self.waiting) - fetched_waiting,
             "numCompletedRequests": len(finished),
             "maxNumActiveRequests": self.max_batch_size,
             "maxBatchSizeStatic": self.max_batch_size,
