@@ -259,12 +259,14 @@ def _sim_hit_rates(a: argparse.Namespace, requests: list[Any], model: Any, gpu: 
 
     wall0 = time.perf_counter()
     bytes_of = dict((blocks, size) for size, blocks in sweep)
-    if a.one_pass:
-        mode = "one-pass"
-        runs = host_curve(requests, primary, [blocks for _, blocks in sweep], tpb)
-    else:
-        mode = "hit-rate-only"
-        runs = [replay_hit_rates(requests, primary, blocks, tpb) for blocks in sorted(set(b for _, b in sweep))]
+    mode = "one-pass" if a.one_pass else "hit-rate-only"
+    try:
+        if a.one_pass:
+            runs = host_curve(requests, primary, [blocks for _, blocks in sweep], tpb)
+        else:
+            runs = [replay_hit_rates(requests, primary, blocks, tpb) for blocks in sorted(set(b for _, b in sweep))]
+    except OverflowError as exc:  # hash ids whose 512 token ids pass signed 64 bits (the trace allows < 2^64)
+        raise SettingsError("--trace", str(exc)) from None
     optimum = belady_curve(requests, [primary + r["secondary_blocks"] for r in runs], tpb) if a.belady else None
     wall = time.perf_counter() - wall0
     for i, r in enumerate(runs):

@@ -175,3 +175,12 @@ def test_sim_host_cache_range_rejects_bad_input(tmp_path: Path) -> None:
     for bad, needle in (("0:64GB:x", "whole N"), ("0:64GB:1", "N >= 2"), ("64GB:0:4", "STOP >= START")):
         done = run_kvtop(["sim", "--trace", str(SLICE), "--host-cache", bad, "--one-pass"], tmp_path)
         assert done.returncode == 2 and needle in done.stderr and len(done.stderr.strip().splitlines()) == 1, bad
+    # a hash id the trace format allows (< 2^64) whose token ids do not fit in 64 bits: one line naming the line
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 18446744073709551615]}\n')
+    for mode in ("--one-pass", "--hit-rate-only"):
+        done = run_kvtop(["sim", "--trace", str(big), "--host-cache", "0,8GB", mode], tmp_path)
+        assert done.returncode == 2 and "64 bits" in done.stderr and len(done.stderr.strip().splitlines()) == 1, (
+            mode, done.stderr)
+    done = run_kvtop(["sim", "--trace", str(big), "--host-cache", "0,8GB", "--one-pass"], tmp_path)
+    assert "trace line 1: hash id 18446744073709551615" in done.stderr
