@@ -46,9 +46,9 @@ from kvtop.engines.sim.core import GENERATED_TOKEN_BASE
 _INTERNED_BASE = 1 << 64  # past every token id (signed 64-bit), so an interned key never equals a run key
 _NO_BLOCK = -1
 # take() and store() a step at a time for all blocks from this many (most of a trace's: a prompt's new blocks), when
-# a trace block is 16 KV blocks or more. Measured on the Mooncake trace (CPU s of the replay, best of 2, dev box at
-# load 4-6, so rough): 32 tokens a block 1.59-1.85 against 1.86-1.95 step by step; 64 and 128 even; 512 slower
-# (0.165 against 0.145; why is not known), so off there.
+# a trace block is 16 KV blocks or more. Measured on the Mooncake trace (CPU s of the replay, both in one process,
+# alternated, best of 3, dev box at load ~3): 32 tokens a block 1.45 against 1.53 step by step; 64 slower (0.79
+# against 0.76) and 512 too (0.164 against 0.142; why is not known), so off there.
 BATCH_FROM = 8
 BATCH_FROM_BLOCKS_PER_TRACE_BLOCK = 16
 _MAX_HASH_ID = ((1 << 63) - TRACE_BLOCK_TOKENS) // TRACE_BLOCK_TOKENS  # its 512 ids fit in signed 64 bits
