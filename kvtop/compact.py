@@ -16,15 +16,20 @@ written as it came.
 An ``updated`` event's ``{"type": "event_diff", "new_value": n, "old_value": o}`` diffs are written as
 ``"cache_level_diff": [o, n]`` (and ``priority_diff``).
 
-``expand_event`` turns a compacted event back into TensorRT-LLM's shape, and every reader of records calls it
-(``kvtop.records.from_obj``), so the fold sees the same dicts from an old recording, a new one, or the engine.
+Every reader of records (``kvtop.records.from_obj``) puts a KV event into one form, ``read_event``: ``updated``
+diffs as TensorRT-LLM's dicts (what the fold reads), and a block's plain tokens as ``"token_ids"`` (what the
+recorder writes), whether the line came from an engine (token dicts), a recording (ids) or an older kvtop, so
+the fold sees the same dicts from all three. The ids rather than the dicts because a stored event of a busy
+engine carries ~1,000 token dicts (~35 KB of JSON) that nothing reads one by one: building them was most of the
+cost of reading such a line (BENCHMARKS.md "Stored events as token ids"). ``expand_event`` undoes
+``compact_event`` whole, back to TensorRT-LLM's shape.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BATCH_KIND", "compact_event", "expand_event", "pack_event", "unpack_event"]
+__all__ = ["BATCH_KIND", "compact_event", "expand_event", "pack_event", "read_event", "read_form", "unpack_event"]
 
 # A recording's line of several KV events of one source, written by the recorder (kvtop/sinks/recorder.py) and
 # expanded into ``kv_event`` records by ``kvtop.records.read_jsonl``; never seen by the fold or sent elsewhere.
@@ -39,7 +44,9 @@ def _plain_ids(tokens: Any) -> list[int] | None:
         return None
     ids = []
     for t in tokens:
-        if (type(t) is not dict or len(t) != 3 or t.get("type") != _PLAIN or t.get("token_extra_id") != 0):
+        # an extra id of 0 exactly: 0.0 or false would come back as 0
+        if (type(t) is not dict or len(t) != 3 or t.get("type") != _PLAIN or type(t.get("token_extra_id")) is not int
+                or t["token_extra_id"] != 0):
             return None
         tid = t.get("token_id")
         if type(tid) is not int:
@@ -101,23 +108,31 @@ def compact_event(event: dict[str, Any]) -> dict[str, Any]:
     return {**event, "data": {**data, "blocks": out_blocks}}
 
 
+def _expand_diffs(data: dict[str, Any]) -> None:
+    """An ``updated`` event's ``[old, new]`` pairs back into TensorRT-LLM's diff dicts, in place."""
+    for key, short in _DIFFS:
+        pair = data.get(short)
+        if short in data and key not in data and type(pair) is list and len(pair) == 2:
+            del data[short]
+            data[key] = {"type": "event_diff", "new_value": pair[1], "old_value": pair[0]}
+
+
+def _stored_blocks(event: Any) -> list[Any] | None:
+    data = event.get("data") if type(event) is dict else None
+    if type(data) is not dict or data.get("type") != "stored":
+        return None
+    blocks = data.get("blocks")
+    return blocks if type(blocks) is list else None
+
+
 def expand_event(event: Any) -> Any:
-    """``compact_event`` undone, in place (the dict was just parsed from a line): each block's ``token_ids``
-    back into TensorRT-LLM's token dicts. Anything else is left as it is for the validation to judge."""
+    """``compact_event`` undone, in place (the dict was just parsed from a line): ``updated`` diffs and each
+    block's ``token_ids`` back into TensorRT-LLM's dicts. Anything else is left as it is."""
     data = event.get("data") if type(event) is dict else None
     if type(data) is dict and data.get("type") == "updated":
-        for key, short in _DIFFS:
-            pair = data.get(short)
-            if short in data and key not in data and type(pair) is list and len(pair) == 2:
-                del data[short]
-                data[key] = {"type": "event_diff", "new_value": pair[1], "old_value": pair[0]}
+        _expand_diffs(data)
         return event
-    if type(data) is not dict or data.get("type") != "stored":
-        return event
-    blocks = data.get("blocks")
-    if type(blocks) is not list:
-        return event
-    for b in blocks:
+    for b in _stored_blocks(event) or ():
         if type(b) is dict and "token_ids" in b and "tokens" not in b:
             ids = b.pop("token_ids")
             if type(ids) is list:
@@ -125,6 +140,35 @@ def expand_event(event: Any) -> Any:
             else:
                 b["token_ids"] = ids   # not a list: left for what reads it to find wrong
     return event
+
+
+def read_event(event: Any) -> Any:
+    """A KV event as every reader gives it to the fold, in place (the dict was just parsed from a line):
+    ``updated`` diffs as TensorRT-LLM's dicts, and a stored block whose tokens are all plain with its ids under
+    ``"token_ids"`` (the key last, as ``compact_event`` puts it), so an engine's line and a recording's give
+    the same dicts. Anything else is left as it is for the validation to judge."""
+    data = event.get("data") if type(event) is dict else None
+    if type(data) is dict and data.get("type") == "updated":
+        _expand_diffs(data)
+        return event
+    for b in _stored_blocks(event) or ():
+        if type(b) is dict and "tokens" in b and "token_ids" not in b:
+            ids = _plain_ids(b["tokens"])
+            if ids is not None:
+                del b["tokens"]
+                b["token_ids"] = ids
+    return event
+
+
+def read_form(event: Any) -> Any:
+    """``read_event`` without touching ``event`` (an engine's dict handed over in-process, ``records.make``): a
+    new dict where something changes, the same one otherwise."""
+    data = event.get("data") if type(event) is dict else None
+    if type(data) is dict and data.get("type") == "updated":
+        if any(short in data for _, short in _DIFFS):
+            return read_event({**event, "data": dict(data)})
+        return event
+    return compact_event(event)   # for any other event, compact_event changes what read_event changes
 
 
 def pack_event(event: dict[str, Any]) -> dict[str, Any] | list[Any]:
@@ -144,8 +188,8 @@ def pack_event(event: dict[str, Any]) -> dict[str, Any] | list[Any]:
 
 
 def unpack_event(item: Any) -> Any:
-    """``pack_event`` undone: the packed list back into TensorRT-LLM's dict (a dict is expanded in place);
-    anything else is returned as it is, for the validation to name."""
+    """``pack_event`` undone: the packed list back into TensorRT-LLM's dict (a dict is left to ``read_event``,
+    which every reader calls); anything else is returned as it is, for the validation to name."""
     if type(item) is list:
         if len(item) == 5 and all(type(x) is int for x in item):
             eid, h, old, new, window = item
@@ -153,5 +197,4 @@ def unpack_event(item: Any) -> Any:
                                               "cache_level": {"type": "event_diff", "new_value": new,
                                                               "old_value": old},
                                               "priority": None}, "window_size": window}
-        return item
-    return expand_event(item)
+    return item

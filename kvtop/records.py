@@ -7,7 +7,10 @@ A record is a small envelope around a payload:
 
 - ``kind`` is one of ``KINDS``. For ``stats`` and ``kv_event`` the ``data`` is the engine's own dict, verbatim
   (TensorRT-LLM's iteration-stats dict, or one serialized KV cache event), so extra fields of any engine
-  version survive and a recording is a complete bug report.
+  version survive and a recording is a complete bug report; but for one thing: a stored block's plain tokens
+  (``{"type": "unique_token", "token_id": n, "token_extra_id": 0}`` each) are held as their ids,
+  ``"token_ids": [n, ...]`` (kvtop/compact.py ``read_event``: the same information, without ~1,000 dicts a
+  busy stored event that nothing reads one by one).
 - ``source`` names who produced it (host, rank, run); ``time`` is seconds since the epoch (float).
 - ``v`` is the schema version; a reader rejects versions newer than it understands.
 
@@ -42,13 +45,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtop.compact import BATCH_KIND, expand_event, unpack_event
+from kvtop.compact import BATCH_KIND, read_event, read_form, unpack_event
 from kvtop.textsafe import clean, clean_any
 
 try:  # a JSON parser ~3x faster than the standard one on records; used only where it gives the same objects
     import orjson as _orjson
 except ImportError:  # pragma: no cover - orjson is a dependency; a kvtop without it parses everything with json
     _orjson = None  # type: ignore[assignment]
+try:  # typed JSON decoding (a stored event's token dicts straight to ids); used only where it gives json's objects
+    import msgspec as _msgspec
+except ImportError:  # pragma: no cover - msgspec is a dependency; without it those lines go through orjson
+    _msgspec = None  # type: ignore[assignment]
 
 SCHEMA_VERSION = 1
 # kv_batch: one message of the engines' common KV event stream (vLLM, SGLang, Dynamo; kvtop/kv_stream.py);
@@ -108,7 +115,13 @@ class SourceId:
 
     def key(self) -> str:
         """A short stable name, used in MQTT topics and dashboard rows (``host/rank/run``)."""
-        return f"{self.host or '-'}/{self.rank}/{self.run or '-'}"
+        # Kept on the instance (not a field: equality, hashing and repr stay the three fields'): the session asks
+        # for it once a record, and decode hands out one SourceId per source (_SOURCE_CACHE).
+        key = self.__dict__.get("_key")
+        if key is None:
+            key = f"{self.host or '-'}/{self.rank}/{self.run or '-'}"
+            object.__setattr__(self, "_key", key)
+        return key
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "rank": self.rank, "run": self.run}
@@ -132,7 +145,10 @@ class Record:
 
 
 def make(kind: str, data: dict[str, Any], source: SourceId | None = None, time: float | None = None) -> Record:
-    """Build a record now (or at ``time``), validating it as a reader would."""
+    """Build a record now (or at ``time``), validating it as a reader would, and as a reader gives it (a KV
+    event in ``read_event``'s form: ``data`` is not changed, a new dict is made where that differs)."""
+    if kind == "kv_event":
+        data = read_form(data)
     _check_kind_data(kind, data)
     return Record(kind=kind, data=_own_data(kind, data), source=source or SourceId(),
                   time=_time.time() if time is None else _check_time(time))
@@ -183,8 +199,9 @@ def _check_type(path: str, value: Any, types: tuple[type, ...]) -> None:
 def _bounded(value: Any, limit: int = MAX_MAGNITUDE) -> bool:
     """True if every number in ``value`` is finite with magnitude below ``limit`` (fast: no paths built).
 
-    A stored block's ``tokens`` are skipped: nothing computes with token ids (they are compared, as keys), and
-    walking 32 token dicts per block would cost ~20x the rest of the check.
+    A stored block's ``tokens`` (and ``token_ids``, the same ids as ``read_event`` gives them) are skipped:
+    nothing computes with token ids (they are compared, as keys), and walking 32 tokens per block would cost
+    ~20x the rest of the check.
     """
     cls = value.__class__
     if cls is int or cls is float:
@@ -195,7 +212,7 @@ def _bounded(value: Any, limit: int = MAX_MAGNITUDE) -> bool:
             if c is int or c is float:
                 if not -limit <= v <= limit:
                     return False
-            elif (c is dict or c is list) and k != "tokens" and not _bounded(v, limit):
+            elif (c is dict or c is list) and k != "tokens" and k != "token_ids" and not _bounded(v, limit):
                 return False
         return True
     if cls is list:
@@ -210,13 +227,19 @@ def _bounded(value: Any, limit: int = MAX_MAGNITUDE) -> bool:
 
 
 _EXACT_FLOAT = float(1 << 63)
+# orjson nests up to 1,024 deep, json as deep as the recursion limit lets it (~995 at the top of a process, less
+# deeper in the stack): a value nested past this is left to json to judge. A record nests ~6 deep.
+_EXACT_DEPTH = 400
 
 
-def _bounded_exact(value: Any) -> bool:
+def _bounded_exact(value: Any, depth: int = 0) -> bool:
     """``_bounded(value)`` for a value orjson parsed, and no float in it of magnitude 2^63 or more: orjson reads
     an integer past 64 bits (which the standard parser keeps whole, and the bounds then refuse) as a float, so a
     float that large sends the line to the standard parser, whose objects then decide. Unlike ``_bounded`` it
-    walks ``tokens`` too (a token id past 64 bits stays an integer, as the standard parser keeps it)."""
+    walks ``tokens`` too (a token id past 64 bits stays an integer, as the standard parser keeps it), and it is
+    ``False`` past ``_EXACT_DEPTH`` levels."""
+    if depth > _EXACT_DEPTH:
+        return False
     cls = value.__class__
     if cls is int:
         return -MAX_MAGNITUDE <= value <= MAX_MAGNITUDE
@@ -236,7 +259,7 @@ def _bounded_exact(value: Any) -> bool:
         elif c is float:
             if not -_EXACT_FLOAT < v < _EXACT_FLOAT:
                 return False
-        elif (c is dict or c is list) and not _bounded_exact(v):
+        elif (c is dict or c is list) and not _bounded_exact(v, depth + 1):
             return False
     return True
 
@@ -250,7 +273,7 @@ def _find_unbounded(path: str, value: Any, limit: int, what: str) -> None:
             raise RecordError(path, f"{what}, got {shown}")
     elif cls is dict:
         for k, v in value.items():
-            if k != "tokens":
+            if k != "tokens" and k != "token_ids":
                 _find_unbounded(f"{path}.{k}", v, limit, what)
     elif cls is list:
         for i, v in enumerate(value):
@@ -389,9 +412,11 @@ def from_obj(obj: Any) -> Record:
 _SOURCE_CACHE: dict[tuple[str, int, str], SourceId] = {}
 _SOURCE_CACHE_MAX = 4096   # a stream of ever-new names cannot grow it without bound: it is emptied when full
 _NO_SOURCE: dict[str, Any] = {}
+_ENVELOPE_KEYS = frozenset({"v", "kind", "source", "time", "data"})
+_SOURCE_KEYS = frozenset({"host", "rank", "run"})
 
 
-def _fast_record(obj: dict[str, Any], parsed_fast: bool = False) -> Record | None:
+def _fast_record(obj: dict[str, Any], parsed_fast: bool = False, bounded: bool = False) -> Record | None:
     """The record of ``obj`` when it has the common shape, checked as ``_checked_record`` checks it, in fewer
     Python-level steps; ``None`` for anything else (rarer shapes and every bad record), which
     ``_checked_record`` then judges and names. Every check of the full path is made here or by delegating to it:
@@ -400,7 +425,10 @@ def _fast_record(obj: dict[str, Any], parsed_fast: bool = False) -> Record | Non
 
     ``parsed_fast``: ``obj`` came from orjson (``decode``): every number of ``data`` must then also pass
     ``_bounded_exact``, else ``None`` (the line is parsed again by the standard parser). The envelope's numbers
-    need no more: ``v`` and ``rank`` must be integers (orjson's are exact), ``time`` at most ``TIME_MAX``.
+    need no more: ``v`` and ``rank`` must be integers (orjson's are exact), ``time`` at most ``TIME_MAX``; but
+    the envelope and its source may hold no other key: orjson nests up to 1,024 deep, json ~995 (less deep in
+    the stack), and a key the record does not keep could hold what json refuses.
+    ``bounded``: the caller has found every number of ``data`` within the bounds (``_bounded``).
 
     Measured: 5.8 -> 4.1 us a record over 27,000 records of a busy recording (BENCHMARKS.md "An attached kvtop").
     """
@@ -412,6 +440,8 @@ def _fast_record(obj: dict[str, Any], parsed_fast: bool = False) -> Record | Non
         return None
     src = obj.get("source", _NO_SOURCE)
     if src.__class__ is not dict:
+        return None
+    if parsed_fast and not (obj.keys() <= _ENVELOPE_KEYS and src.keys() <= _SOURCE_KEYS):
         return None
     host, rank, run = src.get("host", ""), src.get("rank", 0), src.get("run", "")
     if host.__class__ is not str or rank.__class__ is not int or run.__class__ is not str:
@@ -435,8 +465,8 @@ def _fast_record(obj: dict[str, Any], parsed_fast: bool = False) -> Record | Non
             return None
     kind = obj.get("kind")
     if kind == "kv_event":
-        expand_event(data)   # as _checked_record does first (in place, and a second call changes nothing)
-        if not _fast_event_ok(data, parsed_fast):
+        read_event(data)   # as _checked_record does first (in place, and a second call changes nothing)
+        if not _fast_event_ok(data, parsed_fast or bounded):
             return None
     elif kind == "stats" or kind == "request" or kind == "gpu" or kind == "host":
         # The full checks of these kinds: their errors are the ones _checked_record would raise from here, as
@@ -511,7 +541,7 @@ def _checked_record(obj: Any) -> Record:
     if data is None:
         raise RecordError("data", "is missing")
     if kind == "kv_event":
-        expand_event(data)  # a recording's compacted token lists back in TensorRT-LLM's shape (kvtop/compact.py)
+        read_event(data)  # plain token dicts as ids, a recording's diff pairs as dicts (kvtop/compact.py)
     _check_kind_data(kind, data)
     if not -MAX_MAGNITUDE <= rank <= MAX_MAGNITUDE:
         raise RecordError("source.rank", "must be an integer of magnitude at most 2^64")
@@ -600,12 +630,17 @@ def _ints_exact(raw: bytes) -> bool:
 
 
 def _decode_tokens_fast(raw: bytes) -> Record | None:
-    """A line ``_fast_safe`` leaves out (a stored event with its token dicts, ~35 KB) parsed by orjson where that
-    gives the standard parser's objects: every integer in reach of orjson's exact range (``_ints_exact``); NaN,
-    a byte-order mark, a lone surrogate, 1e400 or nesting past 1,024 make orjson refuse. The objects being the
-    standard parser's, the checks are the standard path's (``_bounded``, which skips the tokens); any record
-    off the fast path is ``None``, and the standard path then judges and names it.
+    """A line ``_fast_safe`` leaves out (a stored event with its token dicts, ~35 KB): through msgspec's typed
+    decoder (``_decode_stored_typed``), else through orjson where that gives the standard parser's objects:
+    every integer in reach of orjson's exact range (``_ints_exact``); NaN, a byte-order mark, a lone surrogate,
+    1e400 or nesting past 1,024 make orjson refuse. The objects being the standard parser's, the checks are the
+    standard path's (``_bounded``, which skips the tokens); any record off the fast path is ``None``, and the
+    standard path then judges and names it.
     Measured: 268 -> 106 us for orjson against json a line of a busy recording (BENCHMARKS.md)."""
+    if _msgspec is not None:
+        rec = _decode_stored_typed(raw)
+        if rec is not None:
+            return rec
     if not _ints_exact(raw):
         return None
     try:
@@ -614,7 +649,99 @@ def _decode_tokens_fast(raw: bytes) -> Record | None:
         return None
     if obj.__class__ is not dict:
         return None
-    return _fast_record(obj)
+    # every number walked, the tokens' too: a token list nested past json's depth must not pass (orjson nests
+    # to 1,024); since msgspec's path takes plain tokens, this one is left the rarer lines
+    return _fast_record(obj, parsed_fast=True)
+
+
+if _msgspec is not None:
+    from typing import Literal
+
+    class _PlainToken(_msgspec.Struct, tag="unique_token", tag_field="type", forbid_unknown_fields=True,
+                      gc=False):
+        """A token dict that ``read_event`` turns into its id: exactly these three keys (msgspec refuses any
+        other, a repeated "type", an extra id but 0, a token id not an integer, and a bool)."""
+        token_id: int
+        token_extra_id: Literal[0]
+
+    # A stored event's line, each level's dicts their own type so that a token can be decoded as _PlainToken at
+    # one place only, a block's list values (a dict's values are Any; a list at another level as the level
+    # below it): line -> "data" (the event) -> "data" (stored) -> "blocks" -> a block -> "tokens".
+    _Scalar = None | bool | int | float | str
+    _Block = dict[str, _Scalar | list[_PlainToken] | dict[str, Any]]
+    _Stored = dict[str, _Scalar | list[_Block] | dict[str, Any]]
+    _Event = dict[str, _Scalar | list[Any] | _Stored]
+    _STORED_LINE = _msgspec.json.Decoder(dict[str, _Scalar | list[Any] | _Event])
+
+
+
+def _decode_stored_typed(raw: bytes) -> Record | None:
+    """A stored event's line with its token dicts (~35 KB, ~1,000 tokens) decoded by msgspec into the dicts the
+    standard parser and ``read_event`` give, its plain tokens straight to their ids (no token dict built: that
+    was 94 us of orjson's 128 a line, and a byte check for wide integers 32 more). ``None`` for anything else,
+    which the other paths then judge: a token not plain, any token-shaped list in another place, a key of the
+    envelope or source that the fast path would not look at (msgspec and json may differ on one nested ~1,000
+    deep), and all that msgspec refuses and json takes (NaN, a byte-order mark, lone surrogates, UTF-16).
+    What msgspec takes, json takes alike: integers of any size up to the same 4,300 digits, floats correctly
+    rounded, the last of repeated keys (tests/test_records.py compares them over hypothesis-made lines)."""
+    try:
+        obj: Any = _STORED_LINE.decode(raw)
+    except Exception:   # msgspec.DecodeError or ValidationError, RecursionError: the other paths judge
+        return None
+    if not obj.keys() <= _ENVELOPE_KEYS or obj.get("kind") != "kv_event":   # only a kv_event is read_event's
+        return None
+    src = obj.get("source")
+    if src is not None and (src.__class__ is not dict or not src.keys() <= _SOURCE_KEYS):
+        return None
+    event = obj.get("data")
+    if event.__class__ is not dict:
+        return None
+    stored = event.get("data")
+    if stored.__class__ is not dict or stored.get("type") != "stored":
+        return None
+    blocks = stored.get("blocks")
+    if blocks.__class__ is not list:
+        return None
+    # Every value of the event, the stored data and its blocks a number within the bounds (_bounded), another
+    # scalar, or a block's list (of plain tokens, by the decoder's type; any other list only empty): a dict or a
+    # list anywhere else sends the line on (a token could have been decoded inside it, and json may refuse its
+    # depth where msgspec takes it). TensorRT-LLM's stored events have nothing else. One pass, which also turns
+    # the token lists into ids: a second walk over the blocks cost ~1 us a block.
+    for key, value in event.items():
+        if key != "data" and not _scalar_ok(value):
+            return None
+    for key, value in stored.items():
+        if key != "blocks" and not _scalar_ok(value):
+            return None
+    for b in blocks:   # dicts, by the decoder's type
+        for key, value in b.items():
+            c = value.__class__
+            if c is int or c is float:
+                if not _NEG_MAGNITUDE <= value <= MAX_MAGNITUDE:
+                    return None
+            elif c is list:
+                if value and key != "tokens":
+                    return None
+            elif c is dict:
+                return None
+        tokens = b.get("tokens")
+        if tokens.__class__ is list:   # plain tokens only, by the decoder's type: read_event's ids
+            if "token_ids" in b:
+                return None
+            del b["tokens"]
+            b["token_ids"] = [t.token_id for t in tokens]
+    return _fast_record(obj, bounded=True)
+
+
+_NEG_MAGNITUDE = -MAX_MAGNITUDE
+
+
+def _scalar_ok(value: Any) -> bool:
+    """``value`` is no list or dict, and a number within the bounds (``_bounded``) if it is one."""
+    c = value.__class__
+    if c is int or c is float:
+        return _NEG_MAGNITUDE <= value <= MAX_MAGNITUDE
+    return c is not list and c is not dict
 
 
 def _decode_fast(raw: bytes) -> Record | None:

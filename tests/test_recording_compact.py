@@ -1,5 +1,6 @@
-"""Recordings write token lists compactly (kvtop/compact.py) and every reader expands them: an old recording
-(verbatim TensorRT-LLM token dicts) and the same records written by today's recorder fold identically."""
+"""Recordings write token lists compactly (kvtop/compact.py) and every reader gives them in one form (plain
+tokens as ids): an old recording (verbatim TensorRT-LLM token dicts) and the same records written by today's
+recorder read and fold identically."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_an_old_recording_and_its_compact_copy_fold_identically(tmp_path: Path) 
     new_summary, new_whatif, new_records = _fold(new)
     assert new_summary == old_summary
     assert new_whatif == old_whatif
-    # Record by record, the reader hands the fold the engine's own dicts again.
+    # Record by record, the reader hands the fold the same dicts from both.
     assert [(r.kind, r.source, r.time, r.data) for r in new_records] == \
         [(r.kind, r.source, r.time, r.data) for r in old_records]
     # ... from a smaller file: the KV events (32-token blocks, every token a dict) to under 1/3.5, the whole
@@ -121,7 +122,7 @@ def _updated(eid: int, h: int, old: int, new: int) -> dict[str, Any]:
 
 @given(eid=st.integers(0, 2**40), h=st.integers(-(2**63), 2**64 - 1), old=st.integers(0, 1), new=st.integers(0, 1))
 def test_offloads_and_onboards_pack_to_five_numbers(eid: int, h: int, old: int, new: int) -> None:
-    from kvtop.compact import pack_event, unpack_event
+    from kvtop.compact import pack_event, read_event, unpack_event
 
     ev = _updated(eid, h, old, new)
     packed = pack_event(copy.deepcopy(ev))
@@ -130,7 +131,7 @@ def test_offloads_and_onboards_pack_to_five_numbers(eid: int, h: int, old: int, 
     with_prio = copy.deepcopy(ev)
     with_prio["data"]["priority"] = {"type": "event_diff", "new_value": 80, "old_value": 35}
     assert isinstance(pack_event(with_prio), dict)           # anything else stays a dict
-    assert unpack_event(json.loads(json.dumps(pack_event(with_prio)))) == with_prio
+    assert read_event(unpack_event(json.loads(json.dumps(pack_event(with_prio))))) == with_prio
 
 
 def test_a_bad_event_in_a_batch_line_is_one_error_and_the_rest_is_kept(tmp_path: Path) -> None:

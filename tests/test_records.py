@@ -276,6 +276,9 @@ def test_every_serialized_event_type_is_accepted() -> None:
     ]
     for i, ev in enumerate(events):
         rec = decode(json.dumps(envelope("kv_event", data=event(ev, i))))
+        if ev["type"] == "stored":   # plain tokens (here none) are read as their ids (kvtop/compact.py read_event)
+            ev = {**ev, "blocks": [{"type": "stored_block", "block_hash": BIG_HASH, "cache_level": 0, "priority": 35,
+                                    "token_ids": []}]}
         assert rec.data["data"] == ev and rec.data["event_id"] == i
 
 
@@ -548,7 +551,7 @@ def test_decode_of_what_orjson_reads_otherwise_is_the_standard_parsers(raw: byte
     assert out == _standard_outcome(raw)
     if b"tokens" in raw:  # a token id past 64 bits is kept whole, as the standard parser keeps it
         assert isinstance(out, Record)
-        assert out.data["data"]["blocks"][0]["tokens"][0]["token_id"] == 2**64 + 1
+        assert out.data["data"]["blocks"][0]["token_ids"] == [2**64 + 1]
 
 
 def test_decode_takes_the_busy_recording_through_orjson_where_it_can() -> None:
@@ -680,14 +683,188 @@ def records_orjson_loads(raw: bytes) -> Any:
     return orjson.loads(raw)
 
 
-def test_decode_takes_the_stored_events_with_tokens_through_orjson() -> None:
-    """The committed busy recording's stored events with token dicts (~35 KB lines) take the orjson path and
-    give the records the standard parser gives."""
+def test_decode_takes_the_stored_events_with_tokens_through_msgspec() -> None:
+    """The committed busy recording's stored events with token dicts (~35 KB lines) take msgspec's typed path
+    (their tokens straight to ids) and give the records the standard parser gives; so does the orjson path
+    behind it (where msgspec refuses a line)."""
     from kvtop import records
 
     lines = [line for line in (Path(__file__).parent / "data" / "busy.jsonl").read_bytes().splitlines()
              if b'"tokens"' in line]
     assert len(lines) > 50
     for line in lines:
-        rec = records._decode_tokens_fast(line)
-        assert rec is not None and repr(rec) == repr(_standard_outcome(line)) == repr(decode(line))
+        want = repr(_standard_outcome(line))
+        rec = records._decode_stored_typed(line)
+        assert rec is not None and repr(rec) == want == repr(decode(line))
+        assert isinstance(rec.data["data"]["blocks"][0]["token_ids"][0], int)
+        assert records._ints_exact(line)
+        assert repr(records._fast_record(records._orjson.loads(line))) == want
+
+
+# msgspec's typed decoder for stored events (records._decode_stored_typed): every line it takes gives the standard
+# path's record, repr for repr; every other line it leaves (None) to the paths behind it, and decode's outcome is
+# the standard one either way. The lines: plain tokens mostly, and then every way a token, a block, the event or
+# the envelope can differ from what the typed decoder was written for.
+_plain = st.fixed_dictionaries({"type": st.just("unique_token"), "token_id": _digit_ints, "token_extra_id": st.just(0)})
+_odd = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["unique_token", "other", "", 0]),
+                           "token_id": _token_value | st.booleans(),
+                           "token_extra_id": _token_value | st.booleans() | st.just(0) | st.just(-0.0)}),
+    st.fixed_dictionaries({"type": st.just("unique_token")},
+                          optional={"token_id": st.integers(0, 9), "token_extra_id": st.just(0), "x": st.just(1)}),
+    _wide)
+
+
+@st.composite
+def _typed_lines(draw: Any) -> bytes:
+    def odd(p: int) -> bool:   # one place in p is odd
+        return draw(st.integers(0, p - 1)) == 0
+
+    def tokens() -> list[Any]:
+        return draw(st.lists(_odd if odd(6) else _plain, max_size=4))
+
+    blocks: list[Any] = []
+    for _ in range(draw(st.integers(0, 3))):
+        block: dict[str, Any] = {"type": "stored_block", "block_hash": draw(_wide) if odd(8) else draw(_ints)}
+        if not odd(10):
+            block["tokens"] = tokens() if not odd(12) else draw(_wide)
+        for key, value in (("token_ids", [1]), ("token_ids", []), ("mm_keys", []), ("mm_keys", tokens()),
+                           ("lora", {"tokens": tokens()}), ("cache_level", draw(_wide)), ("priority", 35)):
+            if odd(12):
+                block[key] = value
+        blocks.append(draw(_wide) if odd(20) else block)
+    stored: dict[str, Any] = {"type": "stored" if not odd(15) else "removed", "parent_hash": draw(_ints | st.none()),
+                              "blocks": blocks if not odd(20) else draw(_wide)}
+    if odd(10):
+        stored[draw(st.sampled_from(["more", "extra"]))] = draw(st.sampled_from([[], [{}], blocks, 7, {"a": blocks}]))
+    event: dict[str, Any] = {"event_id": draw(_digit_ints) if odd(10) else 3, "data": stored, "window_size": 4096}
+    if odd(10):
+        event["other"] = draw(st.sampled_from([{"b": blocks}, {"b": []}, {"b": 1}, blocks, [], 2**64 + 1]))
+    obj: dict[str, Any] = {"v": 1, "kind": "kv_event" if not odd(15) else "stats",
+                           "source": {"host": "h", "rank": 0, "run": "r"}, "time": 1764430000.25, "data": event}
+    if odd(15):
+        obj[draw(st.sampled_from(["extra", "source"]))] = draw(st.sampled_from([{"host": "h", "x": blocks}, 1, [],
+                                                                                {"host": blocks}]))
+    raw = json.dumps(obj, separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+    if odd(6):   # what no dict shows: repeated keys, NaN, a byte-order mark, a lone surrogate, deep nesting
+        old, new = draw(st.sampled_from([
+            ('"token_extra_id":0', '"token_extra_id":0,"token_extra_id":0'),
+            ('"token_extra_id":0', '"token_extra_id":1,"token_extra_id":0'),
+            ('"token_extra_id":0', '"token_extra_id":0,"token_extra_id":1'),
+            ('"token_id":', '"token_id":1,"token_id":'), ('"type":"unique_token"', '"type":"unique_token","type":"x"'),
+            ('"token_id":', '"token_id":NaN,"token_id":'), ('"block_hash":', '"block_hash":NaN,"block_hash":'),
+            ('"tokens":', '"tokens":[],"tokens":'), ('"blocks":', '"blocks":1,"blocks":'),
+            ('"kind":', '"kind":"stats","kind":'), ('"host":"h"', '"host":"\\ud800"'),
+            ('"window_size":4096', '"window_size":' + "[" * 990 + "]" * 990),
+            ('{"v"', '\ufeff{"v"'), ('"time":1764430000.25', '"time":Infinity'),
+            ('"token_id":', '"token_id":' + "9" * 4301 + ',"token_id":'),
+            ('"block_hash":', '"block_hash":' + "9" * 4300 + ',"block_hash":')]))
+        raw = raw.replace(old.replace(":", ": " if ", " in raw else ":", 1), new, 1)
+    return raw.encode()
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_typed_lines())
+def test_stored_lines_through_msgspec_give_what_the_standard_parser_gives(raw: bytes) -> None:
+    from kvtop import records
+
+    want = repr(_standard_outcome(raw))
+    assert repr(_decode_outcome(raw)) == want
+    typed = records._decode_stored_typed(raw)
+    if typed is not None:
+        assert repr(typed) == want
+
+
+@pytest.mark.parametrize("change, error", [
+    # bad input in a stored event's line: the standard path's error, word for word, whatever path is tried first
+    (('"block_hash":5', '"block_hash":"5"'), 'data.data.blocks[0].block_hash: must be an integer, got \'5\''),
+    (('"block_hash":5,', ''), 'data.data.blocks[0].block_hash: must be an integer, got null'),
+    (('"block_hash":5', '"block_hash":18446744073709551617'),
+     "data.data.blocks[0].block_hash: must be a finite number of magnitude at most 2^64, got 18446744073709551617"),
+    (('"block_hash":5', '"block_hash":NaN'), "data.data.blocks[0].block_hash: must be a finite number of magnitude "
+                                             "at most 2^64, got NaN"),
+    (('"block_hash":5', '"block_hash":1e400'), "data.data.blocks[0].block_hash: must be a finite number of "
+                                               "magnitude at most 2^64, got Infinity"),
+    (('"cache_level":0', '"cache_level":' + "9" * 4301), "json: not valid JSON (Exceeds the limit (4300 digits)"),
+    (('"event_id":3', '"event_id":true'), "data.event_id: must be an integer, got true"),
+    (('"event_id":3,', ''), "data.event_id: is missing"),
+    (('"blocks":[', '"blocks":7,"x":['), "data.data.blocks: must be a list, got 7"),
+    (('"time":1764430000.25', '"time":NaN'), "time: must be a finite number, got nan"),
+    (('"time":1764430000.25', '"time":1764430000250'), "time: must be seconds since the epoch between 1970 and "
+                                                       "2100, got 1764430000250 (milliseconds?"),
+    (('"v":1', '"v":2'), "v: schema version 2 is not supported"),
+])
+def test_bad_stored_lines_get_the_standard_paths_error(change: tuple[str, str], error: str) -> None:
+    from kvtop import records
+
+    raw = ('{"v":1,"kind":"kv_event","source":{"host":"h","rank":0,"run":"r"},"time":1764430000.25,"data":'
+           '{"event_id":3,"data":{"type":"stored","parent_hash":null,"blocks":[{"type":"stored_block","block_hash":5,'
+           '"tokens":[{"type":"unique_token","token_id":1,"token_extra_id":0}],"cache_level":0}]}}}')
+    assert change[0] in raw
+    bad = raw.replace(change[0], change[1], 1).encode()
+    assert records._decode_stored_typed(bad) is None
+    out = _decode_outcome(bad)
+    assert out == _standard_outcome(bad) and out[0] == "error" and error in out[1], out
+    good = records._decode_stored_typed(raw.encode())
+    assert good is not None and good.data["data"]["blocks"][0]["token_ids"] == [1]
+    # a token id past 64 bits, or past int64, is kept whole as before (nothing computes with token ids)
+    wide = records._decode_stored_typed(raw.replace('"token_id":1', '"token_id":18446744073709551617').encode())
+    assert wide is not None and wide.data["data"]["blocks"][0]["token_ids"] == [2**64 + 1]
+
+
+@pytest.mark.parametrize("where", ["extra", "source", "event", "block", "block tokens", "lora tokens"])
+def test_nesting_near_the_recursion_limit_in_a_stored_line_is_judged_as_json_judges_it(where: str) -> None:
+    """msgspec nests a few levels deeper than json before it gives up (~998 against ~995 at the top of a
+    process), orjson to 1,024: a line json refuses for its depth is refused the same way, wherever the deep
+    value is. (json's limit moves with the depth of the stack it is called in: the standard outcome here is
+    decode's own with the fast parsers off, called from the same depth.)"""
+    from kvtop import records
+
+    def outcome(raw: bytes, fast: bool) -> Any:
+        parsers = records._orjson, records._msgspec
+        if not fast:
+            records._orjson = records._msgspec = None
+        try:
+            return decode(raw)
+        except RecordError as exc:
+            return ("error", str(exc))
+        finally:
+            records._orjson, records._msgspec = parsers
+
+    base = {"v": 1, "kind": "kv_event", "source": {"host": "h", "rank": 0, "run": "r"}, "time": 1764430000.25,
+            "data": {"event_id": 3, "data": {"type": "stored", "parent_hash": None, "blocks": [
+                {"type": "stored_block", "block_hash": 5, "cache_level": 0,
+                 "tokens": [{"type": "unique_token", "token_id": 1, "token_extra_id": 0}]}]}}}
+    outcomes = set()
+    for depth in range(850, 1010):
+        obj = json.loads(json.dumps(base))
+        block = obj["data"]["data"]["blocks"][0]
+        if where == "lora tokens":
+            block["lora"] = {}
+        place = {"extra": obj, "source": obj["source"], "event": obj["data"], "block": block,
+                 "block tokens": block, "lora tokens": block.get("lora")}[where]
+        place["tokens" if "tokens" in where else "deep"] = "@"
+        raw = json.dumps(obj).replace('"@"', "[" * depth + "]" * depth).encode()
+        out = outcome(raw, True)
+        assert out == outcome(raw, False), depth
+        outcomes.add(isinstance(out, Record))
+        if records._decode_stored_typed(raw) is not None:   # called a few frames less deep: it must not take
+            assert isinstance(out, Record), depth            # what json refuses (it leaves these lines alone)
+    assert outcomes == {True, False}   # the depths tried reach past json's limit
+
+
+def test_without_msgspec_stored_lines_give_the_same_records() -> None:
+    """kvtop runs where msgspec cannot be installed: the stored events then go through orjson, to the same
+    records (their plain tokens as ids)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['msgspec'] = None\n"
+            "from kvtop import records\n"
+            "assert records._msgspec is None\n"
+            "print(repr([r for r in records.read_jsonl(sys.argv[1])]))\n")
+    busy = Path(__file__).parent / "data" / "busy.jsonl"
+    out = subprocess.run([sys.executable, "-c", code, str(busy)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert out.stdout.strip() == repr(list(read_jsonl(busy)))

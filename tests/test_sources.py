@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from kvtop.compact import read_form
 from kvtop.records import Record, SourceId, decode, encode
 from kvtop.sources.host import HOST_FIELDS, HostSource
 from kvtop.sources.nvml import GPU_FIELDS, NvmlSource
@@ -213,10 +214,11 @@ async def test_dicts_and_json_strings_become_verbatim_records() -> None:
     assert [r.data["iter"] for r in stats] == [7, 8, 7]
     assert stats[0].data == STATS  # verbatim
     events = col.kinds("kv_event")
-    assert [e.data for e in events] == [CREATED, STORED]
+    assert [e.data for e in events] == [CREATED, read_form(STORED)]   # plain tokens as their ids, as decode gives
     assert events[1].data["data"]["blocks"][0]["block_hash"] == 9622824665191806685
+    assert events[1].data["data"]["blocks"][0]["token_ids"] == [1]
     assert all(r.source == SRC and r.time == 1764430000.5 for r in col.records)
-    assert decode(encode(events[1])).data == STORED  # survives the codec
+    assert decode(encode(events[1])).data == events[1].data  # survives the codec
     assert col.errors == []
     assert eng.timeouts == [0.05]  # a short drain timeout: TensorRT-LLM waits this long after the last item
 
@@ -352,7 +354,7 @@ async def test_sync_events_method_runs_in_a_thread() -> None:
     col = Collector()
     res = await poller(eng, col).poll_once()
     assert res.kv_events == 2
-    assert [r.data for r in col.kinds("kv_event")] == [CREATED, STORED]
+    assert [r.data for r in col.kinds("kv_event")] == [CREATED, read_form(STORED)]
     assert threading.get_ident() not in eng.threads
 
 

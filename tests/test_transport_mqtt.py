@@ -118,7 +118,13 @@ def test_strip_tokens_keeps_what_the_fold_needs() -> None:
     slim = strip_tokens(rec)
     block = slim.data["data"]["blocks"][0]
     assert block["tokens"] == [] and block["num_tokens"] == 32 and block["block_hash"] == 2**64 - 1
-    assert rec.data["data"]["blocks"][0]["tokens"]  # the original is untouched (the recorder keeps it verbatim)
+    assert rec.data["data"]["blocks"][0]["token_ids"] == [7] * 32  # the original is untouched (the recorder keeps it)
+    # a token list that is not all plain stays TensorRT-LLM's dicts; stripped the same way
+    ev["data"]["blocks"][0]["tokens"][3] = {"type": "unique_token", "token_id": 7, "token_extra_id": 5}
+    rec = make("kv_event", ev, SourceId("h", 0, "r"))
+    assert len(rec.data["data"]["blocks"][0]["tokens"]) == 32
+    block = strip_tokens(rec).data["data"]["blocks"][0]
+    assert block["tokens"] == [] and block["num_tokens"] == 32 and "token_ids" not in block
 
 
 async def test_publisher_with_broker_down_never_blocks_and_counts_drops() -> None:

@@ -75,6 +75,11 @@ def strip_tokens(record: Record) -> Record:
         return record
     slim = []
     for b in blocks:
+        if isinstance(b, dict) and isinstance(b.get("token_ids"), list) and b["token_ids"] and "tokens" not in b:
+            # plain tokens as a reader gives them (their ids, kvtop/compact.py read_event): the same slim block
+            slim.append({**{k: v for k, v in b.items() if k != "token_ids"}, "tokens": [],
+                         "num_tokens": len(b["token_ids"])})
+            continue
         tokens = b.get("tokens") if isinstance(b, dict) else None
         slim.append({**b, "tokens": [], "num_tokens": len(tokens)} if isinstance(tokens, list) and tokens else b)
     event = {**record.data, "data": {**data, "blocks": slim}}
