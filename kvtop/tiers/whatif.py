@@ -49,9 +49,14 @@ _DEFAULT_PRIORITY = 35
 class _RankedGhosts:
     """Ghost hashes in drop order, with "how many ghosts are more recent than this one" in O(log n).
 
-    A Fenwick tree over drop sequence numbers marks which are still ghosts. Sequence numbers grow without
-    bound over a long run, so the tree is rebuilt over the live ghosts (at most `capacity`) whenever the
-    numbers outgrow it: amortised O(1) per drop on top of the O(log n) update.
+    Every sequence number after a live ghost's is a live ghost or a ghost taken out again (a hit, or dropped
+    anew): the ghosts forgotten as the oldest all came before it. So the ghosts more recent than one are the
+    drops after it less the ones taken out after it, and a Fenwick tree over sequence numbers marks only those
+    taken out: a drop (the most frequent step, one per removed block) updates no tree, a hit updates it once.
+    (Marking the live ghosts instead cost a tree update per drop and one per ghost forgotten: ~14 Python steps
+    each, most of the what-if's cost of a removed event.) Sequence numbers grow without bound over a long run,
+    so the live ghosts (at most `capacity`) are renumbered 0..n-1 and the tree emptied whenever the numbers
+    outgrow it: amortised O(1) per drop.
     """
 
     def __init__(self, capacity: int):
@@ -59,10 +64,7 @@ class _RankedGhosts:
         self._seq: dict[int, int] = {}  # hash -> absolute sequence number (insertion order = drop order)
         self._base = 0                  # sequence number of tree slot 0
         self._next = 0
-        # Marks left in the tree by ghosts forgotten as the oldest: below every live ghost's slot, so counted by
-        # every prefix a live ghost asks for, and taken off there instead of updating the tree (one Fenwick
-        # update, ~14 Python steps, saved for each ghost a full list forgets). Reset by a rebuild.
-        self._stale = 0
+        self._taken = 0                 # marks in the tree: ghosts taken out since the last renumbering
         # The tree grows with the ghosts actually held, not with the capacity claimed: a `created` event
         # claiming a 3e7-block host would otherwise cost 1.2e8 slots (~1 GB) before a single drop.
         self._size = 1024
@@ -74,38 +76,14 @@ class _RankedGhosts:
     def __contains__(self, h: int) -> bool:
         return h in self._seq
 
-    def _add(self, slot: int, delta: int) -> None:
-        tree, size = self._tree, self._size
-        i = slot + 1
-        while i <= size:
-            tree[i] += delta
-            i += i & -i
-
-    def _prefix(self, slot: int) -> int:
-        """Live ghosts in slots [0, slot] (and the stale marks, all below it)."""
-        tree = self._tree
-        i, total = slot + 1, 0
-        while i > 0:
-            total += tree[i]
-            i -= i & -i
-        return total
-
     def _rebuild(self) -> None:
         n = len(self._seq)
-        self._size = size = max(1024, 4 * n)  # room for 3x the live ghosts before the next rebuild: O(1) amortised
-        # The live ghosts, in drop order (the dict's), renumbered 0..n-1, and the tree of n leading ones built
-        # directly (not n updates of ~14 steps each): node i covers (i - lowbit(i), i], all held for i <= n; past
-        # n only the nodes that cover n hold any (the ones an update of n reaches), n - (i - lowbit(i)) each.
-        self._seq = dict(zip(self._seq, range(n)))
-        tree = self._tree = [0] * (size + 1)
-        tree[1:n + 1] = [i & -i for i in range(1, n + 1)]
-        i = n + (n & -n) if n else size + 1
-        while i <= size:
-            tree[i] = n - i + (i & -i)
-            i += i & -i
+        self._size = max(1024, 4 * n)  # room for 3x the live ghosts before the next rebuild: O(1) amortised
+        self._seq = dict(zip(self._seq, range(n)))   # drop order kept (the dict's), no gaps: nothing taken out
+        self._tree = [0] * (self._size + 1)
         self._base = 0
         self._next = n
-        self._stale = 0
+        self._taken = 0
 
     def push(self, h: int) -> None:
         if self.capacity == 0:
@@ -113,23 +91,29 @@ class _RankedGhosts:
         self.discard(h)
         if self._next - self._base >= self._size:
             self._rebuild()
-        self._seq[h] = self._next
-        self._add(self._next - self._base, 1)
-        self._next += 1
         seq = self._seq
-        while len(seq) > self.capacity:  # forget the oldest ghost (its mark stays, counted as stale)
+        seq[h] = self._next
+        self._next += 1
+        while len(seq) > self.capacity:  # forget the oldest ghost (before every live one: no mark needed)
             del seq[next(iter(seq))]
-            self._stale += 1
 
     def discard(self, h: int) -> int | None:
         """Remove `h`; returns how many ghosts were more recent than it, or None if it was no ghost."""
         seq = self._seq.pop(h, None)
         if seq is None:
             return None
-        slot = seq - self._base
-        # live ghosts after slot (h itself still counted)
-        newer = len(self._seq) + 1 - (self._prefix(slot) - self._stale)
-        self._add(slot, -1)
+        tree, size = self._tree, self._size
+        i = slot = seq - self._base
+        taken_before = 0   # ghosts taken out at slots [0, slot)
+        while i > 0:
+            taken_before += tree[i]
+            i -= i & -i
+        newer = self._next - 1 - seq - (self._taken - taken_before)
+        i = slot + 1       # mark h's slot as taken out
+        while i <= size:
+            tree[i] += 1
+            i += i & -i
+        self._taken += 1
         return newer
 
 
