@@ -17,10 +17,17 @@ block):
   block's mark. So a release queues a request's blocks with one ``deque.extend`` of a ``map``, no write per block,
   where the general manager stamps each block;
 - a block key is an int, the first token id, for a full block of consecutive ids (every block inside a trace
-  block), and an interned id past 2^64 for any other key (a partial block, a block across runs: the general
-  manager's bytes key, ``block_manager.encode_key``, named by its own id). Two keys are equal iff their tokens are,
-  as with the bytes keys, so the reuse tree's dicts behave the same; a request's keys are cut from its trace hash
-  ids in C (``range``) for the trace blocks it holds whole;
+  block), and an interned id past 2^64 for any other key (a partial block, a block across runs), named by its
+  tokens as maximal runs of ids. Two keys are equal iff their tokens are, as with the general manager's bytes keys
+  (``block_manager.encode_key``), so the reuse tree's dicts behave the same; a request's keys are cut from its
+  trace hash ids in C (``range``) for the trace blocks it holds whole;
+- a node's children are None, the only child's id, or a dict (``_Block.children``'s three forms);
+- where a trace block is 16 KV blocks or more, a batch's takes and a fresh chain's links go a step at a time
+  for all its blocks (``take_batch``, ``store``).
+
+What this use guarantees, and the code relies on: a block the request matches is free (it is in no other
+request); at release every block of the request is on the GPU; the host tier's free count is its size but during
+an onboard (one less: so with one host block the onboard's victim is not offloaded, as in the general manager).
 - partial reuse (``_find_matching``'s scan of a node's children for the longest common prefix, the first in
   insertion order on ties) reads only the candidates that share the key's first token: the int child of that id
   and the interned children indexed by (node, first id), ordered by insertion; the general scan read all the
@@ -29,8 +36,8 @@ block):
 Each step below names the ``BlockManager`` method it stands for. tests/test_sim_sweep_fast.py holds ``replay`` to
 ``sweep._replay`` over ``BlockManager`` (``sweep._DistanceRecorder``) exactly: counters, each onboard's
 (distance, offload counts) and where each request's onboards start, on randomized traces (tiny pools, host tiers of
-0, 1 and 2 blocks, repeated prompts, partial blocks, prompts longer than their hash ids) and on the shipped
-Mooncake slice.
+0 to 3 blocks, repeated prompts, partial blocks, prompts longer than their hash ids, the batches on and off at
+every block size) and on the shipped Mooncake slice.
 """
 
 from __future__ import annotations
