@@ -128,10 +128,11 @@ def test_with_the_strip_reuse_off_the_public_path_draws_the_same_screen() -> Non
     out = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::"
          "test_a_screen_updated_refresh_by_refresh_matches_a_fresh_one",
-         f"{__file__}::test_an_unchanged_panel_hands_the_compositor_its_last_strips"],
+         f"{__file__}::test_an_unchanged_panel_hands_the_compositor_its_last_strips",
+         f"{__file__}::test_what_the_terminal_is_sent_adds_up_to_the_screen"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert "2 passed, 1 skipped" in out.stdout
+    assert "3 passed, 1 skipped" in out.stdout
 
 
 def test_the_declared_textual_floor_is_the_one_ci_tests_and_the_reuse_starts_at() -> None:
@@ -153,3 +154,65 @@ def test_the_version_check_reads_textuals_own_version() -> None:
 
     assert widgets._textual_version() == version("textual")
     assert widgets.STRIP_CACHE_REASON.endswith(version("textual")) or not widgets._CACHE_RENDERS
+
+
+def _write(grid: list[list[Any]], y: int, x: int, strips: Any) -> None:
+    """Strips written from cell (x, y) on, one cell at a time (what a terminal keeps of them)."""
+    for strip in strips:
+        for text, style, _ in strip:
+            for ch in text:
+                grid[y][x] = (ch, style)
+                x += 1
+
+
+async def test_what_the_terminal_is_sent_adds_up_to_the_screen() -> None:
+    """Rows are written only up to their last changed cell (update_lines' regions, the crops seeded in
+    widgets.seed_crop): a terminal that applied every update as sent must hold exactly the screen drawn fresh."""
+    from textual._compositor import ChopsUpdate, Compositor, LayoutUpdate
+
+    records = list(read_jsonl(BUSY_RECORDING))
+    session = _session()
+    cut = len(records) // 3
+    for r in records[:cut]:
+        session.emit(r)
+    width, height = 120, 40
+    grid: list[list[Any]] = [[(" ", None)] * width for _ in range(height)]
+    sent = {"partial": 0, "cropped": 0}
+    render_update = Compositor.render_update
+
+    def apply(self: Compositor, *args: Any, **kwargs: Any) -> Any:
+        update = render_update(self, *args, **kwargs)
+        if isinstance(update, LayoutUpdate):
+            for y, line in enumerate(update.strips, update.region.y):
+                _write(grid, y, update.region.x, line)
+        elif isinstance(update, ChopsUpdate):   # as ChopsUpdate.render_segments writes it
+            sent["partial"] += 1
+            for y, x1, x2 in update.spans:
+                for end, (x, strip) in zip(update.chop_ends[y], update.chops[y].items()):
+                    if strip is None or x > x2 or end <= x1:
+                        continue
+                    if not (x2 > x >= x1 and end <= x2):
+                        strip = strip.crop(0, min(end, x2) - x)
+                        sent["cropped"] += 1
+                    _write(grid, y, x, [strip])
+        return update
+
+    app = build_app(session, Settings(), run_session=False)
+    Compositor.render_update = apply  # type: ignore[method-assign]
+    try:
+        async with app.run_test(size=(width, height)) as pilot:
+            await pilot.pause()
+            step = max((len(records) - cut) // 40, 1)
+            for i in range(cut, len(records), step):
+                for r in records[i:i + step]:
+                    session.emit(r)
+                app.refresh_view()
+                await pilot.pause()
+            fresh = app.screen._compositor.render_strips()
+    finally:
+        Compositor.render_update = render_update  # type: ignore[method-assign]
+    expected: list[list[Any]] = [[(" ", None)] * width for _ in range(height)]
+    for y, strip in enumerate(fresh):
+        _write(expected, y, 0, [strip])
+    assert sent["partial"] > 20 and sent["cropped"] > 20  # rows were sent in part...
+    assert grid == expected  # ...and what the terminal holds is the screen

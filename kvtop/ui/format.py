@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from kvtop.textsafe import clean as _textsafe_clean
 
@@ -132,6 +133,9 @@ def duration(s: float | None, unknown: str = UNKNOWN) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+_SPARKS: dict[tuple[Any, ...], str] = {}  # the sparklines drawn lately, by (values shown, width, top)
+
+
 def sparkline(values: Sequence[float | None], width: int, top: float | None = None) -> str:
     """The newest ``width`` values as a one-row sparkline; a gap (None) is a space, a missing start pads left.
 
@@ -140,7 +144,21 @@ def sparkline(values: Sequence[float | None], width: int, top: float | None = No
     """
     if width <= 0:
         return ""
-    tail = [_finite(v) for v in list(values)[-width:]]  # NaN, inf: a gap
+    # The history behind a sparkline moves once per history step (1 s), the screen refreshes 4 times a second,
+    # and five sparklines are drawn at every busy refresh: the same ones are served again (hashing the tuple
+    # costs a tenth of drawing it).
+    shown = tuple(values)[-width:]
+    key = (shown, width, top)
+    line = _SPARKS.get(key)
+    if line is None:
+        if len(_SPARKS) >= 64:
+            _SPARKS.clear()
+        line = _SPARKS[key] = _sparkline(shown, width, top)
+    return line
+
+
+def _sparkline(shown: tuple[float | None, ...], width: int, top: float | None) -> str:
+    tail = [_finite(v) for v in shown]  # NaN, inf: a gap
     known = [v for v in tail if v is not None]
     hi = top if top is not None else (max(known) if known else 0.0)
     chars = []

@@ -28,7 +28,6 @@ from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.geometry import Region
-from textual.messages import Update
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.strip import Strip
@@ -95,6 +94,47 @@ def cells(ln: Line) -> int:
             w = _WIDTHS[text] = cell_len(text)
         n += w
     return n
+
+
+# A changed row is written up to its last changed cell only where at least this many cells are left unchanged
+# after it: a shorter tail saves fewer bytes than the crop costs (a cut strip, one more region).
+TAIL_CELLS = 16
+
+
+def _changed_end(new: Line, old: Line) -> int:
+    """The cell just past the last one that differs between two lines drawn left-aligned on the same blank."""
+    end, was = cells(new), cells(old)
+    if end != was:
+        return max(end, was)   # shifted: everything up to the longer one's end may differ
+    i, j = len(new), len(old)
+    while i and j and new[i - 1] == old[j - 1]:   # the same tail of (text, style) parts, on the same cells
+        i -= 1
+        j -= 1
+        text = new[i][0]
+        end -= len(text) if text.isascii() else cell_len(text)
+    return end
+
+
+def seed_crop(strip: Strip, segments: list[Segment], end: int) -> None:
+    """Put ``strip.crop(0, end)`` in the strip's crop cache, made as Strip.crop makes it (the same segments, the
+    one cut by the same ``split_cells``) but from the segments in hand: Textual crops every row whose marked
+    region stops short of the row's end before writing it, and its general crop (a walk that splits the first
+    segment too) cost more than the bytes it saves. Where a Textual's Strip has no such cache, nothing is put."""
+    cache = getattr(strip, "_crop_cache", None)
+    if cache is None:
+        return
+    out: list[Segment] = []
+    pos = 0
+    for segment in segments:
+        text = segment.text
+        end_pos = pos + (len(text) if text.isascii() else cell_len(text))
+        if end_pos < end:
+            out.append(segment)
+            pos = end_pos
+        else:
+            out.append(segment.split_cells(end - pos)[0])
+            break
+    cache[(0, end)] = Strip(out, end)
 
 
 def _pad(text: str, width: int, right: bool = True) -> str:
@@ -213,6 +253,8 @@ class Panel(Widget):
         self._rendered: tuple[Region, tuple[Any, ...], list[Strip]] | None = None
         self._dirty_rows: set[int] = set()
         self._frame: tuple[Any, ...] | None = None  # (top, height, left cell, right cell, background, width)
+        self._screen: Any = None  # the screen the panel is on (DOMNode.screen walks up the tree each call)
+        self._row_ends: dict[int, int] = {}  # changed row -> cells of it to write, from the left border
 
     def watch_state(self, old: str, new: str) -> None:
         self.remove_class(f"-{old}", update=False)  # one restyle for the swap, not two
@@ -220,6 +262,11 @@ class Panel(Widget):
 
     def on_mount(self) -> None:
         self.add_class(f"-{self.state}")
+
+    def _set_state(self, state: str) -> None:
+        # Only a change goes through the reactive (a set of the same value still runs its checks, 4 a refresh).
+        if state != self.state:
+            self.state = state
 
     def show(self, data: Any) -> bool:
         """Show new data; returns True when it differed (and the changed lines were marked for repaint)."""
@@ -262,18 +309,29 @@ class Panel(Widget):
             self.refresh()
             return
         self._lines = lines
+        # A region per changed row, from the left border to the last cell that changed: Textual writes a row from
+        # the panel's left edge, and stops where the region does, so the unchanged tail of a row (a third of the
+        # bytes of the rows a busy refresh rewrites: labels, padding, the right border) is not sent again.
+        # Rows next to each other that end at the same cell share one region.
         regions: list[Region] = []
-        start = -1
-        for y in range(height + 1):
-            if y < height and lines[y] != old[y]:
-                self._strips.pop(y, None)
-                if start < 0:
-                    start = y
-            elif start >= 0:
-                # A region per run of changed lines, border cells included: Textual writes a span that covers a
-                # panel's row whole as it is, and crops the row first (a new strip) when the span stops short.
-                regions.append(Region(self._row_x, start, self._row_width, y - start))
-                start = -1
+        row_x = self._row_x
+        run_start = run_end = -1
+        len_run = 0
+        for y in range(height):
+            new, was = lines[y], old[y]
+            if new == was:
+                continue
+            self._strips.pop(y, None)
+            end = _changed_end(new, was) - row_x
+            if not 0 < end <= self._row_width - TAIL_CELLS:
+                end = self._row_width
+            self._row_ends[y] = end
+            if run_end == end and run_start + len_run == y:
+                len_run += 1
+                regions[-1] = Region(row_x, run_start, end, len_run)
+                continue
+            run_start, run_end, len_run = y, end, 1
+            regions.append(Region(row_x, y, end, 1))
         if regions:
             self._repaint(regions)
 
@@ -330,27 +388,34 @@ class Panel(Widget):
             if frame is not None:
                 strips = rendered[2].copy()
                 top, height = frame[0], frame[1]
+                ends = self._row_ends
                 for row in rows:
                     if 0 <= row < height:
-                        strips[row + top] = self._framed(row, filters, frame)
+                        strips[row + top] = self._framed(row, filters, frame, ends.get(row))
                 rows.clear()
+                ends.clear()
                 self._rendered = (crop, filters, strips)
                 return strips
         strips = super().render_lines(crop)
         self._dirty_rows.clear()
+        self._row_ends.clear()
         self._rendered = (crop, filters, strips)
         self._frame = self._learn_frame(crop, filters, strips)
         return strips
 
-    def _framed(self, row: int, filters: tuple[Any, ...], frame: tuple[Any, ...]) -> Strip:
+    def _framed(self, row: int, filters: tuple[Any, ...], frame: tuple[Any, ...], end: int | None = None) -> Strip:
         """Content row ``row`` as the compositor wants it: the border cells around the row's segments, in styles
-        already through the app's colour filters (resolved once per style string, as for ``render_line``)."""
+        already through the app's colour filters (resolved once per style string, as for ``render_line``).
+        ``end``: the cells of the row update_lines marked, from the left border (the changed part)."""
         _top, _height, left, right, _background, width = frame
         segments, _ = self._segments(self._line(row), self._filtered_styles, frame, filters)
         if left is not None:
             segments.insert(0, left)
             segments.append(right)
-        return Strip(segments, width)
+        strip = Strip(segments, width)
+        if end is not None and end < width:
+            seed_crop(strip, segments, end)
+        return strip
 
     def _learn_frame(self, crop: Region, filters: tuple[Any, ...], strips: list[Strip]) -> tuple[Any, ...] | None:
         """The border cells of the rows Textual just drew, if ``_framed`` makes every content row exactly as it
@@ -445,18 +510,24 @@ class Panel(Widget):
             self._content_width = size.width
             self._row_x = self.region.x - self.content_region.x
             self._row_width = self.outer_size.width
+            self._screen = self.screen if self.is_mounted else None
         return inner
 
 
 def _repaint_direct(self: Panel, regions: list[Region]) -> None:
-    # Changed rows straight to the screen: Widget.refresh would mark them the same way, then clear the panel's
-    # layout and style caches (nothing in them changed: a row's text is not its size or its styles) and wake the
-    # panel's own message pump only to post this very Update to the screen.
-    if not self.is_mounted:
+    # Changed rows straight to the screen's set of widgets to repaint, as the screen's own Update handler puts
+    # them there: Widget.refresh would mark the rows the same way, then clear the panel's layout and style caches
+    # (nothing in them changed: a row's text is not its size or its styles) and wake the panel's own message pump
+    # only to post an Update message to the screen, one per panel and refresh (~5 a busy refresh). Until the
+    # panel was drawn once (the screen's compositor has it), and where a Textual has no such set, Textual's way.
+    screen = self._screen
+    dirty = getattr(screen, "_dirty_widgets", None)
+    if self._rendered is None or screen is None or not isinstance(dirty, set):
         self.refresh(*regions)
         return
     self._set_dirty(*regions)
-    self.screen.post_message(Update(self))
+    dirty.add(self)
+    screen.check_idle()
 
 
 if _CACHE_RENDERS:
@@ -618,7 +689,7 @@ class TierPanel(Panel):
         changed = super().show(data)
         if changed:
             self._title()
-            self.state = self._health()
+            self._set_state(self._health())
             none = data.state.capacity_blocks == 0
             if self.has_class("-none") != none:   # a class change restyles: only when it changes
                 self.set_class(none, "-none")
@@ -1054,8 +1125,8 @@ class SourcesPanel(Panel):
             title = f"Sources · {len(data.rows)}"
             if self.border_title != title:  # a title change repaints the whole panel: only when it changed
                 self.border_title = title
-            self.state = "warn" if any(r.status in ("offline", "disconnected", "error", "failed")
-                                       for r in data.rows) else "ok"
+            self._set_state("warn" if any(r.status in ("offline", "disconnected", "error", "failed")
+                                          for r in data.rows) else "ok")
         return changed
 
     @staticmethod
@@ -1172,7 +1243,7 @@ class RequestPanel(Panel):
     def show(self, data: Any) -> bool:
         changed = super().show(data)
         if changed:
-            self.state = "warn" if data.failed else "ok"
+            self._set_state("warn" if data.failed else "ok")
         return changed
 
     def build(self) -> Line | list[Line]:
@@ -1243,7 +1314,7 @@ class MemoryPanel(Panel):
         if changed:
             warn = any(g.used is not None and g.total and g.used > 0.95 * g.total for g in data.gpus)
             warn |= bool(data.available is not None and data.total and data.available < 0.05 * data.total)
-            self.state = "warn" if warn else "ok"
+            self._set_state("warn" if warn else "ok")
         return changed
 
     def build(self) -> Line | list[Line]:
