@@ -355,9 +355,14 @@ def test_the_model_routes_kv_events_straight_to_the_event_folds_hot_path() -> No
 # ---------------------------------------------------------------------------------------------- the dashboard
 
 UI = PACKAGE / "ui"
-# The one private name the dashboard reads off something not its own: Textual's repaint hook, probed for here and kept
-# behind a version check with an off switch (kvtop/ui/widgets.py strip_cache_enabled). Textual's, not kvtop's.
-FOREIGN_PRIVATE_ALLOWED = {("widgets.py", "getattr(Widget, '_set_dirty', None)")}
+# The private names the dashboard reads off something not its own, all Textual's and all behind one version check
+# with an off switch (kvtop/ui/widgets.py strip_cache_enabled; off, none of the code that reads them is installed):
+# the repaint hook, probed for here; the screen's set of widgets to repaint (a panel's changed rows go there
+# directly, not through an Update message per panel); a strip's crop cache (the crop of a row written in part,
+# made from the segments in hand). Each is read with getattr and a fallback to Textual's public way.
+FOREIGN_PRIVATE_ALLOWED = {("widgets.py", "getattr(Widget, '_set_dirty', None)"),
+                           ("widgets.py", "getattr(screen, '_dirty_widgets', None)"),
+                           ("widgets.py", "getattr(strip, '_crop_cache', None)")}
 _NAME_READERS = ("getattr", "hasattr")
 
 

@@ -77,7 +77,7 @@ from kvtop.tiers.common import Ledger, _Bad, _describe
 from kvtop.tiers.events import GPU, HOST, EventFold
 from kvtop.tiers.meta import MetaFold
 from kvtop.tiers.requests import RequestFold
-from kvtop.tiers.snapshot import TierSnapshot, Version
+from kvtop.tiers.snapshot import TierSnapshot, Version, history_points
 from kvtop.tiers.snapshot import take as take_snapshot
 from kvtop.tiers.state import (
     GpuDevice,
@@ -91,7 +91,7 @@ from kvtop.tiers.state import (
     TierState,
 )
 from kvtop.tiers.stats import StatsFold
-from kvtop.tiers.window import RateWindow
+from kvtop.tiers.window import RateWindow, Sample
 
 # The read-side types live in kvtop.tiers.state (re-exported by kvtop.tiers); this module exports only the fold.
 __all__ = ["TierModel"]
@@ -428,20 +428,14 @@ class TierModel:
                      offloaded_bytes_per_s=None if bpb is None else r[3] * bpb,
                      onboarded_bytes_per_s=None if bpb is None else r[4] * bpb)
 
+    def history_samples(self) -> list[Sample]:
+        """The (time, counters) samples ``history()`` is made of: immutable, so a snapshot keeps them and makes the
+        points only when read (kvtop/tiers/snapshot.py)."""
+        return self._window.history(self.now, self._counters)
+
     def history(self) -> list[HistoryPoint]:
         """Rates per ``history_step_s`` over the kept history (oldest first), for the dashboard's sparklines."""
-        out: list[HistoryPoint] = []
-        samples = self._window.history(self.now, self._counters)
-        for (t0, a), (t1, b) in zip(samples, samples[1:]):
-            dt = t1 - t0
-            if dt <= 0:
-                continue
-            d = [y - x for x, y in zip(a, b)]
-            hit = d[0] / d[1] if d[1] > 0 else None
-            host = min(max(d[2], 0), max(d[0], 0)) / d[1] if d[1] > 0 else None
-            out.append(HistoryPoint(t1, hit, host, d[3] / dt, d[4] / dt, d[5] / dt, d[6] / dt, d[7] / dt,
-                                    d[10] / dt))
-        return out
+        return history_points(self.history_samples())
 
     @property
     def cached_by_priority(self) -> dict[str, dict[int | None, int]]:

@@ -39,7 +39,7 @@ from textual.worker import Worker
 from kvtop.fleet import FleetRow, combine, source_row, source_status
 from kvtop.occupancy import occupancy
 from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
-from kvtop.tiers import HistoryPoint, Quality, Rates, TierModel, TierSnapshot, TierState
+from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
 from kvtop.tiers.snapshot import reading
 from kvtop.ui import format as fmt
 from kvtop.ui.themes import DEFAULT_THEME, PREFERRED_ORDER, VARIABLE_DEFAULTS, ThemeError, load_theme, load_themes
@@ -246,7 +246,7 @@ class KvtopApp(App[int]):
         self._last_records = -1
         self._last_change_at: float | None = None
         self._hist_key: tuple[int, int | None] | None = None
-        self._hist: tuple[HistoryPoint, ...] = ()
+        self._series: tuple[tuple[float | None, ...], tuple[tuple[float, float, float, float], ...]] = ((), ())
         self._panels: dict[str, Any] = {}
         self._shown: TierSnapshot | None = None  # the snapshot the panels show
         self._force = True
@@ -432,14 +432,12 @@ class KvtopApp(App[int]):
         tiers = tier_states(snap)
         gpu, host = tiers[0], tiers[1] if len(tiers) > 1 else snap.host
         self._show_tiers(tiers, live, snap)
-        history = self._history(live, snap)
+        hit_history, moves_history = self._history(live, snap)
         rates = snap.rates
-        self._panels["hit"].show(HitData(snap.hit_rate, tuple(h.hit_rate for h in history), snap.window_s,
-                                         self._what_if(live, snap)))
+        self._panels["hit"].show(HitData(snap.hit_rate, hit_history, snap.window_s, self._what_if(live, snap)))
         moves = snap.moves
-        self._panels["moves"].show(MovesData(rates, moves, tuple(
-            (h.offloaded_per_s, h.onboarded_per_s, h.evicted_gpu_per_s, h.evicted_host_per_s) for h in history),
-            known=moves.source != "events" or q.events_seen))
+        self._panels["moves"].show(MovesData(rates, moves, moves_history,
+                                             known=moves.source != "events" or q.events_seen))
         self._panels["requests"].show(self._requests(live, snap, rates, view))
         self._panels["prio"].show(self._priorities(snap, gpu, host))
         self._panels["memory"].show(self._memory(snap))
@@ -698,7 +696,9 @@ class KvtopApp(App[int]):
             finished=finished, paused_at=self._paused_at if self.paused else None,
             sources=sources, source_label=label, stats_schema=None if q is None else q.stats_schema)
 
-    def _history(self, live: TierModel, snap: TierSnapshot) -> tuple[HistoryPoint, ...]:
+    def _history(self, live: TierModel, snap: TierSnapshot
+                 ) -> tuple[tuple[float | None, ...], tuple[tuple[float, float, float, float], ...]]:
+        """The sparklines' series: the hit rate, and the moves per second (offload, onboard, evict GPU, host)."""
         # The snapshot's history holds up to 600 samples; its points change once per history step, so the
         # sparklines' slice is cut again only when the model's clock has moved a step on (or another model is shown).
         step = snap.history_step_s or 1.0
@@ -710,8 +710,12 @@ class KvtopApp(App[int]):
             if len(hist) >= 2 and hist[-1].t - hist[-2].t < 0.5 * step:
                 # A last step only a fraction of a second long turns one block into a spike of blocks/s.
                 hist = hist[:-1]
-            self._hist = tuple(hist[-self.spark_points:])
-        return self._hist
+            history = tuple(hist[-self.spark_points:])
+            # The sparklines' series, made once per history step with the points (not at every refresh), so the
+            # panels' data compare by identity while the step lasts.
+            self._series = (tuple(h.hit_rate for h in history), tuple(
+                (h.offloaded_per_s, h.onboarded_per_s, h.evicted_gpu_per_s, h.evicted_host_per_s) for h in history))
+        return self._series
 
     def _requests(self, live: TierModel, snap: TierSnapshot, rates: Rates, view: SessionView) -> RequestData:
         req = snap.requests

@@ -120,7 +120,7 @@ def seed_crop(strip: Strip, segments: list[Segment], end: int) -> None:
     one cut by the same ``split_cells``) but from the segments in hand: Textual crops every row whose marked
     region stops short of the row's end before writing it, and its general crop (a walk that splits the first
     segment too) cost more than the bytes it saves. Where a Textual's Strip has no such cache, nothing is put."""
-    cache = getattr(strip, "_crop_cache", None)
+    cache = getattr(strip, "_crop_cache", None)  # may lack: Strip's private cache, in any other Textual
     if cache is None:
         return
     out: list[Segment] = []
@@ -521,7 +521,7 @@ def _repaint_direct(self: Panel, regions: list[Region]) -> None:
     # only to post an Update message to the screen, one per panel and refresh (~5 a busy refresh). Until the
     # panel was drawn once (the screen's compositor has it), and where a Textual has no such set, Textual's way.
     screen = self._screen
-    dirty = getattr(screen, "_dirty_widgets", None)
+    dirty = getattr(screen, "_dirty_widgets", None)  # may lack: Screen's private set, in any other Textual
     if self._rendered is None or screen is None or not isinstance(dirty, set):
         self.refresh(*regions)
         return
