@@ -59,6 +59,25 @@ def test_a_snapshots_summary_is_the_models_at_every_point_of_a_busy_run() -> Non
     assert compared > 30 and m.snapshot().summary()["requests"]["completed"] > 0
 
 
+def test_a_snapshots_summary_made_later_is_the_one_of_the_moment_it_was_taken() -> None:
+    # The summary and the history points are made when first read, from what the snapshot took: a model that
+    # folded on since must not leak into them. Two models fed the same records: one moves on, one stays.
+    records = list(read_jsonl(BUSY_RECORDING))
+    moving, still = TierModel(), TierModel()
+    half = len(records) // 2
+    for rec in records[:half]:
+        assert isinstance(rec, Record)
+        moving.apply(rec)
+        still.apply(rec)
+    snap = moving.snapshot()
+    for rec in records[half:]:
+        assert isinstance(rec, Record)
+        moving.apply(rec)
+    assert moving.summary() != still.summary()  # the model did move on...
+    assert snap.summary() == still.summary() and snap.history() == still.history()  # ...the snapshot did not
+    assert snap.summary_data["stream"] == still.summary()["stream"]
+
+
 def test_an_unchanged_model_hands_out_the_same_snapshot_and_any_record_changes_it() -> None:
     m = _busy()
     first = m.snapshot()

@@ -7,12 +7,14 @@ changed since the last one (``TierModel.version``), and then handed out as it is
 ``TierModel.published`` is the last one: a plain attribute, so a reader on any thread takes it in one step.
 
 Its fields are named as the model's own read-side properties (``tiers``, ``gpu``, ``moves``, ``hit_rate``...),
-so a reader written against the model reads a snapshot unchanged. The ``--json`` summary (``summary()``) is built
-once per snapshot; each call returns a fresh copy, so a caller that adds keys changes nobody else's.
+so a reader written against the model reads a snapshot unchanged. The ``--json`` summary (``summary()``) and the
+history points are made from what the snapshot took, once, when first asked for (a dashboard takes a snapshot every
+refresh and reads neither, or the history once per step); each summary() call returns a fresh copy, so a caller
+that adds keys changes nobody else's.
 
-Cost (tests/data/busy.jsonl folded, dev box): 0.23 ms to build at the median (the summary ~0.18 ms, now built from the
-reads the snapshot took, not read again: 557 -> 412 us a snapshot on the busy full-scale stream), nothing to hand out
-again; a model that did not change costs a tuple comparison.
+Cost (the busy full-scale stream folded, dev box under load): ~280 us to take (557 us when the summary and the
+history points were made with it, the latency percentiles twice), nothing to hand out again; a model that did not
+change costs a tuple comparison.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from kvtop.tiers.state import GpuDevice, HistoryPoint, HitRate, HostMemory, Moves, Quality, Rates, Requests, TierState
-from kvtop.tiers.summary import summary as _summary
+from kvtop.tiers.summary import live_reads, summary_of
 from kvtop.tiers.window import Sample
 
 if TYPE_CHECKING:
@@ -67,10 +69,22 @@ class TierSnapshot:
     window_s: float
     history_step_s: float
     history_samples: tuple[Sample, ...]  # the window's (time, counters) samples: the points are made on read
-    summary_data: Mapping[str, Any]  # read through summary(): a copy per call
+    # What the --json summary reads of the model besides the fields above (kvtop/tiers/summary.py live_reads):
+    # the summary itself is made from both when first asked for (summary_data), not at every snapshot: the
+    # dashboard takes one every refresh and never reads it (~115 us of a ~400 us snapshot on the busy stream).
+    summary_reads: Mapping[str, Any]
     # The points once made (history()): a snapshot is taken every refresh of a busy dashboard, its sparklines read
     # the points once per history step (~80 us of a ~450 us snapshot on the busy full-scale stream, dev box).
     history_made: list[tuple[HistoryPoint, ...]] = field(default_factory=list, compare=False, repr=False)
+    summary_made: list[Mapping[str, Any]] = field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def summary_data(self) -> Mapping[str, Any]:
+        """The ``--json`` summary as the model gave it when this snapshot was taken (read-only; summary() copies)."""
+        made = self.summary_made
+        if not made:   # two threads may both make it: the same summary either way, from immutable reads
+            made.append(MappingProxyType(summary_of(self, self.summary_reads)))
+        return made[0]
 
     def summary(self) -> dict[str, Any]:
         """The ``--json`` summary as the model gave it when this snapshot was taken (a copy: add keys freely)."""
@@ -86,32 +100,12 @@ class TierSnapshot:
         return next((t for t in self.tiers if t.name == name), None)
 
 
-class _TakenReads:
-    """The model as ``summary()`` reads it, with the read-side values ``take`` already built served as they are.
-
-    ``summary()`` reads ``requests``, ``tiers``, ``hit_rate``, ``cached_by_priority``... again, and each is built
-    on read: the TTFT and end-to-end percentiles alone (four sorts of the latency samples) are ~120 us of a
-    snapshot's ~560 us on a busy stream (dev box), and the dashboard takes one every refresh. Everything else it
-    reads falls through to the model, on the same thread and at the same moment, so the summary is the model's."""
-
-    def __init__(self, model: TierModel, values: dict[str, Any]):
-        self.__dict__.update(values)
-        self._model = model
-
-    def __getattr__(self, name: str) -> Any:  # only for names not in values
-        return getattr(self._model, name)
-
-
 def take(model: TierModel, version: Version) -> TierSnapshot:
     """Read everything a sink reads off ``model`` once (on the thread that folds into it)."""
     tiers = tuple(model.tiers)
     by_prio = model.cached_by_priority
     cold, moves, hit_rate, rates = model.cold, model.moves, model.hit_rate, model.rates
     requests, quality, split = model.requests, model.quality, model.hit_split_by_priority
-    # TierModel.summary() is kvtop.tiers.summary.summary(model): the same function, over the reads taken here.
-    summary = _summary(cast("TierModel", _TakenReads(model, {
-        "tiers": tiers, "cached_by_priority": by_prio, "cold": cold, "moves": moves, "hit_rate": hit_rate,
-        "rates": rates, "requests": requests, "quality": quality, "hit_split_by_priority": split})))
     return TierSnapshot(
         version=version, now=model.now, tiers=tiers, gpu=model.gpu, host=model.host,
         disk=model.disk, cold=cold, moves=moves, hit_rate=hit_rate, rates=rates,
@@ -126,7 +120,7 @@ def take(model: TierModel, version: Version) -> TierSnapshot:
         hit_rate_by_priority=MappingProxyType(dict(model.hit_rate_by_priority)),
         hit_split_by_priority=MappingProxyType(dict(split)), window_s=model.window_s,
         history_step_s=model.history_step_s,
-        history_samples=tuple(model.history_samples()), summary_data=MappingProxyType(summary))
+        history_samples=tuple(model.history_samples()), summary_reads=MappingProxyType(live_reads(model)))
 
 
 def history_points(samples: Sequence[Sample]) -> list[HistoryPoint]:

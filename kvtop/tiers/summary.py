@@ -5,6 +5,7 @@ it, and ``TierSnapshot.summary()`` hands out a copy). Its keys are documented an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -13,12 +14,28 @@ if TYPE_CHECKING:
 
 def summary(m: TierModel) -> dict[str, Any]:
     """Everything a ``TierModel`` reads as one JSON-able dict (``kvtop --headless --json`` prints it)."""
+    return summary_of(m, live_reads(m))
+
+
+def live_reads(m: TierModel) -> dict[str, Any]:
+    """What the summary reads of a model besides its read-side fields, all of which a TierSnapshot holds: the
+    stats fold's warm-up and memory counters, the hits per cache level, the stream fold's own summary. A
+    snapshot takes these with its fields, and makes the summary from both only when asked (summary_of)."""
+    st = m.stats_fold
+    return {"hits_by_tier": dict(m.hits_by_tier), "warm_lookups": st.warm_lookups, "warm_hits": st.warm_hits,
+            "gpu_mem_usage": st.gpu_mem_usage, "pinned_mem_usage": st.pinned_mem_usage,
+            "stream": None if m.stream_fold is None else m.stream_fold.to_json()}
+
+
+def summary_of(m: Any, live: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary from ``m``'s read-side fields (a TierModel's or a TierSnapshot's, by the same names) and what
+    ``live_reads`` took of the same model at the same moment."""
     tiers = m.tiers
     hr = m.hit_rate
     req = m.requests
     by_prio = m.cached_by_priority
-    st = m.stats_fold
-    host = m.meta_fold.host_memory
+    host = m.host_memory
+    hits_by_tier = live["hits_by_tier"]
     return {
         "engine": m.meta.get("engine"),
         "engine_version": m.meta.get("engine_version"),
@@ -30,13 +47,13 @@ def summary(m: TierModel) -> dict[str, Any]:
         "tiers": {t.name: t.to_json() for t in tiers},
         "stats_schema": m.stats_schema,
         "cold": None if m.cold is None else m.cold.to_json(),
-        "hits_by_tier": m.hits_by_tier,
+        "hits_by_tier": hits_by_tier,
         "hit_rate": {"cumulative": hr.cumulative, "gpu": hr.gpu, "host": hr.host, "window": hr.window,
                      "window_gpu": hr.window_gpu, "window_host": hr.window_host, "hits": hr.hits,
                      "lookups": hr.lookups, "host_hits": hr.host_hits,
                      # the share of lookups each tier served, where the stats say it per cache level (V2)
-                     "by_tier": {t: n / hr.lookups for t, n in m.hits_by_tier.items()} if hr.lookups else {},
-                     "warmup_lookups": st.warm_lookups, "warmup_hits": st.warm_hits},
+                     "by_tier": {t: n / hr.lookups for t, n in hits_by_tier.items()} if hr.lookups else {},
+                     "warmup_lookups": live["warm_lookups"], "warmup_hits": live["warm_hits"]},
         "hit_rate_by_priority": {("none" if p is None else str(p)): {"cumulative": v.cumulative, "gpu": v.gpu,
                                                                       "host": v.host, "lookups": v.lookups}
                                  for p, v in sorted(m.hit_split_by_priority.items(),
@@ -53,16 +70,16 @@ def summary(m: TierModel) -> dict[str, Any]:
                                for tier, per in by_prio.items()},
         "memory": {
             "gpus": [{"index": g.index, "name": g.name, "memory_used_bytes": g.memory_used_bytes,
-                      "memory_total_bytes": g.memory_total_bytes} for _, g in sorted(m.meta_fold.gpus.items())],
+                      "memory_total_bytes": g.memory_total_bytes} for _, g in sorted(m.gpus.items())],
             "gpu_error": m.gpu_error,
-            "engine_gpu_mem_usage_bytes": st.gpu_mem_usage,     # the stats' gpuMemUsage
-            "engine_pinned_mem_usage_bytes": st.pinned_mem_usage,  # pinnedMemUsage: 0 on PyTorch, always
+            "engine_gpu_mem_usage_bytes": live["gpu_mem_usage"],     # the stats' gpuMemUsage
+            "engine_pinned_mem_usage_bytes": live["pinned_mem_usage"],  # pinnedMemUsage: 0 on PyTorch, always
             "host": None if host is None else {
                 "rss_bytes": host.rss_bytes, "available_bytes": host.available_bytes,
                 "total_bytes": host.total_bytes, "pinned_pool_bytes": host.pinned_pool_bytes},
         },
         "quality": m.quality.to_json(),
-        "stream": None if m.stream_fold is None else m.stream_fold.to_json(),
+        "stream": live["stream"],
         "bad_records": m.bad_records,
         "last_bad_reason": m.last_bad_reason,
     }
