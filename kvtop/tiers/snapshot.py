@@ -12,9 +12,9 @@ history points are made from what the snapshot took, once, when first asked for 
 refresh and reads neither, or the history once per step); each summary() call returns a fresh copy, so a caller
 that adds keys changes nobody else's.
 
-Cost (the busy full-scale stream folded, dev box under load): ~280 us to take (557 us when the summary and the
-history points were made with it, the latency percentiles twice), nothing to hand out again; a model that did not
-change costs a tuple comparison.
+Cost (the busy full-scale stream folded, every 240 records): 2.07 M instructions to take, under callgrind (4.56 M
+when the summary and the history points were made with it, the latency percentiles twice: 557 us then on the dev
+box), nothing to hand out again; a model that did not change costs a tuple comparison.
 """
 
 from __future__ import annotations
