@@ -171,3 +171,18 @@ def test_a_batch_never_writes_what_json_cannot_read(tmp_path: Path) -> None:
         rec.write(Record(kind="kv_event", data=_updated(1, 2, 0, 1), source=SourceId(), time=float("nan")))
     rec.close()
     assert all(not isinstance(r, RecordError) for r in read_jsonl(tmp_path / "x.jsonl"))
+
+
+@given(_event)
+def test_read_form_is_read_event_without_touching_the_engines_dict(event: dict[str, Any]) -> None:
+    """records.make hands an engine's event to the fold as a reader would give it (read_form), and leaves the
+    engine's dict as it was; the same form comes back from a line of it, verbatim or compact."""
+    from kvtop.compact import read_event, read_form
+
+    before = copy.deepcopy(event)
+    got = read_form(event)
+    assert event == before
+    assert got == read_event(copy.deepcopy(event)) == read_event(json.loads(json.dumps(compact_event(event))))
+    for b_got, b in zip(got["data"]["blocks"], before["data"]["blocks"]):
+        if "token_ids" in b_got:
+            assert "tokens" not in b_got and b_got["token_ids"] == [t["token_id"] for t in b["tokens"]]

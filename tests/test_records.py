@@ -853,6 +853,22 @@ def test_nesting_near_the_recursion_limit_in_a_stored_line_is_judged_as_json_jud
     assert outcomes == {True, False}   # the depths tried reach past json's limit
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "utf-8-sig"])
+def test_a_stored_line_not_in_utf8_is_read_as_json_reads_it(encoding: str) -> None:
+    """json reads UTF-16 and UTF-32 lines (and a byte-order mark); msgspec refuses them, and leaves them to it."""
+    from kvtop import records
+
+    obj = {"v": 1, "kind": "kv_event", "source": {"host": "h", "rank": 0, "run": "r"}, "time": 1764430000.25,
+           "data": {"event_id": 3, "data": {"type": "stored", "parent_hash": None, "blocks": [
+               {"type": "stored_block", "block_hash": 5,
+                "tokens": [{"type": "unique_token", "token_id": 1, "token_extra_id": 0}]}]}}}
+    raw = json.dumps(obj).encode(encoding)
+    assert records._decode_stored_typed(raw) is None
+    out = _decode_outcome(raw)
+    assert isinstance(out, Record) and out == _standard_outcome(raw)
+    assert out.data["data"]["blocks"][0]["token_ids"] == [1]
+
+
 def test_without_msgspec_stored_lines_give_the_same_records() -> None:
     """kvtop runs where msgspec cannot be installed: the stored events then go through orjson, to the same
     records (their plain tokens as ids)."""
