@@ -57,7 +57,7 @@ def busy_recording(seconds: float) -> Path:
 class Terminal:
     """A program on a pseudo-terminal of ``SIZE``; its output is drained and counted, never parsed."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path | None = None):
         import fcntl
         import pty
         import struct
@@ -66,7 +66,7 @@ class Terminal:
         self.master, slave = pty.openpty()
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", SIZE[1], SIZE[0], 0, 0))
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, cwd=cwd,
                                      env={**env, "TERM": "xterm-256color", "COLUMNS": str(SIZE[0]),
                                           "LINES": str(SIZE[1])})
         os.close(slave)
@@ -112,8 +112,9 @@ def _cpu(p: psutil.Process) -> float:
     return t.user + t.system
 
 
-def measure(name: str, argv: list[str], marker: bytes, seconds: float, env: dict[str, str]) -> dict[str, Any]:
-    term = Terminal(argv, env)
+def measure(name: str, argv: list[str], marker: bytes, seconds: float, env: dict[str, str],
+            cwd: Path | None = None) -> dict[str, Any]:
+    term = Terminal(argv, env, cwd)
     proc = psutil.Process(term.proc.pid)
     startup_cpu = startup_wall = None
     cpu = 0.0
@@ -179,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="also write the JSON here")
     a = ap.parse_args(argv)
 
-    recordings = ([Path(r) for r in a.recording] if a.recording
+    recordings = ([Path(r).resolve() for r in a.recording] if a.recording
                   else [busy_recording(max(a.seconds + 10, 40)), REPO / "tests" / "data" / "busy.jsonl"])
     trees = [("", REPO)] + ([(" (baseline)", Path(a.baseline).resolve())] if a.baseline else [])
     kvtop = shlex.split(a.kvtop) if a.kvtop else [sys.executable, "-m", "kvtop"]
@@ -187,12 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     for _ in range(max(1, a.rounds)):
         for label, tree in trees:
-            # the tree's kvtop first on the path, so each run imports the checkout it is named after
+            # the tree's kvtop first on the path, so each run imports the checkout it is named after; run in the
+            # tree too, since `python -m` puts the working directory ahead of PYTHONPATH (run from a checkout, every
+            # row imported that checkout: the baseline rows before this were the same tree as the others)
             path = [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
             for r in recordings:
                 row = measure(f"kvtop replay {r.name}{label}", [*kvtop, "replay", str(r), "--refresh", str(a.refresh)],
-                              b"up 0:00", a.seconds, env)
+                              b"up 0:00", a.seconds, env, cwd=tree)
                 rows.append({**row, "tree": str(tree)})
         if nv is not None:
             rows.append(measure("nvitop", nv, b"NVITOP", a.seconds, dict(os.environ)))

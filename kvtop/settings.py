@@ -13,8 +13,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kvtop.engines.sizing import parse_size
-
 # A size setting past 64 TiB is a typo (1e14 for 1e11) or a test of kvtop: no machine holds that much host memory
 # or local disk for a KV cache, and a simulator sized from it would allocate until the machine stops.
 MAX_SIZE_BYTES = 64 << 40
@@ -144,6 +142,10 @@ def _convert(f: Any, raw: Any) -> Any:
                 return False
             raise SettingsError(opt, f"expected true or false, got {raw!r}")
         if kind == "size":
+            # Imported here: the sizing module brings the GPU and model tables (~0.03 s of CPU under -X importtime,
+            # dev box), which `kvtop replay` and `kvtop attach` never use unless a size is given.
+            from kvtop.engines.sizing import parse_size
+
             size = parse_size(raw if isinstance(raw, int) else str(raw))
             if size > MAX_SIZE_BYTES:
                 raise SettingsError(opt, f"{str(raw)[:40]} is more than 64 TiB, which no machine holds; "

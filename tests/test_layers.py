@@ -454,3 +454,52 @@ def test_the_dashboard_reads_session_and_model_by_type_not_by_getattr() -> None:
         unexplained += _unexplained_named_reads(source, path.name)
     assert duck == []
     assert unexplained == []
+
+
+# `kvtop replay FILE` up to its first screen (Textual's headless test driver at 120x40 in place of the terminal),
+# in a fresh interpreter: the modules it loads. What only other modes use is imported where those modes start, so
+# that an attached kvtop's start-up (issue 15: < 0.5 s of CPU) does not pay for it.
+REPLAY_PROBE = """
+import asyncio, json, sys
+import textual.app
+
+async def first_screen(app):
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await asyncio.sleep(0.3)  # the replay's first records folded and drawn
+        print(json.dumps({"records_in": app.session.records_in, "modules": sorted(sys.modules)}))
+
+def run(self, *args, **kwargs):
+    asyncio.run(first_screen(self))
+    raise SystemExit(0)
+
+textual.app.App.run = run
+from kvtop.cli import main
+main(["replay", "tests/data/busy.jsonl", "--refresh", "0.25"])
+"""
+
+# Each with the mode (or the option) that imports it.
+DEFERRED_FROM_REPLAY = (
+    "kvtop.engines",            # a driven run's engine and model/GPU tables; `kvtop sim`; a size setting
+    "kvtop.workload",           # a driven run's workload driver and scenarios; --trace
+    "kvtop.sources.host",       # a driven run's host sampler (and psutil with it)
+    "kvtop.sources.nvml",       # a driven run's GPU sampler
+    "kvtop.sources.poller",     # a driven run's engine poller
+    "kvtop.sources.mqtt",       # kvtop attach mqtt://
+    "kvtop.sources.kv_events_zmq",  # kvtop attach zmq://
+    "kvtop.sources.trtllm_serve",   # kvtop attach http://
+    "kvtop.sinks",              # --record, --publish, --prometheus-port
+    "kvtop.report",             # kvtop report
+    "psutil", "zmq", "paho", "numpy", "matplotlib", "prometheus_client",
+)
+
+
+def test_replay_up_to_its_first_screen_loads_none_of_the_other_modes() -> None:
+    out = subprocess.run([sys.executable, "-c", REPLAY_PROBE], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    loaded = result["modules"]
+    # The probe saw the dashboard and the replay running: the deferred modules were not just never reached.
+    assert {"kvtop.ui.app", "kvtop.ui.widgets", "kvtop.sources.replay", "kvtop.runner"} <= set(loaded)
+    assert result["records_in"] > 0
+    assert [m for m in loaded if _under(m, DEFERRED_FROM_REPLAY)] == []
