@@ -137,6 +137,9 @@ class DashboardScreen(Screen[None]):
     BLANK = True
 
     def compose(self) -> ComposeResult:
+        # The layout's classes before the first layout, from the terminal's size: set at mount, they restyled and
+        # laid out the whole screen a second time before its first frame.
+        self._set_layout_classes(layout_for(self.app.size.width, self.app.size.height))
         yield HeaderBar(id="header")
         with Column(id="bottom"):  # docked widgets on one edge overlap: the log and the keys share one dock
             # Full width under both columns (its columns need ~110 cells); shown only with 2+ sources (-fleet).
@@ -154,6 +157,11 @@ class DashboardScreen(Screen[None]):
             yield RequestPanel(id="requests")
             yield MemoryPanel(id="memory")
 
+    def _set_layout_classes(self, mode: str) -> None:
+        # -xl is the wide layout and more (kvtop.tcss): both classes, so every wide rule still applies.
+        for name in ("wide", "medium", "compact", "xl"):
+            self.set_class(name == mode or (name == "wide" and mode == "xl"), f"-{name}")
+
     def on_mount(self) -> None:
         self.apply_layout(self.size.width, self.size.height)
         app = self.app
@@ -165,9 +173,7 @@ class DashboardScreen(Screen[None]):
 
     def apply_layout(self, width: int, height: int) -> None:
         mode = layout_for(width, height)
-        # -xl is the wide layout and more (kvtop.tcss): both classes, so every wide rule still applies.
-        for name in ("wide", "medium", "compact", "xl"):
-            self.set_class(name == mode or (name == "wide" and mode == "xl"), f"-{name}")
+        self._set_layout_classes(mode)
         app = self.app
         if isinstance(app, KvtopApp):
             app.layout_changed(mode)
