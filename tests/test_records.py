@@ -570,20 +570,30 @@ def test_decode_takes_the_busy_recording_through_orjson_where_it_can() -> None:
     assert fast > 0.8 * len(lines)
 
 
-def test_without_orjson_every_line_goes_to_the_standard_parser() -> None:
-    """kvtop runs where orjson cannot be installed: records then parse with json, to the same records."""
+BUSY = Path(__file__).parent / "data" / "busy.jsonl"
+
+
+def _read_busy_without(module: str, result: str) -> str:
+    """What a fresh interpreter in which ``module`` cannot be imported prints for ``result`` (an expression of
+    ``records`` and ``lines``, the busy recording read with ``read_jsonl``), after checking kvtop saw it missing."""
     import os
     import subprocess
     import sys
 
-    code = ("import sys; sys.modules['orjson'] = None\n"
+    code = (f"import sys; sys.modules[{module!r}] = None\n"
             "from kvtop import records\n"
-            "assert records._orjson is None\n"
-            "print(sum(1 for x in records.read_jsonl(sys.argv[1]) if isinstance(x, records.Record)))\n")
-    busy = Path(__file__).parent / "data" / "busy.jsonl"
-    out = subprocess.run([sys.executable, "-c", code, str(busy)], capture_output=True, text=True, check=True,
+            f"assert records._{module} is None\n"
+            "lines = list(records.read_jsonl(sys.argv[1]))\n"
+            f"print({result})\n")
+    out = subprocess.run([sys.executable, "-c", code, str(BUSY)], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
-    assert int(out.stdout) == sum(1 for x in read_jsonl(busy) if isinstance(x, Record))
+    return out.stdout
+
+
+def test_without_orjson_every_line_goes_to_the_standard_parser() -> None:
+    """kvtop runs where orjson cannot be installed: records then parse with json, to the same records."""
+    out = _read_busy_without("orjson", "sum(1 for x in lines if isinstance(x, records.Record))")
+    assert int(out) == sum(1 for x in read_jsonl(BUSY) if isinstance(x, Record))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -872,15 +882,4 @@ def test_a_stored_line_not_in_utf8_is_read_as_json_reads_it(encoding: str) -> No
 def test_without_msgspec_stored_lines_give_the_same_records() -> None:
     """kvtop runs where msgspec cannot be installed: the stored events then go through orjson, to the same
     records (their plain tokens as ids)."""
-    import os
-    import subprocess
-    import sys
-
-    code = ("import sys; sys.modules['msgspec'] = None\n"
-            "from kvtop import records\n"
-            "assert records._msgspec is None\n"
-            "print(repr([r for r in records.read_jsonl(sys.argv[1])]))\n")
-    busy = Path(__file__).parent / "data" / "busy.jsonl"
-    out = subprocess.run([sys.executable, "-c", code, str(busy)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
-    assert out.stdout.strip() == repr(list(read_jsonl(busy)))
+    assert _read_busy_without("msgspec", "repr(lines)").strip() == repr(list(read_jsonl(BUSY)))
