@@ -141,6 +141,12 @@ def _per_token_replay(bm: BlockManager, requests: list[TraceRequest]) -> list[in
     return reused
 
 
+def _in_blocks_of(tpb: int, primary: int, sizes: list[int]) -> tuple[int, list[int]]:
+    """A GPU pool and host sizes drawn in 32-token blocks, in blocks of ``tpb`` tokens (at least 4 GPU blocks)."""
+    scale = 32 // tpb if tpb < 32 else 1
+    return max(primary * 32 // tpb, 4), [s * scale for s in sizes]
+
+
 def _trace(rng: random.Random, count: int) -> list[TraceRequest]:
     """Requests over a few shared prefixes of 512-token trace blocks, random lengths and outputs; a third repeat an
     earlier prompt exactly (the engine then generates the same ids: what the sweep's run of ids must not change),
@@ -274,8 +280,7 @@ def test_one_pass_python_counts_are_the_per_size_counts(seed: int, tpb: int, pri
     from kvtop.engines.sim import hit_replay
 
     requests = _trace(random.Random(seed), 80)
-    scale = 32 // tpb if tpb < 32 else 1
-    primary, sizes = max(primary * 32 // tpb, 4), [s * scale for s in sizes]
+    primary, sizes = _in_blocks_of(tpb, primary, sizes)
     run = hit_replay.replay(requests, primary, max(sizes), tpb, record_onboards=True)
     in_front = sweep._in_front_at_largest(run.onboards)
     expected = {h: _reference_host_hits(run.onboards, run.request_starts, h, in_front) for h in sizes}
@@ -302,8 +307,7 @@ def test_one_pass_numpy_counts_are_the_python_counts(seed: int, tpb: int, primar
     from kvtop.engines.sim.sweep import host_curve
 
     requests = _trace(random.Random(seed), 80)
-    scale = 32 // tpb if tpb < 32 else 1
-    primary, sizes = max(primary * 32 // tpb, 4), [s * scale for s in sizes]
+    primary, sizes = _in_blocks_of(tpb, primary, sizes)
     assert host_curve(requests, primary, sizes, tpb, vectorized=True) == host_curve(requests, primary, sizes, tpb,
                                                                                      vectorized=False)
 
