@@ -336,7 +336,7 @@ def test_closed_loop_concurrency_one_is_sequential(llm: SimLLM) -> None:
     assert engine.max_in_flight == 1 and [r.data["label"] for r in records] == ["A", "B", "A", "B"]
 
 
-def _open_loop(llm: SimLLM, seed: int, rate: float, duration: float) -> tuple[int, list[float]]:
+def _open_loop(llm: SimLLM, seed: int, rate: float, duration: float) -> tuple[int, list[float], list[float]]:
     engine = CountingEngine(llm)
     records: list[Record] = []
     driver = WorkloadDriver(engine, AbScenario(2048, 2), emit=records.append, rate=rate, duration_s=duration,
@@ -352,22 +352,30 @@ def _open_loop(llm: SimLLM, seed: int, rate: float, duration: float) -> tuple[in
     asyncio.run(main())
     # a request submitted in the last instant may be cancelled at the deadline before it reaches the engine
     assert 0 <= driver.submitted - engine.calls <= 2
-    return engine.calls, [t - t0 for t in engine.sent_at]
+    assert len(driver.planned_arrivals_s) == driver.submitted
+    return engine.calls, [t - t0 for t in engine.sent_at], driver.planned_arrivals_s
 
 
 def test_open_loop_issues_about_rate_times_duration_and_is_seeded(llm: SimLLM) -> None:
     rate, duration = 40.0, 0.5
-    n1, t1 = _open_loop(llm, 7, rate, duration)
-    n2, t2 = _open_loop(llm, 7, rate, duration)
-    n3, t3 = _open_loop(llm, 8, rate, duration)
+    n1, t1, p1 = _open_loop(llm, 7, rate, duration)
+    n2, t2, p2 = _open_loop(llm, 7, rate, duration)
+    n3, t3, p3 = _open_loop(llm, 8, rate, duration)
     expected = rate * duration  # 20; Poisson: sd 4.5
     for n in (n1, n2, n3):
         assert expected - 12 <= n <= expected + 15
-    # same seed: the same arrival schedule (to timer accuracy); another seed: a different one
-    common = min(n1, n2) - 1
+    # same seed: the same arrival schedule, exactly; another seed: a different one
+    common = min(len(p1), len(p2))
     assert common >= 5
-    assert max(abs(a - b) for a, b in zip(t1[:common], t2[:common])) < 0.05
-    assert max(abs(a - b) for a, b in zip(t1, t3)) > 0.05
+    assert p1[:common] == p2[:common]
+    assert max(abs(a - b) for a, b in zip(p1, p3)) > 0.05
+    # and the requests go out on it: never early, and to timer accuracy. A stalled event loop (a loaded CI box once
+    # held one send 0.30 s) delays the send it holds, and the absolute schedule catches up after it, so one late
+    # send in a run is allowed, not more
+    for sent, planned in ((t1, p1), (t2, p2), (t3, p3)):
+        late = [s - p for s, p in zip(sent, planned)]
+        assert min(late) >= -0.001
+        assert sum(1 for x in late if x >= 0.05) <= 1, late
     assert t1 == sorted(t1)
 
 

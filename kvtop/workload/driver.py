@@ -61,6 +61,8 @@ class WorkloadDriver:
         self.rng = random.Random(seed ^ 0x5EED)
         self.in_flight = 0
         self.submitted = 0
+        # each submitted request's planned arrival, seconds after the run's start (open loop or a trace's times)
+        self.planned_arrivals_s: list[float] = []
         self.completed = 0
         self.failed = 0
         self.output_tokens = 0
@@ -103,6 +105,8 @@ class WorkloadDriver:
                         break
                     except asyncio.TimeoutError:
                         pass
+                if open_loop or item.arrival_s is not None:
+                    self.planned_arrivals_s.append(next_arrival - start)
                 self._submit(item)
             if self._tasks and not self._stop.is_set() and deadline is None:
                 await asyncio.gather(*list(self._tasks), return_exceptions=True)
