@@ -190,6 +190,23 @@ async def test_streaming_yields_no_step_without_new_tokens(make_llm: Any) -> Non
     assert len(set(lengths)) == len(lengths), lengths  # every step carries at least one new token
 
 
+async def test_streaming_after_a_stalled_loop_sends_no_step_twice(make_llm: Any) -> None:
+    # The loop blocks after the first step while the engine thread finishes the request (24 tokens at ~4 ms
+    # each on the H200 model: ~0.1 s, well inside the 0.5 s stall); the per-token wake-ups queued meanwhile
+    # must not yield the finished request's tokens before the final response yields them again (this is what
+    # made the test above fail under load: lengths [.., 24, 24]).
+    llm = make_llm(kv_cache_config=KvCacheConfig(max_tokens=4096), speed=1.0)
+    out = llm.generate_async(prompt(1, 64), SamplingParams(max_tokens=24), streaming=True)
+    lengths, finished = [], []
+    async for part in out:
+        lengths.append(len(part.outputs[0].token_ids))
+        finished.append(part.finished)
+        if len(lengths) == 1:
+            time.sleep(0.5)
+    assert len(set(lengths)) == len(lengths), lengths
+    assert lengths[-1] == 24 and finished[-1] and not any(finished[:-1]), (lengths, finished)
+
+
 # ---------------------------------------------------------------------------------------------- pool sizing
 
 def test_pool_sizing_as_tensorrt_llm() -> None:

@@ -236,6 +236,11 @@ class RequestOutput:
                 return
             with self._llm._lock:
                 ids = list(self._req.output_ids)
+            if len(ids) >= self._req.max_tokens or self._done.is_set():
+                # The engine ran ahead of this loop (a stalled loop, a slow consumer) and the request is done:
+                # its final response, already queued, carries these tokens. Yielding them here too would send
+                # one step with nothing new (TensorRT-LLM sends each token once, the last in the final one).
+                continue
             if len(ids) > self._sent_tokens:
                 self._sent_tokens = len(ids)
                 self.outputs[0].token_ids = ids
