@@ -1,0 +1,153 @@
+"""The fold's fast paths against the fold as it was before them (e1b0853, read from git: bench/git_baseline.py).
+
+Each folds the same records, the committed busy recording and random streams made to hit the rare branches (ghosts
+forgotten at capacity, the rank tree rebuilt, release stores, partial-block ghosts, low priorities, malformed
+fields, unhashable parents), and every piece of state and every error must come out the same. They skip where
+the checkout lacks that history (a shallow clone, a tarball).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvtop.records import read_jsonl
+from kvtop.tiers.whatif import WhatIf
+
+ROOT = Path(__file__).resolve().parent.parent
+BEFORE = "e1b0853"  # main before the fold's fast paths
+BUSY = ROOT / "tests" / "data" / "busy.jsonl"
+
+
+def _before(path: str, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location("git_baseline", ROOT / "bench" / "git_baseline.py")
+    assert spec is not None and spec.loader is not None
+    git_baseline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(git_baseline)
+    try:
+        return git_baseline.module_at(name, rev=BEFORE, path=path)
+    except git_baseline.BaselineMissing as exc:
+        pytest.skip(f"{path} at {BEFORE} is not in this checkout's history: {exc}")
+
+
+def _busy_records() -> list[Any]:
+    return [r for r in read_jsonl(BUSY) if not isinstance(r, Exception)]
+
+
+# ------------------------------------------------------------------------------------------------ what-if
+
+
+def _whatif_state(w: Any) -> dict[str, Any]:
+    g = w._ghosts
+    return {
+        "estimate": w.estimate(), "events": w.events, "offloads": w.offloads, "onboards": w.onboards,
+        "ghosted": w.ghosted, "dropped_low_priority": w.dropped_low_priority,
+        "release_store_ghosts": w.release_store_ghosts, "tokens_per_block": w.tokens_per_block,
+        "level": dict(w._level), "prio": dict(w._prio), "partial": dict(w._partial),
+        "ghost_partials": {k: dict(v) for k, v in w._ghost_partials.items()}, "rank_hits": list(w._rank_hits),
+        "ghosts": list(g._seq.items()), "tree": list(g._tree), "ghost_counters": (g._next, g._base, g._taken,
+                                                                                  g._size, g.capacity),
+    }
+
+
+def _fold_whatif(w: Any, items: list[tuple[str, Any]]) -> list[Any]:
+    """Folds ``items`` into ``w``; returns the state after every 50 items and each error raised (type, text)."""
+    seen: list[Any] = []
+    for i, (kind, data) in enumerate(items):
+        try:
+            if kind == "kv_event":
+                w.apply_kv_event(data)
+            else:
+                w.apply_stats(data)
+        except Exception as exc:  # the session notes these and goes on: the same words must come out
+            seen.append((i, type(exc).__name__, str(exc)))
+        if i % 50 == 0:
+            seen.append(_whatif_state(w))
+    seen.append(_whatif_state(w))
+    return seen
+
+
+def _random_events(seed: int, n: int = 5000) -> list[tuple[str, Any]]:
+    rng = random.Random(seed)
+    hashes = list(range(1, 120))  # few hashes: re-stores, re-drops and ghost hits all the time
+    odd = [None, "x", 1.5, True, [1], {"a": 1}, -3]
+
+    def token(k: int) -> Any:
+        return {"type": "unique_token", "token_id": k, "token_extra_id": 0} if rng.random() < 0.5 else k
+
+    out: list[tuple[str, Any]] = [("kv_event", {"event_id": 0, "data": {
+        "type": "created", "num_blocks_per_cache_level": [16, rng.choice([2, 5, 9])]}})]
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.3:  # stored: a prefix of full blocks, sometimes a partly filled last one (a release store)
+            blocks = []
+            for _ in range(rng.randrange(1, 6)):
+                b: dict[str, Any] = {"type": "stored_block", "block_hash": rng.choice(hashes)}
+                if rng.random() < 0.8:
+                    b["cache_level"] = rng.choice([0, 0, 1])
+                if rng.random() < 0.9:
+                    b["priority"] = rng.choice([35, 35, 35, 10, 80, 29, 30])
+                key = rng.choice(["tokens", "token_ids", "token_ids", None])
+                if key is not None:
+                    b[key] = [token(rng.randrange(3)) for _ in range(4)]
+                if rng.random() < 0.02:
+                    b[rng.choice(["block_hash", "cache_level", "priority"])] = rng.choice(odd)
+                blocks.append(b)
+            if rng.random() < 0.3:
+                blocks[-1]["token_ids"] = [rng.randrange(3) for _ in range(rng.randrange(1, 4))]
+            parent = rng.choice([None, None, *hashes[:20]]) if rng.random() > 0.01 else rng.choice(odd)
+            ev: Any = {"type": "stored", "parent_hash": parent, "blocks": blocks}
+        elif r < 0.6:
+            hs: list[Any] = [rng.choice(hashes) for _ in range(rng.choice([1, 1, 1, 2, 5]))]
+            if rng.random() < 0.02:
+                hs.append(rng.choice(odd))
+            ev = {"type": "removed", "block_hashes": hs}
+        elif r < 0.95:
+            old = rng.choice([0, 1])
+            ev = {"type": "updated", "block_hash": rng.choice(hashes),
+                  "cache_level": {"type": "event_diff", "old_value": rng.choice([old, old, None]),
+                                  "new_value": 1 - old} if rng.random() < 0.9 else None,
+                  "priority": None if rng.random() < 0.9 else {"type": "event_diff", "new_value": rng.choice(
+                      [10, 35, 80, *odd])}}
+            if rng.random() < 0.02:
+                ev["cache_level"] = rng.choice(odd)
+        elif r < 0.98:
+            out.append(("stats", {"kvCacheStats": {"reusedBlocks": rng.randrange(500), "missedBlocks":
+                                                   rng.randrange(500), "tokensPerBlock": 4}}))
+            continue
+        else:  # the odd shapes the session hands in anyway: data alone, a bad container, a non-dict
+            ev = rng.choice([{"type": "stored", "blocks": "abc"}, {"type": "stored", "blocks": 5},
+                             {"type": "removed", "block_hashes": 7}, {"type": "nonsense"}, "text", None])
+            out.append(("kv_event", ev))
+            continue
+        out.append(("kv_event", {"event_id": 0, "data": ev} if rng.random() < 0.97 else ev))
+    return out
+
+
+def test_whatif_folds_the_busy_recording_as_before() -> None:
+    old = _before("kvtop/tiers/whatif.py", "whatif_before")
+    items = [(r.kind, r.data) for r in _busy_records() if r.kind in ("kv_event", "stats")]
+    before, after = _fold_whatif(old.WhatIf(), items), _fold_whatif(WhatIf(), items)
+    assert after == before
+    est = after[-1]["estimate"]
+    assert est["ghost_hits"]["host_x2"] > 0 and after[-1]["ghosted"] > 300  # the recording exercises both
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_whatif_folds_random_streams_as_before(seed: int) -> None:
+    """Capacities of 2-9 host blocks (ghost lists of 6-27) over 5,000 events: the oldest forgotten at almost every
+    drop, the rank tree rebuilt many times, errors on the malformed ones."""
+    old = _before("kvtop/tiers/whatif.py", "whatif_before")
+    items = _random_events(seed)
+    for tpb in (None, 4):
+        before = _fold_whatif(old.WhatIf(tokens_per_block=tpb), items)
+        after = _fold_whatif(WhatIf(tokens_per_block=tpb), items)
+        assert after == before
+        final = after[-1]
+        assert final["ghosted"] > 1100  # more drops than the tree's first 1,024 slots: rebuilt on the way
+        assert final["release_store_ghosts"] > 0 and final["dropped_low_priority"] > 0
+        assert any(isinstance(s, tuple) for s in after)  # some malformed events raised, as before
