@@ -151,3 +151,66 @@ def test_whatif_folds_random_streams_as_before(seed: int) -> None:
         assert final["ghosted"] > 1100  # more drops than the tree's first 1,024 slots: rebuilt on the way
         assert final["release_store_ghosts"] > 0 and final["dropped_low_priority"] > 0
         assert any(isinstance(s, tuple) for s in after)  # some malformed events raised, as before
+
+
+# ------------------------------------------------------------------------------------------------ stats
+
+
+def _stats_state(fold: Any) -> dict[str, Any]:
+    return {k: v for k, v in vars(fold).items() if not callable(v)}
+
+
+def _fold_stats(fold: Any, items: list[tuple[dict[str, Any], bool]]) -> list[Any]:
+    seen: list[Any] = []
+    for d, warming in items:
+        try:
+            fold.apply(d, warming)
+            seen.append(_stats_state(fold))
+        except Exception as exc:
+            seen.append((type(exc).__name__, getattr(exc, "field", None), str(exc)))
+    return seen
+
+
+def _odd_stats(seed: int, base: list[dict[str, Any]]) -> list[tuple[dict[str, Any], bool]]:
+    """The recording's stats, some with a count made odd (5.0, -1, True, "7", 1e300, None) or taken out, some
+    with the newer views (so the slow path too), warm-up on and off, counters going back now and then."""
+    import copy
+
+    rng = random.Random(seed)
+    odd = [5.0, -1, True, "7", 1e300, None, 2.5, [], {}]
+    out = []
+    for d in base:
+        d = copy.deepcopy(d)
+        r = rng.random()
+        kv = d.get("kvCacheStats")
+        if r < 0.1 and isinstance(kv, dict):
+            kv[rng.choice(list(kv))] = rng.choice(odd)
+        elif r < 0.2:
+            d[rng.choice(["iter", "numCompletedRequests", "numActiveRequests", "numQueuedRequests", "gpuMemUsage",
+                          "pinnedMemUsage", "inflightBatchingStats", "kvCacheStats"])] = rng.choice(odd)
+        elif r < 0.25 and isinstance(d.get("inflightBatchingStats"), dict):
+            d["inflightBatchingStats"][rng.choice(["numCtxTokens", "numGenRequests"])] = rng.choice(odd)
+        elif r < 0.3:
+            d["kvCacheIterationStats"] = {"40960": {"primaryMaxNumBlocks": 64, "primaryFreeNumBlocks": 10,
+                                                    "iterReusedBlocks": rng.randrange(9), "iterOffloadBlocks": 1}}
+        elif r < 0.32:
+            d["kvCacheIterationStatsByPoolGroup"] = {"0": {"primaryMaxNumBlocks": 64, "iterOnboardBlocks": 2}}
+        elif r < 0.34 and isinstance(kv, dict):
+            kv["reusedBlocks"] = 0  # went back: a restart
+        elif r < 0.36 and isinstance(kv, dict):
+            del kv["reusedBlocks"]
+        out.append((d, rng.random() < 0.2))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_stats_fold_as_before(seed: int) -> None:
+    from kvtop.tiers.stats import StatsFold
+
+    old = _before("kvtop/tiers/stats.py", "stats_before")
+    base = [r.data for r in _busy_records() if r.kind == "stats"]
+    items = [(d, False) for d in base] if seed == 0 else _odd_stats(seed, base)
+    before = _fold_stats(old.StatsFold(lambda: 4096), items)
+    after = _fold_stats(StatsFold(lambda: 4096), items)
+    assert after == before
+    assert after[-1] if seed == 0 else any(isinstance(s, tuple) for s in after)
