@@ -94,8 +94,9 @@ def sample(tree: Path, first_screen: bool, callgrind: bool, work: Path) -> dict[
     else:
         result = work / "first-screen.json"
         result.unlink(missing_ok=True)
+        # the one recording for every tree (a --baseline tree may be kvtop/ alone)
         term = Terminal([*prefix, sys.executable, "-c", FIRST_SCREEN, "replay",
-                         str(tree / "tests" / "data" / "busy.jsonl"), "--refresh", "0.25"],
+                         str(REPO / "tests" / "data" / "busy.jsonl"), "--refresh", "0.25"],
                         _env(tree, STARTUP_OUT=str(result), STARTUP_ESCAPES=_ESCAPES.pattern.decode()), cwd=tree)
         try:
             term.proc.wait(600 if callgrind else 60)

@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from kvtop.tiers import TierModel, TierSnapshot
 from kvtop.tiers.snapshot import reading
+from kvtop.values import frozen
 
 __all__ = ["EXCLUDED_STATUSES", "STALE_INTERVALS", "STALE_MIN_S", "FleetRow", "StaleClock", "aggregate", "combine",
            "source_row", "source_status"]
@@ -98,7 +99,7 @@ class StaleClock:
         return set(self._stale)
 
 
-@dataclass(frozen=True)
+@frozen
 class FleetRow:
     """One source's figures (or the fleet's, for the aggregate row); ``None`` is unknown."""
 

@@ -21,11 +21,12 @@ pool (the usual steady state of a busy engine) the bounds meet and the split is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from kvtop.values import frozen
 
-@dataclass(frozen=True)
+
+@frozen
 class Occupancy:
     """A tier's blocks in three parts (``None``: unknown) that add up to ``capacity``."""
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from kvtop.textsafe import clean
+from kvtop.values import mutable
 
 __all__ = ["EXIT_CRASH", "EXIT_INTERRUPTED", "EXIT_LOST_DATA", "EXIT_NO_DATA", "EXIT_OK", "EXIT_USAGE", "Problem",
            "Problems", "exit_status"]
@@ -41,7 +41,7 @@ MAX_KINDS = 256
 MESSAGE_LEN = 300  # a message is cut here: a 1 MB error text from a server must not become a 1 MB line
 
 
-@dataclass
+@mutable
 class Problem:
     """One kind of problem: how often, the last message, when first and last, and whether it still holds."""
 

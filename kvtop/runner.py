@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvtop.records import SourceId, make
 from kvtop.session import Session
 from kvtop.settings import Settings
 from kvtop.textsafe import clean
+from kvtop.values import mutable
 
 if TYPE_CHECKING:
     from kvtop.workload.scenarios import RetentionSpec
@@ -28,7 +28,7 @@ class RunError(RuntimeError):
     """A run cannot start; the message says what to change (printed as one line by the CLI)."""
 
 
-@dataclass
+@mutable
 class EngineChoice:
     kind: str            # "trtllm" or "sim"
     reason: str          # why (shown on the SIM badge)

@@ -14,7 +14,6 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +23,7 @@ from kvtop.records import Record, SourceId, make
 from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
 from kvtop.tiers.whatif import WhatIf
+from kvtop.values import frozen
 
 Sink = Callable[[Record], None]
 LOG_LINES = 500  # the event log keeps the newest 500 lines; older ones are dropped, never queued
@@ -34,7 +34,7 @@ MAX_TIME_JUMP_S = 86400.0  # a record a day or more from its source's last one i
 LogEntry = tuple[float, str, str]  # (epoch seconds, level, text): a line of Session.log
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class SessionView:
     """What a screen reads off a session at one refresh; kvtop/ui/app.py reads nothing else of it.
 

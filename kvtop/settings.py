@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from pathlib import Path
 from typing import Any
+
+from kvtop.values import mutable
 
 # A size setting past 64 TiB is a typo (1e14 for 1e11) or a test of kvtop: no machine holds that much host memory
 # or local disk for a KV cache, and a simulator sized from it would allocate until the machine stops.
@@ -34,7 +36,7 @@ def _opt(default: Any, doc: str, **meta: Any) -> Any:
     return field(default=default, metadata={"doc": doc, **meta})
 
 
-@dataclass
+@mutable
 class Settings:
     engine: str = _opt("auto", "auto (TensorRT-LLM when it imports and a GPU is visible, else the simulator), trtllm, "
                                "or sim", choices=("auto", "trtllm", "sim"))

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from kvtop.tiers.state import GpuDevice, HistoryPoint, HitRate, HostMemory, Moves, Quality, Rates, Requests, TierState
 from kvtop.tiers.summary import live_reads, summary_of
 from kvtop.tiers.window import Sample
+from kvtop.values import frozen
 
 if TYPE_CHECKING:
     from kvtop.tiers.model import TierModel
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 Version = tuple[int, int, int]  # (records handed in, bad records, window resets): any change moves one of them
 
 
-@dataclass(frozen=True, slots=True)
+@frozen(slots=True)
 class TierSnapshot:
     version: Version
     now: float | None

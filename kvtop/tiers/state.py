@@ -7,8 +7,10 @@ through them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
+
+from kvtop.values import frozen
 
 # A tier's name -> the label the dashboard, the report and the text summary show. Tiers are a list (GPU, host,
 # disk when the engine has one), so a sink draws what ``TierModel.tiers`` holds rather than two fixed panels.
@@ -17,7 +19,7 @@ TIER_LABELS = {"gpu": "GPU", "host": "Host", "disk": "Disk"}
 
 # ------------------------------------------------------------------------------------------------ read-side types
 
-@dataclass(frozen=True)
+@frozen
 class TierState:
     """One tier's blocks (``None`` = unknown), with tokens and bytes once the block size is known."""
 
@@ -81,7 +83,7 @@ class TierState:
         }
 
 
-@dataclass(frozen=True)
+@frozen
 class Moves:
     """Block moves since the fold started (totals; kvtop's own, so they continue across engine restarts)."""
 
@@ -96,7 +98,7 @@ class Moves:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@frozen
 class HitRate:
     """Block hit rates, warm-up excluded: cumulative and over the window, split by the tier that served the hit."""
 
@@ -114,7 +116,7 @@ class HitRate:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@frozen
 class Rates:
     """Per-second rates over the sliding window (``None`` until two instants are seen)."""
 
@@ -138,7 +140,7 @@ class Rates:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@frozen
 class HistoryPoint:
     """One step of the coarse history: rates over ``[t - step, t]``."""
 
@@ -153,7 +155,7 @@ class HistoryPoint:
     output_tokens_per_s: float
 
 
-@dataclass(frozen=True)
+@frozen
 class Latency:
     p50_s: float | None = None
     p99_s: float | None = None
@@ -164,7 +166,7 @@ class Latency:
                 "p99": None if self.p99_s is None else self.p99_s * 1000.0}
 
 
-@dataclass(frozen=True)
+@frozen
 class Requests:
     completed: int = 0
     failed: int = 0
@@ -179,7 +181,7 @@ class Requests:
     last_error: str | None = None
 
 
-@dataclass(frozen=True)
+@frozen
 class GpuDevice:
     index: int
     name: str | None
@@ -189,7 +191,7 @@ class GpuDevice:
     data: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@frozen
 class HostMemory:
     rss_bytes: int | None           # the engine process's resident memory (pinned pages show here, as shared)
     available_bytes: int | None     # the system's available memory
@@ -199,7 +201,7 @@ class HostMemory:
     total_bytes: int | None = None  # the system's total memory
 
 
-@dataclass(frozen=True)
+@frozen
 class Quality:
     events_seen: bool = False
     events_dropped: int = 0              # from event id gaps

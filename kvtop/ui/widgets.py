@@ -17,7 +17,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -38,6 +38,7 @@ from textual.widgets import Static
 from kvtop.occupancy import cells as bar_cells
 from kvtop.occupancy import occupancy
 from kvtop.ui import format as fmt
+from kvtop.values import frozen, mutable
 
 # Styles, as theme variables: themes/*.toml set them (kvtop/ui/themes.py fills in any a theme leaves out).
 S_IN_USE = "$kv-in-use"
@@ -539,7 +540,7 @@ else:
 
 # ------------------------------------------------------------------------------------------------ header
 
-@dataclass(frozen=True)
+@frozen
 class HeaderData:
     engine: str | None
     engine_version: str | None
@@ -646,7 +647,7 @@ class HeaderBar(Panel):
 
 # ------------------------------------------------------------------------------------------------ tiers
 
-@dataclass(frozen=True)
+@frozen
 class TierData:
     label: str                 # "GPU" / "host" / "disk"
     medium: str                # "HBM" / "pinned DRAM"
@@ -867,7 +868,7 @@ class TierPanel(Panel):
 
 # ------------------------------------------------------------------------------------------------ hit rate
 
-@dataclass(frozen=True)
+@frozen
 class WhatIfData:
     """The what-if line's figures, all over the same span (since the estimate began watching) and by the same
     definition (kvCacheStats reused / (reused + missed)), so that the actual one and the estimates compare."""
@@ -878,7 +879,7 @@ class WhatIfData:
     host_blocks: int | None = None    # the host pool the multiples are of (0: no host cache)
 
 
-@dataclass(frozen=True)
+@frozen
 class HitData:
     hit: Any                            # kvtop.tiers.HitRate
     history: tuple[float | None, ...]   # hit rate per history step, oldest first
@@ -963,7 +964,7 @@ class HitRatePanel(Panel):
 
 # ------------------------------------------------------------------------------------------------ moves
 
-@dataclass(frozen=True)
+@frozen
 class MovesData:
     rates: Any                      # kvtop.tiers.Rates
     moves: Any                      # kvtop.tiers.Moves
@@ -1021,7 +1022,7 @@ class MovesPanel(Panel):
 
 # ------------------------------------------------------------------------------------------------ priorities
 
-@dataclass(frozen=True)
+@frozen
 class PriorityData:
     rows: tuple[tuple[int | None, int, int, float | None], ...]  # (priority, GPU blocks, host blocks, req hit rate)
     gpu_capacity: int | None
@@ -1081,7 +1082,7 @@ class PriorityPanel(Panel):
 
 # ------------------------------------------------------------------------------------------------ sources
 
-@dataclass(frozen=True)
+@frozen
 class FleetData:
     rows: tuple[Any, ...]           # kvtop.fleet.FleetRow per source with data, in the order `s` steps through
     total: Any                      # kvtop.fleet.FleetRow: the aggregate ("all")
@@ -1217,7 +1218,7 @@ class SourcesPanel(Panel):
 
 # ------------------------------------------------------------------------------------------------ requests
 
-@dataclass(frozen=True)
+@frozen
 class RequestData:
     in_flight: int | None
     completed: int
@@ -1283,7 +1284,7 @@ class RequestPanel(Panel):
 
 # ------------------------------------------------------------------------------------------------ memory
 
-@dataclass(frozen=True)
+@frozen
 class GpuMemoryRow:
     index: int
     name: str | None
@@ -1292,7 +1293,7 @@ class GpuMemoryRow:
     util_pct: int | None
 
 
-@dataclass(frozen=True)
+@frozen
 class MemoryData:
     gpus: tuple[GpuMemoryRow, ...]
     gpu_error: str | None
@@ -1356,7 +1357,7 @@ class MemoryPanel(Panel):
 
 # ------------------------------------------------------------------------------------------------ event log
 
-@dataclass
+@mutable
 class LogLine:
     time: float
     level: str
