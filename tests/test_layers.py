@@ -359,7 +359,9 @@ UI = PACKAGE / "ui"
 # with an off switch (kvtop/ui/widgets.py strip_cache_enabled; off, none of the code that reads them is installed):
 # the repaint hook, probed for here; the screen's set of widgets to repaint (a panel's changed rows go there
 # directly, not through an Update message per panel); a strip's crop cache (the crop of a row written in part,
-# made from the segments in hand). Each is read with getattr and a fallback to Textual's public way.
+# made from the segments in hand). Each is read with getattr and a fallback to Textual's public way. Not a read of
+# another's object, so not listed: widgets.RowStrip, a Strip subclass that sets Strip's private slots itself (its
+# caches made on first use), used only where Strip's slots are exactly the ones it knows and behind the same check.
 FOREIGN_PRIVATE_ALLOWED = {("widgets.py", "getattr(Widget, '_set_dirty', None)"),
                            ("widgets.py", "getattr(screen, '_dirty_widgets', None)"),
                            ("widgets.py", "getattr(strip, '_crop_cache', None)")}

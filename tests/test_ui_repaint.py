@@ -216,3 +216,82 @@ async def test_what_the_terminal_is_sent_adds_up_to_the_screen() -> None:
         _write(expected, y, 0, [strip])
     assert sent["partial"] > 20 and sent["cropped"] > 20  # rows were sent in part...
     assert grid == expected  # ...and what the terminal holds is the screen
+
+
+def test_a_row_strip_is_a_strip_in_everything_but_when_it_makes_its_caches() -> None:
+    """widgets.RowStrip (a changed row's strip, its caches made on first use) against Textual's Strip made from the
+    same segments: every read the compositor and the writer make, and the crops and divisions they keep."""
+    from rich.console import Console
+    from rich.segment import Segment
+    from rich.style import Style
+    from textual.strip import Strip
+
+    if widgets._CACHE_RENDERS:
+        assert widgets._row_strip_fits() and widgets._Row is widgets.RowStrip  # this Textual takes the lean strip
+    red, dim = Style(color="red", bold=True), Style(color="#808080", bgcolor="#101010")
+    segments = [Segment("│", dim), Segment(" GPU ", red), Segment("██▌", red), Segment(" 12.3k", dim),
+                Segment("  ", None), Segment("│", dim)]
+    width = sum(s.cell_length for s in segments)
+    lean, plain = widgets.RowStrip(list(segments), width), Strip(list(segments), width)
+    console = Console(color_system="truecolor", width=width)
+    assert list(lean) == list(plain) and lean.cell_length == plain.cell_length == width and lean.text == plain.text
+    assert lean.render(console) == plain.render(console)
+    for cuts in ([3], [1, 9], [width], [4, 6, width]):
+        assert [list(s) for s in lean.divide(cuts)] == [list(s) for s in plain.divide(cuts)]
+        assert lean.divide(cuts) is lean.divide(cuts)  # kept, as Strip keeps them
+    for start, end in ((0, 5), (2, 9), (0, width), (7, width)):
+        assert list(lean.crop(start, end)) == list(plain.crop(start, end))
+        assert lean.crop(start, end) is lean.crop(start, end)
+    assert list(lean.apply_style(dim)) == list(plain.apply_style(dim))
+    assert list(lean.extend_cell_length(width + 3, dim)) == list(plain.extend_cell_length(width + 3, dim))
+    assert list(lean.crop_extend(1, width + 2, dim)) == list(plain.crop_extend(1, width + 2, dim))
+    assert lean.link_ids == plain.link_ids
+    widgets.seed_crop(lean, list(segments), 8)  # the crop the writer asks for, seeded from the segments in hand
+    assert list(lean.crop(0, 8)) == list(plain.crop(0, 8))
+    with pytest.raises(AttributeError):
+        lean.no_such_cache  # noqa: B018 - only Strip's own caches are made on demand
+
+
+async def test_the_header_is_built_again_only_when_what_it_shows_changes() -> None:
+    """A busy refresh's header data differ only by their clocks 3 refreshes in 4: same_header skips the build for
+    those; wherever it says 'same', the header built from the new data is the one on screen."""
+    import dataclasses
+    import random
+
+    session = _session()
+    for r in list(read_jsonl(BUSY_RECORDING))[:400]:
+        session.emit(r)
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        header = app.screen.query_one("#header", widgets.HeaderBar)
+        base = header.data
+        assert isinstance(base, widgets.HeaderData) and base.data_time is not None and base.uptime_s is not None
+        rng = random.Random(15)
+        skipped = built = 0
+        for _ in range(300):
+            t0 = rng.uniform(0, 5)
+            data = dataclasses.replace(base, uptime_s=base.uptime_s + t0, data_time=base.data_time + t0,
+                                       paused=rng.random() < 0.1)
+            data = dataclasses.replace(data, paused_at=data.data_time - 1.3 if data.paused else None)
+            header.show(data)
+            shown = list(header._lines)
+            header.update_lines(full=True)  # the same data drawn afresh
+            assert header._lines == shown
+            step = rng.choice([0.0, 0.1, 0.24, 0.26, 0.6, 1.0, 2.5])
+            nxt = dataclasses.replace(data, uptime_s=data.uptime_s + step, data_time=data.data_time + step,
+                                      paused_at=data.paused_at)
+            if rng.random() < 0.2:
+                nxt = dataclasses.replace(nxt, flags=("counts ≈",))
+            changed = header.show(nxt)
+            assert header.data is nxt
+            skipped += not changed
+            built += changed
+            shown = list(header._lines)
+            header.update_lines(full=True)
+            assert header._lines == shown  # skipped or not, the screen holds what the new data draws
+            assert widgets.same_header(data, nxt) is (not changed)
+        assert skipped > 50 and built > 50
+        assert not widgets.same_header(base, dataclasses.replace(base, data_time=base.data_time + 1.0))
+        assert not widgets.same_header(base, dataclasses.replace(base, uptime_s=None))
+        assert not widgets.same_header(base, dataclasses.replace(base, data_time=float("nan")))

@@ -103,13 +103,13 @@ class TierSnapshot:
 
 def take(model: TierModel, version: Version) -> TierSnapshot:
     """Read everything a sink reads off ``model`` once (on the thread that folds into it)."""
-    tiers = tuple(model.tiers)
+    tiers = tuple(model.tiers)   # GPU, host, then disk where there is one (TierModel.tiers): each read once
     by_prio = model.cached_by_priority
     cold, moves, hit_rate, rates = model.cold, model.moves, model.hit_rate, model.rates
     requests, quality, split = model.requests, model.quality, model.hit_split_by_priority
     return TierSnapshot(
-        version=version, now=model.now, tiers=tiers, gpu=model.gpu, host=model.host,
-        disk=model.disk, cold=cold, moves=moves, hit_rate=hit_rate, rates=rates,
+        version=version, now=model.now, tiers=tiers, gpu=tiers[0], host=tiers[1],
+        disk=tiers[2] if len(tiers) > 2 else None, cold=cold, moves=moves, hit_rate=hit_rate, rates=rates,
         requests=requests, quality=quality, counts_approximate=model.counts_approximate,
         cached_approximate=model.cached_approximate, tokens_per_block=model.tokens_per_block,
         bytes_per_block=model.bytes_per_block, gpus=MappingProxyType(dict(model.gpus)),

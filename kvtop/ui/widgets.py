@@ -13,11 +13,12 @@ GiB columns, then its border, through the screen's ``-medium`` / ``-compact`` cl
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,6 +26,7 @@ from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style as RichStyle
 from textual.app import ComposeResult
+from textual.cache import FIFOCache
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.geometry import Region
@@ -135,7 +137,45 @@ def seed_crop(strip: Strip, segments: list[Segment], end: int) -> None:
         else:
             out.append(segment.split_cells(end - pos)[0])
             break
-    cache[(0, end)] = Strip(out, end)
+    cache[(0, end)] = _Row(out, end)
+
+
+# A Strip makes seven caches when it is made (Textual 7.0 to 8.x: FIFOCaches for divide, crop, style, filter, line
+# length, crop-and-extend and offsets). A changed row's strip (``Panel._framed``) and its crop are made ~33 times a
+# busy refresh and use two of them (the compositor divides the row, the writer crops it), so RowStrip makes each
+# cache when it is first asked for: 2.8% of a refresh's instructions (callgrind, bench/bench_ui_refresh.py).
+# Strip's private slot names: used only where Strip's slots are exactly these (and with the strip reuse's version
+# check and off switch); anything else, and a changed row is a plain Strip.
+STRIP_CACHES: dict[str, int] = {"_divide_cache": 4, "_crop_cache": 16, "_style_cache": 16, "_filter_cache": 4,
+                                "_line_length_cache": 4, "_crop_extend_cache": 4, "_offsets_cache": 4}
+STRIP_SLOTS = frozenset({"_segments", "_cell_length", "_render_cache", "_link_ids", "_cell_count", *STRIP_CACHES})
+
+
+class RowStrip(Strip):
+    """A Strip, the same in every way but when its caches are made (on first use, not all seven in __init__)."""
+
+    __slots__ = ()
+
+    def __init__(self, segments: list[Segment], cell_length: int) -> None:  # noqa: super().__init__ makes them all
+        self._segments = segments   # the caller's new list, never changed after (Strip copies whatever it is given)
+        self._cell_length = cell_length
+        self._render_cache = None
+        self._link_ids = None
+        self._cell_count = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for a slot not set yet: a cache, made now with Strip's own size for it.
+        size = STRIP_CACHES.get(name)
+        if size is None:
+            raise AttributeError(name)
+        cache: FIFOCache[Any, Any] = FIFOCache(size)
+        setattr(self, name, cache)
+        return cache
+
+
+def _row_strip_fits() -> bool:
+    slots = getattr(Strip, "__slots__", ())  # may lack: a Strip without slots, in any other Textual
+    return set(slots) == STRIP_SLOTS and Strip.__init__.__code__.co_argcount == 3
 
 
 def _pad(text: str, width: int, right: bool = True) -> str:
@@ -213,6 +253,8 @@ def strip_cache_enabled(textual_version: str | None = None, environ: Any = None)
 
 
 _CACHE_RENDERS, STRIP_CACHE_REASON = strip_cache_enabled()
+# The strip a changed row is framed in (Panel._framed, seed_crop: both only on the strip reuse's path).
+_Row: type[Strip] = RowStrip if _CACHE_RENDERS and _row_strip_fits() else Strip
 
 
 def _lines(lines: Sequence[Line], width: int, height: int) -> list[Line]:
@@ -413,7 +455,7 @@ class Panel(Widget):
         if left is not None:
             segments.insert(0, left)
             segments.append(right)
-        strip = Strip(segments, width)
+        strip = _Row(segments, width)
         if end is not None and end < width:
             seed_crop(strip, segments, end)
         return strip
@@ -562,8 +604,42 @@ class HeaderData:
     stats_schema: str | None = None  # which TensorRT-LLM's stats the numbers come from: 1.0-1.2, 1.3, 1.3+ V2
 
 
+# The header's fields other than its two clocks: equal in two HeaderData, and both clocks on the same second, the
+# header draws the same two lines (build shows the uptime in whole seconds, the data time to the second).
+_HEADER_STEADY = tuple(f.name for f in fields(HeaderData) if f.name not in ("uptime_s", "data_time"))
+
+
+def _shown_second(t: float | None) -> Any:
+    """The second a clock reads on screen: fmt.duration shows int(s) (0 under one), time.localtime the floor."""
+    if t is None:
+        return None
+    if not math.isfinite(t):
+        return t   # no second; NaN never equals itself, so such data is drawn afresh
+    return math.floor(t)
+
+
+def same_header(a: HeaderData, b: HeaderData) -> bool:
+    """Whether ``a`` and ``b`` draw the same header: the busy refresh's data differ by their clocks alone 3
+    refreshes in 4 (both move a quarter of a second), and the header was built and compared whole for them."""
+    if a.paused_at is not None or b.paused_at is not None:
+        return a == b   # paused, the header shows how far the engine went on, rounded: every change is drawn
+    if _shown_second(a.data_time) != _shown_second(b.data_time):
+        return False
+    ua, ub = a.uptime_s, b.uptime_s
+    if (ua is None) != (ub is None) or (ua is not None and fmt.duration(ua) != fmt.duration(ub)):
+        return False
+    return all(getattr(a, name) == getattr(b, name) for name in _HEADER_STEADY)
+
+
 class HeaderBar(Panel):
     """Engine, version, model, SIM badge, block size, uptime; data freshness and quality badges."""
+
+    def show(self, data: Any) -> bool:
+        old = self.data
+        if isinstance(old, HeaderData) and isinstance(data, HeaderData) and self._lines and same_header(old, data):
+            self.data = data   # the newest figures, for readers; the lines on screen are what they would build
+            return False
+        return super().show(data)
 
     def build(self) -> Line | list[Line]:
         d: HeaderData | None = self.data
