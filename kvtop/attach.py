@@ -90,7 +90,7 @@ def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: 
 
         async def run_replay() -> None:
             n = await replay_into(path, session.emit, speed, on_error=on_bad, max_gap_s=max_gap_s,
-                                  max_line_bytes=max_line_bytes)
+                                  max_line_bytes=max_line_bytes, sink_many=session.emit_many)
             if n == 0:
                 session.problems.report("replay.no_records", f"{name}: no records"
                                         + (f" ({len(bad):,} bad lines: not a kvtop recording?)" if bad

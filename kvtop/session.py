@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
@@ -162,6 +162,56 @@ class Session:
                 sink(record)
             except Exception as exc:  # a broken sink must not stop the fold or the other sinks
                 self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
+
+    def emit_many(self, records: Iterable[Record]) -> None:
+        """``emit`` each of ``records`` in turn (a replay's burst of due records): the same folds, checks and sinks
+        in the same order, with the session's parts looked up once a burst, not once a record. A record of a source
+        this session has no model for yet (its first, or one refused) goes through ``emit`` itself."""
+        models, stale, sinks, own = self.models, self.stale, self.sinks, self.model
+        whatif_kv, whatif_stats = self.whatif.apply_kv_event, self.whatif.apply_stats
+        last_source: Any = None
+        key = ""
+        for record in records:
+            source = record.source
+            if source is not last_source:  # decode hands out one SourceId per source: its key, once a run
+                key = source.key()
+                last_source = source
+            model = models.get(key)
+            if model is None:
+                self.emit(record)
+                continue
+            self.records += 1
+            if self._own_meta:
+                self._own_meta = False
+            else:
+                self.records_in += 1
+            kind = record.kind
+            if kind == "meta":
+                self.meta.update(record.data)
+            if stale.enabled and stale.heard(key, kind):  # heard() does nothing while the clock is off
+                self._unstale(key)
+            bad = model.bad_records
+            last, t = model.now, record.time
+            if last is not None and t.__class__ is float and abs(t - last) > MAX_TIME_JUMP_S:
+                self.problems.report("record.time_jump", f"{clean(key, 80)}: a {kind} record at {t:.0f}"
+                                     f" is {abs(t - last) / 86400:,.1f} days from the one before "
+                                     f"({last:.0f}): a clock that jumped?")
+            model.apply(record)
+            if model.bad_records != bad:
+                self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
+            if model is own:
+                try:
+                    if kind == "kv_event":
+                        whatif_kv(record.data)
+                    elif kind == "stats":
+                        whatif_stats(record.data)
+                except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold
+                    self.note("warn", f"what-if skipped a record: {exc}")
+            for sink in sinks:
+                try:
+                    sink(record)
+                except Exception as exc:  # a broken sink must not stop the fold or the other sinks
+                    self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
 
     def publish(self) -> None:
         """Publish a snapshot of every model that changed (``TierModel.published``); on the folding thread."""

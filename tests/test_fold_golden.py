@@ -214,3 +214,218 @@ def test_stats_fold_as_before(seed: int) -> None:
     after = _fold_stats(StatsFold(lambda: 4096), items)
     assert after == before
     assert after[-1] if seed == 0 else any(isinstance(s, tuple) for s in after)
+
+
+# ------------------------------------------------------------------------------------------------ the session
+
+
+def _session_state(session: Any) -> dict[str, Any]:
+    return {
+        "records": session.records, "records_in": session.records_in, "refused": session.refused_sources,
+        "meta": dict(session.meta), "status": dict(session.status), "what_if": session.whatif.estimate(),
+        "models": {k: (m is session.model, m.summary(), m.version, m.records_applied, m.bad_records,
+                       m.last_bad_reason) for k, m in session.models.items()},
+        "problems": [(p.kind, p.count, p.message, p.lost, p.active) for p in session.problems.snapshot()],
+        "log": [(level, text) for _, level, text in session.log],
+        "stale": sorted(session.stale.stale_keys()),
+    }
+
+
+def _odd_session_records() -> list[Any]:
+    """The busy recording with what a session meets besides: a second and third source (the third past
+    ``max_sources``, so refused), meta, bad records, a time a day off, a what-if that raises, a source gone stale
+    and back."""
+    from kvtop.records import Record, SourceId, make
+
+    recs = _busy_records()[:3000]
+    other, third = SourceId(host="other"), SourceId(host="third")
+    t = recs[0].time
+    odd = [make("meta", {"engine": "x", "model": "m"}, other, t), make("stats", {"iter": "nine"}, recs[0].source, t),
+           make("stats", {"kvCacheStats": {"reusedBlocks": 3}}, other, t + 0.1),
+           make("kv_event", {"event_id": 1, "data": {"type": "removed", "block_hashes": [5]}}, other, t + 0.2),
+           make("gpu", {"index": 0}, third, t), make("stats", {}, recs[0].source, t + 2 * 86400.0),
+           Record("kv_event", {"data": {"type": "stored", "blocks": 5}}, recs[0].source, t + 2 * 86400.0),
+           make("host", {"mem_total_bytes": -1}, other, t + 0.3)]
+    out = []
+    for i, r in enumerate(recs):
+        out.append(r)
+        if i % 400 == 7:
+            out.append(odd[(i // 400) % len(odd)])
+    return out + odd
+
+
+@pytest.mark.parametrize("batch", [1, 7, 64, 10_000])
+def test_emit_many_folds_as_emit_one_by_one(batch: int) -> None:
+    from kvtop.session import Session
+
+    records = _odd_session_records()
+
+    def run(many: bool) -> dict[str, Any]:
+        session = Session(meta={}, max_sources=2)
+        session.stale.enabled = True
+        seen: list[Any] = []
+        session.add_sink(seen.append)
+        session.add_sink(lambda r: 1 / (r.kind != "host"))  # fails on every host record: noted, the fold goes on
+        session.stale._stale.add(records[0].source.key())  # stale before its next record: it is back
+        session.status[records[0].source.key()] = "stale"
+        for i in range(0, len(records), batch):
+            if many:
+                session.emit_many(records[i:i + batch])
+            else:
+                for r in records[i:i + batch]:
+                    session.emit(r)
+        state = _session_state(session)
+        state["sunk"] = [id(r) for r in seen]
+        return state
+
+    one, many = run(False), run(True)
+    assert many == one
+    kinds = {p[0] for p in one["problems"]}
+    assert {"record.bad", "record.time_jump", "source.refused"} <= kinds
+    assert one["refused"] > 0 and len(one["models"]) == 2 and one["sunk"]
+    assert any("what-if skipped" in text for _, text in one["log"])
+    assert any("failed" in text for level, text in one["log"] if level == "error")
+
+
+# ------------------------------------------------------------------------------------------------ replay pacing
+
+
+class _FakeTime:
+    """A clock that moves only when the replay sleeps (by what it asked, plus a lag), so that two replays see
+    the same clock and every delivery time is exact."""
+
+    def __init__(self, lag: float) -> None:
+        self.t = 1000.0
+        self.lag = lag
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+def _paced(module: Any, path: Path, speed: float, max_gap_s: float | None, lag: float) -> tuple[list, list, list]:
+    import asyncio
+    import types
+
+    fake = _FakeTime(lag)
+    real_sleep = asyncio.sleep
+
+    async def sleep(seconds: float) -> None:
+        fake.sleeps.append(seconds)
+        fake.t += seconds + (fake.lag if seconds > 0 else 0.0)
+        await real_sleep(0)
+
+    module.time = types.SimpleNamespace(monotonic=fake.monotonic)
+    module.asyncio = types.SimpleNamespace(sleep=sleep)
+    errors: list[Any] = []
+    got: list[tuple[float, float]] = []  # (record time, clock at delivery)
+
+    async def consume() -> None:
+        async for r in module.replay(path, speed, on_error=lambda e: errors.append((e.line, len(got))),
+                                     max_gap_s=max_gap_s):
+            got.append((r.time, fake.t))
+
+    asyncio.run(consume())
+    return got, fake.sleeps, errors
+
+
+def _pacing_recording(path: Path, seed: int) -> None:
+    from kvtop.records import SourceId, encode, make
+
+    rng = random.Random(seed)
+    src, t, lines = SourceId(host="p"), 5000.0, []
+    for i in range(3000):
+        r = rng.random()
+        t += 0.0 if r < 0.5 else rng.expovariate(200) if r < 0.97 else rng.choice([-3.0, 2.0, 40.0])
+        lines.append(encode(make("stats", {"iter": i}, src, t)))
+        if rng.random() < 0.003:
+            lines.append("{not json")
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("seed, speed, max_gap_s, lag", [(1, 1.0, 10.0, 0.0), (2, 4.0, 0.5, 0.003),
+                                                        (3, 1.0, None, 0.02), (4, 0.0, None, 0.0)])
+def test_replay_paces_as_before(tmp_path: Path, seed: int, speed: float, max_gap_s: float | None,
+                                lag: float) -> None:
+    """The replay in batches delivers every record at the clock time the record-by-record replay of e1b0853 did
+    (same sleeps, same bad lines in the same place), hence never early and at most 50 ms (plus the sleep's own lag)
+    late; at speed 0 it yields to the loop every 256 records as that one did."""
+    old = _before("kvtop/sources/replay.py", "replay_before")
+    path = tmp_path / "paced.jsonl"
+    _pacing_recording(path, seed)
+    before = _paced(old, path, speed, max_gap_s, lag)
+    after = _paced(_fresh_replay_module(), path, speed, max_gap_s, lag)
+    assert after == before
+    got, sleeps, errors = after
+    assert len(got) == 3000 and errors
+    if speed:
+        assert sum(1 for s in sleeps if s > 0) > 30
+    else:
+        assert sleeps.count(0) == 3000 // 256
+
+
+def _fresh_replay_module() -> Any:
+    """Today's kvtop/sources/replay.py as a module of its own (its clock and sleep patched there only)."""
+    spec = importlib.util.spec_from_file_location("replay_now", ROOT / "kvtop" / "sources" / "replay.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_replay_is_never_early_nor_more_than_a_burst_late(tmp_path: Path) -> None:
+    """The same with the bound checked directly, on a recording whose time only moves forward and no gap cap."""
+    fresh = _fresh_replay_module()
+    from kvtop.records import SourceId, encode, make
+
+    rng = random.Random(9)
+    t, lines = 100.0, []
+    for i in range(2000):
+        t += rng.choice([0.0, 0.0, 0.001, 0.004, 0.03, 0.2])
+        lines.append(encode(make("stats", {"iter": i}, SourceId(host="p"), t)))
+    path = tmp_path / "forward.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    got, sleeps, _ = _paced(fresh, path, 2.0, None, 0.0)
+    t0, w0 = got[0]
+    lateness = [at - (w0 + (rt - t0) / 2.0) for rt, at in got]
+    assert min(lateness) >= -1e-9  # never early
+    assert max(lateness) <= fresh.BURST_S + 1e-9  # at most one burst late
+    assert max(lateness) > 0.04 and len(sleeps) > 100  # bursts happened
+
+
+async def test_replay_into_hands_batches_to_sink_many_in_order(tmp_path: Path) -> None:
+    import asyncio
+
+    from kvtop.sources.replay import BATCH_MAX, YIELD_EVERY, replay_batches, replay_into
+
+    path = tmp_path / "fast.jsonl"
+    _pacing_recording(path, 5)
+    plain = [r for r in read_jsonl(path) if not isinstance(r, Exception)]
+    batches: list[list[Any]] = []
+    one: list[Any] = []
+    errors: list[Any] = []
+    n = await replay_into(path, one.append, 0, sink_many=batches.append, on_error=lambda e: errors.append(
+        sum(map(len, batches))))
+    assert n == len(plain) == sum(map(len, batches)) and not one
+    assert [r.time for b in batches for r in b] == [r.time for r in plain]
+    assert max(map(len, batches)) == BATCH_MAX
+    # a bad line is reported after every record before it was handed over
+    bad_lines = [i for i, line in enumerate(path.read_text().splitlines()) if line.startswith("{not")]
+    assert errors == [i - k for k, i in enumerate(bad_lines)]
+    assert await replay_into(path, one.append, 0) == n and [r.time for r in one] == [r.time for r in plain]
+    ticks = 0
+    seen_at_tick: list[int] = []
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            seen_at_tick.append(sum(map(len, got)))
+            await asyncio.sleep(0)
+
+    got: list[list[Any]] = []
+    task = asyncio.ensure_future(ticker())
+    async for b in replay_batches(path, 0):
+        got.append(b)
+    task.cancel()
+    assert max(b - a for a, b in zip(seen_at_tick, seen_at_tick[1:])) <= YIELD_EVERY
