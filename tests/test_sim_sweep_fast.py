@@ -463,3 +463,94 @@ def test_belady_gives_the_reference_hits_on_the_shipped_slice() -> None:
     hits = [_belady_hits(plan, c) for c in (100, 2000, 6000, 20000)]
     assert hits == [_reference_belady_hits(plan, c) for c in (100, 2000, 6000, 20000)]
     assert len(set(hits)) == 4
+
+
+# ---------------------------------------------------------------------------------------------- Belady in one pass
+
+def _named_by_prefix(requests: list[TraceRequest]) -> list[TraceRequest]:
+    """The same requests with each hash id renamed after its whole prefix of hash ids (as a trace's chained hashes
+    are): the traces on which ``sweep._flat_references`` names nodes by hash id."""
+    names: dict[tuple[int, ...], int] = {}
+    out = []
+    for tr in requests:
+        ids = tuple(names.setdefault(tuple(tr.hash_ids[:k + 1]), len(names)) for k in range(len(tr.hash_ids)))
+        out.append(TraceRequest(tr.line, tr.timestamp_ms, tr.input_length, tr.output_length, ids))
+    return out
+
+
+@settings(SETTINGS, max_examples=120)
+@given(st.integers(0, 2**32), st.sampled_from([512, 1024]), st.booleans(), st.booleans(),
+       st.lists(st.integers(-1, 80), min_size=1, max_size=16), st.integers(0, 130))
+def test_belady_one_pass_gives_the_per_size_hits(seed: int, tpb: int, as_peer: bool, by_prefix: bool,
+                                                 capacities: list[int], measure_from: int) -> None:
+    """Every size from one pass of the levelled priority stack against one ``_belady_hits`` pass per size: the same
+    hits at each capacity (duplicates, 0 and -1 among them, many sizes a block or two apart: levels of one or two
+    entries), on traces named by prefix (no tree built) and not (the tree built), the peer's units and measuring
+    from a later request included."""
+    from kvtop.engines.sim.sweep import belady_curve
+
+    requests = _trace(random.Random(seed), 120)
+    if by_prefix:
+        requests = _named_by_prefix(requests)
+    one = belady_curve(requests, capacities, tpb, measure_from, as_peer, one_pass=True)
+    assert one == belady_curve(requests, capacities, tpb, measure_from, as_peer, one_pass=False)
+
+
+@settings(SETTINGS, max_examples=60)
+@given(st.integers(0, 2**32), st.booleans(), st.booleans())
+def test_flat_references_are_the_plans(seed: int, as_peer: bool, by_prefix: bool) -> None:
+    """Where ``_flat_references`` names nodes by hash id, its references are the tree's: the same partition into
+    nodes, the same weights, the same request starts (and it names them on every trace named by prefix)."""
+    from kvtop.engines.sim.sweep import _belady_plan, _flat_references
+
+    requests = _trace(random.Random(seed), 80)
+    if by_prefix:
+        requests = _named_by_prefix(requests)
+    plan = _belady_plan(requests, 512, as_peer)
+    found = _flat_references(requests, as_peer)
+    if by_prefix:
+        assert found is not None
+    if found is not None:
+        nodes, weights, starts = found
+        assert len(set(zip(nodes, plan.nodes))) == len(set(nodes)) == len(set(plan.nodes))
+        assert starts == plan.starts
+        assert weights == (plan.weights if as_peer else None)
+
+
+def test_flat_references_decline_a_hash_id_after_two_others() -> None:
+    from kvtop.engines.sim.sweep import _flat_references
+
+    def req(*ids: int) -> TraceRequest:
+        return TraceRequest(0, 0.0, 512 * len(ids), 1, ids)
+
+    assert _flat_references([req(1, 2), req(3, 2)], False) is None  # 2 after 1 and after 3: two nodes
+    assert _flat_references([req(1, 2), req(2)], False) is None      # 2 after 1 and opening a request
+    assert _flat_references([req(1, 1)], False) is None              # 1 opening and after itself
+    assert _flat_references([req(1, 2), req(1, 2, 3)], False) == ([0, 1, 0, 1, 4], None, [0, 2, 5])
+    # a partial last block is a node of its own (one unit of room, hits counting its 100 tokens in the peer's units)
+    short = TraceRequest(1, 1.0, 612, 1, (1, 2))
+    assert _flat_references([req(1, 2), short], False) == ([0, 1, 0, 3], None, [0, 2, 4])
+    assert _flat_references([req(1, 2), short], True) == ([0, 1, 0, 1], [512, 512, 512, 100], [0, 2, 4])
+
+
+def test_belady_one_pass_on_the_shipped_slice() -> None:
+    from kvtop.engines.sim.sweep import _belady_hits, _belady_plan, belady_curve
+    from kvtop.workload.trace import read_trace
+
+    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    plan = _belady_plan(requests, 512)
+    total = sum(plan.weights)
+    capacities = [60 + 7 * k for k in range(16)] + [400, 1000]
+    hits = [_belady_hits(plan, c) for c in capacities]
+    assert belady_curve(requests, capacities, 512) == [h / total for h in hits]
+    assert len(set(hits)) == len(capacities)  # every size its own figure
+
+
+def test_belady_one_pass_needs_one_unit_of_room_per_block() -> None:
+    from kvtop.engines.sim.sweep import belady_curve
+
+    requests = _trace(random.Random(1), 20)
+    with pytest.raises(ValueError, match="one unit of room"):
+        belady_curve(requests, [100], 32, one_pass=True)
+    assert belady_curve(requests, [100], 32, as_peer=True, one_pass=True) == belady_curve(
+        requests, [100], 32, as_peer=True, one_pass=False)

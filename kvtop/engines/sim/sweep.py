@@ -27,7 +27,8 @@ fastest:
   on a miss with the cache full, evict the cached leaf whose next use is farthest, and do not insert a block used
   later than every candidate), the bound that says how far TensorRT-LLM's LRU-by-priority policy is from what
   any policy could reuse on this trace. Counted over 512-token trace blocks weighted by their KV blocks, prompts
-  only.
+  only. Where every trace block takes one unit of room (512 tokens a block or more, and the peer's units), every
+  size comes from one pass (``_min_levels``, below): Belady's MIN is a stack algorithm there.
 """
 
 from __future__ import annotations
@@ -394,9 +395,20 @@ def _belady_plan(requests: Sequence[TraceRequest], tokens_per_block: int, as_pee
 
 
 def belady_curve(requests: Sequence[TraceRequest], capacities: Sequence[int], tokens_per_block: int,
-                 measure_from: int = 0, as_peer: bool = False) -> list[float]:
+                 measure_from: int = 0, as_peer: bool = False, one_pass: bool | None = None) -> list[float]:
     """Belady's MIN hit rate (reused KV blocks / prompt KV blocks) for each capacity in KV blocks, counted over the
-    requests from index ``measure_from`` on (kvcache-simulator measures the second half)."""
+    requests from index ``measure_from`` on (kvcache-simulator measures the second half).
+
+    ``one_pass``: every capacity from one pass of ``_min_levels`` (None: wherever every trace block takes one unit
+    of room: ``tokens_per_block`` >= 512, or ``as_peer``); else one ``_belady_hits`` pass per capacity, the
+    reference (tests/test_sim_sweep_fast.py holds the two to the same hits)."""
+    unit_room = as_peer or tokens_per_block >= TRACE_BLOCK_TOKENS
+    if one_pass is None:
+        one_pass = unit_room
+    if one_pass:
+        if not unit_room:
+            raise ValueError("one_pass: needs one unit of room per trace block (tokens_per_block >= 512 or as_peer)")
+        return _belady_curve_one_pass(requests, capacities, tokens_per_block, measure_from, as_peer)
     plan = _belady_plan(requests, tokens_per_block, as_peer)
     first = plan.starts[min(measure_from, len(requests))]
     total = sum(plan.weights[first:])
@@ -508,3 +520,190 @@ def _belady_hits(plan: _Plan, capacity: int, first_measured: int = 0, skip_dead:
     return hits
 
 
+# ------------------------------------------------------------------------------ Belady, every size in one pass
+#
+# Where every node takes one unit of room, ``_belady_hits`` is Belady's MIN (with bypass) over the flat sequence of
+# references (request order, prompt order), each keyed by the index of the next reference to its node:
+# - a cached node's key is its true next use (a node is cached only under its cached parent, so a request reaching
+#   it hits it and moves its key on), and a parent's next use comes before its child's (a request using the child
+#   uses the parent first): the farthest leaf is the farthest cached node;
+# - live keys are distinct (no two leaves are next used by the same request: both would be on its path, one above
+#   the other); the protected leaf (the deepest cached node of the path) is next used no later than the block being
+#   inserted, so where it is the farthest, every other leaf is nearer and the block is bypassed either way; and a
+#   block with no next use is bypassed on a full cache (``skip_dead``: the same hits).
+# MIN with bypass is a stack algorithm (Mattson, Gecsei, Slutz, Traiger 1970): with priority = next use, the cache
+# of each size holds the top ``size`` entries of one priority stack. On a reference to x at depth d (a hit for the
+# sizes >= d), x enters with its new next use as the carried entry; going down the stack from the top, wherever an
+# entry is used later than the carried one they swap (each size's cache, plus x, less its farthest entry); the
+# carried entry at the end takes depth d (or, for a miss, leaves the largest cache). Only the sizes asked for
+# matter, so the stack is cut into levels (level k: the cache of the k-th size less that of the (k-1)-th), each a
+# heap of its entries by next use, the farthest first: a reference to a node at level L walks the levels above L,
+# swapping where a level's farthest entry is used later than the carried one. The Mooncake trace at 512 tokens a
+# block, 16 sizes: 122k references, 43k walks, 130k swaps; the whole curve in ~0.1 s of CPU against 1.17 s for 16
+# passes of ``_belady_hits`` (in one process, alternated, load ~5.7: BENCHMARKS.md, "Host-cache sweeps"). Not with
+# blocks of fewer tokens: a trace block then takes 1 to 512 / tokens_per_block units of room (its last one fewer),
+# and MIN over items of several sizes is no stack algorithm (nor optimal).
+
+
+def _flat_references(requests: Sequence[TraceRequest], as_peer: bool) -> tuple[list[int], list[int] | None,
+                                                                               list[int]] | None:
+    """``_belady_plan``'s references for one unit of room per trace block, without building the tree: per
+    reference its node (the index of the node's first reference), what a hit on it counts (None: 1 each), and
+    where each request's references start. A node is named by its hash id (a ``(hash id, length)`` pair for a
+    request's partial last block, but in the peer's units): exact where each name always follows the same name (or
+    always opens a request), as then it names its whole prefix (by induction on the depth); None where one does
+    not, and the tree is built. In C loops (dict.setdefault over a map): ~0.02 s on the Mooncake trace, where
+    ``_belady_plan`` takes ~0.09 (no numpy: its import alone is ~0.1 s, more than the whole pass)."""
+    names: list[Any] = []
+    extend, append = names.extend, names.append
+    weights: list[int] | None = [] if as_peer else None
+    starts = [0]
+    block = TRACE_BLOCK_TOKENS
+    for tr in requests:
+        length = tr.input_length
+        ids = tr.hash_ids
+        if length > 0 and ids:
+            blocks = min(-(-length // block), len(ids))
+            last = min(block, length - block * (blocks - 1))
+            if last == block or weights is not None:  # the peer's units: a block is a node whatever its length
+                extend(ids if blocks == len(ids) else ids[:blocks])
+            else:
+                extend(ids[:blocks - 1])
+                append((ids[blocks - 1], last))
+            if weights is not None:
+                weights.extend([block] * (blocks - 1))
+                weights.append(last)
+        starts.append(len(names))
+    first: dict[Any, int] = {}
+    nodes = list(map(first.setdefault, names, range(len(names))))
+    before = [-1, *nodes[:-1]]
+    for s in starts[:-1]:
+        if s < len(before):
+            before[s] = -1
+    follows: dict[int, int] = {}
+    if list(map(follows.setdefault, nodes, before)) != before:  # a name after two different names
+        return None
+    return nodes, weights, starts
+
+
+def _belady_curve_one_pass(requests: Sequence[TraceRequest], capacities: Sequence[int], tokens_per_block: int,
+                           measure_from: int, as_peer: bool) -> list[float]:
+    found = _flat_references(requests, as_peer)
+    if found is not None:
+        nodes, weights, starts = found
+    else:
+        plan = _belady_plan(requests, tokens_per_block, as_peer)
+        nodes, weights, starts = plan.nodes, (plan.weights if as_peer else None), plan.starts
+    n = len(nodes)
+    first_measured = starts[min(measure_from, len(requests))]
+    total = sum(weights[first_measured:]) if weights is not None else n - first_measured
+    sizes = sorted(set(int(c) for c in capacities if int(c) > 0))
+    hits_at = dict.fromkeys(sizes, 0)
+    if sizes and n:
+        node_count = max(nodes) + 1
+        shift = node_count.bit_length()
+        # Per reference, its heap entry: (n - its next use) << shift | node, so that a heap's smallest is the
+        # entry used farthest ahead (no next use: n - n = 0, before all), the node in its low bits.
+        entries = [0] * n
+        ahead = [0] * node_count  # per node: (n - its next reference) << shift, walking back
+        with _no_gc():
+            for i in range(n - 1, -1, -1):
+                x = nodes[i]
+                entries[i] = ahead[x] | x
+                ahead[x] = (n - i) << shift
+            levels = _min_levels(nodes, entries, 1 << shift, sizes, node_count)
+        if weights is None:
+            by_level = Counter(levels[first_measured:])
+        else:
+            by_level = Counter()
+            for at, w in zip(levels[first_measured:], weights[first_measured:]):
+                by_level[at] += w
+        running = 0
+        for k, size in enumerate(sizes):
+            running += by_level[k + 1]
+            hits_at[size] = running
+    return [(hits_at.get(int(c), 0) / total if total else 0.0) for c in capacities]
+
+
+def _min_levels(nodes: list[int], entries: list[int], no_next: int, sizes: list[int], node_count: int) -> list[int]:
+    """Per reference, the level at which it hits (k: a hit for ``sizes[k - 1]`` and every larger size; 0: a miss at
+    all): Belady's MIN for every size of ``sizes`` (sorted, distinct, > 0) in one pass of the priority stack cut into
+    levels (see above). ``entries``: per reference, ``(references - next use) << shift | node`` (a heap's smallest
+    is the farthest used); one below ``no_next`` has no next use."""
+    count = len(sizes)
+    mask = no_next - 1
+    level = [0] * node_count
+    room = [0] + [sizes[0]] + [sizes[k] - sizes[k - 1] for k in range(1, count)]
+    heaps: list[list[int]] = [[] for _ in range(count + 1)]
+    out: list[int] = []
+    note = out.append
+    push, pushpop = heapq.heappush, heapq.heappushpop
+    top_heap = heaps[1]
+    n = len(nodes)
+    i = 0
+    placed = 0
+    # Filling: the stack grows at the bottom (a carried entry that reaches a level with room stays there), until
+    # every level is full; from then on no level has room and the walk below needs no check.
+    while i < n and placed < sizes[-1]:
+        x, c = nodes[i], entries[i]
+        i += 1
+        at = level[x]
+        note(at)
+        if at == 1:
+            push(top_heap, c)  # the entry with its old next use stays behind: below every live one, never a top
+            continue
+        if at == 0 and c < no_next:
+            continue
+        for k in range(1, at if at else count + 1):
+            if room[k]:
+                room[k] -= 1
+                push(heaps[k], c)
+                level[c & mask] = k
+                placed += 1
+                c = -1
+                break
+            h = heaps[k]
+            if h[0] < c:  # this level's farthest is used later than the carried entry: they swap
+                c, carried = pushpop(h, c), c
+                level[carried & mask] = k
+        if c >= 0:
+            if at:
+                push(heaps[at], c)
+                level[c & mask] = at
+            else:
+                level[c & mask] = 0
+    # The walk proper, each level's farthest entry (its heap's smallest) kept in ``tops``.
+    tops = [-1] + [h[0] if h else -1 for h in heaps[1:]]
+    above = [range(1, k) for k in range(count + 2)]
+    every = above[count + 1]
+    for x, c in zip(nodes[i:], entries[i:]):
+        at = level[x]
+        note(at)
+        if at == 1:
+            push(top_heap, c)
+            if c < tops[1]:
+                tops[1] = c
+            continue
+        if at == 0:
+            if c < no_next:  # not cached anywhere and no next use: bypassed at every size
+                continue
+            for k in every:
+                if tops[k] < c:
+                    h = heaps[k]
+                    c, carried = pushpop(h, c), c
+                    level[carried & mask] = k
+                    tops[k] = h[0]
+            level[c & mask] = 0  # the farthest of the largest cache and x: out of them all
+            continue
+        if c >= no_next:  # with no next use, x is used later than everything: it swaps nowhere
+            for k in above[at]:
+                if tops[k] < c:
+                    h = heaps[k]
+                    c, carried = pushpop(h, c), c
+                    level[carried & mask] = k
+                    tops[k] = h[0]
+        push(heaps[at], c)
+        level[c & mask] = at
+        if c < tops[at]:
+            tops[at] = c
+    return out
