@@ -492,29 +492,51 @@ def test_belady_one_pass_gives_the_per_size_hits(seed: int, tpb: int, as_peer: b
     requests = _trace(random.Random(seed), 120)
     if by_prefix:
         requests = _named_by_prefix(requests)
-    one = belady_curve(requests, capacities, tpb, measure_from, as_peer, one_pass=True)
-    assert one == belady_curve(requests, capacities, tpb, measure_from, as_peer, one_pass=False)
+    tree = belady_curve(requests, capacities, tpb, measure_from, as_peer, method="tree")
+    assert belady_curve(requests, capacities, tpb, measure_from, as_peer, method="levels") == tree
+    assert belady_curve(requests, capacities, tpb, measure_from, as_peer, method="flat") == tree
+
+
+@settings(SETTINGS, max_examples=120)
+@given(st.integers(0, 2**32), st.sampled_from([16, 32, 128]), st.booleans(),
+       st.lists(st.integers(-1, 1200), min_size=1, max_size=6), st.integers(0, 130))
+def test_belady_flat_passes_give_the_tree_hits(seed: int, tpb: int, by_prefix: bool, capacities: list[int],
+                                               measure_from: int) -> None:
+    """Blocks of fewer tokens than a trace block (a node takes 1 to 512 / tpb units of room, a partial last block
+    fewer): one ``_min_hits`` pass per size over the flat references against ``_belady_hits`` over the tree, the
+    same hits (evictions that stop short of room, and a request's blocks after one not inserted, included)."""
+    from kvtop.engines.sim.sweep import belady_curve
+
+    requests = _trace(random.Random(seed), 120)
+    if by_prefix:
+        requests = _named_by_prefix(requests)
+    capacities = [c * 32 // tpb for c in capacities]
+    assert belady_curve(requests, capacities, tpb, measure_from) == belady_curve(
+        requests, capacities, tpb, measure_from, method="tree")
 
 
 @settings(SETTINGS, max_examples=60)
-@given(st.integers(0, 2**32), st.booleans(), st.booleans())
-def test_flat_references_are_the_plans(seed: int, as_peer: bool, by_prefix: bool) -> None:
+@given(st.integers(0, 2**32), st.booleans(), st.booleans(), st.sampled_from([32, 512]))
+def test_flat_references_are_the_plans(seed: int, as_peer: bool, by_prefix: bool, tpb: int) -> None:
     """Where ``_flat_references`` names nodes by hash id, its references are the tree's: the same partition into
-    nodes, the same weights, the same request starts (and it names them on every trace named by prefix)."""
+    nodes, the same weights (and the room of a node, its first reference's weight, the tree's), the same request
+    starts (and it names them on every trace named by prefix)."""
     from kvtop.engines.sim.sweep import _belady_plan, _flat_references
 
     requests = _trace(random.Random(seed), 80)
     if by_prefix:
         requests = _named_by_prefix(requests)
-    plan = _belady_plan(requests, 512, as_peer)
-    found = _flat_references(requests, as_peer)
+    plan = _belady_plan(requests, tpb, as_peer)
+    found = _flat_references(requests, as_peer, tpb)
     if by_prefix:
         assert found is not None
     if found is not None:
         nodes, weights, starts = found
         assert len(set(zip(nodes, plan.nodes))) == len(set(nodes)) == len(set(plan.nodes))
         assert starts == plan.starts
-        assert weights == (plan.weights if as_peer else None)
+        assert weights == (plan.weights if as_peer or tpb < 512 else None)
+        if weights is not None and not as_peer:
+            assert [weights[x] for x in nodes] == [plan.node_weight[x] for x in plan.nodes]
 
 
 def test_flat_references_decline_a_hash_id_after_two_others() -> None:
@@ -544,13 +566,19 @@ def test_belady_one_pass_on_the_shipped_slice() -> None:
     hits = [_belady_hits(plan, c) for c in capacities]
     assert belady_curve(requests, capacities, 512) == [h / total for h in hits]
     assert len(set(hits)) == len(capacities)  # every size its own figure
+    plan = _belady_plan(requests, 32)
+    total = sum(plan.weights)
+    capacities = [100, 2000, 6000, 20000]
+    assert belady_curve(requests, capacities, 32) == [_belady_hits(plan, c) / total for c in capacities]
 
 
-def test_belady_one_pass_needs_one_unit_of_room_per_block() -> None:
+def test_belady_levels_need_one_unit_of_room_per_block() -> None:
     from kvtop.engines.sim.sweep import belady_curve
 
     requests = _trace(random.Random(1), 20)
     with pytest.raises(ValueError, match="one unit of room"):
-        belady_curve(requests, [100], 32, one_pass=True)
-    assert belady_curve(requests, [100], 32, as_peer=True, one_pass=True) == belady_curve(
-        requests, [100], 32, as_peer=True, one_pass=False)
+        belady_curve(requests, [100], 32, method="levels")
+    with pytest.raises(ValueError, match="'levels', 'flat' or 'tree', got 'lru'"):
+        belady_curve(requests, [100], 512, method="lru")
+    assert belady_curve(requests, [100], 32, as_peer=True) == belady_curve(
+        requests, [100], 32, as_peer=True, method="tree")

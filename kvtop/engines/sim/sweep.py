@@ -28,7 +28,9 @@ fastest:
   later than every candidate), the bound that says how far TensorRT-LLM's LRU-by-priority policy is from what
   any policy could reuse on this trace. Counted over 512-token trace blocks weighted by their KV blocks, prompts
   only. Where every trace block takes one unit of room (512 tokens a block or more, and the peer's units), every
-  size comes from one pass (``_min_levels``, below): Belady's MIN is a stack algorithm there.
+  size comes from one pass (``_min_levels``, below): Belady's MIN is a stack algorithm there. With smaller blocks,
+  one pass per size over the same flat references (``_min_hits``). ``_belady_hits`` over the tree stays as the
+  reference both are held to.
 """
 
 from __future__ import annotations
@@ -395,24 +397,29 @@ def _belady_plan(requests: Sequence[TraceRequest], tokens_per_block: int, as_pee
 
 
 def belady_curve(requests: Sequence[TraceRequest], capacities: Sequence[int], tokens_per_block: int,
-                 measure_from: int = 0, as_peer: bool = False, one_pass: bool | None = None) -> list[float]:
+                 measure_from: int = 0, as_peer: bool = False, method: str | None = None) -> list[float]:
     """Belady's MIN hit rate (reused KV blocks / prompt KV blocks) for each capacity in KV blocks, counted over the
     requests from index ``measure_from`` on (kvcache-simulator measures the second half).
 
-    ``one_pass``: every capacity from one pass of ``_min_levels`` (None: wherever every trace block takes one unit
-    of room: ``tokens_per_block`` >= 512, or ``as_peer``); else one ``_belady_hits`` pass per capacity, the
-    reference (tests/test_sim_sweep_fast.py holds the two to the same hits)."""
+    ``method``: ``"levels"``, every capacity from one pass of ``_min_levels`` (where every trace block takes one
+    unit of room: ``tokens_per_block`` >= 512, or ``as_peer``); ``"flat"``, one ``_min_hits`` pass per capacity
+    over the flat references (any room); ``"tree"``, one ``_belady_hits`` pass per capacity over the prefix tree,
+    the reference. None: levels where they apply, else flat. tests/test_sim_sweep_fast.py holds all three to the
+    same hits."""
     unit_room = as_peer or tokens_per_block >= TRACE_BLOCK_TOKENS
-    if one_pass is None:
-        one_pass = unit_room
-    if one_pass:
-        if not unit_room:
-            raise ValueError("one_pass: needs one unit of room per trace block (tokens_per_block >= 512 or as_peer)")
-        return _belady_curve_one_pass(requests, capacities, tokens_per_block, measure_from, as_peer)
-    plan = _belady_plan(requests, tokens_per_block, as_peer)
-    first = plan.starts[min(measure_from, len(requests))]
-    total = sum(plan.weights[first:])
-    return [(_belady_hits(plan, int(c), first) / total if total else 0.0) for c in capacities]
+    if method is None:
+        method = "levels" if unit_room else "flat"
+    if method not in ("levels", "flat", "tree"):
+        raise ValueError(f"method: expected 'levels', 'flat' or 'tree', got {method!r}")
+    if method == "levels" and not unit_room:
+        raise ValueError("method 'levels': needs one unit of room per trace block (tokens_per_block >= 512 or "
+                         "as_peer)")
+    if method == "tree":
+        plan = _belady_plan(requests, tokens_per_block, as_peer)
+        first = plan.starts[min(measure_from, len(requests))]
+        total = sum(plan.weights[first:])
+        return [(_belady_hits(plan, int(c), first) / total if total else 0.0) for c in capacities]
+    return _belady_curve_flat(requests, capacities, tokens_per_block, measure_from, as_peer, method == "levels")
 
 
 def _belady_hits(plan: _Plan, capacity: int, first_measured: int = 0, skip_dead: bool = True) -> int:
@@ -545,18 +552,19 @@ def _belady_hits(plan: _Plan, capacity: int, first_measured: int = 0, skip_dead:
 # and MIN over items of several sizes is no stack algorithm (nor optimal).
 
 
-def _flat_references(requests: Sequence[TraceRequest], as_peer: bool) -> tuple[list[int], list[int] | None,
-                                                                               list[int]] | None:
-    """``_belady_plan``'s references for one unit of room per trace block, without building the tree: per
-    reference its node (the index of the node's first reference), what a hit on it counts (None: 1 each), and
-    where each request's references start. A node is named by its hash id (a ``(hash id, length)`` pair for a
-    request's partial last block, but in the peer's units): exact where each name always follows the same name (or
-    always opens a request), as then it names its whole prefix (by induction on the depth); None where one does
-    not, and the tree is built. In C loops (dict.setdefault over a map): ~0.02 s on the Mooncake trace, where
-    ``_belady_plan`` takes ~0.09 (no numpy: its import alone is ~0.1 s, more than the whole pass)."""
+def _flat_references(requests: Sequence[TraceRequest], as_peer: bool, tokens_per_block: int = TRACE_BLOCK_TOKENS
+                     ) -> tuple[list[int], list[int] | None, list[int]] | None:
+    """``_belady_plan``'s references, without building the tree: per reference its node (the index of the node's
+    first reference), what a hit on it counts (None: 1 each; but in the peer's units, that is also the room of the
+    node it names first), and where each request's references start. A node is named by its hash id (a ``(hash id,
+    length)`` pair for a request's partial last block, but in the peer's units): exact where each name always
+    follows the same name (or always opens a request), as then it names its whole prefix (by induction on the
+    depth); None where one does not, and the tree is built. In C loops (dict.setdefault over a map): ~0.02 s on
+    the Mooncake trace, where ``_belady_plan`` takes ~0.09 (no numpy: its import alone is ~0.1 s)."""
     names: list[Any] = []
     extend, append = names.extend, names.append
-    weights: list[int] | None = [] if as_peer else None
+    weights: list[int] | None = [] if as_peer or tokens_per_block < TRACE_BLOCK_TOKENS else None
+    per_block = 1 if as_peer else tokens_per_block  # what a hit counts: tokens (the peer), else KV blocks
     starts = [0]
     block = TRACE_BLOCK_TOKENS
     for tr in requests:
@@ -565,14 +573,14 @@ def _flat_references(requests: Sequence[TraceRequest], as_peer: bool) -> tuple[l
         if length > 0 and ids:
             blocks = min(-(-length // block), len(ids))
             last = min(block, length - block * (blocks - 1))
-            if last == block or weights is not None:  # the peer's units: a block is a node whatever its length
+            if last == block or as_peer:  # the peer's units: a block is a node whatever its length
                 extend(ids if blocks == len(ids) else ids[:blocks])
             else:
                 extend(ids[:blocks - 1])
                 append((ids[blocks - 1], last))
             if weights is not None:
-                weights.extend([block] * (blocks - 1))
-                weights.append(last)
+                weights.extend([-(-block // per_block)] * (blocks - 1))
+                weights.append(-(-last // per_block))
         starts.append(len(names))
     first: dict[Any, int] = {}
     nodes = list(map(first.setdefault, names, range(len(names))))
@@ -586,14 +594,20 @@ def _flat_references(requests: Sequence[TraceRequest], as_peer: bool) -> tuple[l
     return nodes, weights, starts
 
 
-def _belady_curve_one_pass(requests: Sequence[TraceRequest], capacities: Sequence[int], tokens_per_block: int,
-                           measure_from: int, as_peer: bool) -> list[float]:
-    found = _flat_references(requests, as_peer)
+def _belady_curve_flat(requests: Sequence[TraceRequest], capacities: Sequence[int], tokens_per_block: int,
+                       measure_from: int, as_peer: bool, levels: bool) -> list[float]:
+    """``belady_curve`` over the flat references: all sizes from ``_min_levels`` (``levels``), else one
+    ``_min_hits`` pass per size."""
+    found = _flat_references(requests, as_peer, tokens_per_block)
     if found is not None:
         nodes, weights, starts = found
+        room = weights if weights is not None and not as_peer else None  # a node is named by its first reference
     else:
         plan = _belady_plan(requests, tokens_per_block, as_peer)
-        nodes, weights, starts = plan.nodes, (plan.weights if as_peer else None), plan.starts
+        nodes, starts = plan.nodes, plan.starts
+        unit = as_peer or tokens_per_block >= TRACE_BLOCK_TOKENS
+        weights = None if unit and not as_peer else plan.weights
+        room = None if unit else plan.node_weight
     n = len(nodes)
     first_measured = starts[min(measure_from, len(requests))]
     total = sum(weights[first_measured:]) if weights is not None else n - first_measured
@@ -611,18 +625,76 @@ def _belady_curve_one_pass(requests: Sequence[TraceRequest], capacities: Sequenc
                 x = nodes[i]
                 entries[i] = ahead[x] | x
                 ahead[x] = (n - i) << shift
-            levels = _min_levels(nodes, entries, 1 << shift, sizes, node_count)
-        if weights is None:
-            by_level = Counter(levels[first_measured:])
-        else:
-            by_level = Counter()
-            for at, w in zip(levels[first_measured:], weights[first_measured:]):
-                by_level[at] += w
-        running = 0
-        for k, size in enumerate(sizes):
-            running += by_level[k + 1]
-            hits_at[size] = running
+            if levels:
+                at_level = _min_levels(nodes, entries, 1 << shift, sizes, node_count)
+            else:
+                ones = [1] * max(n, node_count) if weights is None or room is None else []
+                for size in sizes:
+                    hits_at[size] = _min_hits(nodes, entries, 1 << shift, ones if weights is None else weights,
+                                              ones if room is None else room, starts, size, first_measured)
+        if levels:
+            if weights is None:
+                by_level = Counter(at_level[first_measured:])
+            else:
+                by_level = Counter()
+                for at, w in zip(at_level[first_measured:], weights[first_measured:]):
+                    by_level[at] += w
+            running = 0
+            for k, size in enumerate(sizes):
+                running += by_level[k + 1]
+                hits_at[size] = running
     return [(hits_at.get(int(c), 0) / total if total else 0.0) for c in capacities]
+
+
+def _min_hits(nodes: list[int], entries: list[int], no_next: int, weights: list[int], room: list[int],
+              starts: list[int], capacity: int, first_measured: int = 0) -> int:
+    """``_belady_hits`` for blocks of any room, over the flat references (see above; ``entries`` and ``no_next`` as
+    for ``_min_levels``, ``room`` per node): on a miss, evict the farthest used cached node until the block fits,
+    or stop at one used no later than it (the block and the rest of its request are not inserted: a node is
+    cached only under its cached parent; the evictions made stay made, as there). The farthest cached node is the
+    tree's farthest leaf; a node no longer cached, or cached with a newer entry, leaves its old entries in the heap,
+    dropped when they come up. ~35% less time a pass than ``_belady_hits`` (no children, versions, or pending
+    parents to keep: the Mooncake trace at 32 tokens a block, ~0.047 -> ~0.030 s)."""
+    if capacity <= 0:
+        return 0
+    mask = no_next - 1
+    present = bytearray(len(room))
+    current = [0] * len(room)  # per cached node: its live entry
+    heap: list[int] = []
+    push, pop = heapq.heappush, heapq.heappop
+    used = hits = 0
+    resume = 0  # after a block not inserted, the rest of its request is not either
+    for i, x, c in zip(range(len(nodes)), nodes, entries):
+        if present[x]:
+            if i >= first_measured:
+                hits += weights[i]
+            current[x] = c
+            push(heap, c)
+            continue
+        if c < no_next or i < resume:  # no next use (so none for the rest of the request): never inserted
+            continue
+        w = room[x]
+        while used + w > capacity:
+            if not heap:
+                break
+            top = heap[0]
+            y = top & mask
+            if not present[y] or current[y] != top:
+                pop(heap)
+                continue
+            if top >= c:  # the farthest cached node is used no later than this block: it is not inserted
+                break
+            pop(heap)
+            present[y] = 0
+            used -= room[y]
+        else:
+            present[x] = 1
+            used += w
+            current[x] = c
+            push(heap, c)
+            continue
+        resume = starts[bisect_right(starts, i)]
+    return hits
 
 
 def _min_levels(nodes: list[int], entries: list[int], no_next: int, sizes: list[int], node_count: int) -> list[int]:
