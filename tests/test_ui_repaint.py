@@ -295,3 +295,11 @@ async def test_the_header_is_built_again_only_when_what_it_shows_changes() -> No
         assert not widgets.same_header(base, dataclasses.replace(base, data_time=base.data_time + 1.0))
         assert not widgets.same_header(base, dataclasses.replace(base, uptime_s=None))
         assert not widgets.same_header(base, dataclasses.replace(base, data_time=float("nan")))
+
+
+async def test_a_panels_kept_parts_emptied_as_it_draws_change_nothing_on_screen(monkeypatch: Any) -> None:
+    """Panel._segments keeps each (text, style) part's segment with the resolved styles, and empties them all
+    past PART_CACHE: kept a few parts at a time (emptied several times a row), the terminal still holds the
+    screen drawn fresh."""
+    monkeypatch.setattr(widgets, "PART_CACHE", 5)
+    await test_what_the_terminal_is_sent_adds_up_to_the_screen()

@@ -154,15 +154,18 @@ def cold(m: TierModel) -> TierState | None:
     return TierState("cold", cap, used, None, free, m.tokens_per_block, m.bytes_per_block, False)
 
 
-def cached_by_priority(m: TierModel) -> dict[str, dict[int | None, int]]:
-    """Cached blocks per retention priority, per tier (``None`` = a priority no event gave)."""
+def cached_by_priority(m: TierModel, gpu: TierState | None = None,
+                       host: TierState | None = None) -> dict[str, dict[int | None, int]]:
+    """Cached blocks per retention priority, per tier (``None`` = a priority no event gave). ``gpu``, ``host``:
+    the model's tiers where the caller read them already (a snapshot), else read here."""
     out: dict[str, dict[int | None, int]] = {}
     for level, name in ((GPU, "gpu"), (HOST, "host")):
         per = out[name] = m.event_fold.cached_by_priority(level)
         # The fold's map may still hold blocks TensorRT-LLM detached without an event (partial reuse); the
         # tier's cached count is clamped to its pool, so the split is scaled to that total (largest
         # remainders), never showing more cached blocks than the pool has. Flagged by cached_approximate.
-        cap = (m.gpu if level == GPU else m.host).cached_blocks
+        tier = (m.gpu if gpu is None else gpu) if level == GPU else (m.host if host is None else host)
+        cap = tier.cached_blocks
         total = sum(per.values())
         if cap is not None and total > cap:
             shares = {k: n * cap / total for k, n in per.items()}

@@ -25,6 +25,7 @@ from dataclasses import field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from kvtop.tiers.capacity import cached_by_priority
 from kvtop.tiers.state import GpuDevice, HistoryPoint, HitRate, HostMemory, Moves, Quality, Rates, Requests, TierState
 from kvtop.tiers.summary import live_reads, summary_of
 from kvtop.tiers.window import Sample
@@ -104,7 +105,7 @@ class TierSnapshot:
 def take(model: TierModel, version: Version) -> TierSnapshot:
     """Read everything a sink reads off ``model`` once (on the thread that folds into it)."""
     tiers = tuple(model.tiers)   # GPU, host, then disk where there is one (TierModel.tiers): each read once
-    by_prio = model.cached_by_priority
+    by_prio = cached_by_priority(model, tiers[0], tiers[1])   # model.cached_by_priority, the tiers not read again
     cold, moves, hit_rate, rates = model.cold, model.moves, model.hit_rate, model.rates
     requests, quality, split = model.requests, model.quality, model.hit_split_by_priority
     return TierSnapshot(

@@ -36,6 +36,7 @@ Details that keep the estimate honest (each is checked against simulated runs in
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import accumulate
 from typing import Any
 
 __all__ = ["DEFAULT_FACTORS", "WhatIf"]
@@ -378,9 +379,9 @@ class WhatIf:
         if factor <= 1 or H == 0 or not self._rank_hits:
             return 0
         limit = min((factor - 1) * H, len(self._rank_hits))
-        cumulative = [0]
-        for n in self._rank_hits[:limit]:
-            cumulative.append(cumulative[-1] + n)
+        # The running sum in C (itertools.accumulate): up to (factor - 1) x the host pool's ranks, read at every
+        # second of a refresh for x2 and x4 (2,730 ranks at 910 host blocks: ~3.6% of a busy refresh in Python).
+        cumulative = [0, *accumulate(self._rank_hits[:limit])]
         offloads = max(self.offloads, 1)
         w1 = min(self.onboards / offloads, 1.0)
 

@@ -178,6 +178,9 @@ def _row_strip_fits() -> bool:
     return set(slots) == STRIP_SLOTS and Strip.__init__.__code__.co_argcount == 3
 
 
+PART_CACHE = 4096  # a panel's kept parts (Panel._segments): its styles and the figures drawn lately, a few hundred
+
+
 def _pad(text: str, width: int, right: bool = True) -> str:
     if len(text) >= width:
         return text
@@ -509,13 +512,25 @@ class Panel(Widget):
         The line is padded to the content width here, with the blank style Textual would pad it with: a
         shorter strip makes Textual copy it into a new padded one on every repaint (``adjust_cell_length``,
         13% of the dashboard's CPU in a profile of the busy replay)."""
+        # Each (text, style) part's segment and width are kept with the styles (the part tuple is the key; a
+        # style's key is its string): a busy refresh's ~20 changed rows are mostly the same labels, units and
+        # blanks around a few new figures, and the parts seen before are neither measured nor made again.
+        if len(cache) > PART_CACHE:
+            cache.clear()   # styles too: resolved again on first use (~15 a panel)
         segments = []
-        for text, style in ln:
-            rich = cache.get(style)
-            if rich is None:
-                rich = cache[style] = self._resolve(style, frame, filters)
-            segments.append(Segment(text, rich))
-        length = cells(ln)
+        append = segments.append
+        length = 0
+        for part in ln:
+            made = cache.get(part)  # type: ignore[call-overload]
+            if made is None:
+                text, style = part
+                rich = cache.get(style)
+                if rich is None:
+                    rich = cache[style] = self._resolve(style, frame, filters)
+                made = cache[part] = (Segment(text, rich),  # type: ignore[index]
+                                      len(text) if text.isascii() else cell_len(text))
+            append(made[0])
+            length += made[1]
         pad = self._content_width - length
         if pad > 0:
             blank = cache.get(None)
