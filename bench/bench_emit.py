@@ -17,9 +17,10 @@ shared machine slows both alike:
 - per kind: each ``emit`` call timed with ``process_time_ns`` less the timer's own (median) cost: a timer
   distorts a 1 us call less than a profiler does, but still: read these as shares, the stage totals as the figures.
 
-``--callgrind``: the same stages under ``valgrind --tool=callgrind``, as instructions a record: a child that
-decodes and runs the stage, less one that only decodes (PYTHONHASHSEED=0, so both see the same dicts). Slow
-(~1 min a stage and tree) but steady on a shared machine, where CPU time moves by 10-20% between runs.
+``--callgrind``: the same stages under ``valgrind --tool=callgrind``, as instructions a record: the child marks
+the stage's start and end with ``os.getppid()``, where callgrind dumps its counts (``--dump-before=getppid``), so
+start-up and decoding are left out (PYTHONHASHSEED=0). Slow (~1 min a stage and tree) but steady on a shared
+machine, where CPU time moves by 10-20% between runs.
 """
 
 from __future__ import annotations
@@ -86,8 +87,11 @@ def stage_run():
     for r in records:
         step(r)
 
-if rounds == 0:  # one pass, for callgrind
+if rounds == 0:  # one pass, for callgrind: getppid() marks the stage's ends (--dump-before=getppid)
+    import os
+    os.getppid()
     stage_run()
+    os.getppid()
     sys.exit(0)
 out = {"records": len(records), "best_s": float("inf")}
 for _ in range(rounds):
@@ -131,12 +135,13 @@ def cpu(tree: Path, recording: Path, stage: str, rounds: int) -> dict:
 
 
 def instructions(tree: Path, recording: Path, stage: str) -> int:
+    """The stage's instructions alone: callgrind dumps its counts at each getppid() the child calls around it."""
     with tempfile.TemporaryDirectory() as tmp:
         out_file = Path(tmp) / "cg.out"
-        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
+        subprocess.run(["valgrind", "--tool=callgrind", "--dump-before=getppid", f"--callgrind-out-file={out_file}",
                         sys.executable, "-c", _CHILD, str(recording), stage, "0", str(tree)],
                        capture_output=True, text=True, check=True, env=_env(tree), cwd=tree)
-        text = out_file.read_text(errors="replace")
+        text = Path(f"{out_file}.2").read_text(errors="replace")  # .1: start-up and decode; .2: the stage
     m = re.search(r"^summary:\s+(\d+)", text, re.M) or re.search(r"^totals:\s+(\d+)", text, re.M)
     assert m, "no callgrind summary"
     return int(m.group(1))
@@ -155,12 +160,10 @@ def main() -> None:
     stages = [s for s in a.stages.split(",") if s]
     n = sum(1 for _ in open(a.recording, "rb"))
     if a.callgrind:
-        base = {name: instructions(tree, a.recording, "decode") for name, tree in trees}
         for stage in stages:
             row = []
             for name, tree in trees:
-                total = instructions(tree, a.recording, stage)
-                row.append(f"{name} {(total - base[name]) / n:,.0f}")
+                row.append(f"{name} {instructions(tree, a.recording, stage) / n:,.0f}")
             print(f"{stage:>7}: instructions a record ({n:,} lines): " + ", ".join(row), flush=True)
         return
     results: dict[str, dict[str, dict]] = {name: {} for name, _ in trees}
