@@ -92,6 +92,10 @@ def sample(tree: Path, first_screen: bool, callgrind: bool, work: Path) -> dict[
                              text=True, check=True)
         row = json.loads(out.stdout.strip().splitlines()[-1])
     else:
+        if not any((tree / d).is_dir() for d in ("themes", "kvtop/_themes")):
+            # without its shipped themes kvtop falls back to textual-dark: no theme switch, no restyle (~90M
+            # instructions less), not the same first screen
+            raise SystemExit(f"{tree}: no themes/ (nor kvtop/_themes): copy the tree's themes/ beside its kvtop/")
         result = work / "first-screen.json"
         result.unlink(missing_ok=True)
         # the one recording for every tree (a --baseline tree may be kvtop/ alone)

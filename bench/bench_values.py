@@ -1,4 +1,5 @@
-"""What ``@frozen`` (kvtop/values.py) costs against ``@dataclass(frozen=True)``, for each of kvtop's @frozen classes:
+"""What ``@frozen`` / ``@mutable`` (kvtop/values.py) cost against ``@dataclass(frozen=True)`` / ``@dataclass``, for each
+of kvtop's classes made with them:
 defining the class (the import-time cost it removes), and making an instance (positionally, all fields by keyword,
 and the required fields alone), in this interpreter, best of N.
 
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from test_values import CLASSES, _reference, _values  # noqa: E402  (the classes and their dataclass copies)
 
-from kvtop.values import frozen  # noqa: E402
+from kvtop.values import frozen, mutable  # noqa: E402
 
 
 def _define_s(cls: type, make: Any, repeat: int) -> float:
@@ -49,14 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for cls in CLASSES:
         ref = _reference(cls)
+        is_frozen = cls.__dataclass_params__.frozen
         values = _values(cls)
         required = {f.name: values[f.name] for f in dataclasses.fields(cls)
                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
         row: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}", "fields": len(values)}
         for label, made in (("dataclass", ref), ("frozen", cls)):
             row[f"{label}_define_us"] = 1e6 * _define_s(
-                cls, (lambda c, s: dataclasses.dataclass(c, frozen=True, slots=s)) if label == "dataclass"
-                else (lambda c, s: frozen(c, slots=s)), a.repeat)
+                cls, (lambda c, s: dataclasses.dataclass(c, frozen=is_frozen, slots=s)) if label == "dataclass"  # noqa: B023
+                else (lambda c, s: (frozen if is_frozen else mutable)(c, slots=s)), a.repeat)  # noqa: B023
             row[f"{label}_positional_ns"] = 1e9 * _make_s(made, tuple(values.values()), {}, a.repeat)
             row[f"{label}_keywords_ns"] = 1e9 * _make_s(made, (), values, a.repeat)
             row[f"{label}_required_ns"] = 1e9 * _make_s(made, (), required, a.repeat)
