@@ -883,3 +883,257 @@ def test_without_msgspec_stored_lines_give_the_same_records() -> None:
     """kvtop runs where msgspec cannot be installed: the stored events then go through orjson, to the same
     records (their plain tokens as ids)."""
     assert _read_busy_without("msgspec", "repr(lines)").strip() == repr(list(read_jsonl(BUSY)))
+
+
+# decode's path for the lines orjson parses (records._exact_record: every line but a stored event with token dicts)
+# walks each common kind's data once, where _bounded_exact, read_event and the kind's checks walked it three
+# times. Every line it takes gives the standard path's record, repr for repr (an integer read as a float shows),
+# every error it raises is the standard path's, and decode's outcome is the standard one whatever it leaves. The
+# lines: the busy recording's shapes, each number now and then wide (past 64 bits, a float of 2^63 or more, past
+# 2^40 where a block count belongs, a bool, a string, a container), each part now and then the wrong type.
+_odd_value = _wide | st.sampled_from([2**64, 2**64 + 1, -(2**63) - 1, 2.0**63, -(2.0**63), 1e19, 1e300, 2**40,
+                                      2**40 + 1, float(2**40 + 1), True, False, "7", None, [], {}, [[1]],
+                                      {"a": [2**65]}, [1, 2.5], [1, "2"], [1, [2]], [{"hash": "ab"}]])
+_hashes = st.integers(0, 2**64 - 1)
+# what most often makes a number differ: orjson's floats for wide integers, floats at and past 2^63, block counts
+# past 2^40, and the other types
+_odd_number = st.sampled_from([2**64, 2**64 + 1, -(2**63) - 1, 10**30, 2.0**63, -(2.0**63), 1e19, 1e300, 2**40 + 1,
+                               float(2**40 + 1), True, "7", None, [], [[1]], {"a": 1}]) | _odd_value
+_plain_tokens = [{"type": "unique_token", "token_id": 1, "token_extra_id": 0}]
+
+
+@st.composite
+def _common_lines(draw: Any) -> bytes:
+    # Half the lines have one odd place at most (the target-th place asked; a check left out shows there), the
+    # others one place in p odd, any number of them.
+    one_place, target, asked = draw(st.booleans()), draw(st.sampled_from(range(1, 41))), [0]
+
+    def odd(p: int) -> bool:   # (sampled_from: st.integers draws its bounds far more often than 1 in p)
+        asked[0] += 1
+        return asked[0] == target if one_place else draw(st.sampled_from(range(p))) == 0
+
+    def num(good: Any) -> Any:
+        return draw(_odd_number) if odd(10) else draw(good)
+
+    def counts() -> dict[str, Any]:   # kvCacheStats-like: block counts (at most 2^40), a rate
+        part = {k: num(st.integers(0, 2**41) if odd(4) else st.integers(0, 10**6))
+                for k in ("maxNumBlocks", "freeNumBlocks", "tokensPerBlock", "reusedBlocks")}
+        part["cacheHitRate"] = num(st.floats(0, 1))
+        if odd(5):
+            part[draw(st.sampled_from(["usedNumBlocks", "other", "nestedBlocks"]))] = draw(_odd_value)
+        return part
+
+    kind = draw(st.sampled_from(["removed", "updated", "stored", "stored", "stored", "created", "stats", "stats",
+                                 "request", "gpu", "host"]))
+    source: Any = {"host": "sim", "rank": 0, "run": "busy"}
+    if kind in ("removed", "updated", "stored", "created"):
+        ev: dict[str, Any]
+        if kind == "removed":
+            ev = {"type": "removed", "block_hashes": [num(_hashes) for _ in range(draw(st.integers(0, 5)))]}
+        elif kind == "updated":
+            ev = {"type": "updated", "block_hash": num(_hashes)}
+            if odd(3):   # a recording's pair
+                ev["cache_level_diff"] = [num(st.integers(0, 2)), num(st.integers(0, 2))] if not odd(6) \
+                    else draw(_odd_value)
+            else:
+                ev["cache_level"] = {"type": "event_diff", "new_value": num(st.integers(0, 2)),
+                                     "old_value": num(st.integers(0, 2))}
+            ev["priority"] = None if not odd(4) else draw(_odd_value)
+        elif kind == "stored":
+            blocks: list[Any] = []
+            for _ in range(draw(st.integers(0, 3))):
+                block: dict[str, Any] = {"type": "stored_block", "block_hash": num(_hashes),
+                                         "cache_level": num(st.integers(0, 1)), "priority": 35}
+                ids = [num(st.integers(0, 200_000)) for _ in range(draw(st.integers(0, 6)))]
+                block["token_ids"] = ids if not odd(10) else draw(_odd_value)
+                if odd(6):
+                    block[draw(st.sampled_from(["lora_id", "mm_keys", "extra"]))] = draw(_odd_value)
+                if draw(st.sampled_from(range(5))) == 0:   # token dicts in a block (plain ones become ids
+                    block["tokens"] = draw(st.just(_plain_tokens) | _odd_value)   # where the block has none)
+                    if draw(st.booleans()):
+                        del block["token_ids"]
+                blocks.append(block if not odd(20) else draw(_odd_value))
+            ev = {"type": "stored", "parent_hash": num(_hashes | st.none()),
+                  "blocks": blocks if not odd(20) else draw(_odd_value)}
+        else:
+            ev = {"type": "created", "num_blocks_per_cache_level": [num(st.integers(0, 2**41)), 910]}
+        if odd(8):
+            ev["extra"] = draw(_odd_value)
+        if odd(20):
+            ev["type"] = draw(_odd_value)
+        data: Any = {"event_id": num(st.integers(0, 10**6)), "data": ev if not odd(30) else draw(_odd_value),
+                     "window_size": num(st.integers(0, 10**5))}
+        if odd(8):
+            data["extra"] = draw(_odd_value)
+        kind = "kv_event"
+    elif kind == "stats":
+        data = {"iter": num(st.integers(0, 10**6)), "iterLatencyMS": num(st.floats(0, 1e3)),
+                "gpuMemUsage": num(st.integers(0, 2**40)),
+                "kvCacheStats": counts() if not odd(10) else draw(_odd_value),
+                "inflightBatchingStats": {"numCtxTokens": num(st.integers(0, 9)), "avg": num(st.floats(0, 9))},
+                "staticBatchingStats": None}
+        if odd(3):
+            data["kvCacheIterationStats"] = draw(st.sampled_from(["dict", "list", "odd"]))
+            data["kvCacheIterationStats"] = {"dict": counts, "list": lambda: [counts(), counts()],
+                                             "odd": lambda: draw(_odd_value)}[data["kvCacheIterationStats"]]()
+        if odd(8):
+            data[draw(st.sampled_from(["extra", "freeNumBlocks"]))] = draw(_odd_value)
+    else:
+        data = json.loads(json.dumps(DATA[kind]))
+        if odd(3):
+            data[draw(st.sampled_from(sorted(data) + ["extra"]))] = draw(_odd_value)
+    obj: dict[str, Any] = {"v": 1, "kind": kind, "source": source, "time": 1764430000.25, "data": data}
+    if odd(8):   # the envelope now and then off too
+        where = draw(st.sampled_from(["v", "time", "rank", "host", "run", "source", "extra", "source extra"]))
+        value = draw(_odd_value)
+        if where in ("rank", "host", "run"):
+            source[where] = value
+        elif where == "source extra":
+            source["x"] = value
+        else:
+            obj[where] = value
+    raw = json.dumps(obj, separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+    if odd(2):   # a key escaped: no '"tokens"' in the line's bytes (decode's test for msgspec's path), but a key
+        raw = raw.replace('"tokens"', '"tok\\u0065ns"')   # "tokens" in the dict
+    return raw.encode()
+
+
+def _exact_outcome(raw: bytes) -> Any:
+    """records._exact_record's answer for ``raw`` as orjson parses it (None: left to the other paths)."""
+    from kvtop import records
+
+    try:
+        obj = records._orjson.loads(raw)
+    except records._orjson.JSONDecodeError:
+        return None
+    try:
+        return records._exact_record(obj)
+    except RecordError as exc:
+        return ("error", str(exc))
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_common_lines())
+def test_common_lines_through_the_one_walk_path_give_what_the_standard_parser_gives(raw: bytes) -> None:
+    want = repr(_standard_outcome(raw))
+    assert repr(_decode_outcome(raw)) == want
+    fast = _exact_outcome(raw)
+    if fast is not None:
+        assert repr(fast) == want
+
+
+def test_the_one_walk_path_takes_every_common_line_of_the_busy_recording() -> None:
+    """Every line of the committed busy recording but its stored events with token dicts (msgspec's), its meta
+    and its created event (one each, the standard path's) is taken by the one-walk path, as the standard path
+    makes it; and so are lines as a recording writes stored events (plain tokens as ids) and updates (pairs)."""
+    from kvtop.compact import compact_event
+
+    taken = left = 0
+    for line in BUSY.read_bytes().splitlines():
+        obj = json.loads(line)
+        if b'"tokens"' in line:
+            obj["data"] = compact_event(obj["data"])   # as the recorder writes it: token ids
+            line = json.dumps(obj).encode()
+            assert b'"token_ids"' in line and b'"tokens"' not in line
+        if obj["kind"] == "kv_event" and obj["data"]["data"]["type"] == "updated":
+            obj["data"] = compact_event(obj["data"])   # a recording's [old, new] pair
+            assert "cache_level_diff" in obj["data"]["data"]
+        fast = _exact_outcome(json.dumps(obj).encode())
+        if fast is None:
+            assert obj["kind"] == "meta" or obj["data"]["data"]["type"] == "created", line[:200]
+            left += 1
+            continue
+        assert repr(fast) == repr(_standard_outcome(json.dumps(obj).encode()))
+        taken += 1
+    assert left <= 2 and taken > 3000
+
+
+def test_orjson_reads_every_integer_within_the_bounds_or_as_a_float() -> None:
+    """What lets the one-walk path leave orjson's integers uncompared: it keeps -2^63 .. 2^64-1 (inside the
+    2^64 bound) as integers and reads any other as a float, which the walks look at."""
+    from kvtop import records
+
+    for n in (0, 2**63, 2**64 - 1, -(2**63), -1):
+        assert records._orjson.loads(str(n).encode()).__class__ is int
+    for n in (2**64, 2**64 + 1, -(2**63) - 1, 10**30, -(10**30)):
+        assert records._orjson.loads(str(n).encode()).__class__ is float
+
+
+@pytest.mark.parametrize("nest", ["[", '{"a":'])
+@pytest.mark.parametrize("where", ["envelope", "source", "event", "event data", "block", "token ids", "stats",
+                                   "kvCacheStats", "kvCacheIterationStats", "request"])
+def test_nesting_near_the_recursion_limit_in_a_common_line_is_judged_as_json_judges_it(where: str, nest: str) -> None:
+    """orjson nests to 1,024, json to ~995 (less deep in the stack): a line json refuses for its depth is refused
+    the same way wherever the one-walk path finds the deep value (decode with and without the fast parsers,
+    called from the same depth, as in the stored lines' test above)."""
+    from kvtop import records
+
+    def outcome(raw: bytes, fast: bool) -> Any:
+        parsers = records._orjson, records._msgspec
+        if not fast:
+            records._orjson = records._msgspec = None
+        try:
+            return decode(raw)
+        except RecordError as exc:
+            return ("error", str(exc))
+        finally:
+            records._orjson, records._msgspec = parsers
+
+    kv = where in ("envelope", "source", "event", "event data", "block", "token ids")
+    if kv:
+        data: dict[str, Any] = {"event_id": 3, "window_size": 4096, "data": {"type": "stored", "parent_hash": None,
+                                "blocks": [{"type": "stored_block", "block_hash": 5, "token_ids": [1, 2]}]}}
+        place = {"event": data, "event data": data["data"], "block": data["data"]["blocks"][0],
+                 "token ids": data["data"]["blocks"][0]}.get(where)
+        if place is not None:
+            place["token_ids" if where == "token ids" else "deep"] = "@"
+    elif where == "request":
+        data = {"request_id": 1, "ok": True, "deep": "@"}
+    else:
+        data = {"iter": 1, "kvCacheStats": {"freeNumBlocks": 3}, "kvCacheIterationStats": {"x": 1}}
+        {"stats": data, "kvCacheStats": data["kvCacheStats"],
+         "kvCacheIterationStats": data["kvCacheIterationStats"]}[where]["deep"] = "@"
+    base: dict[str, Any] = {"v": 1, "kind": "kv_event" if kv else where if where == "request" else "stats",
+                            "source": {"host": "h", "rank": 0, "run": "r"}, "time": 1764430000.25, "data": data}
+    if where in ("envelope", "source"):   # a key the record does not keep: orjson's, never walked
+        (base if where == "envelope" else base["source"])["deep"] = "@"
+    close = "]" if nest == "[" else "}"
+    outcomes = set()
+    # from below the walks' 400 levels (each depth around it) to past json's limit (~300-500 where the block
+    # counts are walked, ~990 elsewhere), every third depth
+    for depth in sorted({*range(200, 1010, 3), *range(396, 406)}):
+        raw = json.dumps(base).replace('"@"', nest * depth + "1" * (nest != "[") + close * depth).encode()
+        out = outcome(raw, True)
+        assert out == outcome(raw, False), depth
+        outcomes.add(isinstance(out, Record))
+    assert outcomes == {True, False}   # the depths tried reach past json's limit
+
+
+def test_new_record_is_the_dataclass_record() -> None:
+    """records._new_record (the fast paths' Record without the frozen __init__) gives the dataclass's instance:
+    the same fields in the same order, equal, frozen; a field added to Record fails here first."""
+    import dataclasses
+
+    from kvtop import records
+
+    assert [f.name for f in dataclasses.fields(Record)] == ["kind", "data", "source", "time", "v"]
+    fast = records._new_record("stats", {"x": 1}, SRC, 1.5, 1)
+    plain = Record("stats", {"x": 1}, SRC, 1.5, 1)
+    assert fast == plain and repr(fast) == repr(plain) and list(vars(fast).items()) == list(vars(plain).items())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.kind = "gpu"  # type: ignore[misc]
+
+
+def test_deeply_nested_block_counts_are_a_record_error(tmp_path: Path) -> None:
+    """The standard path walks a stats record's block counts two frames a level: kvCacheStats nested 600 deep
+    (which json reads) was a RecursionError out of read_jsonl, ending a replay; it is a RecordError, the next
+    line read."""
+    deep = "[" * 600 + "]" * 600
+    good = encode(make("stats", DATA["stats"], SRC, time=1.0))
+    path = tmp_path / "deep.jsonl"
+    path.write_text(f'{{"v":1,"kind":"stats","time":1.5,"data":{{"kvCacheStats":{{"x":{deep}}}}}}}\n{good}\n'
+                    f'{{"v":1,"kind":"stats","time":1.5,"data":{{"kvCacheIterationStats":[{deep}]}}}}\n')
+    out = list(read_jsonl(path))
+    assert [str(x) if isinstance(x, RecordError) else x.kind for x in out] == [
+        "line 1: data.kvCacheStats: nested too deeply to be a record", "stats",
+        "line 3: data.kvCacheIterationStats: nested too deeply to be a record"]
