@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device run for issue 15 (an attached kvtop beside nvitop), into $OUT. From the repository root, with the
 # wheels carried in .whl (textual, rich and theirs, orjson, msgspec, nvitop: the lent machine has no index) and a
-# baseline tree in .base (`git archive REV kvtop | tar -x -C .base`):
+# baseline tree in .base (`git archive REV kvtop themes | tar -x -C .base`: with its themes, or its screen is not
+# the same one, ~54M instructions less at start-up and no theme restyle, and the comparison favours it):
 #     OUT=/tmp/out bash bench/h200_attached_run.sh [rounds]
 # Steps: install the wheels into /tmp/site, byte-compile kvtop, the baseline and the wheels (as an install has
 # them: an uncompiled start-up costs ~0.5 s more), make the busy full-scale recording, then in one run
@@ -14,6 +15,7 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/kvtop-attached-out}
 ROUNDS=${1:-3}
 mkdir -p "$OUT" /tmp/kvtop-bench
+[ -d .base/kvtop ] && [ -d .base/themes ] || { echo "h200_attached_run: .base needs kvtop/ and themes/" >&2; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 python3 -m compileall -q kvtop .base /tmp/site
