@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 from recordings import session_from_recording
+from textual.color import Color
+from textual.css.stylesheet import Stylesheet
 
 from kvtop.ui.app import build_app
 from kvtop.ui.themes import VARIABLE_DEFAULTS, ThemeError, _parse_simple_toml, load_theme, load_themes, theme_dirs
@@ -71,3 +73,27 @@ async def test_an_unknown_theme_falls_back_and_says_so() -> None:
         assert app.theme == "dark"
         log = app.screen.query_one("#events")
         assert any("no-such-theme" in line.text for line in log.lines)
+
+
+async def test_the_start_parses_the_stylesheet_once_with_the_themes_colours(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Setting the theme at start made Textual's watcher schedule a refresh_css: kvtop.tcss reparsed into a fresh
+    # stylesheet whose cache was dropped, then parsed again for the screen (51M instructions of replay's first
+    # screen). The theme's variables go in before the first parse instead; a theme change still restyles.
+    reparses: list[Stylesheet] = []
+    reparse = Stylesheet.reparse
+
+    def counted(self: Stylesheet) -> None:
+        reparses.append(self)
+        reparse(self)
+
+    monkeypatch.setattr(Stylesheet, "reparse", counted)
+    app = build_app(session_from_recording(), Settings("light"), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.theme == "light" and reparses == []
+        assert app.screen.styles.background == Color.parse("#ffffff")  # light.toml's: the rules read its variables
+        assert app.screen.query_one("#header").styles.background == Color.parse(app.theme_variables["surface"])
+        await pilot.press("t")
+        await pilot.pause()
+        assert app.theme == "high-contrast" and len(reparses) == 1
+        assert app.screen.styles.background == Color.parse("#000000")

@@ -182,6 +182,8 @@ class DashboardScreen(Screen[None]):
 class KvtopApp(App[int]):
     """kvtop's dashboard. Build it with :func:`build_app`."""
 
+    _startup_variables: dict[str, str] | None = None  # the theme's CSS variables as __init__ gave the stylesheet
+
     CSS_PATH = "kvtop.tcss"
     TITLE = "kvtop"
     ENABLE_COMMAND_PALETTE = True
@@ -295,6 +297,19 @@ class KvtopApp(App[int]):
             self._theme_errors.append(f"theme {wanted!r} not found (have {', '.join(self.theme_names)})")
             name = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
         self.theme = name
+        # The theme's variables go into the stylesheet now, while it holds no rules, so that the rules read them
+        # when first parsed. Textual's theme watcher has also scheduled a refresh_css for the start: a reparse of
+        # kvtop.tcss and App's CSS into a fresh stylesheet whose parse cache is then dropped, so that the screen's
+        # registration parsed kvtop.tcss once more (51M instructions, ~4% of replay's first screen, for rules
+        # the same as those the first parse makes): refresh_css skips it (below).
+        self._startup_variables = self.get_css_variables()
+        self.stylesheet.set_variables(self._startup_variables)
+
+    def refresh_css(self, animate: bool = True) -> None:
+        startup, self._startup_variables = self._startup_variables, None
+        if startup is not None and not self.screen_stack and startup == self.get_css_variables():
+            return  # the start's: the stylesheet has these variables and no screen has been styled yet
+        super().refresh_css(animate)
 
     def get_css_variables(self) -> dict[str, str]:
         # kvtop's colour variables for themes that lack them (Textual's own, picked from the palette): each
