@@ -109,6 +109,12 @@ class Session:
 
     # ------------------------------------------------------------------------------------------ records
 
+    def _time_jump(self, key: str, kind: str, t: float, last: float) -> None:
+        """Said where a source's record is a day or more from its last (emit and emit_many both fold it)."""
+        self.problems.report("record.time_jump", f"{clean(key, 80)}: a {kind} record at {t:.0f}"
+                             f" is {abs(t - last) / 86400:,.1f} days from the one before "
+                             f"({last:.0f}): a clock that jumped?")
+
     def emit(self, record: Record) -> None:
         """Fold one record and fan it out. Never raises: a sink that fails is logged and kept."""
         key = record.source.key()
@@ -143,9 +149,7 @@ class Session:
         if last is not None and t.__class__ is float and abs(t - last) > MAX_TIME_JUMP_S:  # decode makes floats
             # Legal times (1970-2100) but a day or more from this source's last: a clock stepped, or a writer
             # that mixes units. Folded (the fold never goes back in time), and said, since rates will be off.
-            self.problems.report("record.time_jump", f"{clean(key, 80)}: a {record.kind} record at {t:.0f}"
-                                 f" is {abs(t - last) / 86400:,.1f} days from the one before "
-                                 f"({last:.0f}): a clock that jumped?")
+            self._time_jump(key, record.kind, t, last)
         model.apply(record)
         if model.bad_records != bad:
             self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
@@ -193,9 +197,7 @@ class Session:
             bad = model.bad_records
             last, t = model.now, record.time
             if last is not None and t.__class__ is float and abs(t - last) > MAX_TIME_JUMP_S:
-                self.problems.report("record.time_jump", f"{clean(key, 80)}: a {kind} record at {t:.0f}"
-                                     f" is {abs(t - last) / 86400:,.1f} days from the one before "
-                                     f"({last:.0f}): a clock that jumped?")
+                self._time_jump(key, kind, t, last)
             model.apply(record)
             if model.bad_records != bad:
                 self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
