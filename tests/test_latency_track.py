@@ -82,3 +82,28 @@ def test_one_sample_out_of_order_still_gives_the_window_of_every_sample_in_it() 
     # t=5 arrived after t=11: a read from the newest back must not stop there and drop it from a window it is in
     assert track.window(10.5) == Latency(2.0, 3.0, 2)
     assert track.window(4.0) == Latency(2.0, 9.0, 4)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_windows_read_as_a_dashboard_reads_them_are_the_plain_ones(seed: int) -> None:
+    # The dashboard reads a track's window once a refresh, its start moving forward (the kept window then only
+    # drops what left it and adds what came), now and then back (a window reset: rebuilt); samples in time order
+    # with equal times, across the deque's size, windows that take none, some or all, starts in the future.
+    rng = random.Random(100 + seed)
+    maxlen = rng.choice([1, 2, 7, 64, 300])
+    track = _LatencyTrack(maxlen)
+    samples: list[tuple[float, float]] = []
+    t = since = 1000.0
+    reads = 0
+    for i in range(rng.randint(maxlen, 4 * maxlen + 20)):
+        t += rng.choice([0.0, 0.0, 0.01, 0.3, 2.0])
+        value = rng.choice([0.0, 1.0, rng.lognormvariate(-2, 1), rng.uniform(0.01, 3.0)])
+        track.add(t, value)
+        samples.append((t, value))
+        if rng.random() < 0.5:
+            step = rng.random()
+            since = (since - rng.uniform(0, 30) if step < 0.1 else t + 0.5 if step < 0.15
+                     else max(since, t - rng.choice([0.0, 0.5, 3.0, 20.0])))
+            assert track.window(since) == _plain_window(samples, maxlen, since), (i, since, maxlen)
+            reads += 1
+    assert reads > 0

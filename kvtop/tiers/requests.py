@@ -40,11 +40,27 @@ class _LatencyTrack:
         # whether the samples came in time order (each at or after the one before), so a window is a suffix
         self._in_order = True
         self._buckets: list[int] = []   # the histogram's buckets, sorted (a new one is rare once a run warms up)
+        # The last window read, kept up to date between reads while the samples come in time order: its samples (a
+        # suffix of ``samples``), their values sorted, and the ``since`` it was read at. A dashboard reads each
+        # track's window once a refresh with a ``since`` that only moves forward, so a read drops the samples that
+        # left the window and a new sample is added as it comes, where sorting the whole window each refresh was
+        # ~0.1 ms a read at ~500 requests in a window (dev box). A ``since`` that moves back rebuilds it.
+        self._win: deque[tuple[float, float]] | None = None
+        self._win_sorted: list[float] = []
+        self._win_since = math.inf
 
     def add(self, t: float, value: float) -> None:
-        if self.samples and t < self.samples[-1][0]:
+        samples = self.samples
+        if samples and t < samples[-1][0]:
             self._in_order = False   # several sources' clocks interleaved: windows scan every sample
-        self.samples.append((t, value))
+            self._win = None
+        win = self._win
+        if win is not None:
+            if len(win) == samples.maxlen:   # the deque drops its oldest sample now, and that one is in the window
+                del self._win_sorted[bisect.bisect_left(self._win_sorted, win.popleft()[1])]
+            win.append((t, value))           # read at the next window(), which drops it if it is before since
+            bisect.insort(self._win_sorted, value)
+        samples.append((t, value))
         self.count += 1
         if self._sorted is not None:
             if self.count <= len(self.samples):
@@ -85,13 +101,22 @@ class _LatencyTrack:
         return math.exp((self._buckets[-1] + 0.5) * self._STEP)
 
     def window(self, since: float) -> Latency:
-        if self._in_order:
-            recent = []
-            for t, v in reversed(self.samples):
-                if t < since:
-                    break
-                recent.append(v)
-            values = sorted(recent)
+        if self._in_order and self.samples.maxlen:
+            win = self._win
+            if win is None or since < self._win_since:
+                win = deque()
+                for t, v in reversed(self.samples):
+                    if t < since:
+                        break
+                    win.appendleft((t, v))
+                self._win = win
+                self._win_sorted = sorted(v for _, v in win)
+            else:
+                values = self._win_sorted
+                while win and win[0][0] < since:
+                    del values[bisect.bisect_left(values, win.popleft()[1])]
+            self._win_since = since
+            values = self._win_sorted
         else:
             values = sorted(v for t, v in self.samples if t >= since)
         if not values:
