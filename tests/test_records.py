@@ -822,6 +822,22 @@ def test_bad_stored_lines_get_the_standard_paths_error(change: tuple[str, str], 
     assert wide is not None and wide.data["data"]["blocks"][0]["token_ids"] == [2**64 + 1]
 
 
+def outcome(raw: bytes, fast: bool) -> Any:
+    """decode's record or ("error", text), with the fast parsers (orjson, msgspec) on or off. The nesting tests call
+    it from the same depth both ways: json's depth limit moves with the depth of the stack it is called in."""
+    from kvtop import records
+
+    parsers = records._orjson, records._msgspec
+    if not fast:
+        records._orjson = records._msgspec = None
+    try:
+        return decode(raw)
+    except RecordError as exc:
+        return ("error", str(exc))
+    finally:
+        records._orjson, records._msgspec = parsers
+
+
 @pytest.mark.parametrize("where", ["extra", "source", "event", "block", "block tokens", "lora tokens"])
 def test_nesting_near_the_recursion_limit_in_a_stored_line_is_judged_as_json_judges_it(where: str) -> None:
     """msgspec nests a few levels deeper than json before it gives up (~998 against ~995 at the top of a
@@ -829,17 +845,6 @@ def test_nesting_near_the_recursion_limit_in_a_stored_line_is_judged_as_json_jud
     value is. (json's limit moves with the depth of the stack it is called in: the standard outcome here is
     decode's own with the fast parsers off, called from the same depth.)"""
     from kvtop import records
-
-    def outcome(raw: bytes, fast: bool) -> Any:
-        parsers = records._orjson, records._msgspec
-        if not fast:
-            records._orjson = records._msgspec = None
-        try:
-            return decode(raw)
-        except RecordError as exc:
-            return ("error", str(exc))
-        finally:
-            records._orjson, records._msgspec = parsers
 
     base = {"v": 1, "kind": "kv_event", "source": {"host": "h", "rank": 0, "run": "r"}, "time": 1764430000.25,
             "data": {"event_id": 3, "data": {"type": "stored", "parent_hash": None, "blocks": [
@@ -1066,19 +1071,6 @@ def test_nesting_near_the_recursion_limit_in_a_common_line_is_judged_as_json_jud
     """orjson nests to 1,024, json to ~995 (less deep in the stack): a line json refuses for its depth is refused
     the same way wherever the one-walk path finds the deep value (decode with and without the fast parsers,
     called from the same depth, as in the stored lines' test above)."""
-    from kvtop import records
-
-    def outcome(raw: bytes, fast: bool) -> Any:
-        parsers = records._orjson, records._msgspec
-        if not fast:
-            records._orjson = records._msgspec = None
-        try:
-            return decode(raw)
-        except RecordError as exc:
-            return ("error", str(exc))
-        finally:
-            records._orjson, records._msgspec = parsers
-
     kv = where in ("envelope", "source", "event", "event data", "block", "token ids")
     if kv:
         data: dict[str, Any] = {"event_id": 3, "window_size": 4096, "data": {"type": "stored", "parent_hash": None,
