@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtop.compact import BATCH_KIND, read_event, read_form, unpack_event
+from kvtop.lines import iter_lines as iter_lines  # re-exported: it lived here
 from kvtop.textsafe import clean, clean_any
 
 try:  # a JSON parser ~3x faster than the standard one on records; used only where it gives the same objects
@@ -974,25 +975,6 @@ def decode_payload(payload: str | bytes, max_bytes: int = MAX_LINE_BYTES) -> lis
                 raise RecordError(f"[{i}].{exc.field}", exc.problem) from None
         return out
     return [from_obj(obj)]
-
-
-def iter_lines(fh: Any, max_bytes: int) -> Iterator[tuple[bytes | None, int]]:
-    """(line, size) for each line of ``fh``; ``None`` for a line over ``max_bytes``, which is read past in
-    1 MiB chunks and never held whole (a 1 GB file with no newline costs 1 MiB, not 1 GB)."""
-    while True:
-        raw = fh.readline(max_bytes + 1)
-        if not raw:
-            return
-        if len(raw) <= max_bytes or raw.endswith(b"\n"):
-            yield raw, len(raw)
-            continue
-        size = len(raw)
-        while True:
-            chunk = fh.readline(1 << 20)
-            size += len(chunk)
-            if not chunk or chunk.endswith(b"\n"):
-                break
-        yield None, size
 
 
 _READ_BUFFER = 1 << 20

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeGuard
 
 from kvtop.engines.inputs import TRACE_BLOCK_TOKENS as TRACE_BLOCK_TOKENS  # re-exported: kvtop.engines.sim.sweep
 from kvtop.engines.inputs import TraceRequest
+from kvtop.lines import iter_lines
 
 # Bounds, so one bad line cannot make a run hang or fill memory: a prompt or an output of more than 2^24 tokens
 # (16.7M; the longest contexts are ~1-2M) and a timestamp past 2^50 ms (35,000 years) are bad lines, as is a
@@ -79,11 +80,44 @@ def parse_trace_line(text: str, path: str = "<trace>", line: int = 0) -> TraceRe
                         output_length=_field(obj, "output_length", path, line, 1), hash_ids=tuple(hash_ids))
 
 
+# The keys of a Mooncake line. A line with these alone, every value an int or a list of ints, is read with orjson:
+# orjson gives ints below 2^64 exactly and json's last-wins on a repeated key, and such a line holds nothing where
+# the two parsers differ (an integer past 64 bits is a float in orjson, one past 4,300 digits an error in json;
+# NaN, lone surrogates and nesting depth only the one accepts). Anything else, or anything orjson refuses, goes
+# through json.loads and the checks above, so every error reads as before. json.loads was 11.8 ms of the 3,993
+# lines of the synthetic Mooncake trace, orjson on the bytes 3.5 ms.
+_PLAIN_KEYS = frozenset({"timestamp", "input_length", "output_length", "hash_ids"})
+
+
+def _parse_plain_line(raw: bytes, loads: Callable[[bytes], object], line: int) -> TraceRequest | None:
+    """The request of a plain Mooncake line, as :func:`parse_trace_line` gives it; ``None`` when the line is not
+    plain or not valid (the caller then reads it through json, with its errors)."""
+    try:
+        obj = loads(raw)
+    except Exception:  # orjson.JSONDecodeError, or anything else: json decides, and words the error
+        return None
+    if type(obj) is not dict or not obj.keys() <= _PLAIN_KEYS:
+        return None
+    ts = obj.get("timestamp", 0)
+    input_length = obj.get("input_length")
+    output_length = obj.get("output_length")
+    hash_ids = obj.get("hash_ids")
+    if (type(ts) is not int or type(input_length) is not int or type(output_length) is not int
+            or not 0 <= ts <= MAX_TIMESTAMP_MS or not 1 <= input_length <= MAX_TOKENS
+            or not 1 <= output_length <= MAX_TOKENS or not _hash_ids_ok(hash_ids)):
+        return None
+    return TraceRequest(line=line, timestamp_ms=float(ts), input_length=input_length, output_length=output_length,
+                        hash_ids=tuple(hash_ids))
+
+
 def read_trace(path: str | Path, errors: list[TraceError] | None = None,
                limit: int | None = None) -> Iterator[TraceRequest]:
     """Requests of a trace file. A malformed line raises :class:`TraceError` with its line number, unless an
     ``errors`` list is given: then it is appended there and skipped."""
-    from kvtop.records import iter_lines
+    try:
+        from orjson import loads as orjson_loads
+    except ImportError:  # pragma: no cover - orjson is a dependency; without it every line goes through json
+        orjson_loads = None  # type: ignore[assignment]
 
     p = Path(path)
     with p.open("rb") as fh:
@@ -92,14 +126,16 @@ def read_trace(path: str | Path, errors: list[TraceError] | None = None,
             try:
                 if raw is None:
                     raise TraceError(str(p), lineno, f"{size:,} bytes, more than the {MAX_LINE_BYTES:,}-byte limit")
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    raise TraceError(str(p), lineno, "not UTF-8 text (is this a trace? one JSON object per line)"
-                                     ) from None
-                if not text.strip():
-                    continue
-                req = parse_trace_line(text, str(p), lineno)
+                req = None if orjson_loads is None else _parse_plain_line(raw, orjson_loads, lineno)
+                if req is None:
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise TraceError(str(p), lineno, "not UTF-8 text (is this a trace? one JSON object per line)"
+                                         ) from None
+                    if not text.strip():
+                        continue
+                    req = parse_trace_line(text, str(p), lineno)
             except TraceError as exc:
                 if errors is None:
                     raise
