@@ -28,9 +28,10 @@ sys.path.insert(0, str(ROOT))
 from bench_sim import TRACE  # noqa: E402  (this directory is on sys.path when a script here runs)
 
 
-def run(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+def run(cmd: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float, str]:
+    """``cwd`` is the tree: ``python -m kvtop`` imports kvtop from the working directory before PYTHONPATH."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     out = proc.stdout.read() if proc.stdout else b""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -54,18 +55,18 @@ def main() -> None:
              "--belady", "--host-cache", "0:64GB:16"]
     peer = [peer_exe, "run", "--trace", str(TRACE), "--model", "qwen3-8b", "--block-size", "512", "--budgets-gib",
             "8,16,32,64", "--policies", "lru,optimal", "--no-progress", "--format", "json"]
-    rows = {"kvcache-simulator (binary cached), LRU + optimal, 4 sizes": (peer, dict(os.environ)),
+    rows = {"kvcache-simulator (binary cached), LRU + optimal, 4 sizes": (peer, dict(os.environ), ROOT),
             "this tree: kvtop sim --one-pass --tokens-per-block 512 --belady, 16 sizes":
-                (kvtop, dict(os.environ, PYTHONPATH=str(ROOT))),
-            f"baseline {base}: the same": (kvtop, dict(os.environ, PYTHONPATH=str(base)))}
-    run(peer, dict(os.environ))  # compiles the peer's binary if it is not cached
+                (kvtop, dict(os.environ, PYTHONPATH=str(ROOT)), ROOT),
+            f"baseline {base}: the same": (kvtop, dict(os.environ, PYTHONPATH=str(base)), base)}
+    run(peer, dict(os.environ), ROOT)  # compiles the peer's binary if it is not cached
     walls: dict[str, list[float]] = {k: [] for k in rows}
     cpus: dict[str, list[float]] = {k: [] for k in rows}
     outs: dict[str, str] = {}
     print(f"load at start {os.getloadavg()}", flush=True)
     for _ in range(a.repeat):
-        for name, (cmd, env) in rows.items():
-            wall, cpu, out = run(cmd, env)
+        for name, (cmd, env, cwd) in rows.items():
+            wall, cpu, out = run(cmd, env, cwd)
             walls[name].append(wall)
             cpus[name].append(cpu)
             outs[name] = out
