@@ -44,11 +44,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from itertools import chain
 
 from kvtop.engines.inputs import TRACE_BLOCK_TOKENS, TraceRequest
 from kvtop.engines.sim.core import GENERATED_TOKEN_BASE
+from kvtop.values import mutable
 
 _INTERNED_BASE = 1 << 64  # past every token id (signed 64-bit), so an interned key never equals a run key
 _NO_BLOCK = -1
@@ -61,7 +62,7 @@ BATCH_FROM_BLOCKS_PER_TRACE_BLOCK = 16
 _MAX_HASH_ID = ((1 << 63) - TRACE_BLOCK_TOKENS) // TRACE_BLOCK_TOKENS  # its 512 ids fit in signed 64 bits
 
 
-@dataclass
+@mutable  # kvtop.values: no code compiled at import
 class ReplayResult:
     replayed: int = 0
     skipped: int = 0

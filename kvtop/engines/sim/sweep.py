@@ -41,13 +41,13 @@ from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from kvtop.engines.inputs import TRACE_BLOCK_TOKENS, TraceRequest
 from kvtop.engines.sim import hit_replay
 from kvtop.engines.sim.block_manager import BlockManager, TokenRuns, _Block
 from kvtop.engines.sim.core import GENERATED_TOKEN_BASE
+from kvtop.values import mutable
 
 
 @contextmanager
@@ -347,7 +347,7 @@ def _host_hits_numpy(onboards: list[tuple[int, int, int]], request_starts: list[
 
 # ---------------------------------------------------------------------------------------------- Belady
 
-@dataclass
+@mutable  # kvtop.values: no code compiled at import
 class _Plan:
     nodes: list[int]        # per reference (request order, prompt order): its prefix-tree node
     weights: list[int]      # what a hit on it counts: its KV blocks
