@@ -468,9 +468,7 @@ def _fast_record(obj: dict[str, Any], parsed_fast: bool = False, bounded: bool =
     if source is None:
         if not -MAX_MAGNITUDE <= rank <= MAX_MAGNITUDE:
             return None
-        if len(_SOURCE_CACHE) >= _SOURCE_CACHE_MAX:
-            _SOURCE_CACHE.clear()
-        source = _SOURCE_CACHE[key] = SourceId(clean(host, STRING_LEN), rank, clean(run, STRING_LEN))
+        source = _new_source(key)
     data = obj.get("data")
     if data.__class__ is not dict:
         return None
@@ -833,7 +831,8 @@ def _exact_record(obj: dict[str, Any]) -> Record | None:
 
 
 def _new_source(key: tuple[str, int, str]) -> SourceId:
-    """The SourceId of a (host, rank, run) not seen before (orjson's rank is within the bounds), cached."""
+    """The SourceId of a (host, rank, run) not seen before, cached; its rank within the bounds (the caller's check,
+    or orjson's integers, which always are)."""
     if len(_SOURCE_CACHE) >= _SOURCE_CACHE_MAX:
         _SOURCE_CACHE.clear()
     host, rank, run = key
