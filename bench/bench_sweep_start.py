@@ -44,6 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--baseline", type=Path, required=True, help="a checkout of an earlier kvtop (kvtop/, themes/)")
     ap.add_argument("--repeat", type=int, default=15)
+    ap.add_argument("--jobs-one", action="store_true", help="also run this tree with --jobs 1 (no fork)")
     a = ap.parse_args()
     peer_exe = shutil.which("kvcache-simulator")
     if peer_exe is None:
@@ -57,13 +58,16 @@ def main() -> None:
             "8,16,32,64", "--policies", "lru,optimal", "--no-progress", "--format", "json"]
     rows = {"kvcache-simulator (binary cached), LRU + optimal, 4 sizes": (peer, dict(os.environ), ROOT),
             "this tree: kvtop sim --one-pass --tokens-per-block 512 --belady, 16 sizes":
-                (kvtop, dict(os.environ, PYTHONPATH=str(ROOT)), ROOT),
-            f"baseline {base}: the same": (kvtop, dict(os.environ, PYTHONPATH=str(base)), base)}
+                (kvtop, dict(os.environ, PYTHONPATH=str(ROOT)), ROOT)}
+    if a.jobs_one:  # the optimum after the replay, in one process (the default forks where there are 2+ CPUs)
+        rows["this tree, --jobs 1 (one process)"] = ([*kvtop, "--jobs", "1"], dict(os.environ, PYTHONPATH=str(ROOT)),
+                                                     ROOT)
+    rows[f"baseline {base}: the same"] = (kvtop, dict(os.environ, PYTHONPATH=str(base)), base)
     run(peer, dict(os.environ), ROOT)  # compiles the peer's binary if it is not cached
     walls: dict[str, list[float]] = {k: [] for k in rows}
     cpus: dict[str, list[float]] = {k: [] for k in rows}
     outs: dict[str, str] = {}
-    print(f"load at start {os.getloadavg()}", flush=True)
+    print(f"load at start {os.getloadavg()}, CPUs for this process {len(os.sched_getaffinity(0))}", flush=True)
     for _ in range(a.repeat):
         for name, (cmd, env, cwd) in rows.items():
             wall, cpu, out = run(cmd, env, cwd)
@@ -71,9 +75,8 @@ def main() -> None:
             cpus[name].append(cpu)
             outs[name] = out
     print(f"load at end {os.getloadavg()}")
-    mine, theirs = (["\n".join(ln for ln in outs[k].splitlines() if not ln.startswith("one-pass:"))]
-                    for k in list(rows)[1:])
-    print("outputs the same:", mine == theirs)
+    texts = ["\n".join(ln for ln in outs[k].splitlines() if not ln.startswith("one-pass:")) for k in list(rows)[1:]]
+    print("outputs the same:", all(t == texts[0] for t in texts))
     print("| command | wall s, best | wall s, median | CPU s, best | CPU s, median |")
     print("|---|---:|---:|---:|---:|")
     for name in rows:

@@ -112,6 +112,9 @@ def _sim_parser() -> argparse.ArgumentParser:
                    help="every host size from one replay at the largest (stack distances; implies --hit-rate-only)")
     p.add_argument("--belady", action="store_true",
                    help="add the offline optimum per size (Belady's MIN over GPU + host blocks) to the output")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="processes for --belady: 2 computes the optimum in a forked process beside the replay, 1 "
+                        "after it (default: 2 where this process may run on 2+ CPUs, on Linux)")
     return p
 
 
@@ -185,6 +188,8 @@ def cmd_sim(argv: Sequence[str]) -> int:
         raise SettingsError("--tokens-per-block", f"must divide 512 (the trace's block), got {tpb}")
     if a.gpu_blocks is not None and a.gpu_blocks <= 0:
         raise SettingsError("--gpu-blocks", f"must be > 0, got {a.gpu_blocks}")
+    if a.jobs is not None and a.jobs not in (1, 2):
+        raise SettingsError("--jobs", f"must be 1 or 2 (the replay and the optimum are the two parts), got {a.jobs}")
     try:
         primary = a.gpu_blocks or primary_blocks(model, gpu, tpb, free_gpu_memory_fraction=a.gpu_cache_fraction,
                                                  tensor_parallel_size=a.tensor_parallel_size)
@@ -213,6 +218,43 @@ def cmd_sim(argv: Sequence[str]) -> int:
         return _sim_hit_rates(a, requests, model, gpu, tpb, primary, sweep)
     from kvtop.engines.sim.offline import TraceRunConfig, run_trace
 
+    with _optimum_beside(a, requests, [primary + blocks for _, blocks in sweep], tpb) as optimum_job:
+        runs = _timed_runs(a, requests, model, gpu, tpb, primary, sweep, run_trace, TraceRunConfig)
+        optimum = optimum_job.result() if a.belady else None
+    if optimum is not None:
+        for r, best in zip(runs, optimum):
+            r["belady_hit_rate"] = best
+            if not a.json:
+                print(f"host {format_bytes(r['host_cache_bytes']):>10}: optimal (Belady's MIN over GPU + host blocks, "
+                      f"prompts only) {100 * best:5.1f}%")
+    if a.plot:
+        from kvtop.report.report import plot_sweep
+
+        plot_sweep(runs, a.plot)
+    if a.json:
+        print(json.dumps({"model": model.name, "gpu": gpu.name, "tokens_per_block": tpb, "runs": runs}))
+    return 0
+
+
+def _optimum_beside(a: argparse.Namespace, requests: list[Any], capacities: list[int], tpb: int) -> Any:
+    """Belady's curve for ``capacities`` (with ``--belady``), started beside what the caller computes next: in a
+    forked process where ``--jobs`` allows it (``kvtop.engines.sim.forked``), else at ``result()``. Without
+    ``--belady``, a job whose ``result()`` is never asked for."""
+    from kvtop.engines.sim import forked
+    from kvtop.engines.sim.sweep import belady_curve
+
+    def lost(why: str) -> None:
+        print(f"kvtop sim: {why}; the optimum was computed again in this process", file=sys.stderr, flush=True)
+
+    return forked.start(belady_curve, requests, capacities, tpb, fork=a.belady and a.jobs != 1,
+                        need_cpus=a.jobs is None, on_lost=lost)
+
+
+def _timed_runs(a: argparse.Namespace, requests: list[Any], model: Any, gpu: Any, tpb: int, primary: int,
+                sweep: list[tuple[int, int]], run_trace: Any, TraceRunConfig: Any) -> list[dict[str, Any]]:
+    """A full engine replay per host size (``offline.run_trace``), each printed as it ends."""
+    from kvtop.engines.sizing import format_bytes
+
     runs = []
     for host_bytes, host_blocks in sweep:
         cfg = TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
@@ -232,21 +274,7 @@ def cmd_sim(argv: Sequence[str]) -> int:
                   f"wall {result['wall_seconds']:6.1f} s"
                   + (f"  FAILED {result['failed']} of {result['failed'] + result['requests']} requests"
                      if result["failed"] else ""), flush=True)
-    if a.belady:
-        from kvtop.engines.sim.sweep import belady_curve
-
-        for r, optimum in zip(runs, belady_curve(requests, [primary + r["secondary_blocks"] for r in runs], tpb)):
-            r["belady_hit_rate"] = optimum
-            if not a.json:
-                print(f"host {format_bytes(r['host_cache_bytes']):>10}: optimal (Belady's MIN over GPU + host blocks, "
-                      f"prompts only) {100 * optimum:5.1f}%")
-    if a.plot:
-        from kvtop.report.report import plot_sweep
-
-        plot_sweep(runs, a.plot)
-    if a.json:
-        print(json.dumps({"model": model.name, "gpu": gpu.name, "tokens_per_block": tpb, "runs": runs}))
-    return 0
+    return runs
 
 
 def _sim_hit_rates(a: argparse.Namespace, requests: list[Any], model: Any, gpu: Any, tpb: int, primary: int,
@@ -254,20 +282,22 @@ def _sim_hit_rates(a: argparse.Namespace, requests: list[Any], model: Any, gpu: 
     """``kvtop sim --hit-rate-only`` / ``--one-pass`` [``--belady``]: block-manager hit rates, no engine timing."""
     import time
 
-    from kvtop.engines.sim.sweep import belady_curve, host_curve, replay_hit_rates
+    from kvtop.engines.sim.sweep import host_curve, replay_hit_rates
     from kvtop.engines.sizing import format_bytes
 
     wall0 = time.perf_counter()
     bytes_of = dict((blocks, size) for size, blocks in sweep)
     mode = "one-pass" if a.one_pass else "hit-rate-only"
-    try:
-        if a.one_pass:
-            runs = host_curve(requests, primary, [blocks for _, blocks in sweep], tpb)
-        else:
-            runs = [replay_hit_rates(requests, primary, blocks, tpb) for blocks in sorted(set(b for _, b in sweep))]
-    except OverflowError as exc:  # hash ids whose 512 token ids pass signed 64 bits (the trace allows < 2^64)
-        raise SettingsError("--trace", str(exc)) from None
-    optimum = belady_curve(requests, [primary + r["secondary_blocks"] for r in runs], tpb) if a.belady else None
+    host_sizes = sorted(set(blocks for _, blocks in sweep))  # the runs' order, one per size, both ways
+    with _optimum_beside(a, requests, [primary + h for h in host_sizes], tpb) as optimum_job:
+        try:
+            if a.one_pass:
+                runs = host_curve(requests, primary, host_sizes, tpb)
+            else:
+                runs = [replay_hit_rates(requests, primary, blocks, tpb) for blocks in host_sizes]
+        except OverflowError as exc:  # hash ids whose 512 token ids pass signed 64 bits (the trace allows < 2^64)
+            raise SettingsError("--trace", str(exc)) from None
+        optimum = optimum_job.result() if a.belady else None
     wall = time.perf_counter() - wall0
     for i, r in enumerate(runs):
         r["host_cache_bytes"] = bytes_of[r["secondary_blocks"]]
