@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 SIM_DEFAULTS = {"max_batch_size": 256}
+# --jobs by default: the CPUs kvtop may run on, at most this many forked replays at once. Memory is not the limit (a
+# timed replay of the Mooncake trace peaks at ~36 MB resident): a shared login node's 64 cores are not all taken by
+# one sweep unless asked
+SIM_DEFAULT_MAX_JOBS = 8
 
 
 def _sim_parser() -> argparse.ArgumentParser:
@@ -113,8 +117,9 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--belady", action="store_true",
                    help="add the offline optimum per size (Belady's MIN over GPU + host blocks) to the output")
     p.add_argument("--jobs", type=int, default=None,
-                   help="processes for --belady: 2 computes the optimum in a forked process beside the replay, 1 "
-                        "after it (default: 2 where this process may run on 2+ CPUs, on Linux)")
+                   help="processes (forked, on Linux): a sweep replays up to N host sizes at once, and --belady "
+                        f"computes the optimum beside the replay; 1: all in this process, one after another "
+                        f"(default: the CPUs this process may run on, at most {SIM_DEFAULT_MAX_JOBS})")
     return p
 
 
@@ -188,8 +193,8 @@ def cmd_sim(argv: Sequence[str]) -> int:
         raise SettingsError("--tokens-per-block", f"must divide 512 (the trace's block), got {tpb}")
     if a.gpu_blocks is not None and a.gpu_blocks <= 0:
         raise SettingsError("--gpu-blocks", f"must be > 0, got {a.gpu_blocks}")
-    if a.jobs is not None and a.jobs not in (1, 2):
-        raise SettingsError("--jobs", f"must be 1 or 2 (the replay and the optimum are the two parts), got {a.jobs}")
+    if a.jobs is not None and not 1 <= a.jobs <= 1024:
+        raise SettingsError("--jobs", f"must be a process count from 1 to 1024, got {a.jobs}")
     try:
         primary = a.gpu_blocks or primary_blocks(model, gpu, tpb, free_gpu_memory_fraction=a.gpu_cache_fraction,
                                                  tensor_parallel_size=a.tensor_parallel_size)
@@ -219,7 +224,12 @@ def cmd_sim(argv: Sequence[str]) -> int:
     from kvtop.engines.sim.offline import TraceRunConfig, run_trace
 
     with _optimum_beside(a, requests, [primary + blocks for _, blocks in sweep], tpb) as optimum_job:
-        runs = _timed_runs(a, requests, model, gpu, tpb, primary, sweep, run_trace, TraceRunConfig)
+        configs = [TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
+                                  max_num_tokens=a.max_num_tokens, time_scale=a.time_scale,
+                                  capacity_scheduler_policy=a.capacity_scheduler_policy,
+                                  tensor_parallel_size=a.tensor_parallel_size) for host_bytes, host_blocks in sweep]
+        with _sizes_in_order(a, run_trace, [(requests, cfg) for cfg in configs]) as results:
+            runs = _timed_runs(a, configs, results)
         optimum = optimum_job.result() if a.belady else None
     if optimum is not None:
         for r, best in zip(runs, optimum):
@@ -236,6 +246,20 @@ def cmd_sim(argv: Sequence[str]) -> int:
     return 0
 
 
+def _sim_jobs(a: argparse.Namespace) -> int:
+    """``--jobs``, or the CPUs this process may run on (its affinity: a container's or taskset's limit), capped."""
+    from kvtop.engines.sim.forked import usable_cpus
+
+    return a.jobs if a.jobs is not None else min(usable_cpus(), SIM_DEFAULT_MAX_JOBS)
+
+
+def _lost(part: str) -> Any:
+    def tell(why: str) -> None:
+        print(f"kvtop sim: {why}; {part} was computed again in this process", file=sys.stderr, flush=True)
+
+    return tell
+
+
 def _optimum_beside(a: argparse.Namespace, requests: list[Any], capacities: list[int], tpb: int) -> Any:
     """Belady's curve for ``capacities`` (with ``--belady``), started beside what the caller computes next: in a
     forked process where ``--jobs`` allows it (``kvtop.engines.sim.forked``), else at ``result()``. Without
@@ -243,25 +267,24 @@ def _optimum_beside(a: argparse.Namespace, requests: list[Any], capacities: list
     from kvtop.engines.sim import forked
     from kvtop.engines.sim.sweep import belady_curve
 
-    def lost(why: str) -> None:
-        print(f"kvtop sim: {why}; the optimum was computed again in this process", file=sys.stderr, flush=True)
-
-    return forked.start(belady_curve, requests, capacities, tpb, fork=a.belady and a.jobs != 1,
-                        need_cpus=a.jobs is None, on_lost=lost)
+    return forked.start(belady_curve, requests, capacities, tpb, fork=a.belady and _sim_jobs(a) >= 2,
+                        need_cpus=False, on_lost=_lost("the optimum"))
 
 
-def _timed_runs(a: argparse.Namespace, requests: list[Any], model: Any, gpu: Any, tpb: int, primary: int,
-                sweep: list[tuple[int, int]], run_trace: Any, TraceRunConfig: Any) -> list[dict[str, Any]]:
-    """A full engine replay per host size (``offline.run_trace``), each printed as it ends."""
+def _sizes_in_order(a: argparse.Namespace, fn: Any, arg_lists: list[tuple[Any, ...]]) -> Any:
+    """``fn(*args)`` per host size, up to ``--jobs`` at once in forked processes, the results in the sweep's order."""
+    from kvtop.engines.sim import forked
+
+    return forked.InOrder(fn, arg_lists, min(_sim_jobs(a), len(arg_lists)), on_lost=_lost("a host size's replay"))
+
+
+def _timed_runs(a: argparse.Namespace, configs: list[Any], results: Any) -> list[dict[str, Any]]:
+    """Each host size's full engine replay (``offline.run_trace``), printed as it comes, in the sweep's order."""
     from kvtop.engines.sizing import format_bytes
 
     runs = []
-    for host_bytes, host_blocks in sweep:
-        cfg = TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
-                             max_num_tokens=a.max_num_tokens, time_scale=a.time_scale,
-                             capacity_scheduler_policy=a.capacity_scheduler_policy,
-                             tensor_parallel_size=a.tensor_parallel_size)
-        result = run_trace(requests, cfg)
+    for cfg, result in zip(configs, results):
+        host_bytes, host_blocks = cfg.host_cache_bytes, cfg.secondary_blocks
         failures = result.pop("failures", None) or []
         if failures and not a.json:
             print(f"kvtop sim: {result['failed']} requests failed, e.g. {failures[0]}", file=sys.stderr)
@@ -294,7 +317,8 @@ def _sim_hit_rates(a: argparse.Namespace, requests: list[Any], model: Any, gpu: 
             if a.one_pass:
                 runs = host_curve(requests, primary, host_sizes, tpb)
             else:
-                runs = [replay_hit_rates(requests, primary, blocks, tpb) for blocks in host_sizes]
+                with _sizes_in_order(a, replay_hit_rates, [(requests, primary, h, tpb) for h in host_sizes]) as each:
+                    runs = list(each)
         except OverflowError as exc:  # hash ids whose 512 token ids pass signed 64 bits (the trace allows < 2^64)
             raise SettingsError("--trace", str(exc)) from None
         optimum = optimum_job.result() if a.belady else None

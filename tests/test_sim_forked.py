@@ -180,8 +180,8 @@ def test_timed_sim_gives_the_same_optimum_with_and_without_the_fork(tmp_path: Pa
     assert len(rows[0]) == 2 and rows[0] == rows[1]
 
 
-def test_sim_rejects_a_jobs_count_other_than_one_or_two(tmp_path: Path) -> None:
-    for bad in ("0", "3", "-1"):
+def test_sim_rejects_a_jobs_count_that_is_no_process_count(tmp_path: Path) -> None:
+    for bad in ("0", "-1", "1025"):
         done = run_kvtop(["sim", "--trace", str(SLICE), "--host-cache", "0,8GB", "--one-pass", "--belady", "--jobs",
                           bad], tmp_path)
         assert done.returncode == 2, (bad, done.stderr)
@@ -196,3 +196,128 @@ def test_a_trace_error_in_the_replay_ends_the_run_and_its_side_process(tmp_path:
                      tmp_path)
     assert done.returncode == 2 and "trace line 1: hash id 18446744073709551615" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def _square_in_child(parent: int, x: int) -> tuple[int, bool]:
+    return x * x, os.getpid() != parent
+
+
+def _slow_first(parent: int, x: int) -> tuple[int, int]:
+    time.sleep(0.3 if x == 0 else 0.0)  # the first ends last: the results still come in order
+    return x, os.getpid()
+
+
+@linux_only
+def test_in_order_runs_up_to_jobs_children_and_gives_the_results_in_order() -> None:
+    with forked.InOrder(_slow_first, [(os.getpid(), x) for x in range(5)], jobs=3) as each:
+        got = list(each)
+    assert [x for x, _ in got] == [0, 1, 2, 3, 4]
+    pids = {pid for _, pid in got}
+    assert os.getpid() not in pids and len(pids) == 5  # a fresh child per call
+
+
+def test_in_order_with_one_job_runs_each_in_process_one_after_another() -> None:
+    calls: list[int] = []
+
+    def note(x: int) -> int:
+        calls.append(x)
+        return -x
+
+    each = iter(forked.InOrder(note, [(1,), (2,), (3,)], jobs=1))
+    assert next(each) == -1 and calls == [1]  # lazily: the second has not run yet
+    assert list(each) == [-2, -3] and calls == [1, 2, 3]
+
+
+@linux_only
+def test_in_order_keeps_at_most_jobs_children_running() -> None:
+    job_list = forked.InOrder(time.sleep, [(0.2,)] * 6, jobs=2)
+    each = iter(job_list)
+    next(each)
+    assert len(job_list._running) == 2  # the first's slot went to the third
+    job_list.close()
+    assert job_list._running == []
+
+
+def _fail_on_three(x: int) -> int:
+    if x == 3:
+        raise OverflowError(f"trace line {x}: hash id past 64 bits")
+    time.sleep(0.05 if x < 3 else 30)
+    return x
+
+
+@linux_only
+def test_in_order_raises_a_childs_exception_in_its_place_and_ends_the_rest() -> None:
+    got: list[int] = []
+    job_list = forked.InOrder(_fail_on_three, [(x,) for x in range(6)], jobs=3)
+    with pytest.raises(OverflowError, match="trace line 3"):
+        with job_list:
+            for x in job_list:
+                got.append(x)
+    assert got == [0, 1, 2]
+    assert job_list._running == []  # the children sleeping 30 s were killed, not waited for
+
+
+def _lose_the_second(parent: int, x: int) -> int:
+    if x == 1 and os.getpid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return 10 * x
+
+
+@linux_only
+def test_in_order_recomputes_a_lost_child_and_says_so() -> None:
+    told: list[str] = []
+    got = list(forked.InOrder(_lose_the_second, [(os.getpid(), x) for x in range(3)], jobs=2, on_lost=told.append))
+    assert got == [0, 10, 20]
+    assert told == ["the side process ended by SIGKILL (9) without a result"]
+
+
+@pytest.mark.parametrize("mode", [[], ["--hit-rate-only"]])
+def test_a_sweep_of_sizes_in_parallel_gives_what_one_process_gives(tmp_path: Path, mode: list[str]) -> None:
+    args = ["sim", "--trace", str(SLICE), "--host-cache", "0,8GB,32GB", *mode, "--json", "--limit", "400",
+            "--gpu-blocks", "3000"]
+    one = run_kvtop([*args, "--jobs", "1"], tmp_path)
+    three = run_kvtop([*args, "--jobs", "3"], tmp_path)
+    assert one.returncode == 0 and three.returncode == 0, (one.stderr, three.stderr)
+    a, b = json.loads(one.stdout), json.loads(three.stdout)
+    a.pop("wall_seconds", None), b.pop("wall_seconds", None)
+    for run in (*a["runs"], *b["runs"]):
+        run.pop("wall_seconds", None)
+    assert a == b
+    assert [r["secondary_blocks"] for r in a["runs"]] == sorted(r["secondary_blocks"] for r in a["runs"])
+    reused = [r["reused_blocks"] for r in a["runs"]]
+    assert len(reused) == 3 and reused == sorted(reused) and reused[-1] > reused[0]
+
+
+def test_a_timed_sweep_prints_its_rows_in_the_sweep_order(tmp_path: Path) -> None:
+    args = ["sim", "--trace", str(SLICE), "--host-cache", "32GB,0,8GB", "--limit", "300", "--gpu-blocks", "6000"]
+    done = run_kvtop([*args, "--jobs", "3"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = [ln.split("(")[0].split()[1:] for ln in done.stdout.splitlines() if ln.startswith("host")]
+    assert rows == [["29.8", "GiB"], ["0", "B"], ["7.45", "GiB"]], done.stdout
+    assert "FAILED" not in done.stdout
+
+
+@linux_only
+def test_sigint_during_a_parallel_sweep_ends_it_with_130_and_leaves_no_process(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTOP_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+    proc = subprocess.Popen([sys.executable, "-m", "kvtop", "sim", "--trace", str(SLICE), "--host-cache",
+                             "0,8GB,16GB,32GB", "--jobs", "2", "--gpu-blocks", "3000"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until the children are forked (each replay of the slice takes seconds)
+        kids = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        if len(kids) == 2:
+            break
+        time.sleep(0.05)
+    assert len(kids) == 2, "the sweep did not fork two replays"
+    proc.send_signal(signal.SIGINT)  # the parent alone, as `kill -INT`: the children must be ended by it
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    for pid in kids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid), 0)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # nothing left in its session's group

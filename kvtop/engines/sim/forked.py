@@ -28,7 +28,7 @@ import pickle
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -136,6 +136,48 @@ def start(fn: Callable[..., Any], *args: Any, fork: bool = True, need_cpus: bool
     if fork and fork_refused(need_cpus) is None:
         job._fork()
     return job
+
+
+class InOrder:
+    """``fn(*args)`` for each of ``arg_lists``, up to ``jobs`` at once in forked children, the results in order (a
+    sweep's host sizes: each a full replay of ~5-20 s, the same cost, so waiting for them in order leaves a slot
+    idle for little). With ``jobs`` 1, or where no fork is safe (``fork_refused``), one after another in process.
+    ``close()`` (or leaving the ``with``) ends the children still running: a caller that fails or is interrupted
+    leaves none behind."""
+
+    def __init__(self, fn: Callable[..., Any], arg_lists: list[tuple[Any, ...]], jobs: int,
+                 on_lost: Callable[[str], None] | None = None):
+        self.fn, self.arg_lists, self.jobs, self.on_lost = fn, arg_lists, max(1, jobs), on_lost
+        self._running: list[Beside] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        fork = self.jobs > 1
+        waiting = iter(self.arg_lists)
+        for args in waiting:
+            self._running.append(start(self.fn, *args, fork=fork, need_cpus=False, on_lost=self.on_lost))
+            if len(self._running) >= self.jobs:
+                break
+        while self._running:
+            job = self._running.pop(0)
+            try:
+                value = job.result()
+            finally:
+                job.close()
+            for args in waiting:  # its slot to the next one
+                self._running.append(start(self.fn, *args, fork=fork, need_cpus=False, on_lost=self.on_lost))
+                break
+            yield value
+
+    def close(self) -> None:
+        running, self._running = self._running, []
+        for job in running:
+            job.close()
+
+    def __enter__(self) -> InOrder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _pickled_error(exc: BaseException) -> bytes:
