@@ -273,6 +273,34 @@ def _reference_host_hits(onboards: list[tuple[int, int, int]], request_starts: l
     return hits
 
 
+def _in_front_by_definition(onboards: list[tuple[int, int, int]]) -> list[int]:
+    """Per onboard: the earlier onboards of blocks offloaded before its block and onboarded at or after that."""
+    return [sum(1 for _, seq_j, now_j in onboards[:i] if seq_j < seq <= now_j)
+            for i, (_, seq, _) in enumerate(onboards)]
+
+
+@settings(SETTINGS, max_examples=60)
+@given(st.integers(0, 2**32), st.sampled_from([16, 32, 512]), st.integers(4, 200), st.integers(1, 150))
+def test_in_front_at_largest_is_its_definition(seed: int, tpb: int, primary: int, host: int) -> None:
+    from kvtop.engines.sim import hit_replay
+
+    requests = _trace(random.Random(seed), 80)
+    primary, (host,) = _in_blocks_of(tpb, primary, [host])
+    run = hit_replay.replay(requests, primary, host, tpb, record_onboards=True)
+    assert sweep._in_front_at_largest(run.onboards) == _in_front_by_definition(run.onboards)
+
+
+def test_in_front_at_largest_on_the_shipped_slice() -> None:
+    from kvtop.engines.sim import hit_replay
+    from kvtop.workload.trace import read_trace
+
+    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    run = hit_replay.replay(requests, 200, 2000, 512, record_onboards=True)
+    in_front = sweep._in_front_at_largest(run.onboards)
+    assert in_front == _in_front_by_definition(run.onboards)
+    assert len(in_front) == 783 and sum(in_front) == 36369 and max(in_front) == 218
+
+
 @settings(SETTINGS, max_examples=40)
 @given(st.integers(0, 2**32), st.sampled_from([16, 32, 512]), st.integers(30, 200), st.lists(st.integers(0, 150),
                                                                                                min_size=1, max_size=6))
