@@ -60,6 +60,7 @@ from kvtop.engines.gpus import (
     save_profile,
 )
 from kvtop.engines.models import ModelShape, read_json_object, resolve_model
+from kvtop.textsafe import clean
 
 __all__ = ["CalibrationUnavailable", "calibrate", "main", "run_calibrate"]
 
@@ -598,10 +599,10 @@ def run_calibrate(model: str = "Qwen/Qwen3-8B", out: str | Path = "gpu-profile.j
     try:
         profile = calibrate(model, quick, device, tokens_per_block, log=lambda m: print(m, flush=True))
     except CalibrationUnavailable as exc:
-        print(f"kvtop calibrate: {exc}", file=sys.stderr)
+        print(f"kvtop calibrate: {clean(str(exc), 2000)}", file=sys.stderr)
         return exc.exit_code
     except ValueError as exc:  # an unknown model
-        print(f"kvtop calibrate: {exc}", file=sys.stderr)
+        print(f"kvtop calibrate: {clean(str(exc), 2000)}", file=sys.stderr)
         return 2
     except Exception as exc:  # CUDA out of memory, a driver error: say what, do not write half a profile
         print(f"kvtop calibrate: measurement failed: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -645,7 +646,7 @@ def merge_probes(files: Sequence[str], profile: str, out: str | Path) -> int:
             probe = read_json_object(Path(name), f"probe {name}")
             prof = merge_probe(prof, probe, str(name))
     except (OSError, ValueError) as exc:
-        print(f"kvtop calibrate: {exc}", file=sys.stderr)
+        print(f"kvtop calibrate: {clean(str(exc), 2000)}", file=sys.stderr)
         return 2
     save_profile(prof, out)
     print(f"wrote {out}: {prof.name} with {', '.join(files)}")

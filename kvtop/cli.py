@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -195,6 +196,10 @@ def cmd_sim(argv: Sequence[str]) -> int:
         raise SettingsError("--gpu-blocks", f"must be > 0, got {a.gpu_blocks}")
     if a.jobs is not None and not 1 <= a.jobs <= 1024:
         raise SettingsError("--jobs", f"must be a process count from 1 to 1024, got {a.jobs}")
+    if a.limit is not None and a.limit < 1:  # read_trace stops after its first request at a count <= 0
+        raise SettingsError("--limit", f"must be a request count >= 1, got {a.limit}")
+    if not (math.isfinite(a.time_scale) and a.time_scale > 0):  # 0 divided, nan never arrived, -1 ran backwards
+        raise SettingsError("--time-scale", f"must be a finite number > 0, got {a.time_scale}")
     try:
         primary = a.gpu_blocks or primary_blocks(model, gpu, tpb, free_gpu_memory_fraction=a.gpu_cache_fraction,
                                                  tensor_parallel_size=a.tensor_parallel_size)
@@ -219,6 +224,8 @@ def cmd_sim(argv: Sequence[str]) -> int:
         raise SettingsError("--trace", f"line {exc.line}: {exc.problem}") from None
     except OSError as exc:
         raise SettingsError("--trace", f"cannot read {a.trace}: {exc.strerror}") from None
+    if not requests:  # a table of 0% hit rates over nothing would read as a result
+        raise SettingsError("--trace", f"{a.trace} holds no requests (empty, or only blank lines)")
     if a.hit_rate_only or a.one_pass:
         return _sim_hit_rates(a, requests, model, gpu, tpb, primary, sweep)
     from kvtop.engines.sim.offline import TraceRunConfig, run_trace
@@ -406,7 +413,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return report.main(rest)
         return cmd_run(rest)
     except (UsageError, SettingsError) as exc:
-        print(f"kvtop: {exc}", file=sys.stderr)
+        from kvtop.textsafe import clean
+
+        # an option's value may be a file name with an escape sequence in it (a trace's, a recording's)
+        print(f"kvtop: {clean(str(exc), 2000)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -49,6 +49,7 @@ from kvtop.engines.gpus import GpuProfile, resolve_gpu
 from kvtop.engines.models import ModelShape, resolve_model
 from kvtop.engines.sim.cost import CostModel
 from kvtop.engines.sizing import DEFAULT_FREE_GPU_MEMORY_FRACTION, format_bytes, gpu_pool
+from kvtop.textsafe import clean, clean_lines
 
 __all__ = ["estimate", "main", "render_estimate", "run_estimate"]
 
@@ -291,9 +292,10 @@ def run_estimate(model: str, gpu: str, link: str | None = None, prompt_tokens: i
         result = estimate(model, gpu, link, prompt_tokens, cached_tokens, batch, tokens_per_block, kv_cache_dtype,
                           tensor_parallel_size, free_gpu_memory_fraction)
     except ValueError as exc:
-        print(f"kvtop estimate: {exc}", file=sys.stderr)
+        print(f"kvtop estimate: {clean(str(exc), 2000)}", file=sys.stderr)  # a path may hold an escape sequence
         return 2
-    print(json.dumps(result, indent=1) if as_json else render_estimate(result))
+    # JSON escapes control characters itself; the text has the model's and the GPU profile's names in it
+    print(json.dumps(result, indent=1) if as_json else clean_lines(render_estimate(result)))
     return 0
 
 

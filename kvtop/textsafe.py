@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-__all__ = ["MAX_LEN", "clean", "clean_any"]
+__all__ = ["MAX_LEN", "clean", "clean_any", "clean_lines"]
 
 MAX_LEN = 200
 
@@ -49,6 +49,13 @@ def clean(text: Any, max_len: int | None = MAX_LEN) -> str:
     if max_len is not None and len(s) > max_len:
         s = s[:max(0, max_len - 3)] + "..."
     return s
+
+
+def clean_lines(text: str) -> str:
+    """``text`` cleaned line by line, its newlines kept (a report of many lines, with outside names in it)."""
+    if _UNSAFE.search(text) is None:
+        return text
+    return "\n".join(clean(line, None) for line in text.split("\n"))
 
 
 def clean_any(value: Any, max_len: int | None = MAX_LEN, _depth: int = 0) -> Any:

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from test_sim_sweep import SLICE, run_kvtop
 
 from kvtop.engines.sim import forked
-from test_sim_sweep import SLICE, run_kvtop
 
 ROOT = Path(__file__).resolve().parents[1]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kvtop forks on Linux only")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from kvtop.problems import EXIT_LOST_DATA, EXIT_NO_DATA, Problems
 from kvtop.records import MAX_BLOCKS, RecordError, SourceId, decode, decode_payload, make, read_jsonl
-from kvtop.textsafe import clean
+from kvtop.textsafe import clean, clean_lines
 from kvtop.ui import format as fmt
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +64,13 @@ def test_clean_removes_escape_sequences_and_controls(text: str) -> None:
     out = clean(text)
     assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F or 0x202A <= ord(c) <= 0x202E for c in out), repr(out)
     assert "52;" not in out and "0;pwned" not in out  # a sequence's parameters go with it
+
+
+def test_clean_lines_cleans_each_line_and_keeps_the_lines() -> None:
+    text = "model e\x1b]0;pwned\x07vil\x1b[2J on H200\n\nMemory\t140 GiB\x9b2J\n"
+    assert clean_lines(text) == "model evil on H200\n\nMemory 140 GiB\n"
+    plain = "a\nb" * 200  # no control character: the same string, not cut at 200 characters
+    assert clean_lines(plain) is plain
 
 
 def test_clean_keeps_printable_text_of_any_script() -> None:
@@ -355,11 +362,48 @@ def test_report_survives_math_names_clock_jumps_and_a_file_as_output(tmp_path: P
      "64 TiB"),
     (["--prometheus-port", "99999", "--headless"], "0 to 65535"),
     (["attach", "mqtts://127.0.0.1/x?ca=/nonexistent/ca.pem", "--headless"], "no such file"),
+    # each of these ran before: --limit 0 or -1 replayed one request, --time-scale 0 was a ZeroDivisionError
+    # traceback, nan never let a request arrive (the replay spun), inf and -1 ran as if every request came at once
+    *([["sim", "--trace", str(ROOT / "tests" / "data" / "mooncake_slice.jsonl"), "--limit", n], "request count >= 1"]
+      for n in ("0", "-1")),
+    *([["sim", "--trace", str(ROOT / "tests" / "data" / "mooncake_slice.jsonl"), "--time-scale", x],
+       f"finite number > 0, got {x}"] for x in ("0.0", "nan", "inf", "-1.0")),
 ])
 def test_bad_options_are_one_line_and_exit_2(args: list[str], needle: str) -> None:
     proc = kvtop_cli(*args, timeout=60)
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert proc.stderr.count("\n") == 1 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_empty_trace_is_an_error_not_a_table_of_zeros(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    for mode in ([], ["--one-pass", "--belady"], ["--hit-rate-only"]):
+        sim = kvtop_cli("sim", "--trace", str(empty), *mode)
+        assert sim.returncode == 2 and sim.stdout == "", (mode, sim.stdout)
+        assert sim.stderr == f"kvtop: --trace: {empty} holds no requests (empty, or only blank lines)\n"
+
+
+def test_a_file_name_with_escape_sequences_reaches_no_terminal_raw(tmp_path: Path) -> None:
+    evil = tmp_path / "e\x1b]0;pwned\x07vil\x1b[2J"
+    evil.mkdir()
+    (evil / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+        "torch_dtype": "bfloat16", "max_position_embeddings": 8192}))
+    runs = {
+        "sim, a missing trace": kvtop_cli("sim", "--trace", str(evil / "t.jsonl")),
+        "estimate, a missing model": kvtop_cli("estimate", "--model", str(evil / "x"), "--gpu", "H200"),
+        "estimate, a model directory": kvtop_cli("estimate", "--model", str(evil), "--gpu", "H200"),
+        "calibrate --merge, a missing probe": kvtop_cli("calibrate", "--merge", str(evil / "p.json"), "--profile",
+                                                        "H200", "--out", str(tmp_path / "o.json")),
+    }
+    for what, proc in runs.items():
+        assert "\x1b" not in proc.stdout + proc.stderr and "\x07" not in proc.stdout + proc.stderr, what
+        assert "Traceback" not in proc.stderr, what
+    assert runs["estimate, a model directory"].returncode == 0
+    assert "Memory" in runs["estimate, a model directory"].stdout
+    assert all(p.returncode == 2 for w, p in runs.items() if "missing" in w)
 
 
 def test_a_binary_trace_is_one_line(tmp_path: Path) -> None:

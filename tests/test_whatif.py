@@ -169,3 +169,13 @@ def test_estimate_matches_a_real_2x_run_chat() -> None:
     base, est, actual = _validate(items, G=128, H=150)
     assert actual["x2"] > base["hit_rate"]
     assert est["host_x2_hit_rate"] == pytest.approx(actual["x2"], abs=0.03)
+
+
+def test_a_created_event_with_a_negative_host_pool_sets_no_capacity_and_ends_nothing() -> None:
+    # hypothesis found it (tests/test_trust.py's mutated records): [256, -1] raised ValueError out of the fold and
+    # ended `kvtop report`; a negative count is no pool: ignored, and a later real one still counts
+    wi = WhatIf()
+    wi.apply_kv_event({"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [256, -1]}})
+    assert wi.host_capacity_blocks is None
+    wi.apply_kv_event({"event_id": 1, "data": {"type": "created", "num_blocks_per_cache_level": [256, 8]}})
+    assert wi.host_capacity_blocks == 8

@@ -245,7 +245,9 @@ class WhatIf:
         elif etype == "created":
             self._seen_created = True
             levels = data.get("num_blocks_per_cache_level") or []
-            if self.host_capacity_blocks is None and len(levels) > 1 and isinstance(levels[1], int):
+            # a negative count is no pool (hostile or torn input): it must not end the fold (it raised here)
+            if self.host_capacity_blocks is None and len(levels) > 1 and isinstance(levels[1], int) \
+                    and levels[1] >= 0:
                 self._set_capacity(levels[1])
 
     def _stored(self, blocks: list[dict[str, Any]], parent: Any) -> None:
