@@ -217,6 +217,41 @@ def test_hit_replay_is_the_block_manager_replay(seed: int, tpb: int, primary: in
     assert fast == general
 
 
+def _keys_through_tokens(keys_of: Any, tr: TraceRequest, with_kv: int) -> tuple[list[int], int | None, int | None]:
+    """What ``_Keys.of_request_whole`` stands for, through ``_Tokens``: the full blocks' keys, the prompt's partial
+    last key (of its first input_length - 1 tokens), the partial last key of the first ``with_kv`` tokens."""
+    from kvtop.engines.sim import hit_replay
+
+    tpb = keys_of.tpb
+    tokens = hit_replay._Tokens(tr)
+    full = keys_of.full(tr, tokens, with_kv // tpb)
+    prompt = tr.input_length - 1
+    add_last = keys_of.of_runs(tokens.slice(prompt // tpb * tpb, prompt)) if prompt % tpb else None
+    last = keys_of.of_runs(tokens.slice(len(full) * tpb, with_kv)) if with_kv % tpb else None
+    return full, add_last, last
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.lists(st.sampled_from([0, 1, 2, 3, 2097151, 2097152, 7 << 40]), max_size=4),
+                          st.integers(-2, 2), st.integers(1, 1500),
+                          st.one_of(st.integers(1, 1200), st.sampled_from([1, 2, 256, 257, 511, 512, 513, 1025]))),
+                min_size=1, max_size=8))
+def test_request_keys_at_512_are_the_tokens_keys(drawn: list[tuple[list[int], int, int, int]]) -> None:
+    """Prompts of whole trace blocks and cut ones, 1-2 tokens past a block's start or short of its end (a partial
+    key of 1 token, of 511, none), hash ids beyond the prompt, tails past them, outputs ending a block or half-way in
+    one; consecutive ids and the hash id whose block ends where the generated ids start (2^21 - 1); the same keys,
+    interned in the same order, as the ``_Tokens`` route."""
+    from kvtop.engines.sim import hit_replay
+
+    direct, through = hit_replay._Keys(512), hit_replay._Keys(512)
+    for line, (ids, near, spread, generated) in enumerate(drawn):
+        length = max(1, len(ids) * 512 + near) if spread < 1000 else spread  # near a block boundary, or anywhere
+        tr = TraceRequest(line, 0.0, length, generated, tuple(ids))
+        with_kv = length + generated - 1
+        assert direct.of_request_whole(tr, with_kv) == _keys_through_tokens(through, tr, with_kv)
+    assert direct.runs == through.runs and direct.interned == through.interned
+
+
 def test_hit_replay_is_the_block_manager_replay_on_the_shipped_slice() -> None:
     from kvtop.workload.trace import read_trace
 

@@ -171,6 +171,53 @@ class _Keys:
             pos += tpb
         return keys
 
+    def of_request_whole(self, tr: TraceRequest, with_kv: int) -> tuple[list[int], int | None, int | None]:
+        """Where a block is a trace block (512 tokens): what ``full``, then ``of_runs`` of the partial blocks, give
+        through ``_Tokens`` (the same keys, interned in the same order), without it: the full blocks' keys for the
+        first ``with_kv`` tokens, the key of the first ``input_length - 1`` tokens' partial last block (None when
+        they fill their blocks) and that of the first ``with_kv`` tokens' (None likewise). Past the whole trace
+        blocks the tokens are the runs A (the last trace block cut to the prompt, or the prompt's tail past the
+        hash ids; ``rest`` tokens) and G (the generated ids); a block there is a slice of A, of G, or of both: two
+        runs, as A never ends where G starts (a cut trace block ends short of a multiple of 512, G starts at one;
+        the tail's ids are negative)."""
+        hash_ids = tr.hash_ids
+        length = tr.input_length
+        whole = min(len(hash_ids), length >> 9)
+        keys = [h << 9 for h in hash_ids[:whole]]
+        rest = length - (whole << 9)  # < 512 where hash ids remain (whole = length // 512)
+        a0 = hash_ids[whole] << 9 if whole < len(hash_ids) else -((tr.line + 1) << 24)  # (unread when rest is 0)
+        interned = self.interned
+        keys_runs = self.runs
+
+        def key_of(lo: int, hi: int) -> int:
+            """The key of tokens [lo, hi) past the whole trace blocks (``of_runs`` of ``_Tokens.slice``)."""
+            if hi <= rest:
+                runs: tuple[tuple[int, int], ...] = ((a0 + lo, hi - lo),)
+            elif lo >= rest:
+                runs = ((GENERATED_TOKEN_BASE + lo - rest, hi - lo),)
+            else:
+                runs = ((a0 + lo, rest - lo), (GENERATED_TOKEN_BASE, hi - rest))
+            if len(runs) == 1 and hi - lo == 512:
+                return runs[0][0]
+            k = interned.get(runs)
+            if k is None:
+                k = interned[runs] = _INTERNED_BASE + len(keys_runs)
+                keys_runs.append(runs)
+            return k
+
+        end = (with_kv >> 9) - whole << 9  # the full blocks past the whole trace blocks, in tokens
+        for lo in range(0, end, 512):
+            keys.append(key_of(lo, lo + 512))
+        prompt = length - 1
+        if not prompt & 511:
+            add_last = None
+        elif (prompt >> 9) >= whole:
+            add_last = key_of((prompt >> 9) - whole << 9, prompt - (whole << 9))
+        else:  # the prompt fills its trace blocks: its last 511 tokens, in the last whole trace block
+            add_last = self.of_runs(((hash_ids[whole - 1] << 9, 511),))
+        last = key_of(end, with_kv - (whole << 9)) if with_kv & 511 else None
+        return keys, add_last, last
+
 
 def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: int, tokens_per_block: int,
            record_onboards: bool = False) -> ReplayResult:
@@ -183,13 +230,14 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
     root = P + H
     shift = root.bit_length()
     mask = (1 << shift) - 1
-    on_gpu = bytearray([1]) * P + bytearray(H) + bytearray([1])
+    # 0 on the GPU; on the host the offload count at its offload, or -1 for a host block holding no offloaded data
+    # (the host blocks at the start, an onboard's victim): one list for the tier and the count, one write an offload
+    on_host = [0] * P + [-1] * H + [0]
     key: list[int | None] = [None] * (root + 1)      # None: no key yet (the general manager's empty key)
     prev = [_NO_BLOCK] * (root + 1)                  # parent in the reuse tree, -1 when out of it
     kids: list[int | dict[int, int] | None] = [None] * (root + 1)  # children: see child() below
     inserted = [0] * (root + 1)                      # the store call that last put it under its parent
     claimed = [0] * (root + 1)                       # entries of the block below this are stale
-    offload_seq = [0] * (root + 1)
     # Entries of epoch 0: the GPU blocks, then the host blocks, in id order (_EvictionPolicy's first pushes).
     gpu_queue = deque(range(P))
     host_queue = deque(range(P, P + H))
@@ -205,13 +253,15 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
 
     def take(n: int, offload: bool, into: list[int], offloaded: int, epoch_bits: int,
              gpu_pop=gpu_queue.popleft, host_pop=host_queue.popleft, host_push=host_queue.append,
-             key=key, prev=prev, kids=kids, claimed=claimed, on_gpu=on_gpu, offload_seq=offload_seq,
-             mask=mask) -> int:
+             key=key, prev=prev, kids=kids, claimed=claimed, on_host=on_host, mask=mask) -> int:
         """``_take_free_blocks(n)``: the GPU queue's front ``n`` blocks, each offloaded first when it holds a key and
         ``offload`` (a host block is free; onboard_blocks on, priority 35 >= 30): it goes to the back of the host
         queue and the host front's block, whose data is dropped, takes its GPU slot. What the taken block frees
         leaves the tree. Returns the offload count."""
-        if offload and batch_from <= n <= H:
+        if not offload:
+            take_in_place(n, into)
+            return offloaded
+        if batch_from <= n <= H:
             return take_batch(n, into, offloaded, epoch_bits)
         append = into.append
         for _ in range(n):
@@ -220,20 +270,18 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
             while e < claimed[b]:  # a stale entry (the block was claimed since)
                 e = gpu_pop()
                 b = e & mask
-            if offload and key[b] is not None:
+            if key[b] is not None:
                 e = host_pop()
                 t = e & mask
                 while e < claimed[t]:
                     e = host_pop()
                     t = e & mask
-                on_gpu[b] = 0
-                on_gpu[t] = 1
                 offloaded += 1
-                offload_seq[b] = offloaded
+                on_host[b] = offloaded
+                on_host[t] = 0
                 host_push(epoch_bits | b)
                 b = t
-            c = kids[b]
-            if c is not None:
+            if kids[b] is not None:
                 free_children(b)
             else:
                 p = prev[b]
@@ -247,9 +295,33 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
             append(b)
         return offloaded
 
+    def take_in_place(n: int, into: list[int], gpu_pop=gpu_queue.popleft, key=key, prev=prev, kids=kids,
+                      claimed=claimed, mask=mask) -> None:
+        """``take`` without offloads (no host tier, or an onboard's victim with one host block): the GPU front's
+        ``n`` blocks, each leaving the tree."""
+        append = into.append
+        for _ in range(n):
+            e = gpu_pop()
+            b = e & mask
+            while e < claimed[b]:
+                e = gpu_pop()
+                b = e & mask
+            if kids[b] is not None:
+                free_children(b)
+            else:
+                p = prev[b]
+                if p != -1:
+                    c = kids[p]
+                    if c == b:
+                        kids[p] = None
+                    elif c is not None:
+                        remove_child(p, key[b])  # type: ignore[arg-type]
+                    prev[b] = -1
+            append(b)
+
     def take_batch(n: int, into: list[int], offloaded: int, epoch_bits: int,
                    gpu_pop=gpu_queue.popleft, host_pop=host_queue.popleft, key=key, prev=prev, kids=kids,
-                   claimed=claimed, on_gpu=on_gpu, offload_seq=offload_seq, mask=mask) -> int:
+                   claimed=claimed, on_host=on_host, mask=mask) -> int:
         """``take`` of ``n`` blocks, offloading, a step at a time for all of them: the GPU front's ``n`` live
         entries, the host front's as many as hold keys, the tiers and offload counts, the host queue's new entries,
         then each taken block's detach, in take's order. The same as ``take``'s loop when ``n`` is at most the
@@ -268,12 +340,10 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
             e = host_pop()
             if e >= claimed[e & mask]:
                 targets.append(e & mask)
-        for b in keyed:
-            on_gpu[b] = 0
-        for t in targets:
-            on_gpu[t] = 1
         for b, seq in zip(keyed, range(offloaded + 1, offloaded + 1 + len(keyed))):
-            offload_seq[b] = seq
+            on_host[b] = seq
+        for t in targets:
+            on_host[t] = 0
         host_queue.extend(map(epoch_bits.__or__, keyed))
         if len(keyed) < n:  # blocks without a key are taken themselves, in their place
             from_host = iter(targets)
@@ -383,7 +453,7 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
                 best_n, best = n, c
         return best
 
-    def store(blocks: list[int], keys: list[int], tree_prefix: int) -> int:
+    def store(blocks: list[int], keys: list[int], tree_prefix: int, interned_base: int = _INTERNED_BASE) -> int:
         """``_store_blocks``: walk the tree along ``keys`` from the sequence's known path; from the first miss on,
         insert the sequence's blocks. Returns the new ``tree_prefix``."""
         stores_done[0] += 1
@@ -425,23 +495,21 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
                         under = chain[j - 1] if j else search
                         by_first.setdefault((under, keys_of.first_token(k)), []).append(chain[j])
             return tree_prefix
-        for i in range(first_new, count):
-            b = blocks[i]
-            k = keys[i]
+        if on_path and first_new < count:
+            tree_prefix = count  # unless a block below finds its key taken
+        for b, k in zip(blocks[first_new:count], keys[first_new:count]):
             key[b] = k
             prev[b] = search
             if kids[search] is None:  # a fresh link (add_child's first case, inlined)
                 kids[search] = b
-                existing = b
-            else:
-                existing = add_child(search, k, b)
-            if existing != b:
-                on_path = False
-            else:
+            elif add_child(search, k, b) != b:  # the key is another block's: the path leaves the sequence's
                 if on_path:
-                    tree_prefix = i + 1
-                if k >= _INTERNED_BASE:
-                    by_first.setdefault((search, keys_of.first_token(k)), []).append(b)
+                    on_path = False
+                    tree_prefix = blocks.index(b)  # (a request's blocks are distinct)
+                search = b
+                continue
+            if k >= interned_base:
+                by_first.setdefault((search, keys_of.first_token(k)), []).append(b)
             search = b
         return tree_prefix
 
@@ -456,13 +524,20 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
         out.replayed += 1
         if record_onboards:
             starts.append(len(onboards))
-        tokens = _Tokens(tr)
         with_kv = length + generated - 1  # the last generated token has no KV (remove_sequence's final token)
-        full = keys_of.full(tr, tokens, with_kv // tpb)
         add_full = (length - 1) // tpb  # addSequence keys the first length - 1 tokens: full blocks, then the rest
-        add_keys = full[:add_full]
-        if (length - 1) % tpb:
-            add_keys.append(keys_of.of_runs(tokens.slice(add_full * tpb, length - 1)))
+        if tpb == TRACE_BLOCK_TOKENS:
+            full, add_last, last = keys_of.of_request_whole(tr, with_kv)
+            add_keys = full[:add_full]
+            if add_last is not None:
+                add_keys.append(add_last)
+        else:
+            tokens = _Tokens(tr)
+            full = keys_of.full(tr, tokens, with_kv // tpb)
+            add_keys = full[:add_full]
+            if (length - 1) % tpb:
+                add_keys.append(keys_of.of_runs(tokens.slice(add_full * tpb, length - 1)))
+            last = keys_of.of_runs(tokens.slice(len(full) * tpb, with_kv)) if with_kv % tpb else None
         num_blocks = -(-length // tpb)
         blocks: list[int] = []
         # addSequence: walk the tree while blocks match (stop at the first miss or partial match)
@@ -489,15 +564,16 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
             claimed[m] = epoch << shift
             if partial:  # an idle leaf: claimed, out of the tree
                 detach(m)
-            if not on_gpu[m]:  # onboard: the GPU victim's slot is swapped with the host block's
+            seq = on_host[m]
+            if seq:  # onboard: the GPU victim's slot is swapped with the host block's
                 now = offloaded
                 if record_onboards:
-                    onboards.append((now - offload_seq[m], offload_seq[m], now))
+                    onboards.append((now - seq, seq, now))
                 victim: list[int] = []
                 offloaded = take(1, H > 1, victim, offloaded, epoch << shift)  # m took a host block out
                 v = victim[0]
-                on_gpu[m] = 1
-                on_gpu[v] = 0
+                on_host[m] = 0
+                on_host[v] = -1
                 onboarded += 1
                 host_queue.append((epoch << shift) | v)  # released into the host queue
             blocks.append(m)
@@ -516,8 +592,8 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
         # add_tokens: the generated tokens but the last, new blocks as the sequence fills its last one
         offloaded = take(-(-with_kv // tpb) - num_blocks, H > 0, blocks, offloaded, epoch << shift)
         # removeSequence: store every block (a partial last one too), then release, last first
-        if with_kv % tpb:
-            full.append(keys_of.of_runs(tokens.slice(len(full) * tpb, with_kv)))
+        if last is not None:
+            full.append(last)
         store(blocks, full, tree_prefix)
         gpu_queue.extend(map((epoch << shift).__or__, reversed(blocks)))
     out.reused_blocks, out.missed_blocks = reused, missed
