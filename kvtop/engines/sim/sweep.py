@@ -597,8 +597,9 @@ def _flat_references(requests: Sequence[TraceRequest], as_peer: bool, tokens_per
     for s in starts[:-1]:
         if s < len(before):
             before[s] = -1
-    follows: dict[int, int] = {}
-    if list(map(follows.setdefault, nodes, before)) != before:  # a name after two different names
+    # A node is its first reference's index, so what that reference follows is before[node]: every reference
+    # follows the same (a list lookup each, where a dict.setdefault of each node's first took twice the time).
+    if list(map(before.__getitem__, nodes)) != before:  # a name after two different names
         return None
     return nodes, weights, starts
 
