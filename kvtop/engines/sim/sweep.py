@@ -652,14 +652,14 @@ def _next_uses(nodes: list[int], node_count: int) -> tuple[list[int], list[int]]
     int fast path, where the entries packed as ``(n - next use) << shift | node`` (two digits) went through rich
     comparison and the node came back by a mask: 15% fewer instructions in ``_min_levels``."""
     n = len(nodes)
-    ahead = list(range(node_count))  # per node, walking back: the entry of its next reference
+    who = list(range(node_count))  # no next use: the entry is the node
+    ahead = who[:]  # per node, walking back: the entry of its next reference (a copy: no second 0..node_count)
     entries: list[int] = []
     note = entries.append
     for x, entry in zip(reversed(nodes), range(node_count + 1, node_count + n + 1)):  # reference n - 1, n - 2, ...
         note(ahead[x])
         ahead[x] = entry
     entries.reverse()
-    who = list(range(node_count))  # no next use: the entry is the node
     who.append(-1)                 # node_count + n - n: no reference
     who += nodes[:0:-1]            # node_count + n - j: the node of reference j
     return entries, who
@@ -774,10 +774,6 @@ def _min_levels(nodes: list[int], entries: list[int], who: list[int], sizes: lis
     ones = 0
     for x, c, w in zip(nodes[i:], entries[i:], counted[i:]):
         at = level[x]
-        if at == 1:
-            ones += w
-            push(top_heap, c)
-            continue
         if at == 0:
             if c < no_next:  # not cached anywhere and no next use: bypassed at every size
                 continue
@@ -793,6 +789,10 @@ def _min_levels(nodes: list[int], entries: list[int], who: list[int], sizes: lis
                         c = t
                 low = c
             level[who[c]] = 0  # the farthest of the largest cache and x: out of them all
+            continue
+        if at == 1:
+            ones += w
+            push(top_heap, c)
             continue
         hits[at] += w
         if c >= no_next:  # with no next use, x is used later than everything: it swaps nowhere
