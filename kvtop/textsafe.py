@@ -33,6 +33,7 @@ _SEQUENCES = re.compile(
 )
 _CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_IN_LINES = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def clean(text: Any, max_len: int | None = MAX_LEN) -> str:
@@ -53,7 +54,7 @@ def clean(text: Any, max_len: int | None = MAX_LEN) -> str:
 
 def clean_lines(text: str) -> str:
     """``text`` cleaned line by line, its newlines kept (a report of many lines, with outside names in it)."""
-    if _UNSAFE.search(text) is None:
+    if _UNSAFE_IN_LINES.search(text) is None:  # newlines are what this keeps
         return text
     return "\n".join(clean(line, None) for line in text.split("\n"))
 
