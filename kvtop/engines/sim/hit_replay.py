@@ -138,10 +138,7 @@ class _Keys:
         if len(runs) == 1 and runs[0][1] == self.tpb:
             return runs[0][0]
         k = self.interned.get(runs)
-        if k is None:
-            k = self.interned[runs] = _INTERNED_BASE + len(self.runs)
-            self.runs.append(runs)
-        return k
+        return self.intern(runs) if k is None else k
 
     def first_token(self, key: int) -> int:
         return key if key < _INTERNED_BASE else self.runs[key - _INTERNED_BASE][0][0]
@@ -186,37 +183,43 @@ class _Keys:
         keys = [h << 9 for h in hash_ids[:whole]]
         rest = length - (whole << 9)  # < 512 where hash ids remain (whole = length // 512)
         a0 = hash_ids[whole] << 9 if whole < len(hash_ids) else -((tr.line + 1) << 24)  # (unread when rest is 0)
-        interned = self.interned
-        keys_runs = self.runs
-
-        def key_of(lo: int, hi: int) -> int:
-            """The key of tokens [lo, hi) past the whole trace blocks (``of_runs`` of ``_Tokens.slice``)."""
-            if hi <= rest:
-                runs: tuple[tuple[int, int], ...] = ((a0 + lo, hi - lo),)
-            elif lo >= rest:
-                runs = ((GENERATED_TOKEN_BASE + lo - rest, hi - lo),)
-            else:
-                runs = ((a0 + lo, rest - lo), (GENERATED_TOKEN_BASE, hi - rest))
-            if len(runs) == 1 and hi - lo == 512:
-                return runs[0][0]
-            k = interned.get(runs)
-            if k is None:
-                k = interned[runs] = _INTERNED_BASE + len(keys_runs)
-                keys_runs.append(runs)
-            return k
-
+        past_whole = self.past_whole
         end = (with_kv >> 9) - whole << 9  # the full blocks past the whole trace blocks, in tokens
         for lo in range(0, end, 512):
-            keys.append(key_of(lo, lo + 512))
+            keys.append(past_whole(a0, rest, lo, lo + 512))
         prompt = length - 1
         if not prompt & 511:
             add_last = None
-        elif (prompt >> 9) >= whole:
-            add_last = key_of((prompt >> 9) - whole << 9, prompt - (whole << 9))
+        elif (prompt >> 9) >= whole:  # within A (it ends at rest - 1): one run, fewer than 512 tokens
+            lo = (prompt >> 9) - whole << 9
+            runs = ((a0 + lo, prompt - (whole << 9) - lo),)
+            add_last = self.interned.get(runs)
+            if add_last is None:
+                add_last = self.intern(runs)
         else:  # the prompt fills its trace blocks: its last 511 tokens, in the last whole trace block
             add_last = self.of_runs(((hash_ids[whole - 1] << 9, 511),))
-        last = key_of(end, with_kv - (whole << 9)) if with_kv & 511 else None
+        last = past_whole(a0, rest, end, with_kv - (whole << 9)) if with_kv & 511 else None
         return keys, add_last, last
+
+    def past_whole(self, a0: int, rest: int, lo: int, hi: int) -> int:
+        """The key of tokens [lo, hi) past a request's whole trace blocks (``of_request_whole``: run A from ``a0``,
+        ``rest`` tokens, then the generated ids), as ``of_runs`` of ``_Tokens.slice`` gives it."""
+        if hi <= rest:
+            runs: tuple[tuple[int, int], ...] = ((a0 + lo, hi - lo),)
+        elif lo >= rest:
+            runs = ((GENERATED_TOKEN_BASE + lo - rest, hi - lo),)
+        else:
+            runs = ((a0 + lo, rest - lo), (GENERATED_TOKEN_BASE, hi - rest))
+        if hi - lo == self.tpb and len(runs) == 1:
+            return runs[0][0]
+        k = self.interned.get(runs)
+        return self.intern(runs) if k is None else k
+
+    def intern(self, runs: tuple[tuple[int, int], ...]) -> int:
+        """A new interned key for these tokens (not interned yet)."""
+        k = self.interned[runs] = _INTERNED_BASE + len(self.runs)
+        self.runs.append(runs)
+        return k
 
 
 def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: int, tokens_per_block: int,
@@ -453,15 +456,17 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
                 best_n, best = n, c
         return best
 
-    def store(blocks: list[int], keys: list[int], tree_prefix: int, interned_base: int = _INTERNED_BASE) -> int:
-        """``_store_blocks``: walk the tree along ``keys`` from the sequence's known path; from the first miss on,
-        insert the sequence's blocks. Returns the new ``tree_prefix``."""
+    def store(blocks: list[int], keys: list[int], count: int, tree_prefix: int,
+              interned_base: int = _INTERNED_BASE) -> int:
+        """``_store_blocks`` of the first ``count`` blocks and keys: walk the tree along ``keys`` from the sequence's
+        known path; from the first miss on, insert the sequence's blocks. Returns the new ``tree_prefix``."""
         stores_done[0] += 1
-        count = min(len(keys), len(blocks))
         first_new = min(tree_prefix, count)
         search = blocks[first_new - 1] if first_new else root
         on_path = True
         while first_new < count:
+            if kids[search] is None:  # (child's first case, inlined: most walks end at once)
+                break
             match = child(search, keys[first_new])
             if match is None:
                 break
@@ -513,6 +518,7 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
             search = b
         return tree_prefix
 
+    offload_any = H > 0
     for tr in requests:
         length, generated = tr.input_length, tr.output_length
         if tr.hash_ids and max(tr.hash_ids) > _MAX_HASH_ID:
@@ -543,12 +549,14 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
         # addSequence: walk the tree while blocks match (stop at the first miss or partial match)
         search = root
         tree_prefix = 0
-        while len(blocks) < len(add_keys):
-            bi = len(blocks)
-            k = add_keys[bi]
-            if kids[search] is None:
+        for bi, k in enumerate(add_keys):  # (bi == len(blocks): a block per key until the loop breaks)
+            c = kids[search]
+            if c is None:
                 break
-            m = child(search, k)
+            if c.__class__ is int:  # child(search, k), inlined
+                m = c if key[c] == k else None  # type: ignore[index]
+            else:
+                m = c.get(k)  # type: ignore[union-attr]
             partial = bi >= add_full  # an exact match of the partial last key
             if m is None:
                 m = partial_match(search, k)
@@ -557,7 +565,7 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
                 partial = True
             reused += 1
             if partial and kids[m] is not None:  # copy the matched tokens into a new block, which takes the key
-                offloaded = take(1, H > 0, blocks, offloaded, epoch << shift)
+                offloaded = take(1, offload_any, blocks, offloaded, epoch << shift)
                 key[blocks[-1]] = k
                 break
             epoch += 1  # claim: out of its free queue
@@ -583,19 +591,22 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
             tree_prefix = len(blocks)
         # every block from the first miss on is new
         bi = len(blocks)
-        offloaded = take(num_blocks - bi, H > 0, blocks, offloaded, epoch << shift)
+        epoch_bits = epoch << shift  # (no claims from here on in this request)
+        offloaded = take(num_blocks - bi, offload_any, blocks, offloaded, epoch_bits)
         missed += num_blocks - bi
         # the new blocks' keys; storeContextBlocks sets the full ones again, and nothing reads them in between
         for i in range(max(bi, add_full), num_blocks):
             key[blocks[i]] = add_keys[i] if i < len(add_keys) else None
-        tree_prefix = store(blocks, add_keys[:add_full], tree_prefix)  # storeContextBlocks
+        tree_prefix = store(blocks, full, add_full, tree_prefix)  # storeContextBlocks (add_keys[:add_full] is full's)
         # add_tokens: the generated tokens but the last, new blocks as the sequence fills its last one
-        offloaded = take(-(-with_kv // tpb) - num_blocks, H > 0, blocks, offloaded, epoch << shift)
+        decode_blocks = -(-with_kv // tpb) - num_blocks
+        if decode_blocks:
+            offloaded = take(decode_blocks, offload_any, blocks, offloaded, epoch_bits)
         # removeSequence: store every block (a partial last one too), then release, last first
         if last is not None:
             full.append(last)
-        store(blocks, full, tree_prefix)
-        gpu_queue.extend(map((epoch << shift).__or__, reversed(blocks)))
+        store(blocks, full, min(len(full), len(blocks)), tree_prefix)
+        gpu_queue.extend(map(epoch_bits.__or__, reversed(blocks)))
     out.reused_blocks, out.missed_blocks = reused, missed
     out.offloaded_blocks, out.onboarded_blocks = offloaded, onboarded
     return out
