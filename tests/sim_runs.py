@@ -27,6 +27,7 @@ from kvtop.records import Record, SourceId, encode, make
 __all__ = [
     "WorkItem",
     "chat_workload",
+    "fold_simulated",
     "mooncake_workload",
     "record_sim_run",
     "simulate",
@@ -183,6 +184,61 @@ def simulate(items: Sequence[WorkItem], *, primary_blocks: int, secondary_blocks
         "failed": core.failed,
         "sim_time_s": core.now_s,
     }
+
+
+def fold_simulated(items: Sequence[WorkItem], *, primary_blocks: int, secondary_blocks: int,
+                   model: str = "Qwen/Qwen3-8B", gpu: str = "H200", tokens_per_block: int = 32,
+                   concurrency: int = 8) -> tuple[Any, dict[str, float]]:
+    """Replay `items` closed loop (`concurrency` in flight, each next one submitted when one finishes, in list
+    order) through the simulated engine loop, folding its meta, KV events, iteration stats and one `request`
+    record per finished request (as the workload driver writes them) into a TierModel as they come, stamped with
+    the simulated clock. Deterministic. Returns the model and the truth a verdict is held to: `makespan_s` (the
+    simulated time the whole workload took) and `ttft_sum_s`.
+    """
+    from kvtop.tiers import TierModel
+
+    shape, prof = resolve_model(model), resolve_gpu(gpu)
+    holder: dict[str, SimEngineCore] = {}
+    bm = BlockManager(primary_blocks, secondary_blocks, tokens_per_block, event_buffer_max_size=1 << 30,
+                      clock_ms=lambda: holder["core"].now_s * 1000.0)
+    core = SimEngineCore(shape, prof, bm, max_batch_size=256, max_num_tokens=8192, enable_iter_perf_stats=True,
+                         max_stats_len=1 << 20, max_seq_len=1 << 30)
+    holder["core"] = core
+    source = SourceId(host="sim", rank=0, run="truth")
+    m = TierModel()
+    m.apply(make("meta", {"engine": "sim", "model": model, "gpu": gpu, "tokens_per_block": tokens_per_block,
+                          "bytes_per_block": shape.kv_bytes_per_token * tokens_per_block,
+                          "primary_blocks": primary_blocks, "secondary_blocks": secondary_blocks}, source, 0.0))
+    pending = list(enumerate(items))
+    running: list[SimRequest] = []
+    ttft_sum = 0.0
+
+    def submit() -> None:
+        while pending and len(running) < concurrency:
+            i, item = pending.pop(0)
+            req = SimRequest(i, list(item.prompt), item.max_tokens, core.now_s)
+            running.append(req)
+            core.submit(req)
+
+    submit()
+    while running:
+        core.step()
+        t = core.now_s
+        for ev in bm.take_events():
+            m.apply(make("kv_event", ev, source, t))
+        for st in core.take_stats():
+            m.apply(make("stats", st, source, t))
+        for req in [r for r in running if r.stage in ("GENERATION_COMPLETE", "FAILED")]:
+            running.remove(req)
+            ok = req.error is None and req.first_token_s is not None
+            ttft = req.first_token_s - req.arrival_s if ok else None   # type: ignore[operator]
+            ttft_sum += ttft or 0.0
+            m.apply(make("request", {
+                "request_id": req.request_id, "ok": ok, "ttft_s": ttft, "prompt_tokens": len(req.prompt_ids),
+                "output_tokens": len(req.output_ids), "reused_blocks": req.reused_blocks,
+                "host_hit_blocks": req.onboarded_blocks, "error": req.error}, source, t))
+        submit()
+    return m, {"makespan_s": core.now_s, "ttft_sum_s": ttft_sum}
 
 
 # ---------------------------------------------------------------------------------------------- recordings

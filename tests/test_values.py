@@ -16,9 +16,9 @@ import pytest
 
 from kvtop.values import frozen, mutable
 
-MODULES = ("kvtop.tiers.state", "kvtop.tiers.snapshot", "kvtop.ui.widgets", "kvtop.fleet", "kvtop.occupancy",
-           "kvtop.session", "kvtop.settings", "kvtop.problems", "kvtop.runner", "kvtop.engines.sizing",
-           "kvtop.engines.sim.hit_replay", "kvtop.engines.sim.sweep")
+MODULES = ("kvtop.tiers.state", "kvtop.tiers.snapshot", "kvtop.tiers.verdict", "kvtop.ui.widgets", "kvtop.fleet",
+           "kvtop.occupancy", "kvtop.session", "kvtop.settings", "kvtop.problems", "kvtop.runner",
+           "kvtop.engines.sizing", "kvtop.engines.sim.hit_replay", "kvtop.engines.sim.sweep")
 
 
 def _frozen_classes() -> list[type]:
@@ -57,11 +57,12 @@ def _outcome(make: Any, *args: Any, **kwargs: Any) -> str:
 
 def test_the_classes_are_found() -> None:
     names = {c.__name__ for c in CLASSES}
-    # @frozen: state 10, widgets 10, snapshot, fleet, occupancy, session 1 each; @mutable: Settings, Problem,
-    # EngineChoice, LogLine; engines: @frozen GpuPool, @mutable ReplayResult and sweep._Plan
-    assert len(CLASSES) == 31
+    # @frozen: state 10, widgets 11, snapshot, fleet, occupancy, session, verdict 1 each; @mutable: Settings,
+    # Problem, EngineChoice, LogLine; engines: @frozen GpuPool, @mutable ReplayResult and sweep._Plan
+    assert len(CLASSES) == 33
     assert {"TierState", "Quality", "Requests", "TierSnapshot", "SessionView", "HeaderData", "FleetRow", "Settings",
-            "Problem", "LogLine", "EngineChoice", "GpuPool", "ReplayResult", "_Plan"} <= names
+            "Problem", "LogLine", "EngineChoice", "GpuPool", "ReplayResult", "_Plan", "TierVerdict",
+            "VerdictLine"} <= names
     assert sum(not c.__dataclass_params__.frozen for c in CLASSES) == 6
 
 

@@ -108,10 +108,11 @@ def _priority(value: Any, path: str) -> int:
 class Ledger:
     """"Now" and the record counts, shared by the model and its folds (see the module docstring)."""
 
-    __slots__ = ("now", "touched", "applied", "bad_records", "last_bad_reason", "window", "counters")
+    __slots__ = ("now", "start", "touched", "applied", "bad_records", "last_bad_reason", "window", "counters")
 
     def __init__(self, window: RateWindow, counters: Callable[[], tuple[int, ...]]):
         self.now: float | None = None
+        self.start: float | None = None  # the first record's time: the run's span is now - start
         self.touched = 0  # every record handed in, folded or not (a duplicate event still counts one)
         self.applied = 0  # records folded
         self.bad_records = 0
@@ -140,6 +141,7 @@ class Ledger:
             return True
         self.now = t
         if last is None:
+            self.start = t
             return True
         self.window.advance(last, t, self.counters)  # the rate samples due (kvtop/tiers/window.py)
         return True

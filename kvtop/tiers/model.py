@@ -91,6 +91,7 @@ from kvtop.tiers.state import (
     TierState,
 )
 from kvtop.tiers.stats import StatsFold
+from kvtop.tiers.verdict import CostBasis, TierVerdict, cost_basis, decide
 from kvtop.tiers.window import RateWindow, Sample
 
 # The read-side types live in kvtop.tiers.state (re-exported by kvtop.tiers); this module exports only the fold.
@@ -131,6 +132,8 @@ class TierModel:
         self.stats_fold = StatsFold(lambda: self.bytes_per_block)  # kvtop/tiers/stats.py
         self.request_fold = RequestFold(warmup_requests, latency_samples,  # kvtop/tiers/requests.py
                                         lambda: self.tokens_per_block)
+        self._cost_key: tuple[Any, ...] | None = None
+        self._cost: CostBasis | None = None
         self.meta_fold = MetaFold()  # kvtop/tiers/meta.py
         self.meta = self.meta_fold.meta  # the same dict: engine, model, block size, pool sizes, as sent
 
@@ -453,6 +456,42 @@ class TierModel:
         """``hit_rate_by_priority`` split by serving tier: the host share from the requests' ``onboarded_blocks``
         (reused blocks that were onboarded), when the driver reports it."""
         return self.request_fold.hit_split_by_priority()
+
+    def _cost_basis(self) -> CostBasis | None:
+        """The verdict's cost model for the model, GPU and block size the meta names (kvtop/tiers/verdict.py),
+        made again only when one of them changes."""
+        meta = self.meta
+        key = (meta.get("model"), meta.get("gpu"), meta.get("gpu_profile"), meta.get("tensor_parallel_size"),
+               self.tokens_per_block)
+        if key != self._cost_key:
+            self._cost_key = key
+            self._cost = cost_basis(meta, self.tokens_per_block)
+        return self._cost
+
+    def _no_cost_reason(self) -> str:
+        if self.tokens_per_block is None:
+            return "the block size is unknown"
+        return f"no cost model for model {self.meta.get('model') or '?'} (a built-in model or its config.json)"
+
+    @property
+    def verdict(self) -> dict[str, TierVerdict]:
+        """Per tier below the GPU ("host", and "disk" where there is one): is it paying off (see verdict.py)."""
+        rq, moves, fit = self.request_fold, self.moves, self.stats_fold.iter_fit
+        now, start = self.now, self._ledger.start
+        span = (now - start) if now is not None and start is not None else None
+        classified = sum(tr.count for tr in rq.ttft_by_source.values())
+        cost, coef, tpb = self._cost_basis(), fit.solve(), self.tokens_per_block
+        host = self.host.capacity_blocks
+        out = {"host": decide("host", -1 if host is None else host, moves.onboarded_blocks, moves.offloaded_blocks,
+                              rq.tier_evidence["host"], classified, coef, fit.n, cost, span, tpb,
+                              self._no_cost_reason)}
+        disk = self.disk
+        if disk is not None:
+            ev = rq.tier_evidence["disk"]
+            out["disk"] = decide("disk", -1 if disk.capacity_blocks is None else disk.capacity_blocks,
+                                 ev.hit_blocks, 0, ev, classified, coef, fit.n, cost, span, tpb,
+                                 self._no_cost_reason)
+        return out
 
     @property
     def requests(self) -> Requests:

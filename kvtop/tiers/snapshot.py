@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from kvtop.tiers.capacity import cached_by_priority
 from kvtop.tiers.state import GpuDevice, HistoryPoint, HitRate, HostMemory, Moves, Quality, Rates, Requests, TierState
 from kvtop.tiers.summary import live_reads, summary_of
+from kvtop.tiers.verdict import TierVerdict
 from kvtop.tiers.window import Sample
 from kvtop.values import frozen
 
@@ -71,6 +72,7 @@ class TierSnapshot:
     window_s: float
     history_step_s: float
     history_samples: tuple[Sample, ...]  # the window's (time, counters) samples: the points are made on read
+    verdict: Mapping[str, TierVerdict]   # per tier below the GPU: is it paying off (kvtop/tiers/verdict.py)
     # What the --json summary reads of the model besides the fields above (kvtop/tiers/summary.py live_reads):
     # the summary itself is made from both when first asked for (summary_data), not at every snapshot: the
     # dashboard takes one every refresh and never reads it (~115 us of a ~400 us snapshot on the busy stream).
@@ -122,7 +124,8 @@ def take(model: TierModel, version: Version) -> TierSnapshot:
         hit_rate_by_priority=MappingProxyType(dict(model.hit_rate_by_priority)),
         hit_split_by_priority=MappingProxyType(dict(split)), window_s=model.window_s,
         history_step_s=model.history_step_s,
-        history_samples=tuple(model.history_samples()), summary_reads=MappingProxyType(live_reads(model)))
+        history_samples=tuple(model.history_samples()), verdict=MappingProxyType(model.verdict),
+        summary_reads=MappingProxyType(live_reads(model)))
 
 
 def history_points(samples: Sequence[Sample]) -> list[HistoryPoint]:

@@ -179,6 +179,18 @@ class Requests:
     prompt_tokens: int = 0
     output_tokens: int = 0
     last_error: str | None = None
+    # TTFT by where each request's prefix came from (kvtop.tiers.requests.PREFIX_SOURCES), the classes with
+    # requests: (source, since start, over the window)
+    ttft_by_source: tuple[tuple[str, Latency, Latency], ...] = ()
+
+    def ttft_by_source_json(self) -> dict[str, dict[str, Any]]:
+        """``requests.ttft_ms_by_source`` of the JSON summary: per class, count and p50 / p99 in ms since the
+        start, and the same over the window."""
+        out: dict[str, dict[str, Any]] = {}
+        for source, whole, win in self.ttft_by_source:
+            out[source] = {"count": whole.count, **whole.to_json_ms(),
+                           "window": {"count": win.count, **win.to_json_ms()}}
+        return out
 
 
 @frozen

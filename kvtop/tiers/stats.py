@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtop.tiers.common import _Bad, _count, _describe, _number, _required_count
+from kvtop.tiers.verdict import IterationFit
 
 # The counts read off each stats record, with the path a bad one is named by (built once, not per record).
 _KV_KEYS = tuple((key, f"kvCacheStats.{key}") for key in (
@@ -64,6 +65,8 @@ class StatsFold:
         self.host_hits = 0
         self.warm_host_hits = 0
         self.reuse_seen = False  # a reuse observed here or in the engines' stream (kvtop/kv_stream.py)
+        # the engine's own iteration times against what each iteration did: the verdict's measured prices
+        self.iter_fit = IterationFit()
 
     def apply(self, d: dict[str, Any], warming: bool) -> None:
         """One iteration-stats dict, parsed; ``warming``: whether its counter deltas are warm-up. Validates
@@ -207,6 +210,15 @@ class StatsFold:
             self.ctx_tokens += ctx_tokens
         if gen_reqs:
             self.gen_tokens += gen_reqs
+        latency = d.get("iterLatencyMS")
+        if (ctx_tokens is not None and gen_reqs is not None and not was_warm
+                and latency.__class__ in (int, float) and 0.0 <= latency < 1e7):
+            # what this iteration did against how long it took (a NaN fails the comparison above, as a bool the
+            # class check): the verdict's measured prices (kvtop/tiers/verdict.py IterationFit)
+            on = off = 0
+            if it_iter is not None:
+                on, off = it_iter.get("iterOnboardBlocks", 0), it_iter.get("iterOffloadBlocks", 0)
+            self.iter_fit.add(latency / 1000.0, ctx_tokens, gen_reqs, on, off)
         if gpu_mem is not None:
             self.gpu_mem_usage = gpu_mem
         if pinned is not None:

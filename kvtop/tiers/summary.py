@@ -63,7 +63,9 @@ def summary_of(m: Any, live: Mapping[str, Any]) -> dict[str, Any]:
         "requests": {"completed": req.completed, "failed": req.failed, "warmup": req.warmup,
                      "in_flight": req.in_flight, "ttft_ms": req.ttft.to_json_ms(), "e2e_ms": req.e2e.to_json_ms(),
                      "prompt_tokens": req.prompt_tokens, "output_tokens": req.output_tokens,
-                     "last_error": req.last_error},
+                     "last_error": req.last_error, "ttft_ms_by_source": req.ttft_by_source_json()},
+        # is each tier below the GPU paying off (kvtop/tiers/verdict.py): says, saved_s, spent_s, net_s, basis
+        "verdict": {tier: v.to_json() for tier, v in m.verdict.items()},
         "cached_by_priority": {tier: {("none" if p is None else str(p)): n
                                       for p, n in sorted(per.items(), key=lambda kv: -1 if kv[0] is None
                                                          else kv[0])}

@@ -64,6 +64,7 @@ from kvtop.ui.widgets import (
     SourcesPanel,
     TierData,
     TierPanel,
+    VerdictLine,
     WhatIfData,
     tier_label,
 )
@@ -83,6 +84,7 @@ COMPACT = (60, 20)       # below either: one- and two-line panels (40x12 must st
 # second, so 64 busy sources cost ~10 ms a second (1% of a core), not 40 ms at the 0.25 s refresh. A change of
 # the source set, the selection or a status shows at once.
 FLEET_REFRESH_S = 1.0
+SOURCE_LABELS = {"gpu_hit": "GPU", "host_hit": "host", "disk_hit": "disk", "miss": "miss"}  # the TTFT table's
 
 
 def layout_for(width: int, height: int) -> str:
@@ -715,7 +717,16 @@ class KvtopApp(App[int]):
             uptime_s=None if started is None else now - float(started), data_time=snap.now,
             paused=self.paused, stale_s=None if stale is None else float(int(stale)), flags=tuple(flags),
             finished=finished, paused_at=self._paused_at if self.paused else None,
-            sources=sources, source_label=label, stats_schema=None if q is None else q.stats_schema)
+            sources=sources, source_label=label, stats_schema=None if q is None else q.stats_schema,
+            verdict=self._verdict(snap))
+
+    def _verdict(self, snap: TierSnapshot) -> tuple[VerdictLine, ...]:
+        """The verdict line's parts, from the snapshot (kvtop/tiers/verdict.py). Before the first record there is
+        nothing to say; a disk tier's verdict follows the host's."""
+        if snap.now is None:
+            return ()
+        return tuple(VerdictLine(v.says, v.text(), v.basis.split(":", 1)[0], v.short_text())
+                     for v in snap.verdict.values())
 
     def _history(self, live: TierModel, snap: TierSnapshot
                  ) -> tuple[tuple[float | None, ...], tuple[tuple[float, float, float, float], ...]]:
@@ -749,9 +760,13 @@ class KvtopApp(App[int]):
         windowed = req.window_ttft.count > 0
         ttft = req.window_ttft if windowed else req.ttft
         e2e = req.window_e2e if req.window_e2e.count > 0 else req.e2e
+        # TTFT by prefix source over the same span as the TTFT row (the window while it has requests)
+        by_source = tuple((SOURCE_LABELS.get(source, source), (win if windowed else whole).p50_s,
+                           (win if windowed else whole).p99_s, (win if windowed else whole).count)
+                          for source, whole, win in req.ttft_by_source)
         return RequestData(in_flight, req.completed, req.failed, rates.requests_per_s, rates.output_tokens_per_s,
                            rates.prompt_tokens_per_s, ttft.p50_s, ttft.p99_s, e2e.p50_s, e2e.p99_s, windowed,
-                           req.last_error)
+                           req.last_error, tuple(row for row in by_source if row[3]))
 
     @staticmethod
     def _priorities(snap: TierSnapshot, gpu: TierState, host: TierState) -> PriorityData:

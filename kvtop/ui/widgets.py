@@ -17,7 +17,7 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -617,6 +617,42 @@ class HeaderData:
     finished: str | None = None    # why no more data comes ("replay finished", "--duration 30 s reached")
     paused_at: float | None = None  # paused: the data time of the frozen figures
     stats_schema: str | None = None  # which TensorRT-LLM's stats the numbers come from: 1.0-1.2, 1.3, 1.3+ V2
+    # the verdict per tier below the GPU (kvtop/tiers/verdict.py): its own line under the header
+    verdict: tuple[VerdictLine, ...] = ()
+
+
+@frozen
+class VerdictLine:
+    says: str        # pays | costs | idle | none | unknown
+    text: str        # "host tier: pays, -38 ms TTFT p50 on 31% of requests, 4.1 s of prefill saved per minute"
+    basis: str       # "measured", "measured prefill", "estimated", "not priced": what the figures rest on
+    short: str       # "host: pays, -38 ms TTFT p50 on 31%, +4.1 s/min": where the line is narrow
+
+
+_VERDICT_STYLE = {"pays": "bold $success", "costs": "bold $error", "idle": "bold $warning"}
+
+
+def verdict_line(verdicts: tuple[VerdictLine, ...], width: int) -> Line:
+    """The answer in one line: each tier's verdict in words, coloured by what it says, with what it rests on
+    (a presenter points at it; "estimated" says the figures are the cost model's, not the engine's). The longest
+    form that fits: the sentence, else the short form with its basis, else the short form alone (cut to fit)."""
+    def build(text: Callable[[VerdictLine], str], basis: bool, head: str) -> Line:
+        parts: list[Any] = [(head, "bold $primary")] if head else []
+        for i, v in enumerate(verdicts):
+            if i:
+                parts.append(("  ·  ", S_DIM))
+            parts.append((text(v), _VERDICT_STYLE.get(v.says, S_DIM)))
+            if basis and v.says != "none":
+                parts.append((f" ({v.basis})", S_DIM))
+        return line_of(*parts)
+
+    ln = build(lambda v: v.text, True, "verdict ")
+    for text, basis, head in ((lambda v: v.short, True, "verdict "), (lambda v: v.short, True, ""),
+                              (lambda v: v.short, False, "")):
+        if cells(ln) <= width:
+            break
+        ln = build(text, basis, head)
+    return _fit(ln, width)
 
 
 # The header's fields other than its two clocks: equal in two HeaderData, and both clocks on the same second, the
@@ -700,6 +736,10 @@ class HeaderBar(Panel):
                         else "reverse $warning"), " "]
         for flag in d.flags:
             status += [(f" {flag} ", "reverse $warning"), " "]
+        # The verdict's line, where the header has a row for it (kvtop.tcss gives one in every layout).
+        verdict = verdict_line(d.verdict, width) if d.verdict and height >= 2 else None
+        if verdict is not None:
+            height -= 1
         if height <= 1 or width < 60:
             # One line: pieces in order of importance, each added only while it fits whole.
             short_model = model.split("/")[-1]
@@ -715,7 +755,7 @@ class HeaderBar(Panel):
             for piece in pieces[1:]:
                 if cells(out) + cells(piece) <= width:
                     out = line_of(out, piece)
-            return _fit(out, width)
+            return [_fit(out, width), verdict] if verdict is not None else _fit(out, width)
         line1 = line_of(("kvtop ", "bold $primary"), *paused, *badge, (model, S_FIG), ("  on ", S_DIM),
                          (d.gpu or "GPU ?", "bold"), ("  ·  ", S_DIM), engine,
                          *([("  ·  ", S_DIM), (d.source_label, "bold")] if d.source_label else []))
@@ -733,6 +773,8 @@ class HeaderBar(Panel):
             line1_gap = width - cells(line1) - cells(right)
             if line1_gap >= 1:
                 line1 = line_of(line1, " " * line1_gap, right)
+        if verdict is not None:
+            return _lines([line1, line2], width, height) + [verdict]
         return _lines([line1, line2], width, height)
 
 
@@ -1323,6 +1365,8 @@ class RequestData:
     e2e_p99: float | None
     latency_window: bool      # True: percentiles over the window; False: since start (window empty)
     last_error: str | None
+    # TTFT by where the prefix came from: (label, p50 s, p99 s, requests), over the same span as the TTFT row
+    by_source: tuple[tuple[str, float | None, float | None, int], ...] = ()
 
 
 class RequestPanel(Panel):
@@ -1362,6 +1406,16 @@ class RequestPanel(Panel):
             line_of((f"e2e  {span} ", S_DIM), ("p50 ", S_DIM), (_pad(fmt.seconds_ms(d.e2e_p50), 7), S_FIG),
                      (" p99 ", S_DIM), (_pad(fmt.seconds_ms(d.e2e_p99), 7), S_FIG)),
         ]
+        if d.by_source and height >= 5:
+            # TTFT by where the prefix came from, the verdict's evidence: a host hit against a miss, side by side,
+            # each class's request count in its heading, then its p50/p99 in ms
+            def ms(s: float | None) -> str:
+                return "?" if s is None else f"{s * 1000:.1f}" if s < 0.0095 else f"{s * 1000:,.0f}"
+
+            lines.append(line_of((f"TTFT {span} by ", S_DIM),
+                                 *[(_pad(f"{label} {fmt.count(n)}", 10), S_DIM) for label, _, _, n in d.by_source]))
+            lines.append(line_of(("p50/p99 ms ", S_DIM),
+                                 *[(_pad(f"{ms(p50)}/{ms(p99)}", 10), S_FIG) for _, p50, p99, _ in d.by_source]))
         if d.failed and d.last_error:
             # Why they failed, not only how many: its own line where the panel has one to spare, else after the
             # count on the first line (cut to fit). The whole text is in the event log and the help (?).
