@@ -369,6 +369,13 @@ def format_summary(s: dict[str, Any]) -> str:
     ttft = req.get("ttft_ms", {})
     lines.append(f"requests: {req.get('completed', 0)} completed, {req.get('failed', 0)} failed; TTFT p50 "
                  f"{_ms(ttft.get('p50'))}, p99 {_ms(ttft.get('p99'))}")
+    by_source = req.get("ttft_ms_by_source") or {}
+    if by_source:  # where each request's prefix came from: the verdict's evidence
+        lines.append("TTFT by prefix source: " + "; ".join(
+            f"{source.replace('_', ' ')} {v.get('count', 0):,} p50 {_ms(v.get('p50'))} p99 {_ms(v.get('p99'))}"
+            for source, v in by_source.items()))
+    for v in (s.get("verdict") or {}).values():   # the answer: is each tier below the GPU paying off
+        lines.append(f"verdict: {v.get('text')} ({v.get('basis')})")
     tiers = s.get("tiers") or {}
     for tier in dict.fromkeys(["gpu", "host", *tiers]):  # every tier the summary has, GPU and host always
         t = tiers.get(tier, {})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -22,10 +23,15 @@ from kvtop.problems import Problem, Problems
 from kvtop.records import Record, SourceId, make
 from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
+from kvtop.tiers.health import HEALTH_KINDS, tier_health
 from kvtop.tiers.whatif import WhatIf
 from kvtop.values import frozen
 
 Sink = Callable[[Record], None]
+# Tier-health alarms (kvtop/tiers/health.py): checked every 2 s, on the first 64 sources (a fleet's alarms are its
+# agents' to raise; a snapshot each is ~0.2 ms)
+HEALTH_EVERY_S = 2.0
+HEALTH_MAX_SOURCES = 64
 LOG_LINES = 500  # the event log keeps the newest 500 lines; older ones are dropped, never queued
 # Sources a session keeps a TierModel for. A model is ~50 KB idle (more with a big reuse tree), so 4,096 sources
 # are ~200 MB at most; a fleet of 1,000 engines fits, 10,000 fake source ids on a shared broker do not get in.
@@ -106,6 +112,8 @@ class Session:
         # Readers on other threads (the Prometheus exporter) read each model's last published snapshot: while
         # one is attached, run() publishes every ``publish_s`` (and once at the end), on the loop that folds.
         self.publish_s: float | None = None
+        self._health_due = 0.0   # monotonic time of the next tier-health check (tick)
+        self._health_holding: set[str] = set()
 
     # ------------------------------------------------------------------------------------------ records
 
@@ -268,10 +276,28 @@ class Session:
             self.problems.report("source.stale", f"{clean(key, 80)}: nothing heard for "
                                  f"{self.stale.silence(key, mono):.0f} s ({self.stale.intervals:g} intervals); "
                                  "left out of the fleet totals until it sends again")
+        if mono >= self._health_due:
+            self._health_due = mono + HEALTH_EVERY_S
+            self._check_tier_health()
         lines = self.problems.take_lines(now)
         for line in lines:
             self.log.append((time.time() if now is None else now, "warn", line))
         return lines
+
+    def _check_tier_health(self) -> None:
+        """Tier-health alarms (kvtop/tiers/health.py) as problems: reported while they hold, resolved after."""
+        models = list(itertools.islice(self.models.items(), HEALTH_MAX_SOURCES))
+        holding: dict[str, str] = {}
+        for key, model in models:
+            for kind, why in tier_health(model.snapshot()).items():
+                holding.setdefault(kind, f"{clean(key, 80)}: {why}" if key and len(models) > 1 else why)
+        for kind in HEALTH_KINDS:
+            if kind in holding:
+                if kind not in self._health_holding:
+                    self.problems.report(kind, holding[kind])
+            elif kind in self._health_holding:
+                self.problems.resolve(kind)
+        self._health_holding = set(holding)
 
     def _unstale(self, key: str) -> None:
         if self.status.get(key) == "stale":

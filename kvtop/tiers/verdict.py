@@ -197,6 +197,10 @@ class TierVerdict:
     requests: int = 0               # finished requests classified
     ttft_p50_delta_s: float | None = None   # the hit requests' TTFT p50 against themselves as misses (< 0: faster)
     net_s_per_min: float | None = None
+    # the prices behind the figures, seconds a block (None where there was none)
+    prefill_block_s: float | None = None
+    load_block_s: float | None = None
+    store_block_s: float | None = None
 
     @property
     def request_share(self) -> float | None:
@@ -241,7 +245,9 @@ class TierVerdict:
                 "basis": self.basis, "loaded_blocks": self.loaded_blocks, "stored_blocks": self.stored_blocks,
                 "hit_requests": self.hit_requests, "requests": self.requests,
                 "ttft_p50_ms_delta": None if self.ttft_p50_delta_s is None else self.ttft_p50_delta_s * 1000.0,
-                "net_s_per_min": self.net_s_per_min, "text": self.text()}
+                "net_s_per_min": self.net_s_per_min, "text": self.text(),
+                "prices_s": {"prefill_block": self.prefill_block_s, "load_block": self.load_block_s,
+                             "store_block": self.store_block_s}}
 
 
 def _price(measured: float | None, model: float | None) -> tuple[float | None, bool]:
@@ -260,8 +266,8 @@ def decide(tier: str, capacity_blocks: int | None, loaded: int, stored: int, evi
     tier's pool (0 or None: no tier; -1: a tier of unknown size); ``loaded`` / ``stored``: blocks it served back
     and was sent (the engine's own counts); ``evidence``: its hit requests (None where no request is seen);
     ``requests``: the finished requests classified; ``fit``: IterationFit.solve(); ``span_s``: the run so far."""
-    common = {"loaded_blocks": loaded, "stored_blocks": stored, "requests": requests,
-              "hit_requests": evidence.requests if evidence is not None else 0}
+    common: dict[str, Any] = {"loaded_blocks": loaded, "stored_blocks": stored, "requests": requests,
+                               "hit_requests": evidence.requests if evidence is not None else 0}
     if not capacity_blocks and not loaded and not stored:
         return TierVerdict(tier, "none", None, None, None, f"no {tier} pool", **common)
     fit = fit or {}
@@ -285,6 +291,7 @@ def decide(tier: str, capacity_blocks: int | None, loaded: int, stored: int, evi
     elif load is not None and store is not None and cost is not None:
         parts.append(f"copies priced by the {cost.name}" if prefill_measured or prefill is None
                      else "copies by the same model")
+    common.update(prefill_block_s=prefill, load_block_s=load, store_block_s=store)
     measured = prefill_measured and load_measured and store_measured
     label = "measured" if measured else "measured prefill" if prefill_measured else "estimated"
     if evidence is not None and evidence.requests:
