@@ -22,6 +22,7 @@ EXPECTED = [
     "kvtop_kv_block_bytes", "kvtop_bad_records_total", "kvtop_request_ttft_seconds_bucket",
     "kvtop_request_e2e_seconds_bucket", "kvtop_requests_total", "kvtop_records_total",
     "kvtop_gpu_memory_used_bytes", "kvtop_gpu_memory_total_bytes", "kvtop_host_pinned_pool_bytes",
+    "kvtop_request_ttft_by_prefix_seconds_bucket", "kvtop_tier_verdict_seconds", "kvtop_tier_verdict",
 ]
 
 
@@ -47,7 +48,8 @@ def _feed(model: TierModel, exporter: PrometheusExporter) -> None:
                      "memory_total_bytes": 141 * 2**30, "process_used_bytes": 90 * 2**30}, SRC, 2.0),
         make("host", {"process_rss_bytes": 40 * 2**30, "system_available_bytes": 900 * 2**30,
                       "pinned_pool_bytes": 32 * 10**9}, SRC, 2.0),
-        make("request", {"request_id": 1, "ok": True, "ttft_s": 0.042, "e2e_s": 1.5}, SRC, 2.1),
+        make("request", {"request_id": 1, "ok": True, "ttft_s": 0.042, "e2e_s": 1.5, "prompt_tokens": 200,
+                         "reused_blocks": 3, "host_hit_blocks": 1}, SRC, 2.1),
         make("request", {"request_id": 2, "ok": False, "error": "boom", "e2e_s": 0.2}, SRC, 2.2),
     ]
     for r in recs:
@@ -79,6 +81,12 @@ def test_scrape_over_http_on_localhost_returns_the_metric_names() -> None:
     assert f'kvtop_kv_hit_ratio{{{labels},scope="cumulative"}} 0.3' in text
     assert 'kvtop_request_ttft_seconds_bucket{host="gpu-07",le="0.05",rank="0",run="prom"} 1.0' in text
     assert 'kvtop_requests_total{host="gpu-07",outcome="failed",rank="0",run="prom"} 1.0' in text
+    assert ('kvtop_request_ttft_by_prefix_seconds_bucket{host="gpu-07",le="0.05",prefix_source="host_hit",'
+            'rank="0",run="prom"} 1.0') in text
+    # one offload, no onboard, no model to price the store with: the host tier is idle, its store unpriced
+    assert f'kvtop_tier_verdict{{basis="estimated",{labels},says="idle",tier="host"}} 1.0' in text
+    assert 'kvtop_tier_verdict_seconds{host="gpu-07",part="saved",rank="0",run="prom",tier="host"} 0.0' in text
+    assert 'part="spent"' not in text   # unpriced stays absent, never 0
     rss = re.search(r'^kvtop_host_process_rss_bytes\{' + re.escape(labels) + r'\} (\S+)$', text, re.M)
     assert rss is not None and float(rss.group(1)) == 40 * 2**30
     # A dedicated registry: nothing of kvtop's in the process-global one (the user's own metrics stay theirs).

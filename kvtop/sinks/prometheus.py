@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvtop.records import Record, SourceId
+from kvtop.tiers.requests import prefix_source
 
 NAMESPACE = "kvtop"
 LABELS = ("host", "rank", "run")
@@ -127,6 +128,14 @@ class _StateCollector(Collector):
                    for k, doc in (("used", "GPU memory in use (NVML; v2 leaves out driver-reserved memory)"),
                                   ("total", "GPU memory in total (NVML)"),
                                   ("process", "GPU memory of the engine process and its children (NVML)"))}
+        verdict = GaugeMetricFamily(f"{NAMESPACE}_tier_verdict_seconds",
+                                    "Is a tier below the GPU paying off (kvtop/tiers/verdict.py): part=saved (prefill "
+                                    "its hits saved), spent (its copies), net (saved - spent), seconds since start",
+                                    labels=[*LABELS, "tier", "part"])
+        says = GaugeMetricFamily(f"{NAMESPACE}_tier_verdict",
+                                 "1 for what the verdict says of the tier (says: pays, costs, idle, none, unknown) "
+                                 "and what it rests on (basis: measured, measured prefill, estimated, not priced)",
+                                 labels=[*LABELS, "tier", "says", "basis"])
         host_mem = {k: GaugeMetricFamily(f"{NAMESPACE}_host_{k}_bytes", doc, labels=list(LABELS))
                     for k, doc in (("process_rss", "Engine process resident memory (includes the pinned KV pool)"),
                                    ("available", "System memory available (psutil)"),
@@ -184,6 +193,16 @@ class _StateCollector(Collector):
                     v = _number(value)
                     if v is not None:
                         gpu_mem[k].add_metric(glv, v)
+            verdicts = _get(model, "verdict")
+            for tier, v in (verdicts.items() if isinstance(verdicts, Mapping) else ()):
+                # a snapshot's TierVerdict, or its JSON (a fleet row read from an agent's summary)
+                said, basis = _get(v, "says"), _get(v, "basis")
+                if isinstance(said, str) and isinstance(basis, str):
+                    says.add_metric([*lv, str(tier), said, basis.split(":", 1)[0]], 1.0)
+                for part in ("saved", "spent", "net"):
+                    x = _number(_get(v, f"{part}_s"))
+                    if x is not None:
+                        verdict.add_metric([*lv, str(tier), part], x)
             hm = _get(model, "host_memory")
             raw = _get(hm, "data")  # the host record verbatim: kvtop.sources.host's key names
             for k, value in (("process_rss", _first(_get(hm, "rss_bytes"), _get(raw, "process_rss_bytes"))),
@@ -193,7 +212,7 @@ class _StateCollector(Collector):
                 if v is not None:
                     host_mem[k].add_metric(lv, v)
         return [*g.values(), hit, *moved.values(), evicted, approx, dropped, bad, block, *gpu_mem.values(),
-                *host_mem.values()]
+                *host_mem.values(), verdict, says]
 
 
 class PrometheusExporter:
@@ -217,6 +236,10 @@ class PrometheusExporter:
         self._thread: threading.Thread | None = None
         self.ttft = Histogram(f"{NAMESPACE}_request_ttft_seconds", "Time to first token of finished requests",
                               LABELS, buckets=TTFT_BUCKETS, registry=self.registry)
+        self.ttft_by_prefix = Histogram(f"{NAMESPACE}_request_ttft_by_prefix_seconds",
+                                        "Time to first token of finished requests by where the prefix came from "
+                                        "(prefix_source: gpu_hit, host_hit, disk_hit, miss)",
+                                        [*LABELS, "prefix_source"], buckets=TTFT_BUCKETS, registry=self.registry)
         self.e2e = Histogram(f"{NAMESPACE}_request_e2e_seconds", "Arrival to last token of finished requests",
                              LABELS, buckets=E2E_BUCKETS, registry=self.registry)
         self.requests = Counter(f"{NAMESPACE}_requests", "Finished requests by outcome (ok, failed)",
@@ -242,6 +265,9 @@ class PrometheusExporter:
                     v = _number(data.get(key))
                     if v is not None and v >= 0:
                         hist.labels(*lv).observe(v)
+                ttft, source = _number(data.get("ttft_s")), prefix_source(data)
+                if ttft is not None and ttft >= 0 and source is not None:
+                    self.ttft_by_prefix.labels(*lv, source).observe(ttft)
 
     __call__ = observe
 
