@@ -43,6 +43,16 @@ def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 4)
 
 
+_VERDICT_KEYS = ("says", "saved_s", "spent_s", "net_s", "net_s_per_min", "ttft_p50_ms_delta", "loaded_blocks",
+                 "stored_blocks", "hit_requests", "requests")
+
+
+def _verdict_summary(v: dict[str, Any]) -> dict[str, Any]:
+    out = {k: (_round(v[k]) if isinstance(v[k], float) else v[k]) for k in _VERDICT_KEYS}
+    out["basis"] = v["basis"][:160]
+    return out
+
+
 def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, agent: str) -> dict[str, Any]:
     """One source's summary: what the fleet table and a Prometheus scrape need, nothing per block. Read from the
     model's snapshot (the same one the fleet table and Prometheus read), never from the fold's internals."""
@@ -69,6 +79,9 @@ def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, a
         "hit_rate": {"cumulative": _round(hr.cumulative), "window": _round(hr.window), "host": _round(hr.host)},
         "events_seen": q.events_seen, "approximate": q.counts_approximate,
         "since_attach": bool(stream and stream.get("since_attach")), "bad_records": snap.bad_records,
+        # the verdict where the agent sees the engine's iterations and requests (a dashboard far away does not):
+        # its figures, rounded, and its basis cut to 160 characters (a summary stays ~1 KB)
+        "verdict": {tier: _verdict_summary(v.to_json()) for tier, v in snap.verdict.items()},
     }
     if stream:
         data["stream"] = {k: stream[k] for k in ("lost_batches", "replayed_batches", "publisher_restarts",

@@ -46,6 +46,32 @@ def test_summary_round_trips_into_a_remote_tier_model():
     assert remote.moves.offloaded_blocks == 3
 
 
+def test_the_agents_verdict_travels_checked():
+    """A far dashboard shows the verdict of the agent, which saw the engine's iterations and requests; what a
+    summary claims is checked (a says outside the five, a NaN, control characters in its words)."""
+    from sim_runs import fold_simulated
+    from test_verdict import _unique
+
+    local, _ = fold_simulated(_unique(60, 2048), primary_blocks=1024, secondary_blocks=8192)
+    said = local.verdict["host"]
+    assert said.says == "idle" and said.spent_s
+    remote = TierModel()
+    src = SourceId("node-7:5557", 0, "r")
+    data = summary_data(local, 0, 0.5, "agent-x")
+    remote.apply(decode(encode(Record("summary", data, src, 1.0))))
+    got = remote.verdict["host"]
+    assert (got.says, got.stored_blocks) == ("idle", said.stored_blocks)
+    assert got.spent_s == pytest.approx(said.spent_s, rel=1e-3) and got.basis == said.basis[:160]
+    assert remote.summary()["verdict"]["host"]["says"] == "idle"
+
+    hostile = {**data["verdict"]["host"], "says": "pays", "net_s": float("nan"), "basis": "\x1b[2Jmeasured\x07"}
+    remote.apply(Record("summary", {**data, "seq": 1, "verdict": {"host": hostile}}, src, 2.0))
+    got = remote.verdict["host"]
+    assert (got.says, got.net_s, got.basis) == ("pays", None, "measured")
+    remote.apply(Record("summary", {**data, "seq": 2, "verdict": {"host": {**hostile, "says": "great"}}}, src, 3.0))
+    assert remote.verdict["host"].says != "great"   # not a verdict: the remote's own (from the totals) instead
+
+
 def test_summary_is_small():
     from test_kv_stream import batch
 

@@ -91,7 +91,7 @@ from kvtop.tiers.state import (
     TierState,
 )
 from kvtop.tiers.stats import StatsFold
-from kvtop.tiers.verdict import CostBasis, TierVerdict, cost_basis, decide
+from kvtop.tiers.verdict import CostBasis, TierVerdict, cost_basis, decide, verdict_from_json
 from kvtop.tiers.window import RateWindow, Sample
 
 # The read-side types live in kvtop.tiers.state (re-exported by kvtop.tiers); this module exports only the fold.
@@ -475,7 +475,16 @@ class TierModel:
 
     @property
     def verdict(self) -> dict[str, TierVerdict]:
-        """Per tier below the GPU ("host", and "disk" where there is one): is it paying off (see verdict.py)."""
+        """Per tier below the GPU ("host", and "disk" where there is one): is it paying off (see verdict.py). A
+        source known only by a kvtop agent's summaries (fleets) has the agent's own verdict, which saw the engine's
+        iterations and requests."""
+        summary = getattr(self.stream_fold, "summary", None)
+        if summary:
+            said = summary.get("verdict")
+            if isinstance(said, dict):
+                got = {t: verdict_from_json(t, said.get(t)) for t in ("host", "disk")}
+                if got["host"] is not None:
+                    return {t: v for t, v in got.items() if v is not None}
         rq, moves, fit = self.request_fold, self.moves, self.stats_fold.iter_fit
         now, start = self.now, self._ledger.start
         span = (now - start) if now is not None and start is not None else None

@@ -43,8 +43,8 @@ from typing import Any
 
 from kvtop.values import frozen
 
-__all__ = ["MIN_FIT_ITERATIONS", "CostBasis", "IterationFit", "TierEvidence", "TierVerdict",
-           "cost_basis", "decide"]
+__all__ = ["MIN_FIT_ITERATIONS", "SAYS", "CostBasis", "IterationFit", "TierEvidence", "TierVerdict",
+           "cost_basis", "decide", "verdict_from_json"]
 
 MIN_FIT_ITERATIONS = 50   # iterations before the engine's own prefill rate is taken as measured
 # The TTFT line's hit requests, at most: the p50 as if they had missed is made on read from these
@@ -248,6 +248,38 @@ class TierVerdict:
                 "net_s_per_min": self.net_s_per_min, "text": self.text(),
                 "prices_s": {"prefill_block": self.prefill_block_s, "load_block": self.load_block_s,
                              "store_block": self.store_block_s}}
+
+
+SAYS = ("pays", "costs", "idle", "none", "unknown")
+_MAX_SECONDS = 1e12   # a verdict read from an agent's summary: beyond this (30,000 years) a number is no measurement
+
+
+def verdict_from_json(tier: str, d: Any) -> TierVerdict | None:
+    """A verdict as an agent's summary carries it (``TierVerdict.to_json``), checked: what it says one of SAYS,
+    its seconds finite and bounded, its counts non-negative integers, its words stripped of control characters
+    and cut to 300 (they reach a terminal). None for anything else."""
+    from kvtop.textsafe import clean
+
+    if not isinstance(d, Mapping) or d.get("says") not in SAYS or not isinstance(d.get("basis"), str):
+        return None
+
+    def seconds(key: str) -> float | None:
+        v = d.get(key)
+        if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            return None
+        return float(v) if math.isfinite(v) and abs(v) < _MAX_SECONDS else None
+
+    def count(key: str) -> int:
+        v = d.get(key)
+        return v if v.__class__ is int and 0 <= v < 1 << 63 else 0
+
+    delta = seconds("ttft_p50_ms_delta")
+    return TierVerdict(tier, d["says"], seconds("saved_s"), seconds("spent_s"), seconds("net_s"),
+                       clean(d["basis"], 300),
+                       loaded_blocks=count("loaded_blocks"), stored_blocks=count("stored_blocks"),
+                       hit_requests=count("hit_requests"), requests=count("requests"),
+                       ttft_p50_delta_s=None if delta is None else delta / 1000.0,
+                       net_s_per_min=seconds("net_s_per_min"))
 
 
 def _price(measured: float | None, model: float | None) -> tuple[float | None, bool]:
