@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import itertools
 import time
 from collections import deque
@@ -72,7 +73,7 @@ class DashboardSession(Protocol):
     def view(self) -> SessionView: ...
     def run(self) -> Awaitable[None]: ...
     def stop(self) -> None: ...
-    def tick(self) -> object: ...
+    def tick(self, now: float | None = None) -> object: ...   # now: the dashboard's wall clock (its log times)
     def reset_window(self) -> None: ...
     def what_if(self) -> Mapping[str, Any] | None: ...
 
@@ -445,6 +446,14 @@ class Session:
                 self.note("error", f"stopping failed: {exc}")
 
 
+def _takes_an_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+
+
 class PartialSession:
     """A DashboardSession made of an object that has only part of a Session's read side: a test's stand-in, an
     embedder's own session. It must have ``model`` (and ``run()`` / ``stop()`` to be run); every other part may be
@@ -476,9 +485,13 @@ class PartialSession:
     def stop(self) -> None:
         self.session.stop()
 
-    def tick(self) -> object:
+    def tick(self, now: float | None = None) -> object:
         tick = getattr(self.session, "tick", None)  # may lack: see the class docstring
-        return tick() if callable(tick) else None
+        if not callable(tick):
+            return None
+        if now is None or not _takes_an_argument(tick):   # a stand-in's tick() may take none
+            return tick()
+        return tick(now)
 
     def reset_window(self) -> None:
         reset = getattr(self.session, "reset_window", None)  # may lack

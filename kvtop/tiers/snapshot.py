@@ -124,7 +124,8 @@ def take(model: TierModel, version: Version) -> TierSnapshot:
         hit_rate_by_priority=MappingProxyType(dict(model.hit_rate_by_priority)),
         hit_split_by_priority=MappingProxyType(dict(split)), window_s=model.window_s,
         history_step_s=model.history_step_s,
-        history_samples=tuple(model.history_samples()), verdict=MappingProxyType(model.verdict),
+        history_samples=tuple(model.history_samples()),
+        verdict=MappingProxyType(model.verdict_of(tiers[1], tiers[2] if len(tiers) > 2 else None, moves)),
         summary_reads=MappingProxyType(live_reads(model)))
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -267,6 +268,8 @@ class KvtopApp(App[int]):
         self._fleet_at = float("-inf")
         self._fleet_shown = False
         self._whatif_key: tuple[Any, ...] | None = None
+        self._verdict_key: tuple[Any, ...] | None = None   # the verdict line's, once a second (_verdict)
+        self._verdict_lines: tuple[VerdictLine, ...] = ()
         self._whatif: WhatIfData | None = None
         self._finished: str | None = None        # why the session ended, once it has (finished_reason)
         self.spark_points = SPARK_POINTS
@@ -425,7 +428,7 @@ class KvtopApp(App[int]):
         blocks (no I/O)."""
         t0 = time.perf_counter()
         now = wall_clock()
-        self.session.tick()  # stale sources, and the problem lines due, into the session's log
+        self.session.tick(now)  # stale sources, and the problem lines due, into the session's log
         view = self._view = self.session.view()
         self._feed_log(view)
         if self.paused:
@@ -722,11 +725,19 @@ class KvtopApp(App[int]):
 
     def _verdict(self, snap: TierSnapshot) -> tuple[VerdictLine, ...]:
         """The verdict line's parts, from the snapshot (kvtop/tiers/verdict.py). Before the first record there is
-        nothing to say; a disk tier's verdict follows the host's."""
+        nothing to say; a disk tier's verdict follows the host's. Its figures move with every record, so they are
+        taken once a second of data time (or when what it says changes): the header is drawn again only when its
+        clock moves, 1 refresh in 4 on a busy stream, and a verdict read every refresh made it 4 in 4 (+1.0M
+        instructions a refresh, bench_ui_refresh.py --callgrind)."""
         if snap.now is None:
             return ()
-        return tuple(VerdictLine(v.says, v.text(), v.basis.split(":", 1)[0], v.short_text())
-                     for v in snap.verdict.values())
+        verdicts = snap.verdict
+        key = (math.floor(snap.now), tuple((t, v.says) for t, v in verdicts.items()))
+        if key != self._verdict_key:
+            self._verdict_key = key
+            self._verdict_lines = tuple(VerdictLine(v.says, v.text(), v.basis.split(":", 1)[0], v.short_text())
+                                        for v in verdicts.values())
+        return self._verdict_lines
 
     def _history(self, live: TierModel, snap: TierSnapshot
                  ) -> tuple[tuple[float | None, ...], tuple[tuple[float, float, float, float], ...]]:
