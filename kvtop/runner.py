@@ -80,30 +80,29 @@ def build_sim_engine(settings: Settings) -> Any:
                   scheduler_config=SchedulerConfig(capacity_scheduler_policy=settings.capacity_scheduler_policy))
 
 
-# TensorRT-LLM's kv_cache_offloading example: a GPU pool of 256 tokens, so that prompt B evicts prompt A (offloaded
-# to the host tier when there is one) and A's return onboards it. With kvtop's default pool (131,072 tokens) A and B
-# both fit on the GPU and the A/B demo showed 0 offloads.
-AB_GPU_CACHE_TOKENS = 256
-
-
 def _size_for_ab(settings: Settings) -> str | None:
-    """``--scenario ab`` with the GPU pool left at its default: the example's pool size instead (a pool set on the
-    command line, a config file or the environment is kept). Returns the line the event log says it with."""
+    """``--scenario ab`` with the GPU pool left at its default: a pool that one prompt of ~4,100 tokens and its
+    answer fill exactly (as TensorRT-LLM's example's 256-token pool is filled by 230 + 16 tokens), so that B evicts
+    all of A: 0 blocks reused without a host tier, A onboarded from the host with one. A pool set on the command
+    line, a config file or the environment is kept. Returns the line the event log says it with."""
+    from kvtop.workload.scenarios import AB_PROMPT_TOKENS, ab_pool_tokens
+
     if settings.scenario != "ab":
         return None
     origin = settings.origin
     if origin.get("gpu_cache_tokens", "default") != "default" or origin.get("gpu_cache_fraction",
                                                                               "default") != "default":
         return None
-    settings.gpu_cache_tokens = max(AB_GPU_CACHE_TOKENS, 8 * settings.tokens_per_block)
+    settings.gpu_cache_tokens = ab_pool_tokens(settings.max_tokens, settings.tokens_per_block)
     one = ""
     if origin.get("concurrency", "default") == "default" and origin.get("rate", "default") == "default":
-        # The example runs one request at a time (max_batch_size=1); 8 in flight on an 8-block pool only queue,
-        # and TTFT measured the queue (1.8 s) rather than a reload or a recompute.
+        # The example runs one request at a time (max_batch_size=1); 8 in flight on a pool that holds one request
+        # only queue, and TTFT measured the queue rather than a reload or a recompute.
         settings.concurrency = 1
         one = ", one request at a time"
-    return (f"scenario ab: GPU pool {settings.gpu_cache_tokens} tokens{one} (as TensorRT-LLM's offloading "
-            "example), so that B evicts A and A comes back from the host; --gpu-cache sets another size")
+    return (f"scenario ab: GPU pool {settings.gpu_cache_tokens} tokens for prompts of ~{AB_PROMPT_TOKENS} "
+            f"tokens{one} (as TensorRT-LLM's offloading example: one prompt and its answer fill the pool), so that "
+            "B evicts A and A comes back from the host; --gpu-cache sets another size")
 
 
 def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoice | None = None,
@@ -200,6 +199,8 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
             session.problems.report("trace.bad_line", f"{clean(settings.trace, 80)}: line {err.line}: "
                                     f"{err.problem} ({len(errors):,} bad lines skipped)", lost=True)
         kwargs["time_scale"] = settings.trace_time_scale
+    if settings.scenario == "ab":
+        kwargs["tokens_per_block"] = settings.tokens_per_block
     scenario = make_scenario(settings.scenario, **kwargs)
     if choice.kind == "trtllm":
         retention = trtllm_engine.retention_factory(choice.module.llmapi, settings.offload_transfer_mode,

@@ -18,6 +18,7 @@ from kvtop.engines.sim import KvCacheConfig, KvCacheRetentionConfig, SamplingPar
 from kvtop.records import Record, decode, encode
 from kvtop.workload.driver import WorkloadDriver
 from kvtop.workload.scenarios import (
+    AB_PROMPT_TOKENS,
     VOCAB_LIMIT,
     AbScenario,
     MultiTurnScenario,
@@ -27,6 +28,7 @@ from kvtop.workload.scenarios import (
     TraceScenario,
     WorkItem,
     ZipfScenario,
+    ab_pool_tokens,
     make_scenario,
 )
 from kvtop.workload.trace import TraceError, TraceRequest, parse_trace_line, read_trace
@@ -141,14 +143,24 @@ def test_unknown_scenario() -> None:
         make_scenario("nope", capacity_tokens=1, max_tokens=1)
 
 
-@pytest.mark.parametrize("capacity", [10_000, 40_000])
-def test_ab_prompts_fit_alone_but_not_together(capacity: int) -> None:
-    s = AbScenario(capacity, 16, seed=0)
+@pytest.mark.parametrize("capacity", [256, 4192, 10_000, 30_000])
+def test_ab_prompt_and_answer_fill_the_pool_alone(capacity: int) -> None:
+    """As TensorRT-LLM's example (230 + 16 tokens of a 256-token pool): each prompt with its answer ends in the
+    pool's last block, so B evicts all of A. At 60% of the pool (before) a block of A stayed for B's turn."""
+    s = AbScenario(capacity, 16, seed=0, tokens_per_block=TPB)
     a, b, a2, b2 = (s.next() for _ in range(4))
     assert [x.label for x in (a, b, a2, b2)] == ["A", "B", "A", "B"]
     assert a.prompt_ids == a2.prompt_ids and b.prompt_ids == b2.prompt_ids and a.prompt_ids != b.prompt_ids
-    assert len(a.prompt_ids) + 16 <= capacity < len(a.prompt_ids) + len(b.prompt_ids)
-    assert len(a.prompt_ids) == pytest.approx(0.6 * capacity, abs=1)
+    need = len(a.prompt_ids) + 16
+    assert capacity - TPB < need <= capacity
+    assert -(-need // TPB) == capacity // TPB
+
+
+def test_ab_pool_for_the_demo_holds_one_prompt_and_its_answer() -> None:
+    pool = ab_pool_tokens(64, TPB)
+    assert pool % TPB == 0 and pool == 131 * TPB
+    s = AbScenario(pool, 64, tokens_per_block=TPB)
+    assert len(s.next().prompt_ids) == AB_PROMPT_TOKENS + 16  # 4,112: the last block half full
 
 
 def test_ab_prompts_never_exceed_max_prompt_tokens() -> None:

@@ -49,18 +49,35 @@ class Scenario:
         """The engine's answer (None when the request failed)."""
 
 
+# The A/B demo's prompt when kvtop sizes the GPU pool for it (runner: --scenario ab with no pool given). TensorRT-LLM's
+# example has 230 tokens, whose prefill (~5 ms for Qwen3-8B on the simulated H200) is hardly longer than their onboard:
+# a presenter could not show the gain. At ~4,100 tokens a miss recomputes for ~95 ms and an onboard of its 128 blocks
+# (~0.6 GB over PCIe) takes ~10 ms (measured on the simulator: tests/test_cli.py).
+AB_PROMPT_TOKENS = 4096
+
+
+def ab_pool_tokens(max_tokens: int, tokens_per_block: int, prompt_tokens: int = AB_PROMPT_TOKENS) -> int:
+    """The GPU pool (tokens, whole blocks) that one A/B prompt of about ``prompt_tokens`` and its answer fill
+    exactly, as the example's 256-token pool is filled by its 230 + 16 tokens: B then evicts every block of A."""
+    tpb = max(tokens_per_block, 1)
+    return -(-(prompt_tokens + max_tokens + tpb // 2) // tpb) * tpb
+
+
 class AbScenario(Scenario):
-    """TensorRT-LLM's offloading example: prompts A, B, A, B... each about 60% of the GPU pool, so B evicts A
-    (offloaded to host when there is one) and A's return onboards it."""
+    """TensorRT-LLM's offloading example: prompts A, B, A, B... each with its answer filling the whole GPU pool (the
+    example: 230 + 16 tokens of a 256-token pool), so B evicts all of A (offloaded to host when there is one, else
+    dropped: 0 blocks reused) and A's return onboards it."""
 
     name = "ab"
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, tokens_per_block: int = 32, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        # 60% of the pool as it is (not the 1,024-token floor the other scenarios size from): with TensorRT-LLM's
-        # example pool of 256 tokens a prompt of 153 and its 64 answer tokens (7 of 8 blocks) fit, A and B do not.
+        # The pool as it is (not the 1,024-token floor the other scenarios size from), less the answer and half a
+        # block: prompt + answer end inside the pool's last block. 60% of the pool (as before) left a block of A on
+        # the GPU for B's turn: 18% reuse without a host tier, where the example reuses 0 blocks.
         pool = self.pool_tokens if self.pool_tokens > 0 else self.capacity_tokens
-        n = max(min(int(pool * 0.6), self.max_prompt_tokens - self.max_tokens, pool - self.max_tokens - 1), 1)
+        n = max(min(pool - self.max_tokens - max(tokens_per_block, 1) // 2,
+                    self.max_prompt_tokens - self.max_tokens), 1)
         self.docs = [self.tokens(n), self.tokens(n)]
         self.i = 0
 
