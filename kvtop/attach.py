@@ -152,6 +152,10 @@ def main(command: str, argv: Sequence[str]) -> int:
     a = _parser(command).parse_args(list(argv))
     settings = load_settings(options.given(a, options.ATTACH_SETTINGS), config_path=a.config)
     speed = options.converted(a, ("speed",))["speed"]
+    try:
+        runner.check_record(settings)  # before anything connects or reads
+    except runner.RunError as exc:
+        raise SettingsError("--record", str(exc).removeprefix("--record: ")) from None
     target = a.url if command == "attach" else a.file
     interval = _float("--interval", a.interval) if command == "attach" and a.interval else 0.5
     max_gap = _float("--max-gap", a.max_gap) if a.max_gap is not None else MAX_GAP_S
@@ -167,7 +171,9 @@ def main(command: str, argv: Sequence[str]) -> int:
         runner.add_sinks(session, settings)
     except runner.RunError as exc:
         raise SettingsError("--record" if "record" in str(exc) else "sink", str(exc)) from None
-    if settings.headless:
+    from kvtop.modes import headless_wanted
+
+    if headless_wanted(settings):
         from kvtop.modes import run_headless_until
 
         until = ("replay",) if "replay" in [n for n, _ in session._producers] else ()

@@ -375,7 +375,9 @@ def cmd_run(argv: Sequence[str]) -> int:
     except runner.RunError as exc:
         print(f"kvtop: {exc}", file=sys.stderr)
         return 2
-    if settings.headless:
+    from kvtop.modes import headless_wanted
+
+    if headless_wanted(settings):
         from kvtop.modes import run_headless
 
         return run_headless(session, settings.duration if settings.duration is not None else 30.0, settings.json)

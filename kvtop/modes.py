@@ -16,6 +16,23 @@ from typing import Any
 YOUNG_GC_THRESHOLD = 10_000   # the dashboard's first-generation collection threshold (Python's default: 700)
 
 
+def headless_wanted(settings: Any, stdout: Any = None) -> bool:
+    """Whether a run goes without the screen: --headless, --json (a summary for a program: the dashboard has none to
+    give), or no terminal on stdout (``kvtop ... > log``, a pipe, a CI job), where the dashboard would write its
+    escape sequences into the file and never print a summary. Said once on stderr when only the terminal decided."""
+    if settings.headless or settings.json:
+        return True
+    out = sys.stdout if stdout is None else stdout
+    try:
+        tty = out.isatty()
+    except (AttributeError, ValueError):  # closed or not a file
+        tty = False
+    if not tty:
+        print("kvtop: stdout is not a terminal: running headless (--headless), summary at the end", file=sys.stderr,
+              flush=True)
+    return not tty
+
+
 def run_dashboard(session: Any, settings: Any) -> int:
     """The dashboard until q (0, or 3 / 4 as a headless run) or Ctrl-C (130); a crash inside it is Textual's
     traceback and status 1."""
@@ -105,4 +122,4 @@ def run_headless_until(session: Any, duration_s: float | None, as_json: bool,
     return EXIT_INTERRUPTED if interrupted else session.problems.exit_status(session.records_in)
 
 
-__all__ = ["run_dashboard", "run_headless", "run_headless_until"]
+__all__ = ["headless_wanted", "run_dashboard", "run_headless", "run_headless_until"]

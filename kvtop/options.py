@@ -15,7 +15,7 @@ from typing import Any
 from kvtop.settings import Settings, SettingsError
 
 # What each subcommand takes of the settings (the driven run takes them all).
-ATTACH_SETTINGS = ("headless", "json", "duration", "theme", "refresh", "record", "prometheus_port",
+ATTACH_SETTINGS = ("headless", "json", "duration", "theme", "refresh", "record", "append", "prometheus_port",
                    "prometheus_addr", "warmup_requests")
 ATTACH_ONLY_SETTINGS = ("mqtt_password_file",)  # kvtop attach mqtt://, not kvtop replay
 SIM_SETTINGS = ("trace", "model", "gpu", "tokens_per_block", "gpu_cache_fraction", "max_batch_size",

@@ -118,6 +118,7 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
     from kvtop.workload.scenarios import make_scenario
     from kvtop.workload.trace import read_trace
 
+    check_record(settings)  # before an engine is built
     try:
         resolve_model(settings.model)  # a bad --model fails here, before an engine is built
     except ValueError as exc:
@@ -240,10 +241,28 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
     return session
 
 
+def check_record(settings: Settings) -> None:
+    """A recording holds one run: ``--record FILE`` onto a file that already has something in it is refused (a
+    RunError, exit 2) before anything starts, and the file is left as it was; ``--append`` adds the run to it
+    (``kvtop report`` splits such a file into its runs). Appended blindly, a second demo run became one run with
+    two engines' records folded together."""
+    if not settings.record or settings.append:
+        return
+    try:
+        size = os.stat(settings.record).st_size
+    except OSError:
+        return  # not there (created), or not readable: the open says why
+    if size > 0 and os.path.isfile(settings.record):
+        raise RunError(f"--record: {clean(settings.record, 200)} already holds a recording ({size:,} bytes); "
+                       "give a new file, or --append to add this run to it")
+
+
 def add_sinks(session: Session, settings: Settings) -> None:
     """--record, --publish and --prometheus-port, wherever the records come from."""
     if settings.record:
         from kvtop.sinks.recorder import Recorder
+
+        check_record(settings)
 
         try:
             recorder = Recorder(settings.record, problems=session.problems)

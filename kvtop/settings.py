@@ -96,7 +96,10 @@ class Settings:
     headless: bool = _opt(False, "run without the screen and print a summary", kind="bool")
     json: bool = _opt(False, "with --headless, print the summary as one JSON object", kind="bool")
     warmup_requests: int = _opt(0, "exclude the first N requests from hit rates", kind="int")
-    record: str | None = _opt(None, "write every record to this JSONL file")
+    record: str | None = _opt(None, "write every record to this JSONL file (a new or empty one: a recording holds one "
+                                    "run; --append adds to an existing one)")
+    append: bool = _opt(False, "with --record, add this run to an existing recording (kvtop report splits it into "
+                               "its runs) instead of refusing a file that is not empty", kind="bool")
     publish: str | None = _opt(None, "publish records to an MQTT broker: mqtt://[user@]host[:port]/prefix")
     mqtt_password_file: str | None = _opt(None, "file holding the MQTT password (or set KVTOP_MQTT_PASSWORD); "
                                                 "never put it on the command line")

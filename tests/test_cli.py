@@ -462,3 +462,69 @@ def test_sim_validates_its_settings_as_settings_do(tmp_path: Path, capsys: pytes
     assert main(["sim", "--trace", str(trace), "--json", "--max-batch-size", "8", "--gpu-blocks", "64"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model"] == "Qwen/Qwen3-8B" and out["tokens_per_block"] == 32 and out["runs"][0]["requests"] == 1
+
+
+# ---------------------------------------------------------------------------------------------- one run a recording
+
+def test_a_second_record_onto_a_recording_exits_2_and_leaves_it_byte_for_byte(tmp_path: Path) -> None:
+    """`--record FILE` appended to whatever FILE held: a second demo run became one recording of two runs, folded
+    as one. Now it is refused (exit 2, one line, before an engine starts) and the file is left as it was; --append
+    (or KVTOP_APPEND, or the settings file) adds the run to it; `kvtop replay` refuses it the same way."""
+    rec = tmp_path / "run.jsonl"
+    run = ["--engine", "sim", "--headless", "--json", "--duration", "0.5", "--speed", "0", "--record", str(rec)]
+    rc, _, err = kvtop(run, tmp_path)
+    assert rc == 0, err
+    first = rec.read_bytes()
+    assert len(first) > 1000
+    rc, out, err = kvtop(run, tmp_path)
+    assert_one_line_error(rc, err, "--record", str(rec), "already holds a recording", f"{len(first):,} bytes",
+                          "--append")
+    assert out == "" and rec.read_bytes() == first
+    rc, _, err = kvtop(["replay", str(rec), "--headless", "--record", str(rec)], tmp_path)
+    assert_one_line_error(rc, err, "--record", "already holds a recording")
+    assert rec.read_bytes() == first
+    rc, _, err = kvtop([*run, "--append"], tmp_path)
+    assert rc == 0, err
+    second = rec.read_bytes()
+    assert second.startswith(first) and len(second) > len(first) + 1000
+    rc, _, err = kvtop(run, tmp_path, KVTOP_APPEND="true")
+    assert rc == 0, err
+    assert rec.read_bytes().startswith(second) and len(rec.read_bytes()) > len(second) + 1000
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    rc, _, err = kvtop([*run[:-1], str(empty)], tmp_path)
+    assert rc == 0 and empty.stat().st_size > 1000, err
+
+
+def _finish_or_kill(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        return finish(proc, timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"no end after 60 s (the dashboard started?): {len(out):,} bytes on stdout, {err[-300:]!r}")
+
+
+def test_json_with_no_terminal_runs_headless_and_ends_with_the_summary(tmp_path: Path) -> None:
+    """`kvtop --duration 3 --json` with stdout a pipe (no --headless): the dashboard started, wrote its escape
+    sequences into the pipe and no summary. Now the run is headless and its last line is the JSON summary."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvtop", "--duration", "3", "--json"], cwd=tmp_path,
+                            env=clean_env(tmp_path, KVTOP_ENGINE="sim"), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rc, out, err = _finish_or_kill(proc)
+    assert rc == 0, err
+    assert "\x1b" not in out
+    lines = out.strip().splitlines()
+    s = json.loads(lines[-1])
+    assert len(lines) == 1 and s["engine"] == "sim" and s["requests"]["completed"] > 0
+    assert "stdout is not a terminal" not in err  # --json asked for it: nothing to explain
+
+
+def test_any_run_with_no_terminal_is_headless_and_says_so(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "kvtop", "--duration", "1", "--speed", "0"], cwd=tmp_path,
+                            env=clean_env(tmp_path, KVTOP_ENGINE="sim"), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rc, out, err = _finish_or_kill(proc)
+    assert rc == 0, err
+    assert "\x1b" not in out and "hit rate:" in out
+    assert "kvtop: stdout is not a terminal: running headless" in err
