@@ -43,8 +43,9 @@ def test_the_readme_says_report_and_plot_need_the_report_extra() -> None:
     assert "pip install 'kvtop[report]'" in README
 
 
+# kvtop report without matplotlib prints its comparison and writes the page without charts (one line on stderr):
+# tests/test_report.py::test_without_matplotlib_the_comparison_still_prints.
 @pytest.mark.parametrize("argv, first", [
-    (["report", "a.jsonl", "b.jsonl"], "kvtop report needs matplotlib: pip install 'kvtop[report]'"),
     (["sim", "--trace", "tests/data/mooncake_slice.jsonl", "--host-cache", "0,8GB", "--plot", "x.png"],
      "kvtop: --plot: kvtop sim --plot needs matplotlib: pip install 'kvtop[report]'"),
 ])

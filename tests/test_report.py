@@ -162,7 +162,7 @@ def test_the_report_of_two_runs_answers_the_seed_question(recordings: dict[str, 
     assert b64["miss"]["p50_s"] > b64["gpu_hit"]["p50_s"]        # a miss recomputes its prompt: slower
     page = (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
     first = page[: page.index("<h2>Runs</h2>")]                   # what the first screen shows
-    assert "Against host0 (baseline)" in first and "TTFT by where the prefix came from" in first
+    assert "Against host0, the baseline" in first and "TTFT by where the prefix came from" in first
     assert f"{tp['delta_pct']:+.1f}%" in first and f"{100 * ds['hit_rate']['delta']:+.1f} pt" in first
     for needle in ("scenario", "concurrency", "GPU pool", "host pool", "engine", "zipf-prefix", " GiB"):
         assert needle in page, needle
@@ -252,3 +252,144 @@ def test_the_overlap_check_catches_two_texts_drawn_on_each_other() -> None:
     fig.text(0.6, 0.8, "host capacity")
     assert_no_texts_overlap(fig)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- the answer, first
+
+def _sentence_of(base: dict, run: dict) -> tuple[str, ...]:
+    """The pieces the report's sentence must hold for ``run`` against ``base``, computed from their summaries."""
+    by = {k: v["p50_s"] for k, v in run["ttft_by_source"].items()}
+    gap = 1000 * (by["miss"] - by["host_hit"])
+    return (f"with {run['host_size']} ({run['name']}) against no host cache ({base['name']})",
+            f"TTFT p50 {100 * (run['ttft_p50_s'] / base['ttft_p50_s'] - 1):+.1f}%",
+            f"output tok/s {100 * (run['output_tokens_per_s'] / base['output_tokens_per_s'] - 1):+.1f}%",
+            f"hit rate {100 * (run['hit_rate'] - base['hit_rate']):+.1f} pt",
+            f"saves {gap:,.1f} ms against a miss" if gap < 10 else f"saves {gap:,.0f} ms against a miss")
+
+def test_the_first_screen_and_the_first_line_say_the_answer_in_a_sentence(
+        recordings: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One sentence per run pair, first on stdout and at the top of the page, with runs named by file and host
+    size (not the run ids the records carry): "with 0.28 GiB host (host64) against no host cache (host0): TTFT p50
+    -x%, output tok/s +y%, hit rate +z pt; a host hit ... saves N ms against a miss"."""
+    assert main([str(recordings["host0"]), str(recordings["host64"]), "-o", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
+    h0, h64 = summary["runs"]
+    assert h0["host_size"] == "no host cache" and h64["host_size"] == f"{64 * BLOCK / 2**30:.2f} GiB host"
+    first_line = out.splitlines()[0]
+    for piece in _sentence_of(h0, h64):
+        assert piece in first_line, (piece, first_line)
+    assert summary["sentences"] == [first_line]
+    page = (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
+    top = page[: page.index("<h2>")]
+    assert f"<p>{first_line}</p>" in top.replace("&#x27;", "'")
+    # the baseline's table names the pools, runs by file and host size
+    table = page[page.index("<h2>Against"): page.index("<h2>TTFT by")]
+    assert "<td>host pool</td>" in table and f"{64 * BLOCK / 2**30:.2f} GiB" in table
+    assert "host0 (no host cache)" in table and f"host64 ({h64['host_size']})" in table
+
+
+def _run_with(summary_changes: dict[str, float], recording: Path) -> object:
+    run = load_run(recording)
+    run.summary.update(summary_changes)
+    return run
+
+
+def test_a_falling_gpu_share_is_not_worse_when_the_total_rises(recordings: dict[str, Path]) -> None:
+    """The host tier takes hits the GPU had (its share falls 49.6% -> 44.0%) while the total rises (49.6% ->
+    68.2%): only the total is coloured, green; the shares are neutral. The GPU's fall was red."""
+    from kvtop.report.report import _answer, deltas, direction
+
+    base = _run_with({"hit_rate": 0.496, "gpu_hit_rate": 0.496, "host_hit_rate": 0.0}, recordings["host0"])
+    other = _run_with({"hit_rate": 0.682, "gpu_hit_rate": 0.440, "host_hit_rate": 0.242}, recordings["host64"])
+    ds = {d["key"]: d for d in deltas(base.summary, other.summary)}  # type: ignore[attr-defined]
+    assert direction(ds["hit_rate"]) == "better"
+    assert direction(ds["gpu_hit_rate"]) is None and direction(ds["host_hit_rate"]) is None
+    worse_total = _run_with({"hit_rate": 0.40, "gpu_hit_rate": 0.40, "host_hit_rate": 0.0}, recordings["host64"])
+    assert direction({d["key"]: d for d in deltas(base.summary, worse_total.summary)}["hit_rate"]) == "worse"
+    page = "".join(_answer([base, other]))  # type: ignore[list-item]
+    row = {m.group(1): m.group(0) for m in re.finditer(r"<tr><td>([a-zA-Z /]+?) <small>.*?</tr>", page)}
+    assert "<td>-5.6 pt</td>" in row["hit from GPU"] and "class=" not in row["hit from GPU"]
+    assert "<td>+24.2 pt</td>" in row["hit from host"] and "class=" not in row["hit from host"]
+    assert "<td class='good'>+18.6 pt</td>" in row["hit rate"]
+
+
+def test_a_recording_of_several_runs_is_split_into_its_runs(recordings: dict[str, Path], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`--record --append` of two runs (two sources), and two runs under one run name (one source, a second
+    `meta`): each run folded apart, equal to its own recording folded alone, labelled by file, number and host
+    size. Folded as one, the two pools and their hits were summed into a run that never existed."""
+    from kvtop.report.report import load_runs
+
+    both = tmp_path / "both.jsonl"
+    both.write_bytes(recordings["host0"].read_bytes() + recordings["host64"].read_bytes())
+    alone = [load_run(recordings["host0"]).summary, load_run(recordings["host64"]).summary]
+    split = [r.summary for r in load_runs(both)]
+    assert [r["name"] for r in split] == ["both #1", "both #2"]
+    keys = ("records", "requests_completed", "hit_rate", "gpu_hit_rate", "host_hit_rate", "host_blocks",
+            "gpu_blocks", "ttft_p50_s", "onboarded_blocks")
+    assert [{k: r[k] for k in keys} for r in split] == [{k: r[k] for k in keys} for r in alone]
+    assert split[1]["label"] == f"both #2 ({alone[1]['host_size']})" and split[0]["host_blocks"] == 0
+    # one source, two sessions: the second meta starts the second run
+    same = tmp_path / "same.jsonl"
+    for i, host_blocks in enumerate((0, 64)):
+        record_sim_run(tmp_path / f"s{i}.jsonl", n_requests=20, host_cache_size=host_blocks * BLOCK,
+                       max_tokens=2048, run="demo")
+    same.write_bytes((tmp_path / "s0.jsonl").read_bytes() + (tmp_path / "s1.jsonl").read_bytes())
+    runs = load_runs(same)
+    assert [r.summary["requests_completed"] for r in runs] == [20, 20]
+    assert [r.summary["host_blocks"] for r in runs] == [0, 64]
+    assert main([str(both), "-o", str(tmp_path / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith(f"with {alone[1]['host_size']} (both #2) against no host cache (both #1)")
+
+
+def test_without_matplotlib_the_comparison_still_prints(recordings: dict[str, Path], tmp_path: Path) -> None:
+    """matplotlib unimportable (a sys.modules entry of None, in a subprocess): the sentence and the comparison on
+    stdout, the page and summary.json written without charts, one line on stderr saying so, exit 0. It exited 2
+    before anything was read."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from kvtop.report.report import main\n"
+            f"sys.exit(main([{str(recordings['host0'])!r}, {str(recordings['host64'])!r}, '-o', "
+            f"{str(tmp_path / 'rep')!r}]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    err = done.stderr.strip().splitlines()
+    assert len(err) == 1 and "pip install 'kvtop[report]'" in err[0]
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("with ") and "host64 against host0:" in lines
+    assert any(line.split()[:2] == ["TTFT", "p50"] and "ms ->" in line for line in lines)
+    page = (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
+    assert "data:image/png" not in page and lines[0] in page.replace("&#x27;", "'")
+    assert json.loads((tmp_path / "rep" / "summary.json").read_text())["sentences"] == [lines[0]]
+    assert not list((tmp_path / "rep").glob("*.png"))
+
+
+def _chromium() -> str | None:
+    import shutil
+
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_chromium() is None, reason="needs chromium (apt-get install chromium)")
+def test_the_page_fits_1280_px_as_chromium_draws_it(recordings: dict[str, Path], tmp_path: Path) -> None:
+    """The page drawn by headless chromium in a 1280 px window: nothing wider than the window (the runs' table of
+    25 columns across was 1,9xx px wide and cut off). The page's own width is read back from the drawn DOM."""
+    import subprocess
+
+    build_report([recordings["host0"], recordings["host64"]], tmp_path / "rep")
+    page = (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
+    probe = ("<script>window.addEventListener('load', () => { const w = Math.max("
+             "document.documentElement.scrollWidth, ...[...document.querySelectorAll('table')].map("
+             "t => t.getBoundingClientRect().right)); document.title = 'WIDTH=' + Math.ceil(w); });</script>")
+    (tmp_path / "probe.html").write_text(page.replace("</body>", probe + "</body>"), encoding="utf-8")
+    done = subprocess.run([_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900",
+                           "--virtual-time-budget=3000", "--dump-dom", (tmp_path / "probe.html").as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    found = re.search(r"<title>WIDTH=(\d+)</title>", done.stdout)
+    assert found, done.stderr[-500:]
+    assert int(found.group(1)) <= 1280

@@ -252,7 +252,8 @@ def test_a_three_tier_run_in_json_report_and_dashboard(tmp_path: Any) -> None:
     run = result["runs"][0]
     assert run["disk_blocks"] == 11 and list(run["tiers"]) == ["gpu", "host", "disk"]
     page = (tmp_path / "report" / "index.html").read_text()
-    assert "<th>disk blocks</th>" in page and "and disk (TensorRT-LLM's disk cache)" in page
+    # a row of the runs table (a column per run)
+    assert "<td>disk blocks</td>" in page and "and disk (TensorRT-LLM's disk cache)" in page
 
 
 def test_a_three_tier_run_charts_its_disk_tier(tmp_path: Any) -> None:

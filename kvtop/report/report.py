@@ -11,11 +11,19 @@ every iteration-stats record. Written into DIR:
 - `compare.png` (two runs or more): throughput, TTFT p50/p99 and hit rates side by side;
 - `summary.json` and `index.html` (images embedded as base64, so the page is one file).
 
-The page's first screen answers "how much do throughput and latency degrade when part of the KV cache lives in
-host memory?": each run against the first (the baseline) as numbers and percentages (throughput, TTFT p50/p99,
-end-to-end latency, hit rates), then TTFT split by where each request's prefix came from (a GPU hit, a host hit,
-a miss: the request records' reused / host-hit blocks), then the runs' setup (engine, scenario, concurrency,
-pool sizes). Colours are the dashboard's tier colours everywhere (GPU blue, host orange, disk purple where the run had
+Each recording may hold several runs (``--record --append``, an attach of several engines): each is folded apart
+(:func:`load_runs`). Runs are named by file ("x64", or "x64 #2" for the second run of a file) and labelled with their
+host tier as asked for ("64 GB host", "no host cache"), never by the run ids their records carry.
+
+The page's first screen, and the first lines on stdout, answer "how much do throughput and latency gain or lose when
+part of the KV cache lives in host memory?" in one sentence per run against the first (the baseline): "with 64 GB
+host (x64) against no host cache (x0): TTFT p50 -32.5%, output tok/s +13.0%, hit rate +18.6 pt; a host hit ... saves
+150 ms against a miss (TTFT p50)". Then the same as a table (the pools first, a row per metric and a column per run,
+changes green where better and red where worse; the GPU's and the host's shares of the hits are neither: a host tier
+moves hits between them), TTFT split by where each request's prefix came from (a GPU hit, a host hit, a miss: the
+request records' reused / host-hit blocks), then the runs' setup, a row per figure (it fits 1280 px: 25 columns
+across did not). The comparison needs no matplotlib (the charts do: without it the page is written without them).
+Colours are the dashboard's tier colours everywhere (GPU blue, host orange, disk purple where the run had
 a disk tier); sizes are GiB; labels
 are placed so that none overlaps another, and lines are labelled where they end.
 """
@@ -38,8 +46,9 @@ from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
 from kvtop.tiers.whatif import WhatIf
 
-__all__ = ["DISK_COLOR", "GPU_COLOR", "HOST_COLOR", "TIER_COLORS", "RunData", "TierPoint", "build_report", "deltas",
-           "load_run", "main", "occupancy_series", "plot_sweep", "prefix_source"]
+__all__ = ["DISK_COLOR", "GPU_COLOR", "HOST_COLOR", "TIER_COLORS", "RunData", "TierPoint", "answer_sentences",
+           "build_report", "deltas", "host_size", "load_run", "load_runs", "main", "occupancy_series", "plot_sweep",
+           "prefix_source"]
 
 # The dashboard's tier colours (themes/light.toml, the theme for a white page: GPU = kv-in-use, host = kv-cached,
 # as the hit-rate and moves panels colour them); tests/test_report.py checks they agree.
@@ -140,43 +149,47 @@ def _percentile(values: Sequence[float], p: float) -> float | None:
     return s[k]
 
 
-def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
-    """Read and fold one recording; bad lines are collected in `bad_lines`, never raised."""
-    p = Path(path)
-    run = RunData(path=p, name=p.stem)
-    model = TierModel(warmup_requests=warmup_requests)
-    whatif = WhatIf(None)
-    t0: float | None = None
-    output_tokens = 0
-    completed = 0
-    failed = 0
-    last_t = 0.0
-    for item in read_jsonl(p):
-        if isinstance(item, RecordError):
-            run.bad_lines.append((item.line, f"{item.field}: {item.problem}"))
-            continue
-        rec: Record = item
+class _Fold:
+    """One run's records folded: the TierModel (as the dashboard folds them), the live what-if, the requests."""
+
+    def __init__(self, path: Path, name: str, warmup_requests: int):
+        self.run = RunData(path=path, name=name)
+        self.model = TierModel(warmup_requests=warmup_requests)
+        self.whatif = WhatIf(None)
+        self.t0: float | None = None
+        self.last_t = 0.0
+        self.output_tokens = 0
+        self.completed = 0
+        self.failed = 0
+        self.had_meta = False
+        self.sources: dict[str, None] = {}  # the sources its records came from, in order (host/rank/run)
+        self.run_names: dict[str, None] = {}
+
+    def apply(self, rec: Record) -> None:
+        run, model = self.run, self.model
         run.records += 1
-        if t0 is None:
-            t0 = rec.time
-        last_t = max(last_t, rec.time)
+        if rec.source.run:
+            self.run_names[rec.source.run] = None
+        self.sources[rec.source.key()] = None
+        if self.t0 is None:
+            self.t0 = rec.time
+        self.last_t = max(self.last_t, rec.time)
         model.apply(rec)
-        whatif.apply(rec)
+        self.whatif.apply(rec)
         if rec.kind == "stats":
             hr, mv, cold = model.hit_rate, model.moves, model.cold
             run.samples.append(Sample(
-                rec.time - t0, {t.name: TierPoint(t.capacity_blocks, t.in_use_blocks, t.cached_blocks)
-                                for t in model.tiers},
+                rec.time - self.t0, {t.name: TierPoint(t.capacity_blocks, t.in_use_blocks, t.cached_blocks)
+                                     for t in model.tiers},
                 None if cold is None else cold.in_use_blocks, hr.hits, hr.lookups, hr.host_hits,
                 mv.offloaded_blocks, mv.onboarded_blocks, mv.evicted_gpu_blocks, mv.evicted_host_blocks))
         elif rec.kind == "meta":
+            self.had_meta = True
             run.meta = dict(rec.data)
-            if rec.source.run:
-                run.name = rec.source.run
         elif rec.kind == "request":
             d = rec.data
             if d.get("ok") is True:
-                completed += 1
+                self.completed += 1
                 ttft = d.get("ttft_s")
                 if isinstance(ttft, (int, float)) and not isinstance(ttft, bool) and ttft >= 0:
                     run.ttfts.append(float(ttft))
@@ -188,68 +201,140 @@ def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
                     run.e2es.append(float(e2e))
                 out = d.get("output_tokens")
                 if isinstance(out, int) and not isinstance(out, bool):
-                    output_tokens += out
+                    self.output_tokens += out
             else:
-                failed += 1
-    run.duration_s = (last_t - t0) if t0 is not None else 0.0
-    run.bytes_per_block = model.bytes_per_block
-    if whatif.host_capacity_blocks is None and isinstance(run.meta.get("secondary_blocks"), int):
-        whatif._set_capacity(run.meta["secondary_blocks"])
-    run.what_if = whatif.estimate()
-    s = model.summary()
-    hr = s["hit_rate"]
-    bpb = run.bytes_per_block
-    gpu_blocks, host_blocks = s["tiers"]["gpu"]["capacity_blocks"], s["tiers"]["host"]["capacity_blocks"]
-    run.summary = {
-        "name": run.name,
-        "path": str(p),
-        "records": run.records,
-        "bad_lines": len(run.bad_lines),
-        "engine": run.meta.get("engine_version") or run.meta.get("engine"),
-        "model": s.get("model"),
-        "gpu": s.get("gpu"),
-        "scenario": run.meta.get("scenario"),
-        "concurrency": run.meta.get("concurrency"),
-        "rate": run.meta.get("rate"),
-        "host_cache_bytes": run.meta.get("host_cache_bytes"),
-        "gpu_pool_bytes": gpu_blocks * bpb if isinstance(gpu_blocks, int) and bpb else None,
-        "host_pool_bytes": host_blocks * bpb if isinstance(host_blocks, int) and bpb else None,
-        "gpu_blocks": s["tiers"]["gpu"]["capacity_blocks"],
-        "host_blocks": s["tiers"]["host"]["capacity_blocks"],
-        "disk_blocks": (s["tiers"].get("disk") or {}).get("capacity_blocks"),
-        # every tier the run had (GPU, host, disk where there was one), in order, with its size
-        "tiers": {name: {"capacity_blocks": t["capacity_blocks"], "capacity_bytes": t["capacity_bytes"]}
-                  for name, t in s["tiers"].items()},
-        "stats_schema": s.get("stats_schema"),
-        "duration_s": run.duration_s,
-        "requests_completed": completed,
-        "requests_failed": failed,
-        "requests_per_s": completed / run.duration_s if run.duration_s > 0 else None,
-        "output_tokens_per_s": output_tokens / run.duration_s if run.duration_s > 0 else None,
-        "ttft_p50_s": _percentile(run.ttfts, 0.50),
-        "ttft_p99_s": _percentile(run.ttfts, 0.99),
-        "e2e_p50_s": _percentile(run.e2es, 0.50),
-        "e2e_p99_s": _percentile(run.e2es, 0.99),
-        "ttft_by_source": {k: {"requests": len(run.ttft_by_source.get(k, [])),
-                               "p50_s": _percentile(run.ttft_by_source.get(k, []), 0.50),
-                               "p99_s": _percentile(run.ttft_by_source.get(k, []), 0.99)}
-                           for k, _ in PREFIX_SOURCES},
-        "hit_rate": hr["cumulative"],
-        "gpu_hit_rate": hr["gpu"],
-        "host_hit_rate": hr["host"],
-        "offloaded_blocks": s["moves"]["offloaded_blocks"],
-        "onboarded_blocks": s["moves"]["onboarded_blocks"],
-        "what_if": {k: run.what_if.get(k) for k in ("host_x2_hit_rate", "host_x4_hit_rate")},
-        "counts_approximate": s["quality"]["counts_approximate"],
-        "fold_bad_records": s["bad_records"],
-    }
-    return run
+                self.failed += 1
+
+    def finish(self) -> RunData:
+        run, model, whatif = self.run, self.model, self.whatif
+        completed, output_tokens = self.completed, self.output_tokens
+        run.duration_s = (self.last_t - self.t0) if self.t0 is not None else 0.0
+        run.bytes_per_block = model.bytes_per_block
+        if whatif.host_capacity_blocks is None and isinstance(run.meta.get("secondary_blocks"), int):
+            whatif._set_capacity(run.meta["secondary_blocks"])
+        run.what_if = whatif.estimate()
+        s = model.summary()
+        hr = s["hit_rate"]
+        bpb = run.bytes_per_block
+        gpu_blocks, host_blocks = s["tiers"]["gpu"]["capacity_blocks"], s["tiers"]["host"]["capacity_blocks"]
+        run.summary = {
+            "name": run.name,
+            "path": str(run.path),
+            # what the records call it (generated names such as "multi-turn-18573"): shown in the setup table only
+            "run_name": ", ".join(self.run_names) or None,
+            "sources": list(self.sources),
+            "records": run.records,
+            "bad_lines": len(run.bad_lines),
+            "engine": run.meta.get("engine_version") or run.meta.get("engine"),
+            "model": s.get("model"),
+            "gpu": s.get("gpu"),
+            "scenario": run.meta.get("scenario"),
+            "concurrency": run.meta.get("concurrency"),
+            "rate": run.meta.get("rate"),
+            "host_cache_bytes": run.meta.get("host_cache_bytes"),
+            "gpu_pool_bytes": gpu_blocks * bpb if isinstance(gpu_blocks, int) and bpb else None,
+            "host_pool_bytes": host_blocks * bpb if isinstance(host_blocks, int) and bpb else None,
+            "gpu_blocks": s["tiers"]["gpu"]["capacity_blocks"],
+            "host_blocks": s["tiers"]["host"]["capacity_blocks"],
+            "disk_blocks": (s["tiers"].get("disk") or {}).get("capacity_blocks"),
+            # every tier the run had (GPU, host, disk where there was one), in order, with its size
+            "tiers": {name: {"capacity_blocks": t["capacity_blocks"], "capacity_bytes": t["capacity_bytes"]}
+                      for name, t in s["tiers"].items()},
+            "stats_schema": s.get("stats_schema"),
+            "duration_s": run.duration_s,
+            "requests_completed": completed,
+            "requests_failed": self.failed,
+            "requests_per_s": completed / run.duration_s if run.duration_s > 0 else None,
+            "output_tokens_per_s": output_tokens / run.duration_s if run.duration_s > 0 else None,
+            "ttft_p50_s": _percentile(run.ttfts, 0.50),
+            "ttft_p99_s": _percentile(run.ttfts, 0.99),
+            "e2e_p50_s": _percentile(run.e2es, 0.50),
+            "e2e_p99_s": _percentile(run.e2es, 0.99),
+            "ttft_by_source": {k: {"requests": len(run.ttft_by_source.get(k, [])),
+                                   "p50_s": _percentile(run.ttft_by_source.get(k, []), 0.50),
+                                   "p99_s": _percentile(run.ttft_by_source.get(k, []), 0.99)}
+                               for k, _ in PREFIX_SOURCES},
+            "hit_rate": hr["cumulative"],
+            "gpu_hit_rate": hr["gpu"],
+            "host_hit_rate": hr["host"],
+            "offloaded_blocks": s["moves"]["offloaded_blocks"],
+            "onboarded_blocks": s["moves"]["onboarded_blocks"],
+            "what_if": {k: run.what_if.get(k) for k in ("host_x2_hit_rate", "host_x4_hit_rate")},
+            "counts_approximate": s["quality"]["counts_approximate"],
+            "fold_bad_records": s["bad_records"],
+        }
+        run.summary["host_size"] = host_size(run.summary)
+        run.summary["label"] = f"{run.name} ({run.summary['host_size']})"
+        return run
+
+
+def host_size(summary: dict[str, Any]) -> str:
+    """The run's host tier in words, as it was asked for: "64 GB host" (``--host-cache 64GB``), "no host cache",
+    else the pool the engine reported ("0.28 GiB host")."""
+    asked, blocks, pool = summary.get("host_cache_bytes"), summary.get("host_blocks"), summary.get("host_pool_bytes")
+    if asked == 0 or (asked is None and blocks == 0):
+        return "no host cache"
+    if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0:
+        if asked % 10**9 == 0:
+            return f"{asked // 10**9:,} GB host"
+        if asked % GIB == 0:
+            return f"{asked // GIB:,} GiB host"
+        return f"{asked / GIB:.2f} GiB host"
+    if isinstance(pool, (int, float)) and pool > 0:
+        return f"{pool / GIB:.2f} GiB host"
+    if isinstance(blocks, int) and blocks > 0:
+        return f"{blocks:,} host blocks"
+    return "host cache unknown"
+
+
+def load_run(path: str | Path, warmup_requests: int = 0) -> RunData:
+    """Read and fold one recording as one run (whatever its sources); bad lines are collected in `bad_lines`, never
+    raised. :func:`load_runs` splits a recording of several runs."""
+    p = Path(path)
+    fold = _Fold(p, p.stem, warmup_requests)
+    for item in read_jsonl(p):
+        if isinstance(item, RecordError):
+            fold.run.bad_lines.append((item.line, f"{item.field}: {item.problem}"))
+            continue
+        fold.apply(item)
+    return fold.finish()
+
+
+def load_runs(path: str | Path, warmup_requests: int = 0) -> list[RunData]:
+    """Read one recording and fold each run in it apart: a run is one source's records (host, rank, run name:
+    ``kvtop --record --append`` of two runs, an attach of several engines), and a source's second ``meta`` record
+    starts another run (a session sends its meta once: a second one is a new session under the same name). One run
+    is named after the file ("x64"), several "x64 #1", "x64 #2"... in the order they start; the file's bad lines
+    go with its first run. Folded together, two runs' pools and hits were summed into one that never existed."""
+    p = Path(path)
+    folds: list[_Fold] = []
+    by_source: dict[str, _Fold] = {}
+    bad: list[tuple[int | None, str]] = []
+    for item in read_jsonl(p):
+        if isinstance(item, RecordError):
+            bad.append((item.line, f"{item.field}: {item.problem}"))
+            continue
+        key = item.source.key()
+        fold = by_source.get(key)
+        if fold is None or (item.kind == "meta" and fold.had_meta):
+            fold = by_source[key] = _Fold(p, p.stem, warmup_requests)
+            folds.append(fold)
+        fold.apply(item)
+    if not folds:
+        folds.append(_Fold(p, p.stem, warmup_requests))
+    folds[0].run.bad_lines = bad
+    if len(folds) > 1:
+        for i, fold in enumerate(folds, 1):
+            fold.run.name = f"{p.stem} #{i}"
+    return [fold.finish() for fold in folds]
 
 
 # ---------------------------------------------------------------------------------------------- deltas
 
 # (label, summary key, kind, better): kind "rate" compares as a ratio; "seconds" too (lower is better); "share"
-# (a hit rate) as percentage points and as a ratio.
+# (a hit rate) as percentage points and as a ratio. The shares of the GPU and of the host are "neutral": a host
+# tier moves hits from one to the other (the GPU's share falls as the total rises), so only the total hit rate is
+# better or worse.
 DELTA_METRICS = (
     ("output tokens/s", "output_tokens_per_s", "rate", "higher"),
     ("requests/s", "requests_per_s", "rate", "higher"),
@@ -258,8 +343,8 @@ DELTA_METRICS = (
     ("e2e p50", "e2e_p50_s", "seconds", "lower"),
     ("e2e p99", "e2e_p99_s", "seconds", "lower"),
     ("hit rate", "hit_rate", "share", "higher"),
-    ("hit from GPU", "gpu_hit_rate", "share", "higher"),
-    ("hit from host", "host_hit_rate", "share", "higher"),
+    ("hit from GPU", "gpu_hit_rate", "share", "neutral"),
+    ("hit from host", "host_hit_rate", "share", "neutral"),
 )
 
 
@@ -276,6 +361,72 @@ def deltas(base: dict[str, Any], other: dict[str, Any]) -> list[dict[str, Any]]:
             pct = 100.0 * diff / a if a else None
         out.append({"metric": label, "key": key, "kind": kind, "better": better, "base": a, "value": b,
                     "delta": diff, "delta_pct": pct})
+    return out
+
+
+def direction(d: dict[str, Any]) -> str | None:
+    """"better", "worse", or None (no change, unknown, or a neutral share) for one of :func:`deltas`' rows."""
+    if d["delta"] is None or d["delta"] == 0 or d["better"] not in ("higher", "lower"):
+        return None
+    return "better" if (d["delta"] > 0) == (d["better"] == "higher") else "worse"
+
+
+def _ms(seconds: float) -> str:
+    ms = 1000 * seconds
+    return f"{ms:,.1f} ms" if abs(ms) < 10 else f"{ms:,.0f} ms"
+
+
+def _class_gaps(summary: dict[str, Any]) -> str | None:
+    """"a host hit costs 19 ms more than a GPU hit and saves 67 ms against a miss": TTFT p50 by prefix source."""
+    by = summary.get("ttft_by_source") or {}
+    p50 = {k: (by.get(k) or {}).get("p50_s") for k, _ in PREFIX_SOURCES}
+    host, gpu, miss = p50["host_hit"], p50["gpu_hit"], p50["miss"]
+    if host is None:
+        if gpu is not None and miss is not None:
+            return f"a GPU hit saves {_ms(miss - gpu)} against a miss (TTFT p50)"
+        return None
+    parts = []
+    if gpu is not None:
+        parts.append(f"costs {_ms(host - gpu)} more than a GPU hit" if host >= gpu
+                     else f"is {_ms(gpu - host)} faster than a GPU hit")
+    if miss is not None:
+        parts.append(f"saves {_ms(miss - host)} against a miss" if miss >= host
+                     else f"costs {_ms(host - miss)} more than a miss")
+    return ("a host hit " + " and ".join(parts) + " (TTFT p50)") if parts else None
+
+
+def answer_sentences(runs: Sequence[RunData]) -> list[str]:
+    """The report's answer, one sentence per run against the first (the baseline): "with 64 GB host against no host
+    cache: TTFT p50 -44.0%, output tok/s +24.0%, hit rate +30.1 pt; a host hit costs 19 ms more than a GPU hit and
+    saves 67 ms against a miss (TTFT p50)". One run alone: its own figures. Plain text (the page escapes it)."""
+    out: list[str] = []
+    if not runs:
+        return out
+    if len(runs) == 1:
+        r = runs[0].summary
+        figures = [f"TTFT p50 {_fmt(r.get('ttft_p50_s'), 'ms')}",
+                   f"output tok/s {_fmt(r.get('output_tokens_per_s'), 'num')}",
+                   f"hit rate {_fmt(r.get('hit_rate'), 'pct')} (GPU {_fmt(r.get('gpu_hit_rate'), 'pct')}, host "
+                   f"{_fmt(r.get('host_hit_rate'), 'pct')})"]
+        gaps = _class_gaps(r)
+        return [f"{r['label']}: " + ", ".join(figures) + (f"; {gaps}" if gaps else "")]
+    base = runs[0].summary
+    for run in runs[1:]:
+        r = run.summary
+        if r.get("host_size") != base.get("host_size"):
+            head = f"with {r['host_size']} ({r['name']}) against {base['host_size']} ({base['name']})"
+        else:
+            head = f"{r['label']} against {base['name']}"
+        ds = {d["key"]: d for d in deltas(base, r)}
+        figures = []
+        for key, label in (("ttft_p50_s", "TTFT p50"), ("output_tokens_per_s", "output tok/s")):
+            pct = ds[key]["delta_pct"]
+            if pct is not None:
+                figures.append(f"{label} {_signed(pct, '%')}")
+        if ds["hit_rate"]["delta"] is not None:
+            figures.append(f"hit rate {_signed(100 * ds['hit_rate']['delta'], ' pt')}")
+        gaps = _class_gaps(r)
+        out.append(head + ": " + (", ".join(figures) or "no figures to compare") + (f"; {gaps}" if gaps else ""))
     return out
 
 
@@ -696,9 +847,11 @@ def _fmt(v: Any, kind: str) -> str:
     return html.escape(str(v))
 
 
+# The runs' table, one row per figure and one column per run (25 columns across were cut off at 1280 px).
 _TABLE = (
-    ("run", "name", "str"), ("engine", "engine", "str"), ("scenario", "scenario", "str"),
-    ("concurrency", "concurrency", "str"), ("GPU pool", "gpu_pool_bytes", "gib"), ("GPU blocks", "gpu_blocks", "int"),
+    ("file", "path", "str"), ("recorded as", "run_name", "str"), ("engine", "engine", "str"),
+    ("scenario", "scenario", "str"), ("concurrency", "concurrency", "str"),
+    ("GPU pool", "gpu_pool_bytes", "gib"), ("GPU blocks", "gpu_blocks", "int"),
     ("host pool", "host_pool_bytes", "gib"), ("host blocks", "host_blocks", "int"),
     ("requests", "requests_completed", "int"),
     ("failed", "requests_failed", "int"), ("duration s", "duration_s", "num"),
@@ -712,24 +865,32 @@ _TABLE = (
 
 
 def _answer(runs: Sequence[RunData]) -> list[str]:
-    """The first screen: each run against the first, then TTFT by prefix source."""
-    parts: list[str] = []
+    """The first screen: the answer in sentences, each run against the first (pools first, then the figures, rows
+    by metric and a column per run), then TTFT by prefix source."""
+    parts: list[str] = ["<div class='answer'>"]
+    parts += [f"<p>{html.escape(line)}</p>" for line in answer_sentences(runs)]
+    parts.append("</div>")
     if len(runs) >= 2:
         base = runs[0]
-        parts.append(f"<h2>Against {html.escape(base.name)} (baseline)</h2><table><tr><th>metric</th>"
-                     f"<th>{html.escape(base.name)}</th>")
+        parts.append(f"<h2>Against {html.escape(base.name)}, the baseline</h2><table><tr><th>metric</th>"
+                     f"<th>{html.escape(base.summary['label'])}</th>")
         for r in runs[1:]:
-            parts.append(f"<th>{html.escape(r.name)}</th><th>change</th>")
+            parts.append(f"<th>{html.escape(r.summary['label'])}</th><th>change</th>")
         parts.append("</tr>")
+        for label, key in (("host pool", "host_pool_bytes"), ("GPU pool", "gpu_pool_bytes")):
+            parts.append(f"<tr><td>{label}</td><td>{_fmt(base.summary.get(key), 'gib')}</td>")
+            parts += [f"<td>{_fmt(r.summary.get(key), 'gib')}</td><td></td>" for r in runs[1:]]
+            parts.append("</tr>")
         rows = [deltas(base.summary, r.summary) for r in runs[1:]]
         for i, (label, key, kind, better) in enumerate(DELTA_METRICS):
             fmt = {"rate": "num", "seconds": "ms", "share": "pct"}[kind]
-            parts.append(f"<tr><td>{html.escape(label)} <small>({better} is better)</small></td>"
+            note = "share of lookups" if better == "neutral" else f"{better} is better"
+            parts.append(f"<tr><td>{html.escape(label)} <small>({note})</small></td>"
                          f"<td>{_fmt(base.summary.get(key), fmt)}</td>")
             for r, ds in zip(runs[1:], rows):
                 d = ds[i]
-                worse = d["delta"] is not None and d["delta"] != 0 and ((d["delta"] < 0) == (better == "higher"))
-                cls = " class='bad'" if worse else ""
+                way = direction(d)
+                cls = " class='good'" if way == "better" else " class='bad'" if way == "worse" else ""
                 change = ("n/a" if d["delta"] is None else
                           _signed(100 * d["delta"], " pt") if kind == "share" else
                           "n/a" if d["delta_pct"] is None else _signed(d["delta_pct"], "%"))
@@ -745,7 +906,7 @@ def _answer(runs: Sequence[RunData]) -> list[str]:
     parts.append("</tr>")
     for r in runs:
         by = r.summary.get("ttft_by_source") or {}
-        parts.append(f"<tr><td>{html.escape(r.name)}</td>")
+        parts.append(f"<tr><td>{html.escape(r.summary['label'])}</td>")
         for k, _ in PREFIX_SOURCES:
             b = by.get(k) or {}
             parts.append(f"<td>{_fmt(b.get('requests'), 'int')}</td><td>{_fmt(b.get('p50_s'), 'ms')}</td>"
@@ -755,35 +916,46 @@ def _answer(runs: Sequence[RunData]) -> list[str]:
     return parts
 
 
-def _page(runs: Sequence[RunData], images: dict[str, Path]) -> str:
+def _page(runs: Sequence[RunData], images: dict[str, Path], note: str | None = None) -> str:
     css = ("body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}"
            "table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:4px 8px;"
            "text-align:right}th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
-           "img{max-width:100%;border:1px solid #eee;margin:0.5em 0}.bad{color:#a00}"
+           "img{max-width:100%;border:1px solid #eee;margin:0.5em 0}.bad{color:#cf222e}.good{color:#1a7f37}"
+           ".answer p{font-size:17px;margin:0.4em 0}.answer{border-left:4px solid #888;padding-left:0.8em}"
            f".gpu{{color:{GPU_COLOR};font-weight:bold}}.host{{color:{HOST_COLOR};font-weight:bold}}"
            f".miss{{color:{MISS_COLOR};font-weight:bold}}")
+    # A disk tier (TensorRT-LLM's disk cache) is named, and gets its row, only where a run had one.
+    disk = any(r.summary.get("disk_blocks") is not None for r in runs)
+    tiers = ("<span class='gpu'>GPU (HBM)</span>, <span class='host'>host (pinned DRAM)</span> and disk "
+             "(TensorRT-LLM's disk cache)" if disk else
+             "<span class='gpu'>GPU (HBM)</span> and <span class='host'>host (pinned DRAM)</span>")
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvtop report</title>",
-             f"<style>{css}</style></head><body>", "<h1>kvtop report</h1>",
-             "<p>Tiers: <span class='gpu'>GPU (HBM)</span> and <span class='host'>host (pinned DRAM)</span>, "
-             "in these colours in every chart. Hit rates are block-based (TensorRT-LLM's reusedBlocks / "
-             "(reused + missed)); the what-if columns estimate the hit rate with a 2x / 4x larger host cache "
-             "from the run's own evictions. Sizes in GiB (2<sup>30</sup> bytes).</p>"]
+             f"<style>{css}</style></head><body>", "<h1>kvtop report</h1>"]
     parts += _answer(runs)
-    parts.append("<h2>Runs</h2><table><tr>")
-    # A disk tier (TensorRT-LLM's disk cache) gets its column only where a run had one.
+    parts.append(f"<p>Tiers: {tiers}, in these colours in every chart. Hit rates are block-based (TensorRT-LLM's "
+                 "reusedBlocks / (reused + missed)); changes in <span class='good'>green</span> are better, in "
+                 "<span class='bad'>red</span> worse (the GPU's and the host's shares of the hits are neither: a "
+                 "host tier moves hits between them; the total is what counts); the what-if rows estimate the hit "
+                 "rate with a 2x / 4x larger host cache from the run's own evictions. Sizes in GiB "
+                 "(2<sup>30</sup> bytes).</p>")
+    if note:
+        parts.append(f"<p class='bad'>{html.escape(note)}</p>")
     table = list(_TABLE)
-    if any(r.summary.get("disk_blocks") is not None for r in runs):
-        table.insert(8, ("disk blocks", "disk_blocks", "int"))
-        parts[3] = parts[3].replace("</span> and <span class='host'>host (pinned DRAM)</span>, ",
-                                      "</span>, <span class='host'>host (pinned DRAM)</span> and disk "
-                                      "(TensorRT-LLM's disk cache), ")
-    parts += [f"<th>{html.escape(h)}</th>" for h, _, _ in table]
+    if disk:
+        table.insert(9, ("disk blocks", "disk_blocks", "int"))
+    parts.append("<h2>Runs</h2><table><tr><th>run</th>")
+    parts += [f"<th>{html.escape(r.summary['label'])}</th>" for r in runs]
     parts.append("</tr>")
+    shown = []
     for run in runs:
         s = dict(run.summary)
         s["wi2"] = s["what_if"].get("host_x2_hit_rate")
         s["wi4"] = s["what_if"].get("host_x4_hit_rate")
-        parts.append("<tr>" + "".join(f"<td>{_fmt(s.get(k), kind)}</td>" for _, k, kind in table) + "</tr>")
+        s["path"] = run.path.name
+        shown.append(s)
+    for head, key, kind in table:
+        parts.append(f"<tr><td>{html.escape(head)}</td>" + "".join(f"<td>{_fmt(s.get(key), kind)}</td>"
+                                                                   for s in shown) + "</tr>")
     parts.append("</table>")
     for run in runs:
         meta = ", ".join(f"{k}={v}" for k, v in run.meta.items() if k in (
@@ -818,26 +990,29 @@ def _page(runs: Sequence[RunData], images: dict[str, Path]) -> str:
     return "\n".join(parts)
 
 
-def build_report(paths: Sequence[str | Path], out_dir: str | Path, warmup_requests: int = 0) -> dict[str, Any]:
-    """Fold every recording, write the charts, `summary.json` and `index.html` into `out_dir`.
+def build_report(paths: Sequence[str | Path], out_dir: str | Path, warmup_requests: int = 0,
+                 charts: bool = True) -> dict[str, Any]:
+    """Fold every recording (each run of it apart: :func:`load_runs`), write the charts, `summary.json` and
+    `index.html` into `out_dir`. ``charts=False`` writes the page and the summary without charts (no matplotlib).
 
-    Returns `{"runs": [summary per run], "files": [paths written], "bad_lines": {path: [(line, why)]}}`.
-    Raises FileNotFoundError for a missing recording, RuntimeError without matplotlib.
+    Returns `{"runs": [summary per run], "sentences": [...], "files": [paths written], "bad_lines": {path: [(line,
+    why)]}}`. Raises FileNotFoundError for a missing recording, RuntimeError for charts without matplotlib.
     """
-    plt = _plt()
+    plt = _plt() if charts else None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    runs = [load_run(p, warmup_requests) for p in paths]
+    runs = [r for p in paths for r in load_runs(p, warmup_requests)]
     seen: dict[str, int] = {}
-    for r in runs:  # two recordings of one run name (a copy, a replay): tell them apart by file
+    for r in runs:  # two recordings of one file name in two directories: tell them apart by path
         seen[r.name] = seen.get(r.name, 0) + 1
     for r in runs:
         if seen[r.name] > 1:
-            r.name = f"{r.name} ({r.path.name})"
+            r.name = f"{r.name} ({r.path})"
             r.summary["name"] = r.name
+            r.summary["label"] = f"{r.name} ({r.summary['host_size']})"
     charted = [r for r in runs if r.charted]
     images: dict[str, Path] = {}
-    if charted:
+    if charted and plt is not None:
         plotters = [("occupancy", _plot_occupancy), ("hit_rate", _plot_hit_rate), ("moves", _plot_moves),
                     ("ttft", _plot_ttft)]
         if len(charted) > 1:
@@ -846,12 +1021,15 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, warmup_reques
             path = out / f"{key}.png"
             fn(plt, charted, path)
             images[key] = path
+    sentences = answer_sentences(runs)
     summary = {"runs": [r.summary for r in runs],
+               "sentences": sentences,
                "deltas": {r.name: deltas(runs[0].summary, r.summary) for r in runs[1:]},
                "baseline": runs[0].name if runs else None,
                "bad_lines": {str(r.path): r.bad_lines for r in runs if r.bad_lines}}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    (out / "index.html").write_text(_page(runs, images), encoding="utf-8")
+    note = None if charts else f"No charts: {matplotlib_missing()}."
+    (out / "index.html").write_text(_page(runs, images, note), encoding="utf-8")
     files = [str(p) for p in images.values()] + [str(out / "summary.json"), str(out / "index.html")]
     return {**summary, "files": files}
 
@@ -865,19 +1043,16 @@ def _print(text: Any, file: Any = None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """`kvtop report RUN.jsonl [RUN2.jsonl ...] -o DIR [--warmup-requests N]`.
 
-    Exit 0 when the report was written (bad lines are listed on stderr and in the page), 1 when no recording
-    had anything to chart, 2 on a missing file or matplotlib.
+    Exit 0 when the report was written (bad lines are listed on stderr and in the page; without matplotlib the
+    comparison is printed and the page written without charts, said on stderr), 1 when no recording had anything
+    to chart, 2 on a missing file.
     """
-    ap = argparse.ArgumentParser(prog="kvtop report", description="charts and a summary page from recordings "
-                                 "(needs matplotlib: pip install 'kvtop[report]')")
+    ap = argparse.ArgumentParser(prog="kvtop report", description="the comparison, charts and a summary page from "
+                                 "recordings (charts need matplotlib: pip install 'kvtop[report]')")
     ap.add_argument("recordings", nargs="+", help="JSONL recordings (kvtop --record / replay files)")
     ap.add_argument("-o", "--out", default="kvtop-report", help="output directory (default: kvtop-report)")
     ap.add_argument("--warmup-requests", type=int, default=0, help="leave the first N requests out of hit rates")
     a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
-    no_plt = matplotlib_missing()
-    if no_plt:
-        _print(no_plt, file=sys.stderr)
-        return 2
     missing = [p for p in a.recordings if not Path(p).is_file()]
     if missing:
         _print(f"kvtop report: no such recording: {', '.join(missing)}", file=sys.stderr)
@@ -886,8 +1061,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print(f"kvtop report: -o {a.out}: exists and is not a directory (the report is a directory of "
                "charts and index.html)", file=sys.stderr)
         return 2
+    no_plt = matplotlib_missing()
+    if no_plt:  # the comparison is text: printed and written without the charts
+        _print(f"{no_plt} (for the charts; the comparison and index.html are written without them)",
+               file=sys.stderr)
     try:
-        result = build_report(a.recordings, a.out, a.warmup_requests)
+        result = build_report(a.recordings, a.out, a.warmup_requests, charts=no_plt is None)
     except RuntimeError as exc:
         _print(f"kvtop report: {exc}", file=sys.stderr)
         return 2
@@ -899,8 +1078,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print(f"kvtop report: {path}: {len(bad)} bad line(s) skipped", file=sys.stderr)
         for line, why in bad[:MAX_BAD_LINES_SHOWN]:
             _print(f"  line {line}: {why}", file=sys.stderr)
+    # The answer first: one sentence per run against the baseline (the first run).
+    for line in result["sentences"]:
+        _print(line)
+    _print("")
     for run in result["runs"]:
-        _print(f"{run['name']}: {run['requests_completed']} requests, hit rate "
+        _print(f"{run['label']}: {run['requests_completed']} requests, hit rate "
                f"{_fmt(run['hit_rate'], 'pct')} (GPU {_fmt(run['gpu_hit_rate'], 'pct')}, host "
               f"{_fmt(run['host_hit_rate'], 'pct')}), TTFT p50 {_fmt(run['ttft_p50_s'], 'ms')}, "
               f"p99 {_fmt(run['ttft_p99_s'], 'ms')}")
@@ -908,7 +1091,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, ds in result.get("deltas", {}).items():
         _print(f"{name} against {base['name'] if base else '?'}:")
         for d in ds:
-            _print(f"  {d['metric']:<15} {_delta_text(d)}")
+            way = direction(d)
+            _print(f"  {d['metric']:<15} {_delta_text(d)}" + (f"  {way}" if way else ""))
     for run in result["runs"]:
         by = run.get("ttft_by_source") or {}
         _print(f"{run['name']}: TTFT p50 by prefix source: " + ", ".join(
