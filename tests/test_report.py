@@ -162,7 +162,7 @@ def test_the_report_of_two_runs_answers_the_seed_question(recordings: dict[str, 
     assert b64["miss"]["p50_s"] > b64["gpu_hit"]["p50_s"]        # a miss recomputes its prompt: slower
     page = (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
     first = page[: page.index("<h2>Runs</h2>")]                   # what the first screen shows
-    assert "Against host0, the baseline" in first and "TTFT by where the prefix came from" in first
+    assert "Each run against the first: host0 (no host cache)" in first and "TTFT by where the prefix came from" in first
     assert f"{tp['delta_pct']:+.1f}%" in first and f"{100 * ds['hit_rate']['delta']:+.1f} pt" in first
     for needle in ("scenario", "concurrency", "GPU pool", "host pool", "engine", "zipf-prefix", " GiB"):
         assert needle in page, needle
@@ -284,7 +284,7 @@ def test_the_first_screen_and_the_first_line_say_the_answer_in_a_sentence(
     top = page[: page.index("<h2>")]
     assert f"<p>{first_line}</p>" in top.replace("&#x27;", "'")
     # the baseline's table names the pools, runs by file and host size
-    table = page[page.index("<h2>Against"): page.index("<h2>TTFT by")]
+    table = page[page.index("<h2>Each run against"): page.index("<h2>TTFT by")]
     assert "<td>host pool</td>" in table and f"{64 * BLOCK / 2**30:.2f} GiB" in table
     assert "host0 (no host cache)" in table and f"host64 ({h64['host_size']})" in table
 

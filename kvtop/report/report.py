@@ -872,7 +872,8 @@ def _answer(runs: Sequence[RunData]) -> list[str]:
     parts.append("</div>")
     if len(runs) >= 2:
         base = runs[0]
-        parts.append(f"<h2>Against {html.escape(base.name)}, the baseline</h2><table><tr><th>metric</th>"
+        parts.append(f"<h2>Each run against the first: {html.escape(base.summary['label'])}</h2>"
+                     "<table><tr><th>metric</th>"
                      f"<th>{html.escape(base.summary['label'])}</th>")
         for r in runs[1:]:
             parts.append(f"<th>{html.escape(r.summary['label'])}</th><th>change</th>")
