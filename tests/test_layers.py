@@ -484,6 +484,10 @@ def run(self, *args, **kwargs):
     raise SystemExit(0)
 
 textual.app.App.run = run
+# The probe's stdout is a pipe, which would make the replay headless (kvtop.modes.headless_wanted): it stands in
+# for a terminal here, as the patched App.run stands in for the screen.
+import kvtop.modes
+kvtop.modes.headless_wanted = lambda settings, stdout=None: bool(settings.headless or settings.json)
 from kvtop.cli import main
 main(["replay", "tests/data/busy.jsonl", "--refresh", "0.25"])
 """

@@ -44,6 +44,7 @@ from typing import Any
 from kvtop.records import Record, RecordError, read_jsonl
 from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
+from kvtop.tiers.requests import prefix_source
 from kvtop.tiers.whatif import WhatIf
 
 __all__ = ["DISK_COLOR", "GPU_COLOR", "HOST_COLOR", "TIER_COLORS", "RunData", "TierPoint", "answer_sentences",
@@ -117,27 +118,9 @@ class RunData:
         return bool(self.samples) or bool(self.ttfts)
 
 
+# The classes the report draws (kvtop.tiers.requests.prefix_source also knows "disk_hit": no engine's request
+# record says it yet)
 PREFIX_SOURCES = (("gpu_hit", "GPU hit"), ("host_hit", "host hit"), ("miss", "miss"))
-
-
-def prefix_source(data: dict[str, Any]) -> str | None:
-    """Where a finished request's prompt prefix came from, from its record: "host_hit" when any reused block
-    was onboarded from host memory, "gpu_hit" when blocks were reused and all from the GPU, "miss" when none was
-    reused; None when the record does not say (no block counts)."""
-    def count(*keys: str) -> int | None:
-        for k in keys:
-            v = data.get(k)
-            if isinstance(v, int) and not isinstance(v, bool):
-                return v
-        return None
-
-    reused = count("reused_blocks")
-    host = count("host_hit_blocks", "onboarded_blocks")
-    if reused is None:
-        return None
-    if host:
-        return "host_hit"
-    return "gpu_hit" if reused > 0 else "miss"
 
 
 def _percentile(values: Sequence[float], p: float) -> float | None:
