@@ -24,9 +24,12 @@ drops blocks) is an action, not a reading: kvtop never calls it; the blocks it d
 
 All are drain-once queues on the server: whoever polls first gets the items, so only one kvtop (or other
 collector) should attach to a server. The server answers an empty ``/metrics`` or ``/kv_cache_events`` only
-after waiting 2 s for items (``get_stats_async(2)``), so an idle server's poll takes ~2 s; the endpoints are
-polled concurrently, each in a thread (stdlib ``urllib``; no new dependency), and the next poll is armed only
-after the last finished.
+after waiting 2 s for items (``get_stats_async(2)``), so an idle server's poll takes ~2 s. Each endpoint is
+polled in a loop of its own, its next request armed only after its last finished; every request has a total
+deadline (``HTTP_TIMEOUT_S``, kvtop/sources/httpfetch.py), so a server that trickles one endpoint's answer holds
+neither that endpoint past the deadline nor the others at all, and a run ends on time. An endpoint that answers
+an error, garbage or nothing in time is a problem of its own kind (``trtllm-serve.metrics``, ...), counted as
+lost data.
 
 An endpoint that is off is not an error to stop on: 404/405/501 means the server has no such route; an endpoint
 that stays empty while the other one shows the engine busy is off in the config. Either way ``on_status`` says
@@ -41,8 +44,6 @@ import contextlib
 import http.client
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,7 @@ from urllib.parse import urlsplit
 from kvtop.engines.meta import real_engine_meta
 from kvtop.problems import Problems
 from kvtop.records import Record, RecordError, SourceId, make, parse_engine_dict
+from kvtop.sources.httpfetch import BodyTooLarge, DeadlineExceeded, HttpStatusError, fetch
 from kvtop.sources.trtllm_prometheus import PrometheusStats, parse_samples
 from kvtop.stopsignal import StopSignal
 
@@ -74,12 +76,15 @@ DRAINED_HINT = ("another reader is likely draining the iteration-stats queue tha
                 "counts summed per iteration undercount; kvtop also reads /prometheus/metrics")
 DRAIN_POLLS = 2  # iterations missing between two polls, twice: another reader (a one-off gap may be a restart)
 QUEUE_FULL = 1000  # trtllm-serve's stats queue (iter_stats_max_iterations default): a poll this big may be overflow
-# trtllm-serve waits 2 s for items before answering an empty /metrics or /kv_cache_events; 10 s leaves room for
-# a busy server's event loop without calling a slow answer a dead server.
-HTTP_TIMEOUT_S = 10.0
+# Every request's total deadline (connect, headers, body: kvtop/sources/httpfetch.py). trtllm-serve waits 2 s for
+# items before answering an empty /metrics or /kv_cache_events, then sends its answer whole (a few MB at most); 5 s
+# is 2.5 times that wait. A server that trickles (one byte every 5 s defeats a socket timeout) or never ends its
+# body is cut there, named as a problem, and asked again after a backoff; the other endpoints go on meanwhile.
+HTTP_TIMEOUT_S = 5.0
 # An answer is read up to 64 MiB: trtllm-serve's largest, a /metrics list of a few thousand ~1 KB iteration dicts,
 # is a few MB; a server (or something posing as one) sending gigabytes must not fill kvtop's memory.
 MAX_BODY_BYTES = 64 << 20
+META_BYTES = 1 << 20  # /version and /v1/models: a few hundred bytes
 MAX_BACKOFF_S = 5.0
 OFF_RETRY_S = 30.0  # an endpoint found missing (404) is asked again every 30 s: a restarted server may have it
 EMPTY_POLLS_OFF = 3  # empty while another endpoint shows activity, 3 polls in a row (~1.5-6 s): off, not a race
@@ -102,6 +107,13 @@ class Endpoint:
     due: float = 0.0  # monotonic time before which it is not polled (backoff / off)
     last_error: str | None = None
     enabled: bool = True
+    outcome: str = ""  # the last request's: ok | error (it answered, wrongly) | unreachable; "" before the first
+    last_count: int = 0  # items of the last answer
+
+    @property
+    def problem_kind(self) -> str:
+        """Its kind in the problems registry: ``trtllm-serve.metrics``, ``trtllm-serve.kv_cache_events``, ..."""
+        return "trtllm-serve" + self.path.replace("/", ".")
 
 
 @dataclass
@@ -112,27 +124,8 @@ class ServePoll:
     reachable: bool = False
 
 
-class HttpStatusError(Exception):
-    def __init__(self, status: int, reason: str):
-        super().__init__(f"HTTP {status} {reason}")
-        self.status = status
-
-
 async def _none() -> None:
     return None
-
-
-def _request(method: str, url: str, timeout: float) -> bytes:
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None,
-                                 headers={"Accept": "application/json", "User-Agent": "kvtop"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (http/https only, checked)
-            body: bytes = resp.read(MAX_BODY_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        raise HttpStatusError(exc.code, str(exc.reason)) from None
-    if len(body) > MAX_BODY_BYTES:
-        raise HttpStatusError(200, f"answer larger than {MAX_BODY_BYTES >> 20} MiB; is this a trtllm-serve?")
-    return body
 
 
 class TrtllmServeSource:
@@ -189,7 +182,8 @@ class TrtllmServeSource:
         self.polls = 0
         self._failures = 0
         self._started = time.monotonic()
-        self._busy_events = 0  # this poll's events other than "created"
+        self._busy_events = 0  # the last /kv_cache_events answer's events other than "created"
+        self._unreachable: str | None = None  # the last "cannot reach" message
         self._stop = StopSignal()
 
     # ------------------------------------------------------------------------------------------ lifecycle
@@ -199,27 +193,65 @@ class TrtllmServeSource:
         self._stop.stop()
 
     async def run(self) -> None:
+        """Poll until :meth:`stop`: each endpoint in a loop of its own (a stuck ``/metrics`` never holds
+        ``/kv_cache_events``), each request bounded by ``timeout_s`` in all. Returns at once on stop: the requests
+        still in flight are aborted, nothing waits for their threads."""
         stop_event = self._stop.bind()
+        meta_tried = asyncio.Event()  # answers are folded after the meta record (model, engine) when there is one
+        loops = [asyncio.ensure_future(self._meta_loop(stop_event, meta_tried))]
+        loops += [asyncio.ensure_future(self._endpoint_loop(ep, stop_event, meta_tried))
+                  for ep in self.endpoints.values()]
+        stop_wait = asyncio.ensure_future(stop_event.wait())
+        try:
+            # The meta loop ends when it has the meta record; an endpoint loop only by raising (the sink's own
+            # bug), which ends the run, as it did before.
+            waiting: set[asyncio.Future[Any]] = {stop_wait, *loops}
+            while not stop_wait.done():
+                done, waiting = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task is not stop_wait:
+                        task.result()
+        finally:
+            for task in (stop_wait, *loops):
+                task.cancel()
+            await asyncio.gather(stop_wait, *loops, return_exceptions=True)
+
+    async def _meta_loop(self, stop_event: asyncio.Event, tried: asyncio.Event) -> None:
+        while self.meta is None and not self._stop.requested:
+            self._take_meta(await self._fetch_meta())  # bounded: two requests with timeout_s each, concurrently
+            tried.set()
+            if self.meta is None:
+                delay = self.interval_s if self.reachable else self._backoff(self._failures)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop_event.wait(), timeout=delay)
+
+    async def _endpoint_loop(self, ep: Endpoint, stop_event: asyncio.Event, meta_tried: asyncio.Event) -> None:
         while not self._stop.requested:
-            poll = asyncio.ensure_future(self.poll_once())
-            stop_wait = asyncio.ensure_future(stop_event.wait())
-            try:
-                await asyncio.wait({poll, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stop_wait.cancel()
-            if not poll.done():
-                poll.cancel()  # the HTTP threads finish on their own within timeout_s; nothing waits for them
-                break
-            poll.result()
-            delay = self.interval_s if self.reachable else min(self.interval_s * 2.0 ** self._failures,
-                                                                MAX_BACKOFF_S)
+            if ep.name == PROM:
+                ep.enabled = self._want_prometheus()
+            now = time.monotonic()
+            if ep.enabled and ep.due <= now:
+                answer = await self._fetch(ep)
+                await meta_tried.wait()
+                self._take_answer(ep, answer)
+                self._settle([e for e in self.endpoints.values() if e.enabled and e.outcome])
+                if ep.outcome == "unreachable":  # a host that is down is asked less and less often, up to 5 s
+                    ep.due = time.monotonic() + self._backoff(ep.failures)
+                delay = self.interval_s
+            else:
+                # Backing off or off: wake when it is due (a disabled fallback is looked at every interval).
+                delay = max(self.interval_s, ep.due - now) if ep.enabled else self.interval_s
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop_event.wait(), timeout=delay)
+
+    def _backoff(self, failures: int) -> float:
+        return min(self.interval_s * 2.0 ** min(failures, 32), MAX_BACKOFF_S)
 
     # ------------------------------------------------------------------------------------------ one poll
 
     async def poll_once(self) -> ServePoll:
-        """Poll every endpoint that is due, concurrently. Never raises for the server's failures."""
+        """Poll every endpoint that is due, concurrently, and wait for all (each bounded by ``timeout_s``).
+        Never raises for the server's failures. :meth:`run` polls each endpoint on its own instead."""
         self.polls += 1
         self._busy_events = 0
         result = ServePoll()
@@ -229,40 +261,69 @@ class TrtllmServeSource:
         # /version and /v1/models (once) alongside: an unreachable host costs one timeout per poll, not three.
         meta, *answers = await asyncio.gather(self._fetch_meta() if self.meta is None else _none(),
                                               *(self._fetch(ep) for ep in due))
-        if meta is not None:
-            self.meta = meta
-            self.sink(make("meta", dict(meta), self.source, self.clock()))
-            for why in meta.get("meta_unknown") or ():  # GiB figures stay "?": say why once
-                self._status("trtllm-serve", f"{why}; GiB figures stay unknown (attach on a machine with the "
-                                             "model's config.json, or use a built-in model name)")
-        unreachable: str | None = None
-        for ep, (items, error) in zip(due, answers):
-            if error is None:
+        self._take_meta(meta)
+        for ep, answer in zip(due, answers):
+            self._take_answer(ep, answer)
+        for ep in due:
+            if ep.outcome in ("ok", "error"):
                 result.reachable = True
-                result.counts[ep.name] = self._emit(ep, items or [])
-            elif isinstance(error, HttpStatusError):
-                result.reachable = True
-                self._http_error(ep, error)
-            else:
-                unreachable = str(error)
-        if due and not result.reachable and unreachable is not None:
-            self._failures += 1
-            self._set_reachable(False, unreachable)
-        elif result.reachable:
+            if ep.outcome == "ok":
+                result.counts[ep.name] = ep.last_count
+        self._settle(due)
+        return result
+
+    def _take_meta(self, meta: dict[str, Any] | None) -> None:
+        if meta is None or self.meta is not None:
+            return
+        self.meta = meta
+        self.sink(make("meta", dict(meta), self.source, self.clock()))
+        for why in meta.get("meta_unknown") or ():  # GiB figures stay "?": say why once
+            self._status("trtllm-serve", f"{why}; GiB figures stay unknown (attach on a machine with the "
+                                         "model's config.json, or use a built-in model name)")
+
+    def _take_answer(self, ep: Endpoint, answer: tuple[list[Any] | None, HttpStatusError | str | None]) -> None:
+        """What one answer of ``ep`` means (``ep.outcome``: ok | error | unreachable); its items to the sink."""
+        items, error = answer
+        ep.last_count = 0
+        if error is None:
+            ep.outcome = "ok"
+            if ep.name == EVENTS:
+                self._busy_events = 0
+            ep.last_count = self._emit(ep, items or [])
+        elif isinstance(error, HttpStatusError):
+            ep.outcome = "error"
+            self._http_error(ep, error)
+        else:
+            ep.outcome = "unreachable"
+            ep.failures += 1
+            self._unreachable = error
+
+    def _settle(self, polled: list[Endpoint]) -> None:
+        """Reachability and the on/off judgement after answers: the server is reachable while any endpoint
+        answers (even with an error), unreachable when every one polled could not connect."""
+        if any(ep.outcome in ("ok", "error") for ep in polled):
             self._failures = 0
             self._set_reachable(True, f"attached to trtllm-serve at {self.base}")
-            self._judge_empty(result.counts)
-        return result
+            self._judge_empty({ep.name: ep.last_count for ep in polled if ep.outcome == "ok"})
+        elif polled and self._unreachable is not None:
+            self._failures += 1
+            self._set_reachable(False, self._unreachable)
 
     async def _fetch(self, ep: Endpoint) -> tuple[list[Any] | None, HttpStatusError | str | None]:
         url = self.base + ep.path
         try:
-            body = await asyncio.to_thread(_request, ep.method, url, self.timeout_s)
+            body = await fetch(ep.method, url, deadline_s=self.timeout_s, max_bytes=MAX_BODY_BYTES,
+                               headers={"Accept": "application/json"})
         except HttpStatusError as exc:
             return None, exc
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            return None, f"cannot reach {url}: {reason}"
+        except BodyTooLarge as exc:
+            return None, HttpStatusError(200, f"{exc}; is this a trtllm-serve?")
+        except DeadlineExceeded as exc:
+            if not exc.connected:  # a host that drops the connection attempt: down, not one stuck endpoint
+                return None, f"cannot reach {url}: no connection within {self.timeout_s:g} s"
+            return None, HttpStatusError(200, str(exc))
+        except OSError as exc:
+            return None, f"cannot reach {url}: {exc.strerror or exc}"
         except http.client.HTTPException as exc:  # a garbled status line, a body cut short: not a trtllm-serve
             return None, HttpStatusError(200, f"not an HTTP answer kvtop can read ({type(exc).__name__}); "
                                               "is this a trtllm-serve?")
@@ -282,7 +343,8 @@ class TrtllmServeSource:
 
         async def get(path: str) -> Any:
             try:
-                return json.loads(await asyncio.to_thread(_request, "GET", self.base + path, self.timeout_s))
+                return json.loads(await fetch("GET", self.base + path, deadline_s=self.timeout_s,
+                                              max_bytes=META_BYTES, headers={"Accept": "application/json"}))
             except Exception:  # optional: a server without /version still has stats worth showing
                 return None
 
@@ -305,6 +367,8 @@ class TrtllmServeSource:
         if ep.name == STATS:
             self._check_drained(items)
         if ep.failures:
+            if ep.last_error is not None and self.problems is not None:
+                self.problems.resolve(ep.problem_kind, f"{self.base}: {ep.method} {ep.path} answers again")
             ep.failures, ep.last_error = 0, None
         ep.due = 0.0
         n = 0
@@ -421,9 +485,11 @@ class TrtllmServeSource:
             self._set_off(ep, f"{ep.method} {ep.path} answered {exc}: this server has no such endpoint "
                               f"(TensorRT-LLM older than {older}?); {HINTS[ep.name]}")
             return
-        ep.due = time.monotonic() + min(self.interval_s * 2.0 ** ep.failures, MAX_BACKOFF_S)
+        ep.due = time.monotonic() + self._backoff(ep.failures)
         message = f"{ep.method} {ep.path}: {exc}"
-        self._problem("trtllm-serve.endpoint", f"{self.base}: {message}")
+        # Lost: what the server drained from its queue into this answer never reached kvtop (and an endpoint that
+        # only ever answers errors is a run without its data: a non-zero exit, not 0 on /version alone).
+        self._problem(ep.problem_kind, f"{self.base}: {message}", lost=True)
         if ep.last_error != message:
             ep.last_error = message
             ep.state = "error"
