@@ -40,8 +40,8 @@ CHUNK = 1 << 16
 class HttpStatusError(Exception):
     """The server answered with status >= 400 (or a redirect kvtop would not follow)."""
 
-    def __init__(self, status: int, reason: str):
-        super().__init__(f"HTTP {status} {reason}")
+    def __init__(self, status: int, reason: str, *, text: str | None = None):
+        super().__init__(text or f"HTTP {status} {reason}")
         self.status = status
         self.reason = reason
 

@@ -321,7 +321,7 @@ class TrtllmServeSource:
         except DeadlineExceeded as exc:
             if not exc.connected:  # a host that drops the connection attempt: down, not one stuck endpoint
                 return None, f"cannot reach {url}: no connection within {self.timeout_s:g} s"
-            return None, HttpStatusError(200, str(exc))
+            return None, HttpStatusError(0, "no complete answer", text=str(exc))
         except OSError as exc:
             return None, f"cannot reach {url}: {exc.strerror or exc}"
         except http.client.HTTPException as exc:  # a garbled status line, a body cut short: not a trtllm-serve
