@@ -43,10 +43,11 @@ class SlowServe:
     """trtllm-serve's routes; ``metrics`` says how /metrics answers: "trickle" (headers, then one body byte every
     ``byte_s``), "status" (the status line itself one byte every ``byte_s``), "chunks" (chunked, a small chunk
     every ``byte_s``, forever), or a literal body (bytes). ``answers`` overrides other routes: path -> (status,
-    body). /kv_cache_events gives the pool's "created" event first, then two events an answer."""
+    body); ``redirects``: path -> the URL a 307 points to. /kv_cache_events gives the pool's "created" event
+    first, then two events an answer."""
 
     def __init__(self, metrics: str | bytes = "trickle", byte_s: float = 0.2,
-                 answers: dict[str, tuple[int, bytes]] | None = None) -> None:
+                 answers: dict[str, tuple[int, bytes]] | None = None, redirects: dict[str, str] | None = None) -> None:
         self.hits: dict[str, int] = {}
         self.closing = threading.Event()
         self.next_event = 0
@@ -96,6 +97,12 @@ class SlowServe:
                 path = self.path
                 fake.hits[path] = fake.hits.get(path, 0) + 1
                 try:
+                    if redirects and path in redirects:
+                        self.send_response(307)
+                        self.send_header("Location", redirects[path])
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return None
                     if answers and path in answers:
                         return self._send(*answers[path])
                     if path == "/metrics" and method == "GET":
@@ -265,3 +272,33 @@ def test_dashboard_shows_the_other_endpoints_while_metrics_is_stuck_and_q_exits(
     finally:
         subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True, timeout=10)
         serve.close()
+
+
+async def test_an_engine_metrics_scrape_has_a_total_deadline_and_follows_a_redirect(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's and SGLang's Prometheus page (kvtop/sources/engine_metrics.py) goes through the same deadline: a
+    page that trickles is a ``metrics.scrape`` problem after 1 s, not a scrape that never ends; vLLM's mounted
+    Prometheus app answers /metrics with a 307 to /metrics/, which is followed."""
+    from kvtop.records import SourceId
+    from kvtop.sources import engine_metrics
+
+    monkeypatch.setattr(engine_metrics, "HTTP_TIMEOUT_S", 1.0)
+    page = b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 3.0\n'
+    serve = SlowServe("trickle", byte_s=0.2, answers={"/page/": (200, page)})
+    moved = SlowServe(b"", redirects={"/metrics": f"{serve.url}/page/"})
+    records: list[Record] = []
+    problems = Problems()
+    poller = engine_metrics.MetricsPoller([], records.append, lambda rank: SourceId("h", rank, "r"),
+                                          problems=problems)
+    try:
+        assert await asyncio.wait_for(poller.poll_once(f"{moved.url}/metrics"), 5.0) is True
+        assert records and ["vllm:num_requests_running", {"engine": "0"}, 3.0] in records[0].data["samples"]
+        t0 = time.monotonic()
+        assert await asyncio.wait_for(poller.poll_once(f"{serve.url}/metrics"), 5.0) is False
+        took = time.monotonic() - t0
+    finally:
+        serve.close()
+        moved.close()
+    p = problems.get("metrics.scrape")
+    assert p is not None and "no complete answer within 1 s" in p.message, problems.to_json()
+    assert took < 3.0, took

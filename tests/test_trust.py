@@ -550,7 +550,7 @@ def test_attach_to_a_dead_or_broken_trtllm_serve_says_so(case: str) -> None:
         if server:
             server.close()
     assert proc.returncode == EXIT_NO_DATA, proc.stderr
-    kind = "trtllm-serve.connection" if case == "dead" else "trtllm-serve.endpoint"
+    kind = "trtllm-serve.connection" if case == "dead" else "trtllm-serve.metrics"  # each endpoint its own kind
     assert kind in proc.stderr and "run.no_data" in proc.stderr, proc.stderr
     assert "\x1b" not in proc.stderr and "pwned" not in proc.stderr
     assert {p["kind"] for p in _json_out(proc)["problems"]} >= {kind, "run.no_data"}
@@ -855,7 +855,7 @@ async def test_a_server_answer_past_the_limit_or_not_http_is_a_problem(monkeypat
             await src.poll_once()
         finally:
             server.close()
-        p = problems.get("trtllm-serve.endpoint")
+        p = problems.get("trtllm-serve.metrics")
         assert p is not None and ("larger than" in p.message or "not JSON" in p.message), problems.to_json()
 
     listener = socket.socket()
@@ -880,7 +880,7 @@ async def test_a_server_answer_past_the_limit_or_not_http_is_a_problem(monkeypat
         await src.poll_once()  # never raises
     finally:
         listener.close()
-    assert problems.get("trtllm-serve.endpoint") is not None, problems.to_json()
+    assert problems.get("trtllm-serve.metrics") is not None, problems.to_json()
 
 
 def test_replay_line_limit_is_an_option(tmp_path: Path) -> None:

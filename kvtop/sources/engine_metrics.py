@@ -25,14 +25,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
 from kvtop.problems import Problems
 from kvtop.records import Record, RecordError, SourceId, make
+from kvtop.sources.httpfetch import DeadlineExceeded, HttpStatusError, fetch, fetch_blocking
 from kvtop.stopsignal import StopSignal
 from kvtop.textsafe import clean
 
@@ -41,7 +40,7 @@ Callback = Callable[[str, str], None]
 
 KEEP_PREFIXES = ("vllm:", "sglang:", "dynamo_frontend_", "kvbm_", "lmcache")
 RANK_LABELS = ("engine", "dp_rank")
-HTTP_TIMEOUT_S = 5.0
+HTTP_TIMEOUT_S = 5.0  # a scrape's total deadline (kvtop/sources/httpfetch.py: a trickling page cannot hold it)
 MAX_BYTES = 8 << 20  # a /metrics page of a busy vLLM is ~100-300 KB; 8 MB is not a metrics page any more
 MAX_BACKOFF_S = 10.0
 _MAX_LABEL = 200
@@ -99,19 +98,15 @@ def split_by_rank(samples: list[list[Any]]) -> dict[int | None, list[list[Any]]]
 
 
 def http_get(url: str, timeout: float = HTTP_TIMEOUT_S) -> bytes:
-    req = urllib.request.Request(url, headers={"Accept": "text/plain"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - a URL the user gave
-        body: bytes = resp.read(MAX_BYTES + 1)
-    if len(body) > MAX_BYTES:
-        raise ValueError(f"answer larger than {MAX_BYTES >> 20} MB")
-    return body
+    """GET ``url`` from code without an event loop (discovery), within ``timeout`` in all."""
+    return fetch_blocking("GET", url, deadline_s=timeout, max_bytes=MAX_BYTES, headers={"Accept": "text/plain"})
 
 
 def describe_http_error(exc: BaseException) -> str:
-    if isinstance(exc, urllib.error.HTTPError):
-        return f"HTTP {exc.code} {exc.reason}"
-    if isinstance(exc, urllib.error.URLError):
-        return f"cannot connect ({exc.reason})"
+    if isinstance(exc, (HttpStatusError, DeadlineExceeded)):
+        return str(exc)
+    if isinstance(exc, OSError):
+        return f"cannot connect ({exc.strerror or exc})"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -153,7 +148,8 @@ class MetricsPoller:
 
     async def poll_once(self, url: str) -> bool:
         try:
-            body = await asyncio.to_thread(http_get, url)
+            body = await fetch("GET", url, deadline_s=HTTP_TIMEOUT_S, max_bytes=MAX_BYTES,
+                               headers={"Accept": "text/plain"})
             samples = parse_metrics(body.decode("utf-8", "replace"))
         except Exception as exc:  # a scrape that fails is reported, then retried
             self.failures += 1
