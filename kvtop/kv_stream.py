@@ -61,6 +61,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvtop.records import MAX_BLOCKS, MAX_MAGNITUDE
 from kvtop.tiers.state import TierState
 
 if TYPE_CHECKING:
@@ -500,15 +501,12 @@ class StreamFold:
         return c.delta(value)
 
     def apply_metrics(self, data: Mapping[str, Any]) -> None:
+        """One scrape. A capacity outside the records' bounds (a block count or block size over 2^40, a token
+        count over 2^64: kvtop.records) raises ``ValueError`` before anything is folded: the model counts the
+        record as bad, as it would a record carrying such a number."""
         samples = data.get("samples")
         if not isinstance(samples, list):
             raise ValueError(f"samples: must be a list, got {_describe(samples)}")
-        engine = data.get("engine")
-        self.metrics_engine = engine if isinstance(engine, str) else None
-        self.metrics_scrapes += 1
-        url = str(data.get("url", ""))
-        self._page = url
-        self._page_scrapes[url] = self._page_scrapes.get(url, 0) + 1
         # name -> [(labels, value)]
         by: dict[str, list[tuple[Mapping[str, Any], float]]] = {}
         for s in samples:
@@ -530,43 +528,60 @@ class StreamFold:
             picked = [v for labels, v in rows if all(str(labels.get(k)) == w for k, w in match.items())]
             return sum(picked) if picked else None
 
-        def label(name: str, key: str) -> int | None:
+        def bounded(what: str, value: float, limit: int) -> int:
+            if not 0 <= value <= limit:  # NaN fails too
+                raise ValueError(f"{what}: {value:g} is out of bounds (at most {limit:,}: kvtop.records)")
+            return int(value)
+
+        def label(name: str, key: str, limit: int) -> int | None:
             for labels, _v in by.get(name, ()):
                 raw = labels.get(key)
                 try:
-                    n = int(float(str(raw)))
+                    n = float(str(raw))
                 except (TypeError, ValueError):
                     continue
-                if n >= 0:
-                    return n
+                if n >= 0 or n != n:
+                    return bounded(f"{name}{{{key}}}", n, limit)
             return None
 
-        m = self.model
-        # --- tokens per block and capacities
-        tpb = label("vllm:cache_config_info", "block_size")
+        def gauge(name: str, limit: int) -> int | None:
+            v = total(name)
+            return None if v is None else bounded(name, v, limit)
+
+        # --- tokens per block and capacities, checked before anything is folded
+        tpb = label("vllm:cache_config_info", "block_size", MAX_BLOCKS)
         if tpb is None:
-            v = total("dynamo_frontend_model_kv_cache_block_size")
-            tpb = int(v) if v else None
+            tpb = gauge("dynamo_frontend_model_kv_cache_block_size", MAX_BLOCKS)
+        gpu_blocks = label("vllm:cache_config_info", "num_gpu_blocks", MAX_BLOCKS)
+        if gpu_blocks is None:
+            gpu_blocks = gauge("dynamo_frontend_model_total_kv_blocks", MAX_BLOCKS)
+        cpu_chunks = label("vllm:kv_offload_config_info", "cpu_num_chunks", MAX_BLOCKS)
+        cpu_tokens = None if cpu_chunks is not None else label("vllm:kv_offload_config_info",
+                                                                "cpu_kv_cache_size_tokens", MAX_MAGNITUDE)
+        sglang_tokens = {tier: gauge(name, MAX_MAGNITUDE) for name, tier in (
+            ("sglang:max_total_num_tokens", "gpu"), ("sglang:hicache_host_total_tokens", "host"))}
+        host_used = gauge("sglang:hicache_host_used_tokens", MAX_MAGNITUDE)
+
+        engine = data.get("engine")
+        self.metrics_engine = engine if isinstance(engine, str) else None
+        self.metrics_scrapes += 1
+        url = str(data.get("url", ""))
+        self._page = url
+        self._page_scrapes[url] = self._page_scrapes.get(url, 0) + 1
+        m = self.model
         if tpb:
             self.tier_tpb.setdefault("gpu", tpb)
-        gpu_blocks = label("vllm:cache_config_info", "num_gpu_blocks")
-        if gpu_blocks is None:
-            v = total("dynamo_frontend_model_total_kv_blocks")
-            gpu_blocks = int(v) if v is not None else None
         if gpu_blocks is not None:
             self.capacity["gpu"] = gpu_blocks
-        cpu_chunks = label("vllm:kv_offload_config_info", "cpu_num_chunks")
         if cpu_chunks is not None:
             self.capacity["host"] = cpu_chunks
-        elif (tok := label("vllm:kv_offload_config_info", "cpu_kv_cache_size_tokens")) is not None:
-            self.capacity_tokens["host"] = tok
-        for name, tier in (("sglang:max_total_num_tokens", "gpu"), ("sglang:hicache_host_total_tokens", "host")):
-            v = total(name)
-            if v is not None:
-                self.capacity_tokens[tier] = int(v)
-        v = total("sglang:hicache_host_used_tokens")
-        if v is not None:
-            self.used_tokens["host"] = int(v)
+        elif cpu_tokens is not None:
+            self.capacity_tokens["host"] = cpu_tokens
+        for tier, tokens in sglang_tokens.items():
+            if tokens is not None:
+                self.capacity_tokens[tier] = tokens
+        if host_used is not None:
+            self.used_tokens["host"] = host_used
         usage = total("vllm:kv_cache_usage_perc")
         if usage is None:
             usage = total("sglang:token_usage")

@@ -415,3 +415,28 @@ def test_vllm_url_defaults():
     assert u.events == ("tcp://gpu-7:6000", "tcp://gpu-7:6001") and u.replay == ("tcp://gpu-7:6001",
                                                                                   "tcp://gpu-7:6002")
     assert u.http == "http://gpu-7:30000"
+
+
+@pytest.mark.parametrize("old, new", [
+    ('num_gpu_blocks="2048"', 'num_gpu_blocks="1e300"'),
+    ('num_gpu_blocks="2048"', f'num_gpu_blocks="{(1 << 40) + 1}"'),  # one past records.MAX_BLOCKS
+    ('block_size="16"', 'block_size="1e300"'),
+    ('cpu_num_chunks="8192"', 'cpu_num_chunks="inf"'),
+    ('num_gpu_blocks="2048"', 'num_gpu_blocks="nan"'),
+])
+def test_metrics_capacities_past_the_records_bounds_are_bad_records_never_folded(old: str, new: str) -> None:
+    """issue 26: ``vllm:cache_config_info{num_gpu_blocks="1e300"}`` became the GPU capacity (10^300 in JSON and
+    Prometheus). A capacity from /metrics gets the records' bounds (a block count <= 2^40): the scrape is a bad
+    record and none of it is folded."""
+    page = VLLM_METRICS.replace("{queries}", "1600").replace("{device}", "320").replace("{host}", "0")
+    m = TierModel()
+    m.apply(_metrics(page, 1))
+    assert (m.gpu.capacity_blocks, m.host.capacity_blocks, m.bad_records) == (2048, 8192, 0)
+    assert old in page
+    m.apply(_metrics(page.replace(old, new).replace("1600", "3200"), 2))
+    assert m.bad_records == 1 and "out of bounds" in (m.last_bad_reason or "")
+    assert (m.gpu.capacity_blocks, m.host.capacity_blocks) == (2048, 8192)  # the bad scrape folded nothing
+    assert m.hit_rate.lookups == 0  # not even its counters
+    fresh = TierModel()
+    fresh.apply(_metrics(page.replace(old, new), 1))
+    assert fresh.bad_records == 1 and fresh.gpu.capacity_blocks is None

@@ -883,6 +883,44 @@ async def test_a_server_answer_past_the_limit_or_not_http_is_a_problem(monkeypat
     assert problems.get("trtllm-serve.metrics") is not None, problems.to_json()
 
 
+async def test_an_engine_metrics_page_past_the_bounds_is_counted_and_never_folded() -> None:
+    """issue 26: a vLLM /metrics whose ``cache_config_info{num_gpu_blocks="1e300"}`` became the GPU capacity (10^300
+    in JSON and Prometheus, exit 0). Through the real scrape (a server on 127.0.0.1) into a session: the scrape is
+    a bad record, a sample value past 2^64 is left out and counted, the exit status is 4 and the summary carries no
+    number past 2^64."""
+    from kvtop import runner
+    from kvtop.session import Session
+    from kvtop.sources.engine_metrics import MetricsPoller
+
+    page = (b'# TYPE vllm:cache_config_info gauge\n'
+            b'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1e300"} 1.0\n'
+            b'# TYPE vllm:prefix_cache_queries counter\n'
+            b'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1e30\n')
+    server = _Server(page, "text/plain")
+    session = Session(source=SourceId("vllm", 0, "r"), meta={})
+    poller = MetricsPoller([], session.emit, lambda rank: SourceId("vllm", rank, "r"), problems=session.problems)
+    try:
+        assert await poller.poll_once(f"http://127.0.0.1:{server.port}/metrics")
+    finally:
+        server.close()
+    assert session.model.gpu.capacity_blocks is None and session.model.bad_records == 1
+    bad = session.problems.get("record.bad")
+    assert bad is not None and bad.lost and "num_gpu_blocks" in bad.message and "out of bounds" in bad.message
+    dropped = session.problems.get("metrics.bad_value")
+    assert dropped is not None and dropped.lost and "vllm:prefix_cache_queries_total = 1e+30" in dropped.message
+    assert session.problems.exit_status(session.records_in) == EXIT_LOST_DATA
+    summary = runner.summary(session)
+
+    def numbers(v: Any) -> list[float]:
+        if isinstance(v, dict):
+            return [n for x in v.values() for n in numbers(x)]
+        if isinstance(v, list):
+            return [n for x in v for n in numbers(x)]
+        return [v] if isinstance(v, (int, float)) and not isinstance(v, bool) else []
+
+    assert max(abs(n) for n in numbers(json.loads(json.dumps(summary)))) <= 2 ** 64
+
+
 def test_replay_line_limit_is_an_option(tmp_path: Path) -> None:
     rec = tmp_path / "big.jsonl"
     lines = BUSY.read_text().splitlines()[:50]

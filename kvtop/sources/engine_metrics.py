@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -52,10 +53,13 @@ def _clean(text: str) -> str:
     return clean(text, _MAX_LABEL)
 
 
-def parse_metrics(text: str, keep: tuple[str, ...] = KEEP_PREFIXES) -> list[list[Any]]:
+def parse_metrics(text: str, keep: tuple[str, ...] = KEEP_PREFIXES,
+                  bad: list[str] | None = None) -> list[list[Any]]:
     """Prometheus text to ``[[name, labels, value], ...]`` for the kept names (buckets dropped).
 
-    Raises ``ValueError`` for text prometheus_client cannot parse."""
+    A kept sample whose value is a finite number past 2^64 (no record may carry it) is left out and named in
+    ``bad`` (NaN and infinities are Prometheus' own "no value": left out silently). Raises ``ValueError`` for
+    text prometheus_client cannot parse."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: list[list[Any]] = []
@@ -66,8 +70,10 @@ def parse_metrics(text: str, keep: tuple[str, ...] = KEEP_PREFIXES) -> list[list
             if s.name.endswith("_bucket") or s.name.endswith("_created"):
                 continue
             value = float(s.value)
-            if not -_MAX_VALUE <= value <= _MAX_VALUE:
-                continue  # NaN, infinities, and numbers no kvtop record may carry (records.MAX_MAGNITUDE)
+            if not -_MAX_VALUE <= value <= _MAX_VALUE:  # NaN, infinities, numbers past records.MAX_MAGNITUDE
+                if bad is not None and math.isfinite(value):
+                    bad.append(f"{_clean(s.name)} = {value:g} (at most 2^64)")
+                continue
             out.append([_clean(s.name), {_clean(k): _clean(str(v)) for k, v in s.labels.items()}, value])
     return out
 
@@ -147,10 +153,11 @@ class MetricsPoller:
                 pass
 
     async def poll_once(self, url: str) -> bool:
+        bad: list[str] = []
         try:
             body = await fetch("GET", url, deadline_s=HTTP_TIMEOUT_S, max_bytes=MAX_BYTES,
                                headers={"Accept": "text/plain"})
-            samples = parse_metrics(body.decode("utf-8", "replace"))
+            samples = parse_metrics(body.decode("utf-8", "replace"), bad=bad)
         except Exception as exc:  # a scrape that fails is reported, then retried
             self.failures += 1
             self.last_error = describe_http_error(exc)
@@ -167,6 +174,9 @@ class MetricsPoller:
                 self.problems.resolve("metrics.scrape", f"{url}: scraping again")
         self._ok[url] = True
         self.scrapes += 1
+        if bad and self.problems is not None:  # values out of bounds: left out (never folded), counted, lost
+            self.problems.report("metrics.bad_value", f"{url}: {len(bad)} sample(s) out of bounds left out "
+                                 f"(first: {bad[0]})", count=len(bad), lost=True)
         engine = engine_of(samples)
         now = time.time()
         parts = split_by_rank(samples)
@@ -180,6 +190,8 @@ class MetricsPoller:
             except RecordError as exc:  # a page kvtop cannot carry as a record: reported, the poller goes on
                 self.failures += 1
                 self.last_error = str(exc)
+                if self.problems is not None:
+                    self.problems.report("metrics.bad_value", f"{url}: {exc}", lost=True)
                 if self.on_error is not None:
                     self.on_error(f"metrics {url}", self.last_error)
                 return False
