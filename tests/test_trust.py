@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvtop.problems import EXIT_LOST_DATA, EXIT_NO_DATA, Problems
-from kvtop.records import MAX_BLOCKS, RecordError, SourceId, decode, decode_payload, make, read_jsonl
+from kvtop.records import MAX_BLOCKS, RecordError, SourceId, decode, decode_payload, encode, make, read_jsonl
 from kvtop.textsafe import clean, clean_lines
 from kvtop.ui import format as fmt
 
@@ -773,8 +773,13 @@ def test_mutated_records_fold_and_render_headless_json_prometheus_and_report(tmp
     _page([run], {})
 
 
+_META_OF_NUMBERS = encode(make("meta", {"engine": "sim", "engine_version": 1.5, "model": -1, "gpu": [1],
+                                       "sim_reason": {"a": 1}, "tokens_per_block": 32}, SourceId("h", 0, "r"), 1.0))
+
+
 @settings(max_examples=8, deadline=None)
 @given(_mutated_recording())
+@example([_META_OF_NUMBERS])   # a meta of numbers where names go: the header drew -1 as a model, an int (a crash)
 def test_mutated_records_render_on_the_dashboard(lines: list[str]) -> None:
     import asyncio
 

@@ -109,6 +109,12 @@ class ScreenSettings(Protocol):
     def duration(self) -> float | None: ...    # s, then the session is stopped
 
 
+def _words(value: Any) -> str | None:
+    """A meta value the header shows as words: None stays None, anything else is text without control characters
+    (a recording's meta is anyone's JSON: a model of -1 reached the line model as an int)."""
+    return None if value is None else fmt.clean(str(value))
+
+
 def tier_states(snap: TierSnapshot) -> list[TierState]:
     """A snapshot's tiers in order: GPU, host, then disk where the engine has one."""
     return list(snap.tiers) or [snap.gpu, snap.host]
@@ -713,8 +719,9 @@ class KvtopApp(App[int]):
         label = f"{self.source_index % nsrc + 1}/{nsrc} {key}" if nsrc > 1 else None
         simulated = bool(meta.get("simulated")) or meta.get("engine") == "sim"
         return HeaderData(
-            engine=meta.get("engine"), engine_version=meta.get("engine_version"), model=meta.get("model"),
-            gpu=meta.get("gpu"), simulated=simulated, sim_reason=meta.get("sim_reason"),
+            engine=_words(meta.get("engine")), engine_version=_words(meta.get("engine_version")),
+            model=_words(meta.get("model")), gpu=_words(meta.get("gpu")), simulated=simulated,
+            sim_reason=_words(meta.get("sim_reason")),
             tokens_per_block=snap.tokens_per_block or meta.get("tokens_per_block"),
             bytes_per_block=snap.bytes_per_block or meta.get("bytes_per_block"),
             uptime_s=None if started is None else now - float(started), data_time=snap.now,
