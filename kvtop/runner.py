@@ -345,6 +345,7 @@ def summary(session: Session) -> dict[str, Any]:
                            "not_modelled": list(session.meta.get("not_modelled") or [])}
     out.update(session.model.snapshot().summary())  # the same reading Prometheus and the fleet table get
     out["what_if"] = session.what_if()
+    out["size_advice"] = session.size_advice()
     from kvtop.fleet import source_status as _source_status
 
     # Every source's state (connected / disconnected / offline / stale) and every link's (mqtt, trtllm-serve,

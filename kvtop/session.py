@@ -25,7 +25,7 @@ from kvtop.records import Record, SourceId, make
 from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
 from kvtop.tiers.health import HEALTH_KINDS, tier_health
-from kvtop.tiers.whatif import WhatIf
+from kvtop.tiers.sizeadvice import SizeAdvice, advise
 from kvtop.values import frozen
 
 Sink = Callable[[Record], None]
@@ -87,7 +87,9 @@ class Session:
         self.model = TierModel(warmup_requests=warmup_requests)
         self.models: dict[str, TierModel] = {}
         # Live what-if (2x and 4x host cache) for the session's own source: folded beside the TierModel.
-        self.whatif = WhatIf()
+        # ...and the size advice (a hit-rate curve over host sizes), which feeds the what-if: one fold of each event.
+        self.sizing = SizeAdvice()
+        self.whatif = self.sizing.whatif
         self.meta: dict[str, Any] = dict(meta or {})
         self.started_at = time.time()
         self.log: deque[tuple[float, str, str]] = deque(maxlen=LOG_LINES)
@@ -165,7 +167,7 @@ class Session:
         if model is self.model:
             try:
                 if record.kind == "kv_event":
-                    self.whatif.apply_kv_event(record.data)
+                    self.sizing.apply_kv_event(record.data)
                 elif record.kind == "stats":
                     self.whatif.apply_stats(record.data)
             except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold
@@ -181,7 +183,7 @@ class Session:
         in the same order, with the session's parts looked up once a burst, not once a record. A record of a source
         this session has no model for yet (its first, or one refused) goes through ``emit`` itself."""
         models, stale, sinks, own = self.models, self.stale, self.sinks, self.model
-        whatif_kv, whatif_stats = self.whatif.apply_kv_event, self.whatif.apply_stats
+        whatif_kv, whatif_stats = self.sizing.apply_kv_event, self.whatif.apply_stats
         last_source: Any = None
         key = ""
         for record in records:
@@ -235,9 +237,30 @@ class Session:
             await self._sleep(self.publish_s)
 
     def what_if(self) -> dict[str, Any]:
-        est = self.whatif.estimate()
+        # The ghost hits are added to the TierModel's own hits and lookups (warm-up excluded): "all" is then the
+        # run's cumulative hit rate, one span and one definition.
+        st = self.model.stats_fold
+        est = self.whatif.estimate(st.hits, st.lookups)
         return {k: est.get(k) for k in ("host_x2_hit_rate", "host_x4_hit_rate", "hit_rate",
                                         "host_capacity_blocks")}
+
+    def size_advice(self, optimum: bool = True) -> dict[str, Any]:
+        """The JSON summary's ``size_advice``: the hit rate at host sizes 0 to 4x the pool (the pool's own point is
+        the run's cumulative hit rate), the optimum beside each, and a recommendation (kvtop.tiers.sizeadvice).
+        O(n log n) over what the fold keeps: read every few seconds, not every refresh."""
+        st = self.model.stats_fold
+        points = self.sizing.curve(st.hits, st.lookups, optimum=optimum)
+        bpb = self.model.bytes_per_block
+        for p in points:
+            p["host_bytes"] = p["host_blocks"] * bpb if bpb else None
+        host = self.sizing.host_blocks()
+        return {"host_blocks": host,
+                "points": [{k: p[k] for k in ("host_blocks", "host_bytes", "hit_rate", "optimal_hit_rate")}
+                           for p in points],
+                "recommendation": advise(points, host, bpb),
+                "basis": "estimated from this run's KV events: below the host pool from each onboard's place in "
+                         "the host queue, above it from the blocks the cache dropped (stack distances); the optimum "
+                         "is Belady's MIN over the lookups the events reveal, at GPU + host blocks"}
 
     def note(self, level: str, text: str) -> None:
         self.log.append((time.time(), level, clean(text, 500)))

@@ -182,6 +182,7 @@ class WhatIf:
         self.release_store_ghosts = 0        # ghosts re-stored at release: not counted as hits
         self.events = 0
         self._seen_created = False
+        self.last_store_was_release = False  # the last stored event's kind (kvtop.tiers.sizeadvice reads it)
         self._base: tuple[int, int] | None = None   # kvCacheStats (reused, missed) when watching began
         self._last: tuple[int, int] | None = None
         self._reused = 0
@@ -260,6 +261,7 @@ class WhatIf:
         else:  # the last block with a token list is all that is asked of them
             last = next((len(t) for t in map(_tokens, reversed(blocks)) if isinstance(t, list)), None)
         release_store = last is not None and tpb is not None and last < tpb
+        self.last_store_was_release = release_store
         if blocks.__class__ is not list:
             blocks = list(blocks)  # read above, so every block has .get: a tuple handed over in-process
         # Token ids are read only where they are used (a release store's last block; a prompt block under a
@@ -351,9 +353,13 @@ class WhatIf:
         if not isinstance(reused, int) or not isinstance(missed, int):
             return
         if self._last is None:
-            # Watching from the engine's start (a `created` event seen): count everything; attached to a
-            # running engine: count from here, since the ghost list knows nothing of earlier evictions.
-            self._last = (0, 0) if self._seen_created else (reused, missed)
+            # Watching from the engine's start (a `created` event seen, or the engine's first iteration): count
+            # everything; attached to a running engine: count from here, since the ghost list knows nothing of
+            # earlier evictions. (The first iteration's stats come before its events: the created event is
+            # folded after them, and the iteration-0 lookups, all misses, were lost: "all" read 0.472 against
+            # the run's 0.460.)
+            start = self._seen_created or stats.get("iter") == 0
+            self._last = (0, 0) if start else (reused, missed)
         d_reused, d_missed = reused - self._last[0], missed - self._last[1]
         if d_reused < 0 or d_missed < 0:  # counters went back: a new engine; its counts start from zero
             d_reused, d_missed = reused, missed
@@ -363,7 +369,13 @@ class WhatIf:
 
     # ------------------------------------------------------------------------------------------ output
 
-    def _extra_hits(self, factor: int) -> int:
+    def extra_hits_at(self, host_blocks: int) -> int:
+        """Ghost hits a host of ``host_blocks`` (more than the host pool, up to the largest factor's) would have
+        served beyond this run's: ``_extra_hits`` at any size, for the size advice's curve."""
+        H = self.host_capacity_blocks or 0
+        return self._extra_hits(host_blocks / H) if H else 0
+
+    def _extra_hits(self, factor: float) -> int:
         """Ghost hits a host `factor` x as large would have served, with its real usable capacity.
 
         A host pool is never full of reusable blocks: each onboard leaves an empty slot at the tail of the
@@ -380,7 +392,7 @@ class WhatIf:
         H = self.host_capacity_blocks or 0
         if factor <= 1 or H == 0 or not self._rank_hits:
             return 0
-        limit = min((factor - 1) * H, len(self._rank_hits))
+        limit = min(int((factor - 1) * H), len(self._rank_hits))
         # The running sum in C (itertools.accumulate): up to (factor - 1) x the host pool's ranks, read at every
         # second of a refresh for x2 and x4 (2,730 ranks at 910 host blocks: ~3.6% of a busy refresh in Python).
         cumulative = [0, *accumulate(self._rank_hits[:limit])]
@@ -401,19 +413,24 @@ class WhatIf:
                 hi = mid - 1
         return lo
 
-    def estimate(self) -> dict[str, Any]:
+    def estimate(self, hits: int | None = None, lookups: int | None = None) -> dict[str, Any]:
         """``host_x2_hit_rate``, ``host_x4_hit_rate`` (one key per factor; None before any lookup), plus the
-        counts behind them."""
-        total = self._reused + self._missed
+        counts behind them. ``hits`` / ``lookups``: the run's own block hits and lookups to add the ghost hits to
+        (a session gives its TierModel's, warm-up excluded, so that ``hit_rate`` is the run's cumulative hit rate
+        exactly); None: this fold's own counts from the stats."""
+        reused, missed = self._reused, self._missed
+        if hits is not None and lookups is not None:
+            reused, missed = hits, max(0, lookups - hits)
+        total = reused + missed
         out: dict[str, Any] = {}
         for f in self.factors:
             self.ghost_hits[f] = self._extra_hits(f)
-            extra = min(self.ghost_hits[f], self._missed)
-            out[f"host_x{f}_hit_rate"] = (self._reused + extra) / total if total else None
+            extra = min(self.ghost_hits[f], missed)
+            out[f"host_x{f}_hit_rate"] = (reused + extra) / total if total else None
         out.update({
-            "hit_rate": self._reused / total if total else None,
-            "reused_blocks": self._reused,
-            "missed_blocks": self._missed,
+            "hit_rate": reused / total if total else None,
+            "reused_blocks": reused,
+            "missed_blocks": missed,
             "host_capacity_blocks": self.host_capacity_blocks,
             "ghost_blocks": len(self._ghosts),
             "ghost_hits": {f"host_x{f}": n for f, n in self.ghost_hits.items()},

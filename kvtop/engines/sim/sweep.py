@@ -813,3 +813,39 @@ def _min_levels(nodes: list[int], entries: list[int], who: list[int], sizes: lis
     hits[1] += ones
     hits[0] = 0
     return hits
+
+
+# ---------------------------------------------------------------------------------------------- for live streams
+
+def host_hits_at(onboards: list[tuple[int, int, int]], request_starts: list[int], sizes: Sequence[int]
+                 ) -> dict[int, int]:
+    """Host hits a host tier of each size (in blocks) would have had, from the onboards of a run at a larger size:
+    per onboard ``(offloads since the block's own offload, the offload count at its offload, at its onboard)``, in
+    onboard order, and where each request's onboards start (reuse stops at a prompt's first miss). What
+    ``host_curve`` counts after its replay; ``kvtop.tiers.sizeadvice`` gives it the onboards a live run's KV events
+    show. numpy from ``NUMPY_FROM_ONBOARDS`` onboards, where it pays for its import."""
+    count = _host_hits_numpy if len(onboards) >= NUMPY_FROM_ONBOARDS else _host_hits_python
+    return count(onboards, request_starts, sizes)
+
+
+def min_hits_at(references: Sequence[Any], sizes: Sequence[int]) -> dict[int, int]:
+    """Belady's MIN: the hits of a cache of each size (in blocks, one unit of room each) over ``references`` (any
+    hashable names, one per block looked up, in order; a prefix tree's blocks named by their whole prefix, as KV
+    block hashes are), from one pass of ``_min_levels``. What ``belady_curve`` counts over a trace's blocks;
+    ``kvtop.tiers.sizeadvice`` gives it the blocks a live run's KV events show."""
+    order = sorted(set(int(s) for s in sizes if int(s) > 0))
+    out = {int(s): 0 for s in sizes}
+    if not order or not references:
+        return out
+    # dense node ids 0..n-1 in order of first reference (``_next_uses`` sizes its lists by the node count)
+    dense: dict[Any, int] = {}
+    nodes = [dense.setdefault(x, len(dense)) for x in references]
+    node_count = len(dense)
+    with _no_gc():
+        entries, who = _next_uses(nodes, node_count)
+        by_level = _min_levels(nodes, entries, who, order, node_count, [1] * len(nodes))
+    running = 0
+    for k, size in enumerate(order):
+        running += by_level[k + 1]
+        out[size] = running
+    return out

@@ -1,0 +1,331 @@
+"""Size advice: the hit rate a run would have had at other host sizes, the optimum beside it, and a recommendation.
+
+From the run's own block stream (TensorRT-LLM's KV cache events and iteration stats, the records the TierModel
+folds), at host sizes 0, H/4, H/2, 3H/4, H (the host pool now: exactly the run's own hit rate), 1.5H, 2H, 3H, 4H:
+
+- **Below H** from the onboards' distances in the host queue, as ``kvtop.engines.sim.sweep.host_curve`` reasons for
+  a trace: the host tier is a FIFO of its slots (an offload takes the front slot, an onboard frees one in the
+  middle), so a block offloaded at offload count s and onboarded at count S would still be on a host of h blocks
+  iff the ``S - s`` offloads since, plus the onboards in front of it that a host of h also served, are fewer than
+  h. The events give s and S: the n-th ``updated`` event with ``cache_level`` 0 -> 1 is offload n, and an onboard
+  (1 -> 0) counts the offloads before it, less its own victim's (an onboard first takes a GPU block, whose offload
+  event comes just before the onboard's). ``sweep.host_hits_at`` counts them (the same code as the trace sweep).
+  A prompt's reuse stops at its first miss: onboards are grouped as one prompt's while no ``stored`` event came
+  between them and the earlier one is an ancestor of the later (parent hashes from the stored events).
+- **Above H** from ``kvtop.tiers.whatif``'s ghost list (the hashes the cache dropped, by stack distance): the
+  same estimate the x2 / x4 line made, at any size up to 4H.
+- **The optimum** (Belady's MIN, ``sweep.min_hits_at``) at each size's GPU + host capacity, over the lookups the
+  events reveal: a ``stored`` event's parent chain is the prefix the request found cached (each of those blocks
+  a lookup that hit, on the GPU or onboarded), its blocks the ones it missed. A request whose prompt was all
+  cached stores nothing at prefill; its release store (generated blocks under the prompt's last full block)
+  shows its prompt then, unless a prefill store of that same chain already counted it.
+
+Limits (each measured against the simulator in tests/test_sizeadvice.py):
+- The curve holds the GPU tier as it was: a host hit and a recomputed block both end up on the GPU (as
+  ``host_curve`` assumes; within 1 point of full replays there). Above H the ghost estimate's own limits hold
+  (whatif.py): order effects of the extra hits are ignored.
+- Offloads of blocks outside the reuse tree (a partial-reuse detach) have no event: the distances below H are
+  then short by those, the hits below H a little high. Attached mid-run, onboards of blocks offloaded before
+  kvtop attached have no distance: they count at each smaller size as the placed ones' share there.
+- The grouping of onboards into prompts is a guess from the stream (events of one iteration interleave requests).
+- The optimum sees the lookups of full prompt blocks only (no partial-block reuse), in the order the events arrive
+  (a prefill store comes after the request's lookups, a full hit's release store after its generation), over the
+  last ``MAX_REFERENCES`` lookups; GPU hits whose request stored nothing at all are unseen. It is read as a rate
+  over what it saw, and never below the curve at the same size (the policy's own hits are achievable).
+- Memory: the onboards kept are bounded (``MAX_ONBOARDS``; older ones are counted once and frozen), the lookups
+  too (``MAX_REFERENCES``, a window), the parent map by the blocks cached. ``curve()`` is O(n log n) over what is
+  kept: a reader calls it every few seconds (the dashboard: at most every 5 s of model time), never per event.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from kvtop.tiers.whatif import WhatIf
+
+__all__ = ["FRACTIONS", "MAX_ONBOARDS", "MAX_REFERENCES", "MEANINGFUL_POINTS", "SizeAdvice", "advise"]
+
+# The sizes of the curve as multiples of the host pool H: H itself is the run's own hit rate.
+FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+MAX_ONBOARDS = 200_000      # onboards kept with their distances (3 ints each); older ones are frozen into counts
+MAX_REFERENCES = 200_000    # lookups kept for the optimum (a window): ~0.3 s for MIN over them on the dev box
+MEANINGFUL_POINTS = 1.0     # a larger host that buys less than this many points of hits is not worth saying
+KEEPS_SHARE = 0.99          # a smaller host that keeps this share of the hits is worth saying
+_ANCESTRY_WALK = 512        # blocks walked up from an onboard to find the one before it in the same prompt
+
+
+class SizeAdvice:
+    """The fold: hand it every ``kv_event`` and ``stats`` record's data (it feeds its ``whatif`` too); ``curve()``
+    and ``advice()`` read it."""
+
+    def __init__(self, whatif: WhatIf | None = None, max_onboards: int = MAX_ONBOARDS,
+                 max_references: int = MAX_REFERENCES):
+        self.whatif = whatif if whatif is not None else WhatIf()
+        self.max_onboards = max(2, max_onboards)
+        self.gpu_blocks: int | None = None
+        self._offloads = 0                        # offload events so far (cache level 0 -> 1)
+        self._offloaded_at: dict[int, int] = {}   # block on the host -> its offload's number
+        self._parent: dict[int, Any] = {}         # cached block -> its parent's hash (None: a root block)
+        self._onboards: list[tuple[int, int, int]] = []  # (S - s, s, S) per onboard with a known offload
+        self._starts: list[int] = []              # index in _onboards where each prompt's onboards start
+        self._last_onboard: int | None = None     # hash of the last onboard, while its prompt may go on
+        self._last_was_offload = False            # the event before this one was an offload (an onboard's victim)
+        self._frozen: dict[int, int] = {}         # host hits per size of the onboards no longer kept
+        self._frozen_sizes: tuple[int, ...] = ()
+        self.frozen_onboards = 0
+        self.unplaced_onboards = 0                # onboards of blocks whose offload was not seen (attached later)
+        self._refs: deque[int] = deque(maxlen=max(1, max_references))
+        self._pending: dict[int, int] = {}        # last block of a prefill store -> stores awaiting their release
+        self.references = 0                       # lookups revealed in all (the window keeps the last ones)
+
+    # ------------------------------------------------------------------------------------------ input
+
+    def apply(self, record: Any) -> None:
+        kind = getattr(record, "kind", None)
+        if kind == "kv_event":
+            self.apply_kv_event(record.data)
+        elif kind == "stats":
+            self.whatif.apply_stats(record.data)
+
+    def apply_stats(self, stats: dict[str, Any]) -> None:
+        self.whatif.apply_stats(stats)
+
+    def apply_kv_event(self, ev: dict[str, Any]) -> None:
+        whatif = self.whatif
+        whatif.apply_kv_event(ev)
+        data = ev.get("data", ev) if isinstance(ev, dict) else None
+        if not isinstance(data, dict):
+            return
+        etype = data.get("type")
+        if etype == "updated":
+            level = data.get("cache_level")
+            h = data.get("block_hash")
+            if not isinstance(level, dict) or not isinstance(h, int):
+                return
+            new, old = level.get("new_value"), level.get("old_value")
+            if new == 1 and old == 0:
+                self._offloads += 1
+                self._offloaded_at[h] = self._offloads
+                self._last_was_offload = True
+                return
+            if new == 0 and old == 1:
+                self._onboard(h)
+            self._last_was_offload = False
+        elif etype == "removed":
+            offloaded_at, parent = self._offloaded_at, self._parent
+            for h in data.get("block_hashes") or ():
+                if isinstance(h, int):
+                    offloaded_at.pop(h, None)
+                    parent.pop(h, None)
+        elif etype == "stored":
+            self._last_was_offload = False
+            self._stored(data.get("blocks") or [], data.get("parent_hash"), whatif.last_store_was_release)
+        elif etype == "created":
+            levels = data.get("num_blocks_per_cache_level") or []
+            if levels and isinstance(levels[0], int) and levels[0] >= 0:
+                self.gpu_blocks = levels[0]
+
+    def _onboard(self, h: int) -> None:
+        s = self._offloaded_at.pop(h, None)
+        # The victim's offload (the GPU block whose slot the onboard takes) came just before: not in front of it.
+        now = self._offloads - 1 if self._last_was_offload else self._offloads
+        self._last_was_offload = False
+        last = self._last_onboard
+        self._last_onboard = h
+        if s is None:
+            self.unplaced_onboards += 1
+            return
+        onboards = self._onboards
+        if last is None or not self._descends(h, last):
+            self._starts.append(len(onboards))
+        onboards.append((max(0, now - s), s, now))
+        if len(onboards) >= self.max_onboards:
+            self._freeze()
+
+    def _descends(self, h: int, ancestor: int) -> bool:
+        parent = self._parent
+        p = parent.get(h)
+        for _ in range(_ANCESTRY_WALK):
+            if p is None:
+                return False
+            if p == ancestor:
+                return True
+            p = parent.get(p)
+        return False
+
+    def _chain(self, h: Any) -> list[int]:
+        """The blocks from the root down to ``h`` (``h`` last), as far as the parent map knows them."""
+        out: list[int] = []
+        parent = self._parent
+        while isinstance(h, int) and len(out) < 1 << 16:
+            out.append(h)
+            h = parent.get(h)
+        out.reverse()
+        return out
+
+    def _stored(self, blocks: list[Any], parent_hash: Any, release: bool) -> None:
+        self._last_onboard = None  # a store ends the prompt whose onboards came before it
+        hashes = []
+        p = parent_hash
+        parent = self._parent
+        for b in blocks:
+            h = b.get("block_hash") if isinstance(b, dict) else None
+            if not isinstance(h, int):
+                break
+            parent[h] = p
+            hashes.append(h)
+            p = h
+        refs = self._refs
+        if release:
+            if not isinstance(parent_hash, int):
+                return
+            waiting = self._pending.get(parent_hash)
+            if waiting:  # the prompt's prefill store counted its lookups already
+                if waiting == 1:
+                    del self._pending[parent_hash]
+                else:
+                    self._pending[parent_hash] = waiting - 1
+                return
+            chain = self._chain(parent_hash)  # a prompt all found cached: its lookups, all hits
+        else:
+            if not hashes:
+                return
+            chain = self._chain(parent_hash)
+            chain += hashes
+            pending = self._pending
+            if len(pending) > 4 * MAX_REFERENCES:  # releases never seen (failed requests): start again
+                pending.clear()
+            pending[hashes[-1]] = pending.get(hashes[-1], 0) + 1
+        refs.extend(chain)
+        self.references += len(chain)
+
+    def _freeze(self) -> None:
+        """Count the older half of the onboards kept, for the sizes of the curve, and drop them. Exact for them (an
+        onboard's outcome depends on the onboards before it only); the newer half loses, as context, the onboards in
+        front of it among the dropped (blocks that waited longer than half the kept onboards on the host)."""
+        sizes = self._sizes()
+        if sizes != self._frozen_sizes:
+            self._frozen = {}
+            self._frozen_sizes = sizes
+        onboards, starts = self._onboards, self._starts
+        cut = len(onboards) // 2
+        k = 0
+        while k < len(starts) and starts[k] <= cut:
+            k += 1
+        cut = starts[k - 1] if k else cut  # at a prompt's start: a prompt is counted whole
+        if cut <= 0:
+            cut = len(onboards) // 2
+        from kvtop.engines.sim.sweep import host_hits_at  # the sweep's code, imported when first needed
+
+        counts = host_hits_at(onboards[:cut], [s for s in starts if s < cut] or [0], [h for h in sizes if h > 0])
+        for h, n in counts.items():
+            self._frozen[h] = self._frozen.get(h, 0) + n
+        self.frozen_onboards += cut
+        del onboards[:cut]
+        self._starts = [s - cut for s in starts if s >= cut]
+        if not self._starts or self._starts[0] != 0:
+            self._starts.insert(0, 0)
+
+    # ------------------------------------------------------------------------------------------ output
+
+    def host_blocks(self) -> int | None:
+        return self.whatif.host_capacity_blocks
+
+    def _sizes(self) -> tuple[int, ...]:
+        H = self.host_blocks() or 0
+        return tuple(sorted({int(round(f * H)) for f in FRACTIONS}))
+
+    def curve(self, hits: int | None = None, lookups: int | None = None, optimum: bool = True
+              ) -> list[dict[str, Any]]:
+        """Per host size (blocks): ``host_blocks``, ``hit_rate``, ``optimal_hit_rate``, ``host_hits`` (None where
+        not known). ``hits`` / ``lookups``: the run's own block hits and lookups (the TierModel's, so that the point
+        at H is exactly its cumulative rate); None: the what-if's own counts from the stats."""
+        from kvtop.engines.sim.sweep import host_hits_at, min_hits_at  # imported when first read, not with the fold
+
+        wi = self.whatif
+        if hits is None or lookups is None:
+            hits, lookups = wi._reused, wi._reused + wi._missed
+        H = self.host_blocks()
+        if H is None:
+            return []
+        sizes = self._sizes()
+        placed = len(self._onboards) + self.frozen_onboards
+        all_onboards = placed + self.unplaced_onboards
+        below = [h for h in sizes if 0 < h < H]
+        counts = host_hits_at(self._onboards, self._starts or [0], below) if below and self._onboards else {}
+        refs = list(self._refs)
+        gpu = self.gpu_blocks or 0
+        bound = min_hits_at(refs, [gpu + h for h in sizes]) if optimum and refs and gpu + H > 0 else {}
+        missed = max(0, lookups - hits)
+        out = []
+        for h in sizes:
+            host_hits: int | None
+            if h == H:
+                rate_hits = hits
+                host_hits = all_onboards
+            elif h < H:
+                if h == 0:
+                    kept = 0.0
+                else:
+                    frozen = self._frozen.get(h, 0) if self._frozen_sizes == sizes else 0
+                    kept_placed = counts.get(h, 0) + frozen
+                    # onboards with no known offload: as the placed ones fare at this size
+                    kept = kept_placed + (self.unplaced_onboards * kept_placed / placed if placed else 0.0)
+                host_hits = int(round(kept))
+                rate_hits = max(0, hits - all_onboards + host_hits)
+            else:
+                extra = min(wi.extra_hits_at(h), missed)
+                host_hits = all_onboards + extra
+                rate_hits = hits + extra
+            rate = rate_hits / lookups if lookups else None
+            best = bound.get(gpu + h)
+            optimal = None if best is None or not refs else best / len(refs)
+            if optimal is not None and rate is not None:
+                optimal = max(optimal, rate)
+            out.append({"host_blocks": h, "hit_rate": rate, "optimal_hit_rate": optimal, "host_hits": host_hits})
+        return out
+
+
+def advise(points: list[dict[str, Any]], host_blocks: int | None, bytes_per_block: int | None) -> dict[str, Any]:
+    """The recommendation in words from a curve (``SizeAdvice.curve``'s points, with ``host_bytes`` where known):
+    the smallest step up that buys ``MEANINGFUL_POINTS`` or more, else the smallest host that keeps
+    ``KEEPS_SHARE`` of the hits, else that the curve is flat. ``ttft_ms``: None here (the live verdict's TTFT by
+    prefix source fills it)."""
+    none = {"text": None, "host_blocks": None, "extra_hit_points": None, "ttft_ms": None}
+    here = next((p for p in points if p["host_blocks"] == host_blocks), None)
+    if here is None or here["hit_rate"] is None:
+        return {**none, "text": "no curve yet: no host pool size or no block lookups seen"}
+    now = here["hit_rate"]
+
+    def size(blocks: int) -> str:
+        return _bytes(blocks * bytes_per_block) if bytes_per_block else f"{blocks:,} blocks"
+
+    for p in points:
+        if p["host_blocks"] > (host_blocks or 0) and p["hit_rate"] is not None:
+            gain = 100 * (p["hit_rate"] - now)
+            if gain >= MEANINGFUL_POINTS:
+                step = p["host_blocks"] - (host_blocks or 0)
+                best = p.get("optimal_hit_rate")
+                text = (f"+{size(step)} host: +{gain:.1f} pts hits ({100 * now:.1f}% -> {100 * p['hit_rate']:.1f}%)"
+                        + (f"; the optimum at this size is {100 * best:.0f}%" if best is not None else ""))
+                return {"text": text, "host_blocks": p["host_blocks"], "extra_hit_points": round(gain, 2),
+                        "ttft_ms": None}
+    if now > 0:
+        for p in points:
+            if p["host_blocks"] < (host_blocks or 0) and p["hit_rate"] is not None \
+                    and p["hit_rate"] >= KEEPS_SHARE * now:
+                lost = 100 * (p["hit_rate"] - now)
+                text = (f"a smaller host keeps {100 * p['hit_rate'] / now:.0f}% of the hits: {size(p['host_blocks'])}"
+                        f" ({lost:+.1f} pts)")
+                return {"text": text, "host_blocks": p["host_blocks"], "extra_hit_points": round(lost, 2),
+                        "ttft_ms": None}
+    return {**none, "text": "no larger host would help: the curve is flat", "host_blocks": host_blocks,
+            "extra_hit_points": 0.0}
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}".replace(".0 ", " ")
+    return f"{n:,} B"
