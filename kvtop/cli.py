@@ -230,6 +230,14 @@ def cmd_sim(argv: Sequence[str]) -> int:
         return _sim_hit_rates(a, requests, model, gpu, tpb, primary, sweep)
     from kvtop.engines.sim.offline import TraceRunConfig, run_trace
 
+    # The verdict of each size needs the same trace without the tier: the 0 point, replayed first, so that every
+    # row after it can say whether its tier paid. Where the sweep has none it is added, printed as the baseline and
+    # kept out of "runs" (the JSON's "baseline"): the runs stay the sizes asked for.
+    added_baseline = False
+    if any(blocks for _, blocks in sweep):
+        zero = next((point for point in sweep if point[1] == 0), None)
+        added_baseline = zero is None
+        sweep = [zero or (0, 0), *[point for point in sweep if point is not zero]]
     with _optimum_beside(a, requests, [primary + blocks for _, blocks in sweep], tpb) as optimum_job:
         configs = [TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
                                   max_num_tokens=a.max_num_tokens, time_scale=a.time_scale,
@@ -244,12 +252,16 @@ def cmd_sim(argv: Sequence[str]) -> int:
             if not a.json:
                 print(f"host {format_bytes(r['host_cache_bytes']):>10}: optimal (Belady's MIN over GPU + host blocks, "
                       f"prompts only) {100 * best:5.1f}%")
+    baseline = runs.pop(0) if added_baseline else None
     if a.plot:
         from kvtop.report.report import plot_sweep
 
         plot_sweep(runs, a.plot)
     if a.json:
-        print(json.dumps({"model": model.name, "gpu": gpu.name, "tokens_per_block": tpb, "runs": runs}))
+        out: dict[str, Any] = {"model": model.name, "gpu": gpu.name, "tokens_per_block": tpb, "runs": runs}
+        if baseline is not None:
+            out["baseline"] = baseline
+        print(json.dumps(out))
     return 0
 
 
@@ -290,21 +302,52 @@ def _timed_runs(a: argparse.Namespace, configs: list[Any], results: Any) -> list
     from kvtop.engines.sizing import format_bytes
 
     runs = []
+    baseline: dict[str, Any] | None = None
     for cfg, result in zip(configs, results):
         host_bytes, host_blocks = cfg.host_cache_bytes, cfg.secondary_blocks
         failures = result.pop("failures", None) or []
         if failures and not a.json:
             print(f"kvtop sim: {result['failed']} requests failed, e.g. {failures[0]}", file=sys.stderr)
+        if host_blocks == 0 and baseline is None:
+            baseline = result
+        result["verdict"] = sweep_verdict(result, baseline)
         runs.append(result)
         if not a.json:
+            v = result["verdict"]
+            said = v["says"] if v["net_s"] is None else f"{v['says']} {v['net_s']:+.1f} s"
+            if host_blocks == 0 and len(configs) > 1:
+                said += " (the baseline of the verdicts)"
             print(f"host {format_bytes(host_bytes):>10} ({host_blocks:>6} blocks): hit rate "
                   f"{100 * result['cache_hit_rate']:5.1f}%  reused {result['reused_blocks']:>8}  missed "
                   f"{result['missed_blocks']:>8}  offloaded {result['offloaded_blocks']:>8}  onboarded "
                   f"{result['onboarded_blocks']:>8}  simulated {result['simulated_seconds']:8.1f} s  "
-                  f"wall {result['wall_seconds']:6.1f} s"
+                  f"wall {result['wall_seconds']:6.1f} s  tier: {said}"
                   + (f"  FAILED {result['failed']} of {result['failed'] + result['requests']} requests"
                      if result["failed"] else ""), flush=True)
     return runs
+
+
+VERDICT_BASIS = ("timed replay: the engine's busy seconds for the same trace and settings without the host tier "
+                 "(the 0 point) minus with it")
+
+
+def sweep_verdict(run: dict[str, Any], baseline: dict[str, Any] | None) -> dict[str, Any]:
+    """A timed sweep point's verdict on its host tier: ``net_s`` = the no-tier run's busy seconds minus this run's
+    (what the tier's hits saved in prefill less what its copies cost on the critical path, as the engine spent it;
+    busy seconds rather than the run's end, which a trace's arrivals set while the engine keeps up, or the sum of
+    TTFTs, which queueing multiplies); ``says`` "none" without a tier, "idle" where nothing was onboarded (the
+    tier stores but nothing comes back: its offloads still cost, ``net_s`` says how much), else "pays" or "costs"
+    by the sign of ``net_s`` ("idle" at exactly 0)."""
+    if not run.get("secondary_blocks"):
+        return {"says": "none", "net_s": None, "basis": "no host tier"}
+    if baseline is None:
+        return {"says": None, "net_s": None, "basis": "no run without the tier to compare with"}
+    net = float(baseline["busy_seconds"]) - float(run["busy_seconds"])
+    if not run.get("onboarded_blocks"):
+        says = "idle"
+    else:
+        says = "pays" if net > 0 else "costs" if net < 0 else "idle"
+    return {"says": says, "net_s": net, "basis": VERDICT_BASIS}
 
 
 def _sim_hit_rates(a: argparse.Namespace, requests: list[Any], model: Any, gpu: Any, tpb: int, primary: int,
