@@ -234,17 +234,19 @@ def cmd_sim(argv: Sequence[str]) -> int:
     # row after it can say whether its tier paid. Where the sweep has none it is added, printed as the baseline and
     # kept out of "runs" (the JSON's "baseline"): the runs stay the sizes asked for.
     added_baseline = False
-    if any(blocks for _, blocks in sweep):
-        zero = next((point for point in sweep if point[1] == 0), None)
-        added_baseline = zero is None
-        sweep = [zero or (0, 0), *[point for point in sweep if point is not zero]]
+    if any(blocks for _, blocks in sweep) and not any(blocks == 0 for _, blocks in sweep):
+        added_baseline = True
+        sweep = [(0, 0), *sweep]
     with _optimum_beside(a, requests, [primary + blocks for _, blocks in sweep], tpb) as optimum_job:
         configs = [TraceRunConfig(model, gpu, tpb, primary, host_blocks, host_bytes, max_batch_size=a.max_batch_size,
                                   max_num_tokens=a.max_num_tokens, time_scale=a.time_scale,
                                   capacity_scheduler_policy=a.capacity_scheduler_policy,
                                   tensor_parallel_size=a.tensor_parallel_size) for host_bytes, host_blocks in sweep]
-        with _sizes_in_order(a, run_trace, [(requests, cfg) for cfg in configs]) as results:
-            runs = _timed_runs(a, configs, results)
+        # replayed with the 0 point first (each verdict needs it), printed and listed in the sweep's order
+        first = next((k for k, cfg in enumerate(configs) if cfg.secondary_blocks == 0), 0)
+        replay_order = [first, *[k for k in range(len(configs)) if k != first]]
+        with _sizes_in_order(a, run_trace, [(requests, configs[k]) for k in replay_order]) as results:
+            runs = _timed_runs(a, configs, results, replay_order)
         optimum = optimum_job.result() if a.belady else None
     if optimum is not None:
         for r, best in zip(runs, optimum):
@@ -297,34 +299,47 @@ def _sizes_in_order(a: argparse.Namespace, fn: Any, arg_lists: list[tuple[Any, .
     return forked.InOrder(fn, arg_lists, min(_sim_jobs(a), len(arg_lists)), on_lost=_lost("a host size's replay"))
 
 
-def _timed_runs(a: argparse.Namespace, configs: list[Any], results: Any) -> list[dict[str, Any]]:
-    """Each host size's full engine replay (``offline.run_trace``), printed as it comes, in the sweep's order."""
+def _timed_runs(a: argparse.Namespace, configs: list[Any], results: Any, replay_order: list[int]
+                ) -> list[dict[str, Any]]:
+    """Each host size's full engine replay (``offline.run_trace``), printed as it comes, in the sweep's order.
+    ``results`` come in ``replay_order`` (indices into ``configs``): the 0 point first, the baseline of every
+    verdict; a row waits for the rows before it in the sweep's order."""
+    done: dict[int, dict[str, Any]] = {}
+    runs: list[dict[str, Any]] = []
+    baseline: dict[str, Any] | None = None
+    for k, result in zip(replay_order, results):
+        if configs[k].secondary_blocks == 0 and baseline is None:
+            baseline = result
+        done[k] = result
+        while len(runs) in done:
+            row = done.pop(len(runs))
+            _timed_row(a, configs[len(runs)], row, baseline, len(configs))
+            runs.append(row)
+    return runs
+
+
+def _timed_row(a: argparse.Namespace, cfg: Any, result: dict[str, Any], baseline: dict[str, Any] | None,
+               sizes: int) -> None:
+    """One timed run's verdict, and its row where the output is text."""
     from kvtop.engines.sizing import format_bytes
 
-    runs = []
-    baseline: dict[str, Any] | None = None
-    for cfg, result in zip(configs, results):
-        host_bytes, host_blocks = cfg.host_cache_bytes, cfg.secondary_blocks
-        failures = result.pop("failures", None) or []
-        if failures and not a.json:
-            print(f"kvtop sim: {result['failed']} requests failed, e.g. {failures[0]}", file=sys.stderr)
-        if host_blocks == 0 and baseline is None:
-            baseline = result
-        result["verdict"] = sweep_verdict(result, baseline)
-        runs.append(result)
-        if not a.json:
-            v = result["verdict"]
-            said = v["says"] if v["net_s"] is None else f"{v['says']} {v['net_s']:+.1f} s"
-            if host_blocks == 0 and len(configs) > 1:
-                said += " (the baseline of the verdicts)"
-            print(f"host {format_bytes(host_bytes):>10} ({host_blocks:>6} blocks): hit rate "
-                  f"{100 * result['cache_hit_rate']:5.1f}%  reused {result['reused_blocks']:>8}  missed "
-                  f"{result['missed_blocks']:>8}  offloaded {result['offloaded_blocks']:>8}  onboarded "
-                  f"{result['onboarded_blocks']:>8}  simulated {result['simulated_seconds']:8.1f} s  "
-                  f"wall {result['wall_seconds']:6.1f} s  tier: {said}"
-                  + (f"  FAILED {result['failed']} of {result['failed'] + result['requests']} requests"
-                     if result["failed"] else ""), flush=True)
-    return runs
+    host_bytes, host_blocks = cfg.host_cache_bytes, cfg.secondary_blocks
+    failures = result.pop("failures", None) or []
+    if failures and not a.json:
+        print(f"kvtop sim: {result['failed']} requests failed, e.g. {failures[0]}", file=sys.stderr)
+    result["verdict"] = v = sweep_verdict(result, baseline)
+    if a.json:
+        return
+    said = v["says"] if v["net_s"] is None else f"{v['says']} {v['net_s']:+.1f} s"
+    if host_blocks == 0 and sizes > 1:
+        said += " (the baseline of the verdicts)"
+    print(f"host {format_bytes(host_bytes):>10} ({host_blocks:>6} blocks): hit rate "
+          f"{100 * result['cache_hit_rate']:5.1f}%  reused {result['reused_blocks']:>8}  missed "
+          f"{result['missed_blocks']:>8}  offloaded {result['offloaded_blocks']:>8}  onboarded "
+          f"{result['onboarded_blocks']:>8}  simulated {result['simulated_seconds']:8.1f} s  "
+          f"wall {result['wall_seconds']:6.1f} s  tier: {said}"
+          + (f"  FAILED {result['failed']} of {result['failed'] + result['requests']} requests"
+             if result["failed"] else ""), flush=True)
 
 
 VERDICT_BASIS = ("timed replay: the engine's busy seconds for the same trace and settings without the host tier "

@@ -73,7 +73,7 @@ def test_a_tier_that_offloads_what_never_comes_back_costs(tmp_path: Path) -> Non
     0 point, so one is replayed first and says "none"."""
     trace = _write(tmp_path / "little_reuse.jsonl", _little_reuse(12))
     out = _sim(trace, "--host-cache", "64GB")
-    assert len(out["runs"]) == 1  # the sizes asked for; the 0 point replayed for the verdict is the baseline
+    assert len(out["runs"]) == 1  # the sizes asked for; the 0 point replayed for the verdicts is the baseline
     none, tier = out["baseline"], out["runs"][0]
     assert none["secondary_blocks"] == 0
     assert none["verdict"] == {"says": "none", "net_s": None, "basis": "no host tier"}
@@ -97,9 +97,9 @@ def test_a_tier_whose_hits_save_prefill_pays_and_a_small_one_costs(tmp_path: Pat
     assert none["verdict"]["says"] == "none"
     text = _sim(trace, "--gpu-blocks", "400", "--host-blocks", "4000,400,0", json_out=False)
     rows = [line for line in text.splitlines() if line.startswith("host")]
-    assert rows[0].endswith("tier: none (the baseline of the verdicts)")  # the 0 point first
-    assert f"tier: pays {big['verdict']['net_s']:+.1f} s" in rows[1]
-    assert f"tier: costs {small['verdict']['net_s']:+.1f} s" in rows[2]
+    assert f"tier: pays {big['verdict']['net_s']:+.1f} s" in rows[0]  # the sweep's order; 0 replayed first
+    assert f"tier: costs {small['verdict']['net_s']:+.1f} s" in rows[1]
+    assert rows[2].endswith("tier: none (the baseline of the verdicts)")
 
 
 def test_a_tier_nothing_comes_back_from_is_idle(tmp_path: Path) -> None:
