@@ -66,9 +66,9 @@ class SessionView:
 @runtime_checkable
 class DashboardSession(Protocol):
     """What the dashboard calls on a session: ``view()`` every refresh, ``tick()`` for housekeeping, ``run()`` and
-    ``stop()`` for its lifecycle, ``reset_window()`` for the r key, ``what_if()`` for the 2x / 4x host line (None:
-    the session folds no estimate, the line is hidden). Session is one; ``for_dashboard`` makes one of anything
-    with a Session's read side."""
+    ``stop()`` for its lifecycle, ``reset_window()`` for the r key, ``what_if()`` for the 2x / 4x host estimate and
+    ``size_advice()`` for the curve line (None: the session folds no estimate, the line is hidden). Session is one;
+    ``for_dashboard`` makes one of anything with a Session's read side."""
 
     def view(self) -> SessionView: ...
     def run(self) -> Awaitable[None]: ...
@@ -76,6 +76,7 @@ class DashboardSession(Protocol):
     def tick(self, now: float | None = None) -> object: ...   # now: the dashboard's wall clock (its log times)
     def reset_window(self) -> None: ...
     def what_if(self) -> Mapping[str, Any] | None: ...
+    def size_advice(self, optimum: bool = True) -> Mapping[str, Any] | None: ...
 
 
 class Session:
@@ -90,6 +91,7 @@ class Session:
         # ...and the size advice (a hit-rate curve over host sizes), which feeds the what-if: one fold of each event.
         self.sizing = SizeAdvice()
         self.whatif = self.sizing.whatif
+        self._last_optimum: dict[int, float | None] = {}  # host blocks -> the optimum last read (size_advice)
         self.meta: dict[str, Any] = dict(meta or {})
         self.started_at = time.time()
         self.log: deque[tuple[float, str, str]] = deque(maxlen=LOG_LINES)
@@ -251,8 +253,14 @@ class Session:
         st = self.model.stats_fold
         points = self.sizing.curve(st.hits, st.lookups, optimum=optimum)
         bpb = self.model.bytes_per_block
+        last = self._last_optimum
         for p in points:
             p["host_bytes"] = p["host_blocks"] * bpb if bpb else None
+            if optimum:
+                last[p["host_blocks"]] = p["optimal_hit_rate"]
+            else:  # the last optimum read (the dashboard reads it less often than the curve), never below the curve
+                best = last.get(p["host_blocks"])
+                p["optimal_hit_rate"] = None if best is None or p["hit_rate"] is None else max(best, p["hit_rate"])
         host = self.sizing.host_blocks()
         return {"host_blocks": host,
                 "points": [{k: p[k] for k in ("host_blocks", "host_bytes", "hit_rate", "optimal_hit_rate")}
@@ -524,6 +532,10 @@ class PartialSession:
     def what_if(self) -> Mapping[str, Any] | None:
         what_if = getattr(self.session, "what_if", None)  # may lack: then no what-if line
         return what_if() if callable(what_if) else None
+
+    def size_advice(self, optimum: bool = True) -> Mapping[str, Any] | None:
+        size_advice = getattr(self.session, "size_advice", None)  # may lack: then no curve line
+        return size_advice(optimum=optimum) if callable(size_advice) else None
 
 
 def for_dashboard(session: Any) -> DashboardSession:

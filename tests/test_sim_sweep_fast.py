@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvtop import stack_distance
 from kvtop.engines.sim import sweep
 from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, TokenRuns
 from kvtop.engines.sim.core import generated_token
@@ -322,7 +323,7 @@ def test_in_front_at_largest_is_its_definition(seed: int, tpb: int, primary: int
     requests = _trace(random.Random(seed), 80)
     primary, (host,) = _in_blocks_of(tpb, primary, [host])
     run = hit_replay.replay(requests, primary, host, tpb, record_onboards=True)
-    assert sweep._in_front_at_largest(run.onboards) == _in_front_by_definition(run.onboards)
+    assert stack_distance.in_front_at_largest(run.onboards) == _in_front_by_definition(run.onboards)
 
 
 def test_in_front_at_largest_on_the_shipped_slice() -> None:
@@ -331,7 +332,7 @@ def test_in_front_at_largest_on_the_shipped_slice() -> None:
 
     requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
     run = hit_replay.replay(requests, 200, 2000, 512, record_onboards=True)
-    in_front = sweep._in_front_at_largest(run.onboards)
+    in_front = stack_distance.in_front_at_largest(run.onboards)
     assert in_front == _in_front_by_definition(run.onboards)
     assert len(in_front) == 783 and sum(in_front) == 36369 and max(in_front) == 218
 
@@ -345,7 +346,7 @@ def test_one_pass_python_counts_are_the_per_size_counts(seed: int, tpb: int, pri
     requests = _trace(random.Random(seed), 80)
     primary, sizes = _in_blocks_of(tpb, primary, sizes)
     run = hit_replay.replay(requests, primary, max(sizes), tpb, record_onboards=True)
-    in_front = sweep._in_front_at_largest(run.onboards)
+    in_front = stack_distance.in_front_at_largest(run.onboards)
     expected = {h: _reference_host_hits(run.onboards, run.request_starts, h, in_front) for h in sizes}
     assert sweep._host_hits_python(run.onboards, run.request_starts, sizes) == expected
 
@@ -357,7 +358,7 @@ def test_one_pass_python_counts_on_the_shipped_slice() -> None:
     requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
     sizes = [0, 500, 1000, 2000, 4000, 8000, 16000, 29999, 30000]
     run = hit_replay.replay(requests, 2000, 30000, 32, record_onboards=True)
-    in_front = sweep._in_front_at_largest(run.onboards)
+    in_front = stack_distance.in_front_at_largest(run.onboards)
     expected = {h: _reference_host_hits(run.onboards, run.request_starts, h, in_front) for h in sizes}
     assert sweep._host_hits_python(run.onboards, run.request_starts, sizes) == expected
     assert expected[30000] == run.onboarded_blocks == 12333 and len(set(expected.values())) == 8  # 2,230 twice
@@ -376,7 +377,8 @@ def test_one_pass_numpy_counts_are_the_python_counts(seed: int, tpb: int, primar
 
 
 def test_one_pass_numpy_counts_on_the_shipped_slice() -> None:
-    from kvtop.engines.sim.sweep import _DistanceRecorder, _in_front_at_largest, _replay, host_curve
+    from kvtop.engines.sim.sweep import _DistanceRecorder, _replay, host_curve
+    from kvtop.stack_distance import in_front_at_largest as _in_front_at_largest
     from kvtop.workload.trace import read_trace
 
     requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
@@ -396,7 +398,7 @@ def test_one_pass_numpy_counts_on_the_shipped_slice() -> None:
 def test_earlier_smaller_counts(values: list[int]) -> None:
     import numpy as np
 
-    from kvtop.engines.sim.sweep import _earlier_smaller
+    from kvtop.stack_distance import earlier_smaller as _earlier_smaller
 
     expected = [sum(1 for j in range(i) if values[j] < v) for i, v in enumerate(values)]
     assert _earlier_smaller(np.array(values, dtype=np.int64)).tolist() == expected

@@ -463,60 +463,72 @@ def _hit_text(app: KvtopApp) -> str:
     return app.screen.query_one(HitRatePanel).text()
 
 
+def _curve_line(advice: dict[str, Any], with_optimum: bool) -> str:
+    by = {p["host_blocks"]: p for p in advice["points"]}
+    h = advice["host_blocks"]
+    rates = " ".join(f"{by[round(f * h)]['hit_rate'] * 100:.0f}" for f in (0, 0.5, 1, 2, 4))
+    line = f"host×0 ½ 1 2 4: {rates}%"
+    return line + (f" opt {by[h]['optimal_hit_rate'] * 100:.0f}" if with_optimum else "")
+
+
 async def test_what_if_line_shows_the_sessions_estimate() -> None:
+    """The line is the size advice's curve: the hit rate at 0, ½, 1, 2 and 4 times the host pool, the run's own
+    (cumulative) at 1, and the optimum at the pool's size where the line has room (120x40)."""
     session = session_from_recording()
-    est = session.what_if()
-    assert est["host_x2_hit_rate"] is not None
+    advice = session.size_advice()
+    at = {p["host_blocks"]: p for p in advice["points"]}
+    assert at[advice["host_blocks"]]["hit_rate"] == session.model.hit_rate.cumulative
     app = build_app(session, Settings(), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        # The run's own rate over the estimate's span first, then the estimates: one span, one definition.
-        expected = (f"what-if all {est['hit_rate'] * 100:.0f}% → host×2 {est['host_x2_hit_rate'] * 100:.0f}% "
-                    f"×4 {est['host_x4_hit_rate'] * 100:.0f}%")
-        assert expected in _hit_text(app)
-        assert est["hit_rate"] <= est["host_x2_hit_rate"] <= est["host_x4_hit_rate"]
+        assert _curve_line(advice, with_optimum=True) in _hit_text(app)
+        rates = [p["hit_rate"] for p in advice["points"]]
+        assert rates == sorted(rates) and rates[-1] > rates[0]
 
 
 async def test_what_if_line_reads_what_the_session_says() -> None:
     session = session_from_recording()
-    answers = iter([{"host_x2_hit_rate": None, "host_x4_hit_rate": None, "hit_rate": None},
-                    {"host_x2_hit_rate": 0.523, "host_x4_hit_rate": 0.6149, "hit_rate": 0.41,
-                     "host_capacity_blocks": 227}])
-    session.what_if = lambda: next(answers)  # type: ignore[method-assign]
+    known = {"host_blocks": 200, "points": [
+        {"host_blocks": h, "hit_rate": r, "optimal_hit_rate": o}
+        for h, r, o in [(0, 0.31, 0.5), (100, 0.35, 0.52), (200, 0.41, 0.6), (400, 0.523, 0.66), (800, 0.6149, 0.7)]],
+        "recommendation": {"text": "+1 GiB host: +11.3 pts hits"}}
+    answers = iter([{"host_blocks": 200, "points": [{"host_blocks": 200, "hit_rate": None,
+                                                     "optimal_hit_rate": None}]}, known])
+    session.size_advice = lambda optimum=True: next(answers)  # type: ignore[method-assign]
     app = build_app(session, Settings(), run_session=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
-        assert "what-if all ? → host×2 ? ×4 ?" in _hit_text(app)  # unknown until known, never 0%
-        # The estimate is read again once the model's clock has moved a second on.
+        assert "host×0 ½ 1 2 4: ? ? ? ? ?%" in _hit_text(app)  # unknown until known, never 0%
+        # The curve is read again once the model's clock has moved on by its step (5 s).
         last = session.model.now
-        session.emit(make("stats", {"iter": 10**6, "numActiveRequests": 0}, source=session.source, time=last + 1.5))
+        session.emit(make("stats", {"iter": 10**6, "numActiveRequests": 0}, source=session.source, time=last + 5.5))
         app.refresh_view()
         await pilot.pause()
-        assert "what-if all 41% → host×2 52% ×4 61%" in _hit_text(app)
+        assert "host×0 ½ 1 2 4: 31 35 41 52 61%" in _hit_text(app)
 
 
 async def test_what_if_with_no_host_cache_says_what_twice_zero_means() -> None:
-    """Host cache 0: an x2 estimate would be of nothing (it once read above the actual hit rate, from another
-    span); the line says so instead of showing a figure."""
+    """Host cache 0: a curve in multiples of it would be of nothing (an x2 estimate once read above the actual hit
+    rate, from another span); the line says so instead of showing a figure."""
     session = session_from_recording()
-    session.what_if = lambda: {"host_x2_hit_rate": 0.31, "host_x4_hit_rate": 0.31, "hit_rate": 0.31,  # type: ignore[method-assign]
-                               "host_capacity_blocks": 0}
+    session.size_advice = lambda optimum=True: {  # type: ignore[method-assign]
+        "host_blocks": 0, "points": [{"host_blocks": 0, "hit_rate": 0.31, "optimal_hit_rate": 0.4}]}
     app = build_app(session, Settings(), run_session=False)
     async with app.run_test(size=(80, 24)) as pilot:
         await pilot.pause()
         text = _hit_text(app)
         assert "what-if no host cache: x2 of 0 is 0" in text
-        assert "×2" not in text
+        assert "host×" not in text
 
 
 async def test_what_if_only_for_the_sessions_own_source() -> None:
     app = build_app(fleet_session(), Settings(), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        assert "what-if all" in _hit_text(app)
+        assert "host×0 ½ 1 2 4:" in _hit_text(app)
         await pilot.press("s")
         await pilot.pause()
-        assert "what-if" not in _hit_text(app)
+        assert "host×" not in _hit_text(app)
 
 
 class StandInSession:
@@ -545,7 +557,7 @@ async def test_no_what_if_line_without_the_estimate() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         text = _hit_text(app)
-        assert "what-if" not in text and "total" in text
+        assert "what-if" not in text and "host×" not in text and "total" in text
 
 
 # ---------------------------------------------------------------------------------------------- what it reads

@@ -9,16 +9,16 @@ folds), at host sizes 0, H/4, H/2, 3H/4, H (the host pool now: exactly the run's
   iff the ``S - s`` offloads since, plus the onboards in front of it that a host of h also served, are fewer than
   h. The events give s and S: the n-th ``updated`` event with ``cache_level`` 0 -> 1 is offload n, and an onboard
   (1 -> 0) counts the offloads before it, less its own victim's (an onboard first takes a GPU block, whose offload
-  event comes just before the onboard's). ``sweep.host_hits_at`` counts them (the same code as the trace sweep).
-  A prompt's reuse stops at its first miss: onboards are grouped as one prompt's while no ``stored`` event came
-  between them and the earlier one is an ancestor of the later (parent hashes from the stored events).
+  event comes just before the onboard's). ``kvtop.stack_distance.host_hits_at`` counts them (the trace sweep's
+  code). A prompt's reuse stops at its first miss: onboards are grouped as one prompt's while no ``stored`` event
+  came between them and the earlier one is an ancestor of the later (parent hashes from the stored events).
 - **Above H** from ``kvtop.tiers.whatif``'s ghost list (the hashes the cache dropped, by stack distance): the
   same estimate the x2 / x4 line made, at any size up to 4H.
-- **The optimum** (Belady's MIN, ``sweep.min_hits_at``) at each size's GPU + host capacity, over the lookups the
-  events reveal: a ``stored`` event's parent chain is the prefix the request found cached (each of those blocks
-  a lookup that hit, on the GPU or onboarded), its blocks the ones it missed. A request whose prompt was all
-  cached stores nothing at prefill; its release store (generated blocks under the prompt's last full block)
-  shows its prompt then, unless a prefill store of that same chain already counted it.
+- **The optimum** (Belady's MIN, ``kvtop.stack_distance.min_hits_at``) at each size's GPU + host capacity, over
+  the lookups the events reveal: a ``stored`` event's parent chain is the prefix the request found cached (each
+  of those blocks a lookup that hit, on the GPU or onboarded), its blocks the ones it missed. A request whose
+  prompt was all cached stores nothing at prefill; its release store (generated blocks under the prompt's last
+  full block) shows its prompt then, unless a prefill store of that same chain already counted it.
 
 Limits (each measured against the simulator in tests/test_sizeadvice.py):
 - The curve holds the GPU tier as it was: a host hit and a recomputed block both end up on the GPU (as
@@ -42,6 +42,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from kvtop.stack_distance import host_hits_at, min_hits_at
 from kvtop.tiers.whatif import WhatIf
 
 __all__ = ["FRACTIONS", "MAX_ONBOARDS", "MAX_REFERENCES", "MEANINGFUL_POINTS", "SizeAdvice", "advise"]
@@ -49,7 +50,7 @@ __all__ = ["FRACTIONS", "MAX_ONBOARDS", "MAX_REFERENCES", "MEANINGFUL_POINTS", "
 # The sizes of the curve as multiples of the host pool H: H itself is the run's own hit rate.
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 MAX_ONBOARDS = 200_000      # onboards kept with their distances (3 ints each); older ones are frozen into counts
-MAX_REFERENCES = 200_000    # lookups kept for the optimum (a window): ~0.3 s for MIN over them on the dev box
+MAX_REFERENCES = 100_000    # lookups kept for the optimum (a window): MIN over 61k took 42 ms on the dev box
 MEANINGFUL_POINTS = 1.0     # a larger host that buys less than this many points of hits is not worth saying
 KEEPS_SHARE = 0.99          # a smaller host that keeps this share of the hits is worth saying
 _ANCESTRY_WALK = 512        # blocks walked up from an onboard to find the one before it in the same prompt
@@ -216,8 +217,6 @@ class SizeAdvice:
         cut = starts[k - 1] if k else cut  # at a prompt's start: a prompt is counted whole
         if cut <= 0:
             cut = len(onboards) // 2
-        from kvtop.engines.sim.sweep import host_hits_at  # the sweep's code, imported when first needed
-
         counts = host_hits_at(onboards[:cut], [s for s in starts if s < cut] or [0], [h for h in sizes if h > 0])
         for h, n in counts.items():
             self._frozen[h] = self._frozen.get(h, 0) + n
@@ -241,8 +240,6 @@ class SizeAdvice:
         """Per host size (blocks): ``host_blocks``, ``hit_rate``, ``optimal_hit_rate``, ``host_hits`` (None where
         not known). ``hits`` / ``lookups``: the run's own block hits and lookups (the TierModel's, so that the point
         at H is exactly its cumulative rate); None: the what-if's own counts from the stats."""
-        from kvtop.engines.sim.sweep import host_hits_at, min_hits_at  # imported when first read, not with the fold
-
         wi = self.whatif
         if hits is None or lookups is None:
             hits, lookups = wi._reused, wi._reused + wi._missed

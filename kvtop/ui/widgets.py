@@ -17,7 +17,7 @@ import math
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -1003,13 +1003,31 @@ class TierPanel(Panel):
 
 @frozen
 class WhatIfData:
-    """The what-if line's figures, all over the same span (since the estimate began watching) and by the same
-    definition (kvCacheStats reused / (reused + missed)), so that the actual one and the estimates compare."""
+    """The size-advice line's figures (kvtop.tiers.sizeadvice): the hit rate at host sizes 0, ½, 1, 2 and 4 times
+    the host pool, the run's own at 1 (its cumulative rate: one span, one definition), with the optimum beside."""
 
-    actual: float | None              # this run's hit rate over that span
-    host_x2: float | None             # with a host cache twice as large (None until known)
-    host_x4: float | None
-    host_blocks: int | None = None    # the host pool the multiples are of (0: no host cache)
+    host_blocks: int | None                  # the host pool the multiples are of (0: no host cache)
+    # (label, hit rate, optimal hit rate) per size, in size order; a figure None until known
+    points: tuple[tuple[str, float | None, float | None], ...] = ()
+    advice: str | None = None                # the recommendation in words
+
+
+CURVE_SIZES = (("0", 0.0), ("½", 0.5), ("1", 1.0), ("2", 2.0), ("4", 4.0))  # the line's sizes, x the host pool
+
+
+def what_if_data(advice: Mapping[str, Any]) -> WhatIfData:
+    """``Session.size_advice()``'s summary as the line's figures: the points at ``CURVE_SIZES`` (a figure the
+    advice lacks reads "?")."""
+    host = advice.get("host_blocks")
+    host = host if isinstance(host, int) else None
+    by_size = {p.get("host_blocks"): p for p in advice.get("points") or () if isinstance(p, dict)}
+    points = []
+    for label, f in CURVE_SIZES:
+        p = by_size.get(round(f * host)) if host is not None else None
+        points.append((label, None if p is None else p.get("hit_rate"),
+                       None if p is None else p.get("optimal_hit_rate")))
+    rec = advice.get("recommendation") or {}
+    return WhatIfData(host, tuple(points), rec.get("text") if isinstance(rec, dict) else None)
 
 
 @frozen
@@ -1076,23 +1094,54 @@ class HitRatePanel(Panel):
             label = [f"  over {win}", "  blocks reused /", "  blocks looked up"]
             lines += [line_of((b, S_FIG), (lab, S_DIM)) for b, lab in zip(big, label)]
         lines += [row(win, h.window, h.window_gpu, h.window_host), row("total", h.cumulative, h.gpu, h.host)]
+        curve_lines: list[Line] = []
         if d.what_if is not None and height >= 3:
-            # Before the sparkline: where the panel has one line to spare (80x24), the estimate gets it.
+            # Before the sparkline: where the panel has one line to spare (80x24), the curve gets it.
             w = d.what_if
             if w.host_blocks == 0:
-                # Twice no host cache is still none: the estimate has nothing to say, and says why.
+                # Twice no host cache is still none: the curve has nothing to say, and says why.
                 lines.append(line_of(("what-if ", S_DIM), ("no host cache: ", S_CACHED),
                                      ("x2 of 0 is 0", S_DIM)))
             else:
-                # The run's own rate first, over the estimate's span (since start), then the estimates beside it.
-                lines.append(line_of(("what-if all ", S_DIM), (fmt.pct(w.actual, digits=0), S_FIG),
-                                     (" → host×2 ", S_CACHED), (fmt.pct(w.host_x2, digits=0), S_FIG),
-                                     (" ×4 ", S_CACHED), (fmt.pct(w.host_x4, digits=0), S_FIG)))
+                head, rates, best = _curve_rows(w, width)
+                lines.append(line_of(*head, *rates, *best))
+                if height >= len(lines) + 2 and any(p[2] is not None for p in w.points):
+                    # Room below the sparkline (200x60): the optimum under each size, and the advice.
+                    pad = sum(len(t) for t, _ in head)
+                    curve_lines.append(line_of(("optimum".ljust(pad), S_DIM), *(
+                        (f"{_whole_pct(p[2]):>3}", S_DIM) for p in w.points), ("%", S_DIM)))
+                    if w.advice:
+                        curve_lines.append(line_of((w.advice, S_DIM)))
         if height >= len(lines) + 1:
             spark_w = max(width - 8, 1)
             lines.append(line_of((fmt.sparkline(d.history, spark_w, top=1.0), S_SPARK),
                                   (f" {min(len(d.history), spark_w):>3}s", S_DIM)))
+        lines += curve_lines
         return _lines(lines, width, height)
+
+
+def _whole_pct(x: float | None) -> str:
+    return "?" if x is None else f"{100 * x:.0f}"
+
+
+def _curve_rows(w: WhatIfData, width: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]],
+                                                     list[tuple[str, str]]]:
+    """The curve in one line: ``host×0 ½ 1 2 4: 38 38 39 42 42% opt 46`` (sizes as multiples of the host pool, the
+    hit rate at each, the run's own at 1 bright; the optimum at the pool's size where the line has room: 38 cells
+    at 80x24 hold it with two-digit rates)."""
+    labels = " ".join(p[0] for p in w.points)
+    head = [("host×", S_DIM), (labels + ":", S_CACHED)]
+    rates: list[tuple[str, str]] = []
+    for label, rate, _ in w.points:
+        rates.append((f" {_whole_pct(rate)}", S_FIG if label == "1" else S_DIM))
+    rates.append(("%", S_DIM))
+    here = next((p for p in w.points if p[0] == "1"), None)
+    best: list[tuple[str, str]] = []
+    if here is not None and here[2] is not None:
+        best = [(" opt ", S_DIM), (_whole_pct(here[2]), S_IN_USE)]
+        if sum(len(t) for t, _ in head + rates + best) > width:
+            best = []
+    return head, rates, best
 
 
 # ------------------------------------------------------------------------------------------------ moves
@@ -1694,4 +1743,4 @@ __all__ = ["EventLog", "KeyHints", "GpuMemoryRow",
            "HeaderBar", "HeaderData", "HelpScreen", "HitData",
            "HitRatePanel", "MemoryData", "MemoryPanel", "MovesData", "MovesPanel", "Panel", "PriorityData",
            "PriorityPanel", "RequestData", "RequestPanel", "FleetData", "SourcesPanel", "TierData", "TierPanel",
-           "WhatIfData", "tier_label"]
+           "WhatIfData", "tier_label", "what_if_data"]
