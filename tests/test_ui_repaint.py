@@ -55,7 +55,7 @@ async def _fresh_screen(session: Session, size: tuple[int, int]) -> str:
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)])
 async def test_a_screen_updated_refresh_by_refresh_matches_a_fresh_one(size: tuple[int, int],
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    # The size advice's curve is read once per 5 s of model time, its optimum once per 10 s of wall time: both
+    # The size advice's curve is read once per 5 s of model time, its optimum once per 60 s of wall time: both
     # read at every refresh here, so that the last refresh shows what a fresh screen computes from the same data.
     monkeypatch.setattr(app_module, "CURVE_EVERY_S", 1e-6)
     monkeypatch.setattr(app_module, "OPTIMUM_EVERY_S", 0.0)

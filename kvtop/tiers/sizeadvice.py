@@ -50,7 +50,7 @@ __all__ = ["FRACTIONS", "MAX_ONBOARDS", "MAX_REFERENCES", "MEANINGFUL_POINTS", "
 # The sizes of the curve as multiples of the host pool H: H itself is the run's own hit rate.
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 MAX_ONBOARDS = 200_000      # onboards kept with their distances (3 ints each); older ones are frozen into counts
-MAX_REFERENCES = 100_000    # lookups kept for the optimum (a window): MIN over 61k took 42 ms on the dev box
+MAX_REFERENCES = 100_000    # lookups kept for the optimum (a window): MIN over them takes ~70 ms on the dev box
 MEANINGFUL_POINTS = 1.0     # a larger host that buys less than this many points of hits is not worth saying
 KEEPS_SHARE = 0.99          # a smaller host that keeps this share of the hits is worth saying
 _ANCESTRY_WALK = 512        # blocks walked up from an onboard to find the one before it in the same prompt
