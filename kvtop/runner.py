@@ -419,6 +419,15 @@ def format_summary(s: dict[str, Any]) -> str:
         # The estimate's own since-start rate first, the same span and definition as the estimates beside it.
         lines.append(f"what if: all {pct(wi.get('hit_rate'))} -> host cache x2 {pct(wi.get('host_x2_hit_rate'))}, "
                      f"x4 {pct(wi.get('host_x4_hit_rate'))}")
+    sa = s.get("size_advice") or {}
+    rec = sa.get("recommendation") or {}
+    if rec.get("text"):
+        # The curve's points as "host size: hit rate (optimum)", then the advice in words.
+        points = ", ".join(f"{_size(p.get('host_bytes'), p.get('host_blocks'))} {pct(p.get('hit_rate'))}"
+                           + (f" (opt {pct(p['optimal_hit_rate'])})" if p.get("optimal_hit_rate") is not None else "")
+                           for p in sa.get("points") or [])
+        lines.append(f"size advice: {rec['text']}")
+        lines.append(f"  hit rate by host size: {points}")
     mv = s.get("moves", {})
     lines.append(f"moves: offloaded {mv.get('offloaded_blocks', 0)}, onboarded {mv.get('onboarded_blocks', 0)}, "
                  f"evicted GPU {mv.get('evicted_gpu_blocks', 0)}, evicted host {mv.get('evicted_host_blocks', 0)}")
@@ -440,6 +449,12 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"problem: {p['kind']} x{p['count']:,}: {p['message']}")
     # Every string above may have come from outside (model, engine, source names, messages).
     return "\n".join(clean(line, None) for line in lines)
+
+
+def _size(nbytes: Any, blocks: Any) -> str:
+    from kvtop.tiers.sizeadvice import format_size
+
+    return format_size(nbytes) if isinstance(nbytes, int) else f"{blocks:,} blocks"
 
 
 def _n(x: Any) -> str:

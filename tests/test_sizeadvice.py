@@ -95,6 +95,24 @@ def test_curve_above_the_host_pool_is_within_a_point_and_a_half_of_full_replays(
     assert above[-1]["hit_rate"] > hits / lookups + 0.05
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_with_no_host_pool_the_curve_says_what_adding_one_would_do(seed: int) -> None:
+    """No host tier: the sizes are multiples of the GPU pool (¼ to 4x), from the GPU blocks the cache dropped (each
+    would have been offloaded: a host of X keeps the latest of them). Within 1.5 points of a block-manager replay
+    with that host (measured 0.2-1.2 below), and the recommendation names a host to add."""
+    requests = _trace(seed)
+    fold, bm = _live(requests, host=0)
+    hits, lookups = _counts(bm)
+    points = fold.curve(hits, lookups, optimum=False)
+    assert [p["host_blocks"] for p in points] == [0, 40, 80, 160, 320, 640]
+    assert points[0]["hit_rate"] == hits / lookups
+    for p in points[1:]:
+        full = sweep.replay_hit_rates(requests, PRIMARY, p["host_blocks"], TPB)["cache_hit_rate"]
+        assert abs(p["hit_rate"] - full) < 0.015, (seed, p, full)
+    advice = advise(points, 0, None)
+    assert advice["host_blocks"] > 0 and advice["text"].startswith(f"+{advice['host_blocks']:,} blocks host: +")
+
+
 def test_optimum_bounds_the_curve_and_tracks_the_traces_belady() -> None:
     """The optimum at each size's GPU + host blocks, over the lookups the stored events reveal: never below the
     curve, rising with size, and within 5 points of ``belady_curve`` over the trace itself (which counts the
@@ -161,3 +179,15 @@ def test_what_if_all_is_the_cumulative_hit_rate_when_stats_come_before_the_creat
     here = next(p for p in advice["points"] if p["host_blocks"] == HOST)
     assert here["hit_rate"] == cumulative
     assert advice["recommendation"]["text"]
+
+
+def test_the_headless_text_says_the_advice_and_the_curve() -> None:
+    from kvtop.runner import format_summary
+
+    advice = {"host_blocks": 200, "points": [
+        {"host_blocks": 0, "host_bytes": 0, "hit_rate": 0.3, "optimal_hit_rate": 0.4},
+        {"host_blocks": 200, "host_bytes": 200 << 27, "hit_rate": 0.35, "optimal_hit_rate": None}],
+        "recommendation": {"text": "no larger host would help: the curve is flat"}}
+    text = format_summary({"size_advice": advice})
+    assert "size advice: no larger host would help: the curve is flat" in text
+    assert "hit rate by host size: 0 B 30.0% (opt 40.0%), 25 GiB 35.0%" in text

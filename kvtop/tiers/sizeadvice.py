@@ -45,10 +45,13 @@ from typing import Any
 from kvtop.stack_distance import host_hits_at, min_hits_at
 from kvtop.tiers.whatif import WhatIf
 
-__all__ = ["FRACTIONS", "MAX_ONBOARDS", "MAX_REFERENCES", "MEANINGFUL_POINTS", "SizeAdvice", "advise"]
+__all__ = ["FRACTIONS", "MAX_ONBOARDS", "MAX_REFERENCES", "MEANINGFUL_POINTS", "NO_HOST_FRACTIONS", "SizeAdvice",
+           "advise", "format_size"]
 
 # The sizes of the curve as multiples of the host pool H: H itself is the run's own hit rate.
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+# With no host pool: host sizes as multiples of the GPU pool (whatif.NO_HOST_REACH: its ghosts reach 4x).
+NO_HOST_FRACTIONS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 MAX_ONBOARDS = 200_000      # onboards kept with their distances (3 ints each); older ones are frozen into counts
 MAX_REFERENCES = 100_000    # lookups kept for the optimum (a window): MIN over them takes ~70 ms on the dev box
 MEANINGFUL_POINTS = 1.0     # a larger host that buys less than this many points of hits is not worth saying
@@ -233,6 +236,9 @@ class SizeAdvice:
 
     def _sizes(self) -> tuple[int, ...]:
         H = self.host_blocks() or 0
+        if H == 0:  # no host pool: would adding one help? Sizes in multiples of the GPU pool, from the ghosts
+            G = self.gpu_blocks or self.whatif.gpu_blocks or 0
+            return tuple(sorted({int(round(f * G)) for f in NO_HOST_FRACTIONS}))
         return tuple(sorted({int(round(f * H)) for f in FRACTIONS}))
 
     def curve(self, hits: int | None = None, lookups: int | None = None, optimum: bool = True
@@ -296,7 +302,7 @@ def advise(points: list[dict[str, Any]], host_blocks: int | None, bytes_per_bloc
     now = here["hit_rate"]
 
     def size(blocks: int) -> str:
-        return _bytes(blocks * bytes_per_block) if bytes_per_block else f"{blocks:,} blocks"
+        return format_size(blocks * bytes_per_block) if bytes_per_block else f"{blocks:,} blocks"
 
     for p in points:
         if p["host_blocks"] > (host_blocks or 0) and p["hit_rate"] is not None:
@@ -321,7 +327,8 @@ def advise(points: list[dict[str, Any]], host_blocks: int | None, bytes_per_bloc
             "extra_hit_points": 0.0}
 
 
-def _bytes(n: int) -> str:
+def format_size(n: int) -> str:
+    """Bytes as the advice says them: ``16 GiB``, ``29.8 GiB``, ``512 MiB``, ``0 B``."""
     for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
         if n >= size:
             return f"{n / size:.1f} {unit}".replace(".0 ", " ")

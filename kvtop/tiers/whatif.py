@@ -43,6 +43,7 @@ __all__ = ["DEFAULT_FACTORS", "WhatIf"]
 
 DEFAULT_FACTORS = (2, 4)
 MAX_GHOSTS = 1 << 22
+NO_HOST_REACH = 4  # with no host pool, ghosts for a host of up to this many times the GPU pool (size advice)
 _OFFLOAD_MIN_PRIORITY = 30  # evictionPolicy.cpp kDefaultSecondaryOffloadMinPriority
 _DEFAULT_PRIORITY = 35
 
@@ -164,6 +165,7 @@ class WhatIf:
         if not self.factors or self.factors[0] < 1:
             raise ValueError(f"factors must be integers >= 1, got {factors!r}")
         self.host_capacity_blocks = host_capacity_blocks
+        self.gpu_blocks: int | None = None   # the GPU pool, from the created event (sizes the ghosts where H is 0)
         self.tokens_per_block = tokens_per_block
         self.offload_min_priority = offload_min_priority
         self._ghosts = _RankedGhosts(0)
@@ -196,7 +198,10 @@ class WhatIf:
         # At most MAX_GHOSTS: the ghosts are what a flood of distinct hashes could grow (~140 B each with the
         # tree), so a claimed 3e7-block host and a stream of made-up removals stop at ~600 MB. A real host pool
         # that needs more (over 1.4M blocks at x4) gets an estimate that counts only the nearest 4M drops: low.
-        self._ghosts = _RankedGhosts(min((self.factors[-1] - 1) * blocks, MAX_GHOSTS))
+        # No host pool: ghosts for a host of up to 4x the GPU pool (the size advice's "add a host tier?"); the
+        # x2 / x4 estimates stay 0 (x2 of nothing).
+        reach = (self.factors[-1] - 1) * blocks if blocks else NO_HOST_REACH * (self.gpu_blocks or 0)
+        self._ghosts = _RankedGhosts(min(reach, MAX_GHOSTS))
         # _rank_hits[r]: re-stored ghosts that had r more recent ghosts ahead of them (a stack-distance
         # histogram past the host's reach); grown to the largest rank seen (bounded by the ghosts held, so by
         # the run's own drops), never sized up front from the claimed capacity.
@@ -247,6 +252,10 @@ class WhatIf:
             self._seen_created = True
             levels = data.get("num_blocks_per_cache_level") or []
             # a negative count is no pool (hostile or torn input): it must not end the fold (it raised here)
+            if levels and isinstance(levels[0], int) and levels[0] >= 0:
+                self.gpu_blocks = levels[0]
+                if self.host_capacity_blocks == 0:  # told there is no host before the GPU pool was known
+                    self._set_capacity(0)
             if self.host_capacity_blocks is None and len(levels) > 1 and isinstance(levels[1], int) \
                     and levels[1] >= 0:
                 self._set_capacity(levels[1])
@@ -371,9 +380,31 @@ class WhatIf:
 
     def extra_hits_at(self, host_blocks: int) -> int:
         """Ghost hits a host of ``host_blocks`` (more than the host pool, up to the largest factor's) would have
-        served beyond this run's: ``_extra_hits`` at any size, for the size advice's curve."""
+        served beyond this run's: ``_extra_hits`` at any size, for the size advice's curve. With no host pool, a
+        host of up to ``NO_HOST_REACH`` x the GPU pool: every GPU block evicted at an offloadable priority (the
+        ghosts) would have been offloaded, and a host of X keeps the latest X(1 - w) of them, w the share of its
+        slots left empty by onboards (the x it serves over the ghosts offloaded: as ``_extra_hits`` reasons)."""
         H = self.host_capacity_blocks or 0
-        return self._extra_hits(host_blocks / H) if H else 0
+        if H:
+            return self._extra_hits(host_blocks / H)
+        if host_blocks <= 0 or not self._rank_hits or not self.ghosted:
+            return 0
+        limit = min(host_blocks, len(self._rank_hits))
+        cumulative = [0, *accumulate(self._rank_hits[:limit])]
+        offloads = self.ghosted
+
+        def served(x: int) -> int:
+            window = host_blocks * (1.0 - min(x / offloads, 1.0))
+            return cumulative[max(0, min(limit, int(window)))]
+
+        lo, hi = 0, cumulative[-1]
+        while lo < hi:  # largest x with served(x) >= x
+            mid = (lo + hi + 1) // 2
+            if served(mid) >= mid:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     def _extra_hits(self, factor: float) -> int:
         """Ghost hits a host `factor` x as large would have served, with its real usable capacity.
