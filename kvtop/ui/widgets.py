@@ -1686,9 +1686,9 @@ HELP_TEXT = """\
 
 [b]Hit rate[/]  reused prompt blocks / prompt blocks looked up, over the window
   and since start; GPU + host = total (a host hit: onboarded from host).
-[b]What-if[/]  "all 38% → host×2 42% ×4 45%": this run's hit rate since start,
-  then with a 2x / 4x host cache (from the blocks it dropped), same span.
-  No host cache: x2 of 0 is 0, nothing to estimate.
+[b]Size[/]  "host×0 ½ 1 2 4: 38 38 39 42 42% opt 46": the hit rate with no host
+  cache, half, this one (the run's own since start), 2x and 4x, estimated from
+  the blocks it moved and dropped; opt: the best any policy could do here.
 [b]Moves[/]  offload GPU→host on eviction, onboard host→GPU on reuse, evict:
   dropped from a tier.
 [b]Requests[/]  failed N: the last error is under the counts, in the event log
