@@ -127,7 +127,9 @@ def test_optimum_bounds_the_curve_and_tracks_the_traces_belady() -> None:
     for p, b in zip(points, bound):
         assert p["optimal_hit_rate"] >= p["hit_rate"]
         assert abs(p["optimal_hit_rate"] - b) < 0.05, (p, b)
-    assert fold.references > 10_000
+    # what the events reveal: the full prompt blocks looked up, within 3% of the block manager's count of lookups
+    # (measured +2.0% on this trace, -0.1% on seed 2)
+    assert abs(fold.references - lookups) < 0.03 * lookups, (fold.references, lookups)
 
 
 def test_advice_in_words() -> None:
@@ -174,7 +176,11 @@ def test_what_if_all_is_the_cumulative_hit_rate_when_stats_come_before_the_creat
     assert cumulative == truth
     assert session.what_if()["hit_rate"] == pytest.approx(cumulative, abs=1e-12)
     assert alone.estimate()["hit_rate"] == pytest.approx(truth, abs=1e-12)
-    advice = session.size_advice()
+    from kvtop.runner import summary
+
+    out = summary(session)  # the --json summary: what_if's "all" and size_advice's point at H are the run's own
+    assert out["what_if"]["hit_rate"] == out["hit_rate"]["cumulative"]
+    advice = out["size_advice"]
     assert advice["host_blocks"] == HOST
     here = next(p for p in advice["points"] if p["host_blocks"] == HOST)
     assert here["hit_rate"] == cumulative
