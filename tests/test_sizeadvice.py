@@ -144,6 +144,9 @@ def test_advice_in_words() -> None:
     assert a["host_blocks"] == 100 and a["text"].startswith("a smaller host keeps 100% of the hits: 12.5 GiB")
     flatter = [dict(p, hit_rate=0.2 if p["host_blocks"] >= 200 else 0.1) for p in pts]
     assert advise(flatter, 200, None)["text"] == "no larger host would help: the curve is flat"
+    # no host pool and no GPU pool known (attached, no created event): one point, no curve to advise from
+    alone = advise([{"host_blocks": 0, "hit_rate": 0.3, "optimal_hit_rate": None}], 0, None)
+    assert alone["text"].startswith("no curve yet") and alone["host_blocks"] is None
 
 
 def _poller_order(count: int) -> tuple[list[tuple[str, dict[str, Any]]], BlockManager]:
