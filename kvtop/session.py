@@ -168,8 +168,8 @@ class Session:
             self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
         if model is self.model:
             try:
-                if record.kind == "kv_event":
-                    self.sizing.apply_kv_event(record.data)
+                if record.kind == "kv_event":  # the what-if hands the size advice its part (hooks)
+                    self.whatif.apply_kv_event(record.data)
                 elif record.kind == "stats":
                     self.whatif.apply_stats(record.data)
             except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold
@@ -185,7 +185,7 @@ class Session:
         in the same order, with the session's parts looked up once a burst, not once a record. A record of a source
         this session has no model for yet (its first, or one refused) goes through ``emit`` itself."""
         models, stale, sinks, own = self.models, self.stale, self.sinks, self.model
-        whatif_kv, whatif_stats = self.sizing.apply_kv_event, self.whatif.apply_stats
+        whatif_kv, whatif_stats = self.whatif.apply_kv_event, self.whatif.apply_stats  # (+ the size advice's hooks)
         last_source: Any = None
         key = ""
         for record in records:

@@ -53,7 +53,7 @@ FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
 # With no host pool: host sizes as multiples of the GPU pool (whatif.NO_HOST_REACH: its ghosts reach 4x).
 NO_HOST_FRACTIONS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 MAX_ONBOARDS = 200_000      # onboards kept with their distances (3 ints each); older ones are frozen into counts
-MAX_REFERENCES = 100_000    # lookups kept for the optimum (a window): MIN over them takes ~70 ms on the dev box
+MAX_REFERENCES = 100_000    # lookups kept for the optimum (a window): MIN over them takes ~47 ms on the dev box
 MEANINGFUL_POINTS = 1.0     # a larger host that buys less than this many points of hits is not worth saying
 KEEPS_SHARE = 0.99          # a smaller host that keeps this share of the hits is worth saying
 _ANCESTRY_WALK = 512        # blocks walked up from an onboard to find the one before it in the same prompt
@@ -66,8 +66,8 @@ class SizeAdvice:
     def __init__(self, whatif: WhatIf | None = None, max_onboards: int = MAX_ONBOARDS,
                  max_references: int = MAX_REFERENCES):
         self.whatif = whatif if whatif is not None else WhatIf()
+        self.whatif.on_level, self.whatif.on_removed, self.whatif.on_stored = self._level, self._removed, self._stored
         self.max_onboards = max(2, max_onboards)
-        self.gpu_blocks: int | None = None
         self._offloads = 0                        # offload events so far (cache level 0 -> 1)
         self._offloaded_at: dict[int, int] = {}   # block on the host -> its offload's number
         self._parent: dict[int, Any] = {}         # cached block -> its parent's hash (None: a root block)
@@ -85,6 +85,10 @@ class SizeAdvice:
 
     # ------------------------------------------------------------------------------------------ input
 
+    def apply_kv_event(self, ev: dict[str, Any]) -> None:
+        """One KV cache event dict: the what-if folds it and hands this fold its moves, removals and stores."""
+        self.whatif.apply_kv_event(ev)
+
     def apply(self, record: Any) -> None:
         kind = getattr(record, "kind", None)
         if kind == "kv_event":
@@ -95,40 +99,24 @@ class SizeAdvice:
     def apply_stats(self, stats: dict[str, Any]) -> None:
         self.whatif.apply_stats(stats)
 
-    def apply_kv_event(self, ev: dict[str, Any]) -> None:
-        whatif = self.whatif
-        whatif.apply_kv_event(ev)
-        data = ev.get("data", ev) if isinstance(ev, dict) else None
-        if not isinstance(data, dict):
+    def _level(self, h: int, old: Any, new: int) -> None:
+        """An ``updated`` event's cache-level change (the what-if's hook: it parsed the event)."""
+        if new == 1 and old == 0:
+            self._offloads += 1
+            self._offloaded_at[h] = self._offloads
+            self._last_was_offload = True
             return
-        etype = data.get("type")
-        if etype == "updated":
-            level = data.get("cache_level")
-            h = data.get("block_hash")
-            if not isinstance(level, dict) or not isinstance(h, int):
-                return
-            new, old = level.get("new_value"), level.get("old_value")
-            if new == 1 and old == 0:
-                self._offloads += 1
-                self._offloaded_at[h] = self._offloads
-                self._last_was_offload = True
-                return
-            if new == 0 and old == 1:
-                self._onboard(h)
-            self._last_was_offload = False
-        elif etype == "removed":
-            offloaded_at, parent = self._offloaded_at, self._parent
-            for h in data.get("block_hashes") or ():
-                if isinstance(h, int):
+        if new == 0 and old == 1:
+            self._onboard(h)
+        self._last_was_offload = False
+
+    def _removed(self, hashes: Any) -> None:
+        offloaded_at, parent = self._offloaded_at, self._parent
+        for h in hashes:
+            if h.__class__ is int:
+                if offloaded_at:
                     offloaded_at.pop(h, None)
-                    parent.pop(h, None)
-        elif etype == "stored":
-            self._last_was_offload = False
-            self._stored(data.get("blocks") or [], data.get("parent_hash"), whatif.last_store_was_release)
-        elif etype == "created":
-            levels = data.get("num_blocks_per_cache_level") or []
-            if levels and isinstance(levels[0], int) and levels[0] >= 0:
-                self.gpu_blocks = levels[0]
+                parent.pop(h, None)
 
     def _onboard(self, h: int) -> None:
         s = self._offloaded_at.pop(h, None)
@@ -170,6 +158,7 @@ class SizeAdvice:
 
     def _stored(self, blocks: list[Any], parent_hash: Any, release: bool) -> None:
         self._last_onboard = None  # a store ends the prompt whose onboards came before it
+        self._last_was_offload = False
         hashes = []
         p = parent_hash
         parent = self._parent
@@ -237,7 +226,7 @@ class SizeAdvice:
     def _sizes(self) -> tuple[int, ...]:
         H = self.host_blocks() or 0
         if H == 0:  # no host pool: would adding one help? Sizes in multiples of the GPU pool, from the ghosts
-            G = self.gpu_blocks or self.whatif.gpu_blocks or 0
+            G = self.whatif.gpu_blocks or 0
             return tuple(sorted({int(round(f * G)) for f in NO_HOST_FRACTIONS}))
         return tuple(sorted({int(round(f * H)) for f in FRACTIONS}))
 
@@ -258,7 +247,7 @@ class SizeAdvice:
         below = [h for h in sizes if 0 < h < H]
         counts = host_hits_at(self._onboards, self._starts or [0], below) if below and self._onboards else {}
         refs = list(self._refs)
-        gpu = self.gpu_blocks or 0
+        gpu = self.whatif.gpu_blocks or 0
         bound = min_hits_at(refs, [gpu + h for h in sizes]) if optimum and refs and gpu + H > 0 else {}
         missed = max(0, lookups - hits)
         out = []

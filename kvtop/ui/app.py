@@ -88,7 +88,7 @@ COMPACT = (60, 20)       # below either: one- and two-line panels (40x12 must st
 FLEET_REFRESH_S = 1.0
 SOURCE_LABELS = {"gpu_hit": "GPU", "host_hit": "host", "disk_hit": "disk", "miss": "miss"}  # the TTFT table's
 CURVE_EVERY_S = 5.0      # the size advice's curve: read once per this much model time
-OPTIMUM_EVERY_S = 60.0   # ...and its optimum at most once per this much wall time (70 ms at 100k lookups)
+OPTIMUM_EVERY_S = 60.0   # ...and its optimum at most once per this much wall time (47 ms at 100k lookups)
 
 
 def layout_for(width: int, height: int) -> str:
@@ -531,8 +531,8 @@ class KvtopApp(App[int]):
     def _what_if(self, live: TierModel, snap: TierSnapshot) -> WhatIfData | None:
         """``session.size_advice()``'s curve (host sizes 0, ½, 1, 2, 4 times the pool; the run's own cumulative
         rate at 1) with the optimum, for the session's own source only (folded from its records alone); None hides
-        the line. The curve is O(n log n) over the onboards kept (1.3 ms on the 60 s busy recording): read at most
-        once per ``CURVE_EVERY_S`` of model time; the optimum (Belady's MIN over up to 100k lookups: 70 ms there)
+        the line. The curve is O(n log n) over the onboards kept (1.2 ms on the 60 s busy recording): read at most
+        once per ``CURVE_EVERY_S`` of model time; the optimum (Belady's MIN over up to 100k lookups: 47 ms there)
         at most once per ``OPTIMUM_EVERY_S`` of wall time, its last figures kept between."""
         if self._view is None or live is not self._view.model:
             return None
