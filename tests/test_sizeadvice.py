@@ -200,3 +200,33 @@ def test_the_headless_text_says_the_advice_and_the_curve() -> None:
     text = format_summary({"size_advice": advice})
     assert "size advice: no larger host would help: the curve is flat" in text
     assert "hit rate by host size: 0 B 30.0% (opt 40.0%), 25 GiB 35.0%" in text
+
+
+def test_hostile_events_never_end_the_fold() -> None:
+    """Parents that are lists or dicts, hashes that are strings or bools, a parent chain that loops: the fold skips
+    what names no block and still reads a curve."""
+    fold = SizeAdvice(WhatIf(tokens_per_block=2))
+    events: list[dict[str, Any]] = [
+        {"type": "created", "num_blocks_per_cache_level": [4, 4]},
+        {"type": "stored", "parent_hash": [1, 2], "blocks": [{"block_hash": 10, "tokens": [1, 2]}]},
+        {"type": "stored", "parent_hash": 10, "blocks": [{"block_hash": 11, "tokens": [3, 4]}]},
+        {"type": "stored", "parent_hash": 11, "blocks": [{"block_hash": 10, "tokens": [5, 6]}]},  # 10 -> 11 -> 10
+        {"type": "stored", "parent_hash": {"a": 1}, "blocks": [{"block_hash": 12, "tokens": [9, 9]}]},
+        {"type": "stored", "parent_hash": None, "blocks": [{"block_hash": "13"}, {"block_hash": True}]},
+        {"type": "updated", "block_hash": 10, "cache_level": {"old_value": 0, "new_value": 1}},
+        {"type": "updated", "block_hash": 11, "cache_level": {"old_value": 0, "new_value": 1}},
+        {"type": "updated", "block_hash": 10, "cache_level": {"old_value": 1, "new_value": 0}},
+        {"type": "updated", "block_hash": 11, "cache_level": {"old_value": 1, "new_value": 0}},
+        {"type": "stored", "parent_hash": [3], "blocks": [{"block_hash": 15, "tokens": [8, 8]}]},
+        {"type": "updated", "block_hash": 10, "cache_level": {"old_value": 0, "new_value": 1}},
+        {"type": "updated", "block_hash": 15, "cache_level": {"old_value": 0, "new_value": 1}},
+        {"type": "updated", "block_hash": 10, "cache_level": {"old_value": 1, "new_value": 0}},
+        {"type": "updated", "block_hash": 15, "cache_level": {"old_value": 1, "new_value": 0}},  # walks up from 15
+        {"type": "removed", "block_hashes": [10, "x", None, [1]]},
+        {"type": "stored", "parent_hash": 11, "blocks": [{"block_hash": 14, "tokens": [7]}]},  # a release store
+    ]
+    for ev in events:
+        fold.apply_kv_event(ev)
+    points = fold.curve(3, 10)
+    assert [p["host_blocks"] for p in points] == [0, 1, 2, 3, 4, 6, 8, 12, 16]
+    assert all(p["hit_rate"] is not None for p in points)

@@ -139,7 +139,7 @@ class SizeAdvice:
         parent = self._parent
         p = parent.get(h)
         for _ in range(_ANCESTRY_WALK):
-            if p is None:
+            if p.__class__ is not int:
                 return False
             if p == ancestor:
                 return True
@@ -160,11 +160,11 @@ class SizeAdvice:
         self._last_onboard = None  # a store ends the prompt whose onboards came before it
         self._last_was_offload = False
         hashes = []
-        p = parent_hash
+        p = parent_hash if parent_hash.__class__ is int else None  # anything else names no block (hostile input)
         parent = self._parent
         for b in blocks:
             h = b.get("block_hash") if isinstance(b, dict) else None
-            if not isinstance(h, int):
+            if h.__class__ is not int:
                 break
             parent[h] = p
             hashes.append(h)
