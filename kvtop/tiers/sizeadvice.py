@@ -14,16 +14,21 @@ folds), at host sizes 0, H/4, H/2, 3H/4, H (the host pool now: exactly the run's
   came between them and the earlier one is an ancestor of the later (parent hashes from the stored events).
 - **Above H** from ``kvtop.tiers.whatif``'s ghost list (the hashes the cache dropped, by stack distance): the
   same estimate the x2 / x4 line made, at any size up to 4H.
+- **No host pool** (H = 0): the sizes are 0, G/4, G/2, G, 2G, 4G (G the GPU pool, from the ``created`` event), from
+  the same ghosts: every GPU block evicted at an offloadable priority would have been offloaded, and a host of X
+  keeps the latest of them, less the slots its onboards leave empty (``WhatIf.extra_hits_at``).
 - **The optimum** (Belady's MIN, ``kvtop.stack_distance.min_hits_at``) at each size's GPU + host capacity, over
   the lookups the events reveal: a ``stored`` event's parent chain is the prefix the request found cached (each
   of those blocks a lookup that hit, on the GPU or onboarded), its blocks the ones it missed. A request whose
   prompt was all cached stores nothing at prefill; its release store (generated blocks under the prompt's last
   full block) shows its prompt then, unless a prefill store of that same chain already counted it.
 
-Limits (each measured against the simulator in tests/test_sizeadvice.py):
-- The curve holds the GPU tier as it was: a host hit and a recomputed block both end up on the GPU (as
-  ``host_curve`` assumes; within 1 point of full replays there). Above H the ghost estimate's own limits hold
-  (whatif.py): order effects of the extra hits are ignored.
+Limits (each measured against the simulator in tests/test_sizeadvice.py: a shared-prefix trace through the block
+manager one request at a time, its events folded as they come):
+- At and below H the curve is ``kvtop sim --one-pass``'s on the same stream, to 0.05 points. It holds the GPU
+  tier as it was: a host hit and a recomputed block both end up on the GPU (as ``host_curve`` assumes; within 1
+  point of full replays there). Above H, and with no host pool, the ghost estimate's own limits hold (whatif.py:
+  order effects of the extra hits are ignored): within 1.5 points of full replays, measured 0.2-1.2 below them.
 - Offloads of blocks outside the reuse tree (a partial-reuse detach) have no event: the distances below H are
   then short by those, the hits below H a little high. Attached mid-run, onboards of blocks offloaded before
   kvtop attached have no distance: they count at each smaller size as the placed ones' share there.
@@ -31,7 +36,11 @@ Limits (each measured against the simulator in tests/test_sizeadvice.py):
 - The optimum sees the lookups of full prompt blocks only (no partial-block reuse), in the order the events arrive
   (a prefill store comes after the request's lookups, a full hit's release store after its generation), over the
   last ``MAX_REFERENCES`` lookups; GPU hits whose request stored nothing at all are unseen. It is read as a rate
-  over what it saw, and never below the curve at the same size (the policy's own hits are achievable).
+  over what it saw, and never below the curve at the same size (the policy's own hits are achievable). The
+  lookups it counts are within 3% of the block manager's; its bound within 5 points of ``belady_curve`` over the
+  trace (1.4-4.4 above: the trace's bound also counts the prompts' partial last blocks).
+- The base is the TierModel's hits and lookups (warm-up excluded), the onboards and ghosts all the run's: with a
+  warm-up, the sizes other than H mix the two spans a little.
 - Memory: the onboards kept are bounded (``MAX_ONBOARDS``; older ones are counted once and frozen), the lookups
   too (``MAX_REFERENCES``, a window), the parent map by the blocks cached. ``curve()`` is O(n log n) over what is
   kept: a reader calls it every few seconds (the dashboard: at most every 5 s of model time), never per event.
