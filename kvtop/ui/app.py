@@ -279,6 +279,8 @@ class KvtopApp(App[int]):
         self._whatif_key: tuple[Any, ...] | None = None
         self._verdict_key: tuple[Any, ...] | None = None   # the verdict line's, once a second (_verdict)
         self._verdict_lines: tuple[VerdictLine, ...] = ()
+        self._by_source_key: tuple[Any, ...] | None = None   # the TTFT-by-prefix rows', once a second (_requests)
+        self._by_source: tuple[tuple[str, float | None, float | None, int], ...] = ()
         self._whatif: WhatIfData | None = None
         self._optimum_at: float | None = None  # time.monotonic() of the last read of the size advice's optimum
         self._finished: str | None = None        # why the session ended, once it has (finished_reason)
@@ -785,13 +787,18 @@ class KvtopApp(App[int]):
         windowed = req.window_ttft.count > 0
         ttft = req.window_ttft if windowed else req.ttft
         e2e = req.window_e2e if req.window_e2e.count > 0 else req.e2e
-        # TTFT by prefix source over the same span as the TTFT row (the window while it has requests)
-        by_source = tuple((SOURCE_LABELS.get(source, source), (win if windowed else whole).p50_s,
-                           (win if windowed else whole).p99_s, (win if windowed else whole).count)
-                          for source, whole, win in req.ttft_by_source)
+        # TTFT by prefix source over the same span as the TTFT row (the window while it has requests), taken once
+        # a second of data time as the verdict line is: its two rows drawn again at every refresh of a busy stream
+        # were 0.40M instructions a refresh (bench_ui_refresh.py --callgrind, with and without them)
+        key = (None if snap.now is None else math.floor(snap.now), windowed)
+        if key != self._by_source_key or not req.ttft_by_source:
+            self._by_source_key = key
+            rows = ((SOURCE_LABELS.get(source, source), whole if not windowed else win)
+                    for source, whole, win in req.ttft_by_source)
+            self._by_source = tuple((label, lat.p50_s, lat.p99_s, lat.count) for label, lat in rows if lat.count)
         return RequestData(in_flight, req.completed, req.failed, rates.requests_per_s, rates.output_tokens_per_s,
                            rates.prompt_tokens_per_s, ttft.p50_s, ttft.p99_s, e2e.p50_s, e2e.p99_s, windowed,
-                           req.last_error, tuple(row for row in by_source if row[3]))
+                           req.last_error, self._by_source)
 
     @staticmethod
     def _priorities(snap: TierSnapshot, gpu: TierState, host: TierState) -> PriorityData:
