@@ -265,10 +265,24 @@ class Session:
         return {"host_blocks": host,
                 "points": [{k: p[k] for k in ("host_blocks", "host_bytes", "hit_rate", "optimal_hit_rate")}
                            for p in points],
-                "recommendation": advise(points, host, bpb),
+                "recommendation": self._with_ttft(advise(points, host, bpb)),
                 "basis": "estimated from this run's KV events: below the host pool from each onboard's place in "
                          "the host queue, above it from the blocks the cache dropped (stack distances); the optimum "
                          "is Belady's MIN over the lookups the events reveal, at GPU + host blocks"}
+
+    def _with_ttft(self, advice: dict[str, Any]) -> dict[str, Any]:
+        """The advice's TTFT: its extra hits per request, each a block loaded instead of computed, at the verdict's
+        prices (kvtop/tiers/verdict.py: a block's prefill less its load). A mean over requests, not a p50, and
+        only where the verdict has both prices and the run has finished requests."""
+        gain = advice.get("extra_hit_points")
+        snap = self.model.snapshot()
+        v = snap.verdict.get("host")
+        done = snap.requests.completed
+        if not gain or v is None or v.prefill_block_s is None or v.load_block_s is None or not done:
+            return advice
+        per_request = gain / 100.0 * snap.hit_rate.lookups / done   # extra hit blocks a request
+        ms = -per_request * (v.prefill_block_s - v.load_block_s) * 1000.0
+        return {**advice, "ttft_ms": round(ms, 1), "text": f"{advice['text']}; ~{ms:+,.0f} ms TTFT a request"}
 
     def note(self, level: str, text: str) -> None:
         self.log.append((time.time(), level, clean(text, 500)))

@@ -187,4 +187,12 @@ def test_headless_run_gives_the_three_classes_and_a_verdict() -> None:
     assert host["says"] == "pays", host
     assert host["net_s"] > 0 and host["saved_s"] > host["spent_s"]
     assert host["text"].startswith("host tier: pays, ")
+    # the size advice's TTFT: its extra hits per request at the verdict's prices (a block's prefill less its load)
+    advice = s["size_advice"]["recommendation"]
+    if advice["extra_hit_points"]:
+        per_request = advice["extra_hit_points"] / 100 * s["hit_rate"]["lookups"] / s["requests"]["completed"]
+        prices = host["prices_s"]
+        expected = -per_request * (prices["prefill_block"] - prices["load_block"]) * 1000
+        assert advice["ttft_ms"] == pytest.approx(expected, abs=0.06)
+        assert advice["text"].endswith("ms TTFT a request")
     assert run("0")["verdict"]["host"]["says"] == "none"
