@@ -94,6 +94,11 @@ _TOKEN_FIELDS = ("token_ids", "lookahead_token_ids")
 _MAX_EVENTS = 100_000  # one engine step's batch; a message claiming more is not a KV event batch
 _MAX_HASHES = 1_000_000
 _MAX_SMALL = 1 << 20  # ranks, block sizes, KV cache groups: small numbers; a larger one is not this format
+_SEQ_LIMIT = 1 << 63  # seq is signed on the wire (vLLM packs it so, and -1 ends a replay answer): 2^63 and up is < 0
+# A seq this far past the last one is not the same publisher's sequence: no engine drops 16.7M batches (46 h at
+# 100 batches a second) to a subscriber that is still connected. The source skips it as a bad message and follows a
+# jump only when the stream goes on from it (a batch then says ``"resync": true``); the fold refuses it otherwise.
+MAX_SEQ_JUMP = 1 << 24
 
 # medium (case-folded) -> kvtop tier. shared/engines-kv-events.md section 5.
 MEDIUM_TIERS: dict[str, str] = {
@@ -103,6 +108,7 @@ MEDIUM_TIERS: dict[str, str] = {
     "external": "external",
 }
 TIERS = ("gpu", "host", "disk", "external")
+LAG_WINDOW_S = 10.0
 
 
 class WireError(ValueError):
@@ -281,7 +287,11 @@ def decode_frames(frames: Sequence[bytes]) -> Batch:
         raise WireError("message", f"must have 3 frames [topic, seq, payload], got {len(frames)}")
     if len(seq_b) != 8:
         raise WireError("seq", f"must be 8 bytes (big-endian), got {len(seq_b)}")
-    return decode_payload(bytes(payload), topic=_clean_topic(bytes(topic)), seq=int.from_bytes(seq_b, "big"))
+    seq = int.from_bytes(seq_b, "big")
+    if seq >= _SEQ_LIMIT:
+        raise WireError("seq", f"is negative as the signed 64-bit number it is ({seq - (1 << 64):,}; -1 ends a "
+                               "replay answer): not a batch's")
+    return decode_payload(bytes(payload), topic=_clean_topic(bytes(topic)), seq=seq)
 
 
 # ============================================================================================== the fold
@@ -330,6 +340,14 @@ class StreamFold:
         self.lost_batches = 0                     # from seq gaps replay did not fill
         self.replayed_batches = 0
         self.restarts = 0
+        self.seq_jumps = 0                        # implausible seq jumps the source followed (a "resync" batch)
+        # lag: how long the last live batch waited in kvtop (behind a replay) and how many waited after it; the
+        # largest of the last LAG_WINDOW_S (model time) is what the dashboard and summary show, and the run's max
+        self.lag_s = 0.0
+        self.lag_batches = 0
+        self._lag_at: float | None = None
+        self.max_lag_s = 0.0
+        self.max_lag_batches = 0
         self.duplicates = 0                       # stores of a hash already live (refcounted)
         self.unknown_removals = 0                 # removals of hashes stored before kvtop attached
         self.unknown_media: dict[str, int] = {}
@@ -381,8 +399,13 @@ class StreamFold:
         elif kind == "summary":
             self.apply_summary(data)
 
-    def _seq(self, seq: int, replayed: bool) -> None:
-        if self.first_seq is None:
+    def _seq(self, seq: int, replayed: bool, resync: bool = False) -> None:
+        if resync and self.first_seq is not None:
+            # The source followed a jump past MAX_SEQ_JUMP: a new start whose batches in between are unknown
+            self.seq_jumps += 1
+            self._clear_all()
+            self.since_attach = True
+        elif self.first_seq is None:
             self.first_seq = seq
             self.since_attach = seq != 0
         elif self.next_seq is not None:
@@ -397,6 +420,28 @@ class StreamFold:
         if replayed:
             self.replayed_batches += 1
 
+    def _lag(self, lag: Any, behind: Any) -> None:
+        if isinstance(lag, bool) or not isinstance(lag, (int, float)) or not 0 <= lag < 1e9:
+            return
+        n = behind if behind.__class__ is int and 0 <= behind < _U64 else 0
+        now = self.model.now
+        if self._stale_lag(now) or lag >= self.lag_s:
+            self.lag_s, self._lag_at = float(lag), now
+            self.lag_batches = n if self._stale_lag(now) else max(n, self.lag_batches)
+        self.max_lag_s = max(self.max_lag_s, float(lag))
+        self.max_lag_batches = max(self.max_lag_batches, n)
+
+    def _stale_lag(self, now: float | None) -> bool:
+        at = self._lag_at
+        return at is None or now is None or now - at >= LAG_WINDOW_S
+
+    def recent_lag(self) -> tuple[float, int]:
+        """The most a live batch waited in kvtop in the last ``LAG_WINDOW_S`` (model time), and the batches that
+        waited after it then: (0.0, 0) once that is older."""
+        if self._stale_lag(self.model.now):
+            return 0.0, 0
+        return self.lag_s, self.lag_batches
+
     def _clear_all(self) -> None:
         for live in self.live.values():
             live.clear()
@@ -404,11 +449,18 @@ class StreamFold:
     def apply_batch(self, data: Mapping[str, Any]) -> None:
         seq = data.get("seq")
         events = data.get("events")
-        if seq.__class__ is not int or seq < 0:
-            raise ValueError(f"seq: must be a non-negative integer, got {_describe(seq)}")
+        if seq.__class__ is not int or not 0 <= seq < _SEQ_LIMIT:
+            raise ValueError(f"seq: must be an integer in [0, 2^63), got {_describe(seq)}")
         if not isinstance(events, list):
             raise ValueError(f"events: must be a list, got {_describe(events)}")
-        self._seq(seq, bool(data.get("replayed")))
+        resync = data.get("resync") is True
+        if not resync and self.next_seq is not None and seq - self.next_seq > MAX_SEQ_JUMP:
+            raise ValueError(f"seq: {seq:,} is {seq - self.next_seq:,} batches past the next one expected "
+                             f"({self.next_seq:,}), more than {MAX_SEQ_JUMP:,}: not this stream's")
+        self._seq(seq, bool(data.get("replayed")), resync)
+        lag = data.get("lag_s")
+        if lag is not None:
+            self._lag(lag, data.get("behind"))
         self.batches += 1
         bad = data.get("bad_events")
         if isinstance(bad, int) and bad > 0:
@@ -783,12 +835,17 @@ class StreamFold:
     def to_json(self) -> dict[str, Any]:
         tpb = self._tpb("gpu")
         hits_by_tier = self.hits_by_tier()
+        lag_s, lag_batches = self.recent_lag()
         return {
             "since_attach": self.since_attach if self.summary is None else bool(self.summary.get("since_attach")),
             "batches": self.batches, "events": self.events, "first_seq": self.first_seq,
             "last_seq": None if self.next_seq is None else self.next_seq - 1,
             "lost_batches": self.lost_batches, "replayed_batches": self.replayed_batches,
-            "publisher_restarts": self.restarts, "clears": self.clears, "duplicates": self.duplicates,
+            "publisher_restarts": self.restarts, "seq_jumps": self.seq_jumps, "clears": self.clears,
+            # lag: the most a live batch waited in kvtop (behind a replay) in the last 10 s, with the batches
+            # that waited after it; and the run's most
+            "lag_s": lag_s, "lag_batches": lag_batches, "max_lag_s": self.max_lag_s,
+            "max_lag_batches": self.max_lag_batches, "duplicates": self.duplicates,
             "unknown_removals": self.unknown_removals, "unknown_media": dict(self.unknown_media),
             "bad_events": self.bad_events,
             "stored_blocks": dict(self.stored), "removed_blocks": dict(self.removed),

@@ -436,6 +436,8 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append(f"stream: {st.get('batches', 0)} batches (seq {st.get('first_seq')}..{st.get('last_seq')}), "
                      f"{st.get('lost_batches', 0)} lost, {st.get('replayed_batches', 0)} replayed, "
                      f"{st.get('bad_events', 0)} bad events"
+                     + (f", {st['max_lag_s']:.1f} s behind at most ({st.get('max_lag_batches', 0):,} batches waiting"
+                        " behind a replay)" if st.get("max_lag_s") else "")
                      + ("; counts are SINCE ATTACH: the engine announced nothing it cached before"
                         if st.get("since_attach") else ""))
     sources = s.get("sources") or {}

@@ -54,7 +54,10 @@ def payload(events: list[Any], rank: int | None = 0, ts: float | None = None) ->
 class Publisher:
     """PUB on 127.0.0.1 (and a ROUTER replay endpoint serving the last ``buffer`` batches)."""
 
-    def __init__(self, topic: bytes = b"kv-events", replay: bool = True, buffer: int = 10_000):
+    def __init__(self, topic: bytes = b"kv-events", replay: bool = True, buffer: int = 10_000,
+                 replay_drip_s: float = 0.0, replay_silent: bool = False):
+        """``replay_drip_s``: the replay endpoint sends one batch every this many seconds (a hostile or stuck
+        engine); ``replay_silent``: it takes requests and never answers."""
         self.ctx = zmq.Context()
         # XPUB, not PUB: it sends the same frames and hands each new subscription over, so a test can wait for the
         # subscriber to have joined (wait_subscribed) instead of sleeping a guessed time for ZMQ's slow joiner
@@ -68,6 +71,9 @@ class Publisher:
         self.buffer_max = buffer
         self.seq = 0
         self.replay_requests = 0
+        self.replay_sent = 0  # batches the replay endpoint has sent
+        self.replay_drip_s = replay_drip_s
+        self.replay_silent = replay_silent
         self.replay_port: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -118,9 +124,14 @@ class Publisher:
             frames = self.router.recv_multipart()
             client, start = frames[0], int.from_bytes(frames[-1], "big")
             self.replay_requests += 1
+            if self.replay_silent:
+                continue
             for seq, body in list(self.buffer):
                 if seq >= start:
+                    if self.replay_drip_s and self._stop.wait(self.replay_drip_s):
+                        return
                     self.router.send_multipart([client, b"", self.topic, seq.to_bytes(8, "big"), body])
+                    self.replay_sent += 1
             self.router.send_multipart([client, b"", b"", END_SEQ, b""])
 
     def close(self) -> None:

@@ -19,16 +19,34 @@ counted (``bad``), reported once per 5 s through ``on_error`` and skipped: never
 
 Sequence gaps: ``seq`` is per publisher. A gap (messages dropped by ZMQ's high-water mark, a slow joiner's first
 messages) is filled from the replay endpoint when there is one: a DEALER socket sends ``[b"", start seq]`` and
-reads every buffered batch back until the end marker (seq -1) or ``REPLAY_IDLE_S`` of silence. (A REQ socket gets
-only the first batch of the answer: vLLM PR #45177 switched vLLM's own test to DEALER for this.) On the first
-message, kvtop asks replay for everything from seq 0: if the engine's buffer (10,000 steps by default) still holds
-it, the fold starts exact instead of "since attach". Whatever replay cannot fill is left as a gap the fold counts.
+reads every buffered batch back until the end marker (seq -1). (A REQ socket gets only the first batch of the
+answer: vLLM PR #45177 switched vLLM's own test to DEALER for this.) On the first message, kvtop asks replay for
+everything from seq 0: if the engine's buffer (10,000 steps by default) still holds it, the fold starts exact
+instead of "since attach".
+
+A replay never stalls the stream (issue 26: a dead or silent replay port cost the rank 1 s per gap, a dripping
+one kept it in its replay loop for hours). It runs in a task of its own, with a total deadline
+(``REPLAY_DEADLINE_S``) and ``REPLAY_IDLE_S`` of silence at most; the SUB socket keeps being read, and the live
+batches that come meanwhile wait behind it (the fold needs seq order: a replayed batch folded after later ones
+would read as a publisher restart) and are folded, with what the replay brought, in seq order when it ends
+however it ends, the run's end included. What neither brought is lost (``zmq.gap``, exit status 4). A replay that
+did not complete is a ``zmq.replay`` problem, and gaps of the next ``REPLAY_BACKOFF_S`` (doubling to 60 s) are
+counted lost without asking. How long live batches waited, and how many, is the lag: each such ``kv_batch``
+record carries ``lag_s`` and ``behind``, the fold shows the most of the last 10 s (dashboard header, ``stream``
+section of the summary).
+
+Sequence numbers are checked: a seq of 2^63 or more is negative on the wire (a bad message); one more than
+``MAX_SEQ_JUMP`` past the last is not this publisher's sequence (a bad message, not a gap of 2^64 batches),
+unless ``RESYNC_AFTER`` consecutive ones go on from it (then followed as a new start, ``zmq.seq_jump``); a seq
+going back is a publisher restart (``zmq.restart``, the fold starts again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +64,13 @@ Callback = Callable[[str, str], None]
 DEFAULT_EVENTS_PORT = 5557  # vLLM's and SGLang's default endpoint tcp://*:5557
 REPLAY_IDLE_S = 1.0   # a replay answer that falls silent this long is over (the end marker was lost)
 REPLAY_MAX = 20_000   # batches read from one replay answer at most (vLLM buffers 10,000 by default)
+REPLAY_DEADLINE_S = 3.0  # a replay is over this long after it was asked for, whatever is still to come
+REPLAY_BACKOFF_S = 5.0   # after a replay that failed: gaps are lost without asking this long (doubling, to 60 s)
+REPLAY_BACKOFF_MAX_S = 60.0
+HOLD_MAX = 50_000     # live batches held behind a running replay at most: more ends the replay at once
+MAX_MESSAGE_BYTES = 8 << 20  # a larger message is refused by ZMQ itself (as MQTT's payload limit: 8 MiB)
+MAX_SEQ_JUMP = 1 << 24  # a seq this far past the last is not this publisher's (46 h of drops at 100 batches/s)
+RESYNC_AFTER = 3      # ... unless this many consecutive seqs go on from it: a new start, followed
 POLL_S = 0.25         # the receive loop wakes this often to notice a stop
 RCVHWM = 100_000      # messages a SUB queues before ZMQ drops: ~30-100 batches/s per GPU leaves minutes
 ERROR_REPORT_S = 5.0
@@ -162,15 +187,36 @@ class RankState:
     endpoint: str
     replay: str | None
     index: int
-    next_seq: int | None = None
+    next_seq: int | None = None   # the seq the fold expects next (of the batches emitted so far)
+    live_seq: int | None = None   # the last live batch taken in (emitted, or held behind a replay)
     received: int = 0
     bad: int = 0
-    gaps: int = 0
-    filled: int = 0       # batches replay brought back
+    gaps: int = 0         # seq gaps seen in the live stream (filled or not)
+    filled: int = 0       # batches replay brought back and the fold took
     lost: int = 0         # batches neither live nor replayed
     restarts: int = 0
+    seq_jumps: int = 0    # implausible jumps the stream went on from (resynchronized)
     last_error: str | None = None
     meta_sent: set[int] = field(default_factory=set)
+    # The replay in progress (one at a time per rank, in a task of its own) and the live batches held behind it,
+    # each with when it came and whether it resynchronizes the sequence.
+    held: deque[tuple[Batch, float, bool]] = field(default_factory=deque)
+    replay_task: asyncio.Task[str] | None = None
+    replay_start: int = 0
+    replay_got: dict[int, Batch] = field(default_factory=dict)
+    replay_asked_at: float = 0.0
+    replay_error: str = ""
+    replay_cut: str = "stopped"   # why a replay task was cancelled
+    replay_retry_at: float = 0.0  # monotonic: no replay asked before (after one that failed)
+    replay_backoff_s: float = 0.0
+    replays: int = 0
+    replays_failed: int = 0
+    gap_why: str = ""             # why the last replay left gaps (for the gap problem's message)
+    # an implausible jump: the seq of the last batch skipped for it, and how many consecutive ones followed it
+    jump_seq: int | None = None
+    jump_run: int = 0
+    max_lag_s: float = 0.0
+    max_behind: int = 0
 
 
 class ZmqKvEventSource:
@@ -178,7 +224,8 @@ class ZmqKvEventSource:
 
     def __init__(self, url: StreamUrl, sink: Sink, *, run: str | None = None, engine: str | None = None,
                  on_status: Callback | None = None, on_error: Callback | None = None,
-                 replay_idle_s: float = REPLAY_IDLE_S, problems: Problems | None = None):
+                 replay_idle_s: float = REPLAY_IDLE_S, replay_deadline_s: float = REPLAY_DEADLINE_S,
+                 problems: Problems | None = None):
         self.url = url
         self.sink = sink
         self.run_name = run or ""
@@ -186,6 +233,8 @@ class ZmqKvEventSource:
         self.on_status = on_status
         self.on_error = on_error
         self.replay_idle_s = replay_idle_s
+        self.replay_deadline_s = replay_deadline_s
+        self.hold_max = HOLD_MAX
         # Every mode reads it (kvtop/problems.py): bad messages and unfilled gaps are lost data (exit status 4)
         self.problems = problems
         self.ranks = [RankState(ep, rp, i) for i, (ep, rp) in enumerate(zip(url.events, url.replay))]
@@ -212,6 +261,18 @@ class ZmqKvEventSource:
         try:
             await asyncio.gather(*(self._run_rank(ctx, r) for r in self.ranks))
         finally:
+            # The run ends (stop, --duration, q): a replay still running is cut short, and what it brought and
+            # every live batch held behind it are folded now, not thrown away.
+            tasks = []
+            for rs in self.ranks:
+                task = rs.replay_task
+                if task is not None:
+                    self._finish_replay(rs, "stopped")
+                    task.cancel()
+                    tasks.append(task)
+            if tasks:
+                with contextlib.suppress(BaseException):
+                    await asyncio.gather(*tasks, return_exceptions=True)
             ctx.destroy(linger=0)
 
     async def _run_rank(self, ctx: Any, rs: RankState) -> None:
@@ -228,11 +289,15 @@ class ZmqKvEventSource:
                 if not await sock.poll(int(POLL_S * 1000)):
                     continue
                 frames = await sock.recv_multipart()
-                await self._handle(ctx, rs, frames)
+                self._handle(ctx, rs, frames)
         finally:
             sock.close(linger=0)
 
-    async def _handle(self, ctx: Any, rs: RankState, frames: list[bytes]) -> None:
+    # ------------------------------------------------------------------------------------------ live batches
+
+    def _handle(self, ctx: Any, rs: RankState, frames: list[bytes]) -> None:
+        """One live message. Never waits: a replay runs in its own task, live batches wait behind it (in order,
+        at most ``replay_deadline_s``), and the SUB socket keeps being read."""
         try:
             batch = decode_frames(frames)
         except WireError as exc:
@@ -241,73 +306,192 @@ class ZmqKvEventSource:
         except Exception as exc:  # a message no rule above foresaw: counted like any bad one, never fatal
             self._bad(rs, f"{type(exc).__name__}: {exc}")
             return
+        resync = False
+        last = rs.live_seq
+        if last is not None and batch.seq - last > MAX_SEQ_JUMP:
+            # 2^64-1 once, or a publisher that is not this one: no engine drops 16M batches to a connected
+            # subscriber. Skipped as a bad message; if the stream goes on from there (RESYNC_AFTER in a row), it
+            # is followed: a new start whose batches in between are unknown.
+            rs.jump_run = rs.jump_run + 1 if rs.jump_seq is not None and batch.seq == rs.jump_seq + 1 else 1
+            rs.jump_seq = batch.seq
+            if rs.jump_run < RESYNC_AFTER:
+                self._bad(rs, f"seq jumped from {last:,} to {batch.seq:,}, more than {MAX_SEQ_JUMP:,} batches "
+                              "ahead: not this publisher's sequence, skipped")
+                return
+            resync = True
+        rs.jump_seq, rs.jump_run = None, 0
         rs.received += 1
         if batch.bad_events:
             self._bad(rs, f"{batch.bad_events} bad events skipped (first: {batch.first_bad})", count=False,
                       kind="zmq.bad_event", n=batch.bad_events)
+        if last is not None and batch.seq > last + 1 and not resync:
+            rs.gaps += 1
+        rs.live_seq = batch.seq
+        now = time.monotonic()
+        if rs.replay_task is not None:
+            rs.held.append((batch, now, resync))
+            if len(rs.held) >= self.hold_max and not rs.replay_task.done():
+                rs.replay_cut = "overflow"
+                rs.replay_task.cancel()
+            return
         expected = rs.next_seq
-        if expected is None or batch.seq > expected:
-            start = 0 if expected is None else expected
-            if batch.seq > start:
-                if expected is not None:
-                    rs.gaps += 1
-                got = await self._replay(ctx, rs, start, batch.seq) if rs.replay else 0
-                if expected is not None:
-                    missing = batch.seq - start - got
-                    rs.lost += missing
-                    if missing and self.problems is not None:
-                        self.problems.report("zmq.gap", f"{rs.endpoint}: {missing:,} batch(es) of seq {start}.."
-                                             f"{batch.seq - 1} lost" + (" (not in the replay buffer)" if rs.replay
-                                                                         else " (no replay endpoint)"),
-                                             count=missing, lost=True)
-        elif batch.seq < expected:
-            rs.restarts += 1
-            self._status(rs, f"seq went back {expected - 1} -> {batch.seq}: publisher restarted")
-        self._emit(rs, batch, replayed=False)
+        start = 0 if expected is None else expected
+        if (rs.replay is not None and not resync and batch.seq > start
+                and (expected is None or batch.seq > expected) and now >= rs.replay_retry_at):
+            self._start_replay(ctx, rs, start, batch, now)
+            return
+        if rs.replay is None:
+            why = "no replay endpoint"
+        else:
+            why = f"replay not asked: the last one failed, next try in {max(0.0, rs.replay_retry_at - now):.0f} s"
+        self._step(rs, batch, replayed=False, why=why, resync=resync)
 
-    async def _replay(self, ctx: Any, rs: RankState, start: int, upto: int) -> int:
-        """Batches ``start <= seq < upto`` from the replay endpoint, emitted in order; how many came."""
+    def _step(self, rs: RankState, batch: Batch, *, replayed: bool, why: str, resync: bool = False,
+              received_at: float | None = None, behind: int = 0) -> None:
+        """Emit ``batch`` as the next in seq order: a gap before it is lost, a seq going back a restart."""
+        expected = rs.next_seq
+        if resync:
+            rs.seq_jumps += 1
+            self._report(rs, "zmq.seq_jump", f"seq jumped from {expected or 0:,} to {batch.seq:,} and the stream "
+                         "went on from there: followed as a new start (what came in between is unknown)", lost=True)
+        elif expected is not None and batch.seq > expected:
+            missing = batch.seq - expected
+            rs.lost += missing
+            self._report(rs, "zmq.gap", f"{missing:,} batch(es) of seq {expected}..{batch.seq - 1} lost ({why})",
+                         n=missing, lost=True)
+        elif expected is not None and batch.seq < expected:
+            rs.restarts += 1
+            message = f"seq went back {expected - 1:,} -> {batch.seq:,}: publisher restarted, the fold starts again"
+            self._status(rs, message)
+            self._report(rs, "zmq.restart", message)
+        self._emit(rs, batch, replayed=replayed, resync=resync, received_at=received_at, behind=behind)
+
+    # ------------------------------------------------------------------------------------------ replay
+
+    def _start_replay(self, ctx: Any, rs: RankState, start: int, batch: Batch, now: float) -> None:
+        rs.replays += 1
+        rs.replay_start = start
+        rs.replay_got = {}
+        rs.replay_error = ""
+        rs.replay_cut = "stopped"
+        rs.replay_asked_at = now
+        rs.held.append((batch, now, False))
+        task = asyncio.ensure_future(self._replay(ctx, rs, start))
+        rs.replay_task = task
+        task.add_done_callback(lambda t: self._replay_done(rs, t))
+
+    def _replay_done(self, rs: RankState, task: asyncio.Task[str]) -> None:
+        if rs.replay_task is not task:
+            return  # merged already (the run ended)
+        if task.cancelled():
+            outcome = rs.replay_cut
+        elif task.exception() is not None:
+            rs.replay_error = f"{type(task.exception()).__name__}: {task.exception()}"
+            outcome = "failed"
+        else:
+            outcome = task.result()
+        self._finish_replay(rs, outcome)
+
+    async def _replay(self, ctx: Any, rs: RankState, start: int) -> str:
+        """Ask for every batch from ``start``; collect them into ``rs.replay_got`` until the end marker, the
+        deadline, or ``replay_idle_s`` of silence. Returns how it ended: complete, silent, timeout, full, failed."""
         import zmq
 
         assert rs.replay is not None
-        got: dict[int, Batch] = {}
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.replay_deadline_s
+        got = rs.replay_got
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         try:
             sock.connect(rs.replay)
-            await sock.send_multipart([b"", start.to_bytes(8, "big")])
-            for _ in range(REPLAY_MAX):
-                if not await sock.poll(int(self.replay_idle_s * 1000)):
-                    break
+            await asyncio.wait_for(sock.send_multipart([b"", start.to_bytes(8, "big")]), self.replay_deadline_s)
+            while len(got) < REPLAY_MAX:
+                left = deadline - loop.time()
+                if left <= 0:
+                    return "timeout"
+                if not await sock.poll(max(1, int(min(self.replay_idle_s, left) * 1000))):
+                    return "timeout" if loop.time() >= deadline else "silent"
                 frames = await sock.recv_multipart()
                 while frames and frames[0] == b"":
                     frames = frames[1:]  # the ROUTER's empty delimiter (and the empty topic of some versions)
                 if len(frames) >= 2 and len(frames[-2]) == 8 and int.from_bytes(frames[-2], "big") == _END:
-                    break
+                    return "complete"
                 if len(frames) == 1 and len(frames[0]) == 8 and int.from_bytes(frames[0], "big") == _END:
-                    break
+                    return "complete"
                 try:
                     batch = decode_frames(frames if len(frames) in (2, 3) else frames[-3:])
                 except WireError as exc:
                     if len(frames) < 2 or len(frames[-2]) != 8:
-                        break  # a terminal frame of a newer replay protocol: the answer is over
+                        return "complete"  # a terminal frame of a newer replay protocol: the answer is over
                     self._bad(rs, f"replay: {exc}")
                     continue
-                if start <= batch.seq < upto:
+                if batch.seq >= start:
                     got[batch.seq] = batch
+            return "full"
+        except asyncio.TimeoutError:
+            return "timeout"
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:  # replay is a bonus: a failure leaves a gap the fold counts
-            self._bad(rs, f"replay from {rs.replay} failed: {type(exc).__name__}: {exc}", count=False,
-                      kind="zmq.replay", lost=False)
+            rs.replay_error = f"{type(exc).__name__}: {exc}"
+            return "failed"
         finally:
             sock.close(linger=0)
-        for seq in sorted(got):
-            self._emit(rs, got[seq], replayed=True)
-        rs.filled += len(got)
-        if got and start == 0 and min(got) == 0:
-            self._status(rs, f"replayed {len(got)} batches from seq 0: counts are exact")
-        return len(got)
 
-    def _emit(self, rs: RankState, batch: Batch, *, replayed: bool) -> None:
+    def _finish_replay(self, rs: RankState, outcome: str) -> None:
+        """The replay is over (answered, silent, out of time, failed, cut short): fold what it brought and the
+        live batches held behind it, in seq order; what neither has is lost."""
+        now = time.monotonic()
+        got, held = rs.replay_got, rs.held
+        rs.replay_task, rs.replay_got, rs.held = None, {}, deque()
+        took = now - rs.replay_asked_at
+        if outcome in ("complete", "full"):
+            rs.replay_backoff_s = 0.0
+            why = "not in the replay buffer"
+        else:
+            rs.replays_failed += 1
+            rs.replay_backoff_s = min(max(REPLAY_BACKOFF_S, 2 * rs.replay_backoff_s), REPLAY_BACKOFF_MAX_S)
+            rs.replay_retry_at = now + rs.replay_backoff_s
+            what = {"timeout": f"ran past its {self.replay_deadline_s:g} s deadline",
+                    "silent": f"fell silent after {len(got):,} batch(es) without its end marker" if got
+                    else f"did not answer ({self.replay_idle_s:g} s of silence)",
+                    "failed": f"failed: {rs.replay_error}",
+                    "overflow": f"was given up: {len(held):,} live batches waited behind it",
+                    "stopped": "was cut short by the end of the run"}.get(outcome, outcome)
+            why = f"replay {what.split(':')[0]}"
+            if outcome != "stopped":
+                message = (f"replay from {rs.replay} (seq {rs.replay_start:,} on) {what}; {len(got):,} batch(es) "
+                           f"came back in {took:.1f} s; the gaps it did not fill are counted lost, and gaps of the "
+                           f"next {rs.replay_backoff_s:g} s too, without asking")
+                self._report(rs, "zmq.replay", message)
+                self._status(rs, message)
+        keys = sorted(got)
+        i, n = 0, len(keys)
+        initial = rs.next_seq is None
+        filled = 0
+        last_seq = -1
+        for j, (batch, received_at, resync) in enumerate(held):
+            if resync or batch.seq < last_seq:
+                i = n  # a new start or a restart: the replayed batches are of the sequence before it
+            last_seq = batch.seq
+            while i < n and keys[i] < batch.seq:
+                s = keys[i]
+                i += 1
+                if rs.next_seq is None or s >= rs.next_seq:
+                    self._step(rs, got[s], replayed=True, why=why)
+                    filled += 1
+            self._step(rs, batch, replayed=False, why=why, resync=resync, received_at=received_at,
+                       behind=len(held) - j - 1)
+        rs.filled += filled
+        if initial and filled and keys[0] == 0:
+            self._status(rs, f"replayed {filled} batches from seq 0: counts are exact")
+
+    # ------------------------------------------------------------------------------------------ records
+
+    def _emit(self, rs: RankState, batch: Batch, *, replayed: bool, resync: bool = False,
+              received_at: float | None = None, behind: int = 0) -> None:
         rank = batch.rank if batch.rank is not None else rs.index
         source = self.source_for(rank)
         now = time.time()
@@ -318,9 +502,22 @@ class ZmqKvEventSource:
             if isinstance(size, int):
                 meta["tokens_per_block"] = size
             self.sink(make("meta", meta, source, now))
-        if not replayed or rs.next_seq is None or batch.seq + 1 > rs.next_seq:
-            rs.next_seq = batch.seq + 1  # a live batch sets it even backwards (a restarted publisher)
-        self.sink(Record(kind="kv_batch", data=batch.record_data(replayed), source=source, time=now))
+        rs.next_seq = batch.seq + 1
+        data = batch.record_data(replayed)
+        if resync:
+            data["resync"] = True
+        if received_at is not None:
+            # How long this live batch waited behind a replay, and how many more wait after it: the lag
+            lag = round(max(0.0, time.monotonic() - received_at), 3)
+            data["lag_s"] = lag
+            data["behind"] = behind
+            rs.max_lag_s = max(rs.max_lag_s, lag)
+            rs.max_behind = max(rs.max_behind, behind)
+        self.sink(Record(kind="kv_batch", data=data, source=source, time=now))
+
+    def _report(self, rs: RankState, kind: str, message: str, *, n: int = 1, lost: bool = False) -> None:
+        if self.problems is not None:
+            self.problems.report(kind, f"{rs.endpoint}: {message}", count=n, lost=lost)
 
     def _bad(self, rs: RankState, message: str, count: bool = True, *, kind: str = "zmq.bad_message",
              n: int = 1, lost: bool = True) -> None:
@@ -341,8 +538,12 @@ class ZmqKvEventSource:
             self.on_status(f"zmq {rs.endpoint}", message)
 
     def stats(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
         return [{"endpoint": r.endpoint, "replay": r.replay, "received": r.received, "bad": r.bad, "gaps": r.gaps,
-                 "replayed": r.filled, "lost": r.lost, "restarts": r.restarts, "last_error": r.last_error}
+                 "replayed": r.filled, "lost": r.lost, "restarts": r.restarts, "seq_jumps": r.seq_jumps,
+                 "replays": r.replays, "replays_failed": r.replays_failed,
+                 "behind": len(r.held), "behind_s": round(now - r.held[0][1], 3) if r.held else 0.0,
+                 "max_lag_s": r.max_lag_s, "max_behind": r.max_behind, "last_error": r.last_error}
                 for r in self.ranks]
 
 

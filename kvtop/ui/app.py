@@ -77,6 +77,7 @@ wall_clock: Callable[[], float] = time.time
 
 DEFAULT_REFRESH_S = 0.25
 STALE_AFTER_S = 5.0      # no record for this long: the header says so (an engine with no requests is quiet too)
+LAG_SHOWN_S = 0.5        # the stream's live batches waited this long behind a replay: the header says so
 SPARK_POINTS = 120       # history points kept for sparklines: 2 minutes at the model's 1 s step
 XL_SPARK_POINTS = 600    # 200x60: the model's whole history (600 steps), the sparklines are ~170 cells wide
 XL = (180, 50)           # from this size up the wide layout uses the room (200x60 is the reference)
@@ -712,6 +713,10 @@ class KvtopApp(App[int]):
             flags.append("counts since attach" if snap.since_attach else "counts ≈")
         if snap.bad_records:
             flags.append(f"{snap.bad_records} bad records")
+        stream = snap.summary_reads.get("stream")
+        if stream and stream.get("lag_s", 0) >= LAG_SHOWN_S:
+            # live batches of the stream waited behind a replay (kvtop/sources/kv_events_zmq.py)
+            flags.append(f"stream {stream['lag_s']:.1f} s behind ({stream.get('lag_batches', 0):,} batches)")
         if q is not None and q.host_without_events:
             flags.append("host unknown")
         if active := view.problems:

@@ -1,0 +1,178 @@
+"""Issue 26: a replay endpoint that does not answer, or drips, never stalls the live stream. A real pyzmq publisher
+on 127.0.0.1 (tests/kv_publisher.py: PUB + ROUTER replay, written from the documented format) into kvtop's
+subscriber; the replay runs in its own task with a deadline, live batches wait behind it in seq order (the fold
+needs them in order), and what the replay did not bring is counted lost (exit status 4)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from conftest import free_port
+from kv_publisher import Publisher, stored
+from test_transport_zmq import _attached, _model, _stop, _until
+
+from kvtop.problems import EXIT_LOST_DATA
+
+
+def _stream(session) -> dict:
+    return _model(session).summary()["stream"] if session.models else {}
+
+
+@pytest.mark.parametrize("answer", ["dead port", "silent router"])
+async def test_a_replay_endpoint_that_does_not_answer_does_not_stall_the_stream(answer):
+    # Every other batch lost on the way: 149 gaps. Before: each one blocked the rank ~1 s (1 s of replay silence).
+    pub = Publisher(replay=answer == "silent router", replay_silent=True)
+    replay = pub.replay_port if answer == "silent router" else free_port()
+    try:
+        session, task, src = await _attached(f"zmq://127.0.0.1:{pub.port}?replay=tcp://127.0.0.1:{replay}", pub)
+        for i in range(300):
+            pub.send([stored([i])], drop=i % 2 == 1)
+        await _until(lambda: _stream(session).get("batches") == 150, timeout=30)
+        s = _stream(session)
+        assert _model(session).gpu.cached_blocks == 150
+        assert s["lost_batches"] == 149 and s["replayed_batches"] == 0 and s["publisher_restarts"] == 0
+        st = src.stats()[0]
+        assert st["lost"] == 149 and st["gaps"] == 149 and st["received"] == 150
+        # one replay asked, then gaps are lost without asking while it backs off (5 s, doubling)
+        assert 1 <= st["replays"] <= 2 and st["replays_failed"] == st["replays"]
+        gap = session.problems.get("zmq.gap")
+        assert gap is not None and gap.lost and gap.count == 149 and session.problems.lost_data
+        rp = session.problems.get("zmq.replay")
+        assert rp is not None and "did not answer" in rp.message
+        # the batches that waited behind the replay are the lag, in the summary
+        assert s["max_lag_s"] >= 0.5 and s["max_lag_batches"] >= 1
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_a_dripping_replay_ends_at_its_deadline_and_what_it_brought_is_folded():
+    # One batch every 0.9 s: before, the rank stayed in its replay loop as long as the drip went on (200 s here)
+    pub = Publisher(replay_drip_s=0.9)
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        src.replay_deadline_s = 3.0
+        src.replay_idle_s = 2.5                                           # the deadline ends it, not a pause
+        pub.send([stored([0])])                                           # seq 0
+        for h in range(1, 21):
+            pub.send([stored([h])], drop=True)                            # seq 1..20: in the replay buffer only
+        for h in range(21, 221):
+            pub.send([stored([h])])                                       # seq 21..220 live
+        await _until(lambda: _stream(session).get("last_seq") == 220, timeout=30)
+        s = _stream(session)
+        got = s["replayed_batches"]
+        assert 1 <= got <= 5                                              # ~3 s / 0.9 s of drip
+        assert s["batches"] == 201 + got and s["lost_batches"] == 20 - got and s["publisher_restarts"] == 0
+        assert _model(session).gpu.cached_blocks == 201 + got            # every live batch, and what came back
+        st = src.stats()[0]
+        assert st["replayed"] == got and st["lost"] == 20 - got and st["behind"] == 0
+        rp = session.problems.get("zmq.replay")
+        assert rp is not None and "deadline" in rp.message
+        gap = session.problems.get("zmq.gap")
+        assert gap is not None and gap.lost and gap.count == 20 - got
+        # seq 21 waited behind the replay until its deadline, with the 199 after it
+        assert s["max_lag_s"] >= 2.0 and s["max_lag_batches"] == 199
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_batches_waiting_behind_a_replay_are_folded_when_the_run_ends():
+    pub = Publisher(replay_drip_s=0.3)
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        src.replay_deadline_s = 120.0
+        pub.send([stored([0])])
+        for h in range(1, 6):
+            pub.send([stored([h])], drop=True)
+        for h in range(6, 16):
+            pub.send([stored([h])])
+        # the live batches keep being read while the replay drips: all 10 wait behind it
+        await _until(lambda: src.stats()[0]["received"] == 11 and pub.replay_sent >= 2, timeout=30)
+        assert src.stats()[0]["behind"] == 10
+        await _stop(session, task)
+        s = _stream(session)
+        got = s["replayed_batches"]
+        assert got >= 2 and s["batches"] == 11 + got and s["lost_batches"] == 5 - got
+        assert _model(session).gpu.cached_blocks == 11 + got
+    finally:
+        pub.close()
+
+
+def test_lag_is_shown_in_the_header_and_the_text_summary():
+    from test_kv_stream import batch
+
+    from kvtop.runner import format_summary
+    from kvtop.tiers import TierModel
+
+    m = TierModel()
+    m.apply(batch(0, [stored([1])], t=100.0))
+    m.apply(batch(1, [stored([2])], t=101.0, lag_s=2.5, behind=40))
+    m.apply(batch(2, [stored([3])], t=101.1, lag_s=2.4, behind=39))
+    s = m.summary()["stream"]
+    assert (s["lag_s"], s["lag_batches"], s["max_lag_s"], s["max_lag_batches"]) == (2.5, 40, 2.5, 40)
+    assert "2.5 s behind at most (40 batches waiting behind a replay)" in format_summary(m.summary())
+    m.apply(batch(3, [stored([4])], t=112.0))                             # 11 s later: caught up
+    s = m.summary()["stream"]
+    assert (s["lag_s"], s["lag_batches"], s["max_lag_s"]) == (0.0, 0, 2.5)
+
+
+async def test_lag_is_shown_on_the_dashboard():
+    from test_kv_stream import batch
+
+    from kvtop.records import SourceId as Sid
+    from kvtop.session import Session
+    from kvtop.settings import Settings
+    from kvtop.ui.app import build_app
+
+    session = Session(source=Sid("127.0.0.1:5557", 0, "t"))
+    now = time.time()
+    session.emit(batch(0, [stored([1, 2])], t=now))
+    session.emit(batch(1, [stored([3])], t=now + 0.1, lag_s=2.9, behind=412))
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert "stream 2.9 s behind (412 batches)" in app.screen.query_one("#header").data.flags
+
+
+@pytest.mark.slow
+def test_headless_run_with_gaps_and_a_dead_replay_port_folds_at_the_stream_rate(tmp_path):
+    """The held-out bar: >= 90% of the blocks folded, the loss counted, exit status 4."""
+    pub = Publisher(replay=False)
+    sent = {"live": 0, "dropped": 0}
+
+    def feed() -> None:
+        pub.wait_subscribed()
+        end = time.monotonic() + 5.0
+        i = 0
+        while time.monotonic() < end:
+            for _ in range(10):                                           # ~100 batches/s, every 3rd lost
+                drop = i % 3 == 2
+                pub.send([stored([i, i + 1_000_000])], drop=drop)
+                sent["dropped" if drop else "live"] += 1
+                i += 1
+            time.sleep(0.1)
+
+    t = threading.Thread(target=feed)
+    t.start()
+    try:
+        out = subprocess.run([sys.executable, "-m", "kvtop", "attach",
+                              f"zmq://127.0.0.1:{pub.port}?replay=tcp://127.0.0.1:{free_port()}",
+                              "--headless", "--json", "--duration", "9"], capture_output=True, text=True, timeout=90)
+    finally:
+        t.join()
+        pub.close()
+    assert out.returncode == EXIT_LOST_DATA, out.stderr
+    summary = json.loads(out.stdout)
+    s = summary["stream"]
+    assert s["batches"] >= 0.9 * sent["live"], (s, sent)
+    assert summary["tiers"]["gpu"]["cached_blocks"] >= 0.9 * 2 * sent["live"]
+    assert s["lost_batches"] >= 0.9 * sent["dropped"]
+    kinds = {p["kind"]: p for p in summary["problems"]}
+    assert kinds["zmq.gap"]["lost"] and kinds["zmq.gap"]["count"] == s["lost_batches"]
+    assert "zmq.gap" in out.stderr
