@@ -176,3 +176,81 @@ def test_headless_run_with_gaps_and_a_dead_replay_port_folds_at_the_stream_rate(
     kinds = {p["kind"]: p for p in summary["problems"]}
     assert kinds["zmq.gap"]["lost"] and kinds["zmq.gap"]["count"] == s["lost_batches"]
     assert "zmq.gap" in out.stderr
+
+
+# ------------------------------------------------------------------------------------------ sequence numbers
+
+async def test_an_implausible_seq_is_a_bad_message_not_a_gap_of_2_64_batches():
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        pub.send([stored([1, 2])])                                        # seq 0
+        pub.send([stored([3])], seq=(1 << 64) - 1)                        # -1 signed: not a batch's seq
+        pub.send([stored([4])], seq=1 << 40)                              # 2^40 batches ahead: not this stream's
+        pub.send([stored([5])], seq=1)                                    # the stream goes on
+        pub.send([stored([6])], seq=2)
+        await _until(lambda: _stream(session).get("batches") == 3, timeout=20)
+        s = _stream(session)
+        assert s["lost_batches"] == 0 and s["publisher_restarts"] == 0 and s["last_seq"] == 2
+        assert _model(session).gpu.cached_blocks == 4                     # 1, 2, 5, 6: the fold was not cleared
+        st = src.stats()[0]
+        assert st["bad"] == 2 and st["lost"] == 0 and st["restarts"] == 0
+        bad = session.problems.get("zmq.bad_message")
+        assert bad is not None and bad.count == 2 and "seq jumped from 0 to 1,099,511,627,776" in bad.message
+        assert session.problems.get("zmq.gap") is None
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_a_jump_the_stream_goes_on_from_is_followed_as_a_new_start():
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        pub.send([stored([1, 2])])                                        # seq 0
+        far = 1 << 40
+        for k in range(4):
+            pub.send([stored([10 + k])], seq=far + k)                     # 2 skipped, then followed from far + 2
+        await _until(lambda: _stream(session).get("last_seq") == far + 3, timeout=20)
+        s = _stream(session)
+        assert s["lost_batches"] == 0 and s["since_attach"] is True and s["seq_jumps"] == 1
+        assert _model(session).gpu.cached_blocks == 2                     # 12, 13: a new start
+        assert src.stats()[0]["bad"] == 2 and src.stats()[0]["seq_jumps"] == 1
+        jump = session.problems.get("zmq.seq_jump")
+        assert jump is not None and jump.lost and jump.count == 1
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_restarts_are_problems():
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        for i in range(200):
+            pub.send([stored([i])], seq=i % 2)                            # 0, 1, 0, 1, ...
+        await _until(lambda: _stream(session).get("batches") == 200, timeout=20)
+        assert _stream(session)["publisher_restarts"] == 99 == src.stats()[0]["restarts"]
+        p = session.problems.get("zmq.restart")
+        assert p is not None and p.count == 99 and "seq went back 1 -> 0" in p.message
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+def test_the_fold_refuses_what_the_source_refuses():
+    """A recording carries kv_batch records too: the fold holds the same bounds."""
+    from test_kv_stream import batch
+
+    from kvtop.tiers import TierModel
+
+    m = TierModel()
+    m.apply(batch(5, [stored([1, 2])]))
+    m.apply(batch((1 << 64) - 1, [stored([3])]))
+    m.apply(batch(1 << 40, [stored([4])]))
+    assert m.bad_records == 2 and "more than 16,777,216" in str(m.last_bad_reason)
+    s = m.summary()["stream"]
+    assert (s["lost_batches"], s["publisher_restarts"], s["batches"]) == (0, 0, 1) and m.gpu.cached_blocks == 2
+    m.apply(batch(1 << 40, [stored([4])], resync=True))                 # the source followed it
+    s = m.summary()["stream"]
+    assert (s["lost_batches"], s["seq_jumps"], s["since_attach"]) == (0, 1, True) and m.gpu.cached_blocks == 1
