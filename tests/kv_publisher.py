@@ -64,6 +64,7 @@ class Publisher:
         # (fixed sleeps of 0.3-1.5 s lost the first batches when a loaded machine started kvtop late).
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, a reconnected subscriber's too
         self._subscribed = False
         self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         self.topic = topic

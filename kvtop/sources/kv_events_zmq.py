@@ -74,6 +74,7 @@ RESYNC_AFTER = 3      # ... unless this many consecutive seqs go on from it: a n
 POLL_S = 0.25         # the receive loop wakes this often to notice a stop
 RCVHWM = 100_000      # messages a SUB queues before ZMQ drops: ~30-100 batches/s per GPU leaves minutes
 ERROR_REPORT_S = 5.0
+_EVENT_DISCONNECTED = 0x0200  # zmq.EVENT_DISCONNECTED
 _END = (1 << 64) - 1  # the replay end marker: (-1).to_bytes(8, "big", signed=True)
 
 
@@ -196,6 +197,7 @@ class RankState:
     lost: int = 0         # batches neither live nor replayed
     restarts: int = 0
     seq_jumps: int = 0    # implausible jumps the stream went on from (resynchronized)
+    disconnects: int = 0  # the publisher's connection dropped (a message over MAX_MESSAGE_BYTES, or it went away)
     last_error: str | None = None
     meta_sent: set[int] = field(default_factory=set)
     # The replay in progress (one at a time per rank, in a task of its own) and the live batches held behind it,
@@ -271,7 +273,7 @@ class ZmqKvEventSource:
                     task.cancel()
                     tasks.append(task)
             if tasks:
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(Exception, asyncio.CancelledError):
                     await asyncio.gather(*tasks, return_exceptions=True)
             ctx.destroy(linger=0)
 
@@ -281,17 +283,53 @@ class ZmqKvEventSource:
         sock = ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, RCVHWM)
         sock.setsockopt(zmq.LINGER, 0)
+        # ZMQ itself refuses a larger message (it drops the connection: the batches missed show as a seq gap)
+        # before it costs its size in memory: one 113 MB message cost 613 MB before kvtop refused it.
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.SUBSCRIBE, self.url.topic.encode())
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sock.connect(rs.endpoint)
         self._status(rs, f"subscribed to {rs.endpoint}" + (f" (replay {rs.replay})" if rs.replay else ""))
         try:
-            while not self._stop.requested:
-                if not await sock.poll(int(POLL_S * 1000)):
-                    continue
-                frames = await sock.recv_multipart()
-                self._handle(ctx, rs, frames)
+            await asyncio.gather(self._read(ctx, rs, sock), self._watch(rs, sock, monitor))
         finally:
+            monitor.close(linger=0)
             sock.close(linger=0)
+
+    async def _read(self, ctx: Any, rs: RankState, sock: Any) -> None:
+        while not self._stop.requested:
+            if not await sock.poll(int(POLL_S * 1000)):
+                continue
+            frames = await sock.recv_multipart()
+            self._handle(ctx, rs, frames)
+
+    async def _watch(self, rs: RankState, sock: Any, monitor: Any) -> None:
+        """The SUB socket's disconnects: a publisher gone, or a message over ``MAX_MESSAGE_BYTES`` refused. ZMQ
+        reconnects after the first, not after the second (a protocol error ends the connection for good): kvtop
+        connects again itself after either."""
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        while not self._stop.requested:
+            if not await monitor.poll(int(POLL_S * 1000)):
+                continue
+            try:
+                event = parse_monitor_message(await monitor.recv_multipart())
+            except Exception:  # a monitor frame this pyzmq cannot parse: nothing to count
+                continue
+            if event.get("event") != _EVENT_DISCONNECTED:
+                if rs.disconnects:  # a handshake: connected again
+                    self._status(rs, f"reconnected to {rs.endpoint}")
+                continue
+            rs.disconnects += 1
+            with contextlib.suppress(zmq.ZMQError):
+                sock.disconnect(rs.endpoint)
+            sock.connect(rs.endpoint)
+            message = (f"the connection to the publisher dropped ({rs.disconnects:,} so far): ZMQ refuses a "
+                       f"message over {MAX_MESSAGE_BYTES >> 20} MiB so (what it missed shows as a seq gap), or the "
+                       "publisher went away; reconnecting")
+            self._status(rs, f"disconnected: {message}")
+            self._report(rs, "zmq.disconnected", message)
 
     # ------------------------------------------------------------------------------------------ live batches
 
@@ -541,6 +579,7 @@ class ZmqKvEventSource:
         now = time.monotonic()
         return [{"endpoint": r.endpoint, "replay": r.replay, "received": r.received, "bad": r.bad, "gaps": r.gaps,
                  "replayed": r.filled, "lost": r.lost, "restarts": r.restarts, "seq_jumps": r.seq_jumps,
+                 "disconnects": r.disconnects,
                  "replays": r.replays, "replays_failed": r.replays_failed,
                  "behind": len(r.held), "behind_s": round(now - r.held[0][1], 3) if r.held else 0.0,
                  "max_lag_s": r.max_lag_s, "max_behind": r.max_behind, "last_error": r.last_error}
