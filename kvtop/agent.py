@@ -85,7 +85,8 @@ def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, a
     }
     if stream:
         data["stream"] = {k: stream[k] for k in ("lost_batches", "replayed_batches", "publisher_restarts",
-                                                 "bad_events", "unknown_removals")}
+                                                 "bad_events", "unknown_removals", "seq_jumps", "lag_s",
+                                                 "lag_batches") if k in stream}
     return data
 
 

@@ -55,9 +55,10 @@ class Publisher:
     """PUB on 127.0.0.1 (and a ROUTER replay endpoint serving the last ``buffer`` batches)."""
 
     def __init__(self, topic: bytes = b"kv-events", replay: bool = True, buffer: int = 10_000,
-                 replay_drip_s: float = 0.0, replay_silent: bool = False):
+                 replay_drip_s: float = 0.0, replay_silent: bool = False, replay_delay_s: float = 0.0):
         """``replay_drip_s``: the replay endpoint sends one batch every this many seconds (a hostile or stuck
-        engine); ``replay_silent``: it takes requests and never answers."""
+        engine); ``replay_silent``: it takes requests and never answers; ``replay_delay_s``: it answers with what
+        it had when asked, this long after."""
         self.ctx = zmq.Context()
         # XPUB, not PUB: it sends the same frames and hands each new subscription over, so a test can wait for the
         # subscriber to have joined (wait_subscribed) instead of sleeping a guessed time for ZMQ's slow joiner
@@ -75,6 +76,7 @@ class Publisher:
         self.replay_sent = 0  # batches the replay endpoint has sent
         self.replay_drip_s = replay_drip_s
         self.replay_silent = replay_silent
+        self.replay_delay_s = replay_delay_s
         self.replay_port: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -127,7 +129,10 @@ class Publisher:
             self.replay_requests += 1
             if self.replay_silent:
                 continue
-            for seq, body in list(self.buffer):
+            buffered = list(self.buffer)
+            if self.replay_delay_s and self._stop.wait(self.replay_delay_s):
+                return
+            for seq, body in buffered:
                 if seq >= start:
                     if self.replay_drip_s and self._stop.wait(self.replay_drip_s):
                         return

@@ -105,6 +105,29 @@ async def test_batches_waiting_behind_a_replay_are_folded_when_the_run_ends():
         pub.close()
 
 
+async def test_a_gap_that_opens_while_a_replay_runs_is_asked_for_again():
+    # The answer is what the publisher had when asked: seq 3, dropped after that, is asked for in a second replay
+    pub = Publisher(replay_delay_s=1.0)
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        pub.send([stored([0])])
+        pub.send([stored([1])], drop=True)
+        pub.send([stored([2])])                                           # gap: replay from 1, answered in 1 s
+        await _until(lambda: pub.replay_requests == 1, timeout=20)
+        pub.send([stored([3])], drop=True)
+        pub.send([stored([4])])                                           # read while the replay runs: waits
+        await _until(lambda: src.stats()[0]["received"] == 3, timeout=20)
+        assert src.stats()[0]["behind"] == 2 and _stream(session)["batches"] == 1
+        await _until(lambda: _stream(session).get("last_seq") == 4, timeout=20)
+        s = _stream(session)
+        assert (s["batches"], s["replayed_batches"], s["lost_batches"]) == (5, 2, 0)
+        assert pub.replay_requests == 2 and _model(session).gpu.cached_blocks == 5
+        assert session.problems.get("zmq.gap") is None and not session.problems.lost_data
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
 def test_lag_is_shown_in_the_header_and_the_text_summary():
     from test_kv_stream import batch
 

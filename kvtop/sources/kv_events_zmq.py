@@ -242,6 +242,7 @@ class ZmqKvEventSource:
         self.ranks = [RankState(ep, rp, i) for i, (ep, rp) in enumerate(zip(url.events, url.replay))]
         self._stop = StopSignal()
         self._last_report = 0.0
+        self._ctx: Any = None
 
     def source_for(self, rank: int) -> SourceId:
         """The source of a rank: ``HOST:PORT`` of the URL, the data-parallel rank, the run."""
@@ -259,7 +260,7 @@ class ZmqKvEventSource:
         import zmq.asyncio
 
         self._stop.bind()
-        ctx = zmq.asyncio.Context()
+        ctx = self._ctx = zmq.asyncio.Context()
         try:
             await asyncio.gather(*(self._run_rank(ctx, r) for r in self.ranks))
         finally:
@@ -376,7 +377,7 @@ class ZmqKvEventSource:
         start = 0 if expected is None else expected
         if (rs.replay is not None and not resync and batch.seq > start
                 and (expected is None or batch.seq > expected) and now >= rs.replay_retry_at):
-            self._start_replay(ctx, rs, start, batch, now)
+            self._start_replay(ctx, rs, start, deque([(batch, now, False)]), now)
             return
         if rs.replay is None:
             why = "no replay endpoint"
@@ -406,14 +407,15 @@ class ZmqKvEventSource:
 
     # ------------------------------------------------------------------------------------------ replay
 
-    def _start_replay(self, ctx: Any, rs: RankState, start: int, batch: Batch, now: float) -> None:
+    def _start_replay(self, ctx: Any, rs: RankState, start: int, held: deque[tuple[Batch, float, bool]],
+                      now: float) -> None:
         rs.replays += 1
         rs.replay_start = start
         rs.replay_got = {}
         rs.replay_error = ""
         rs.replay_cut = "stopped"
         rs.replay_asked_at = now
-        rs.held.append((batch, now, False))
+        rs.held = held
         task = asyncio.ensure_future(self._replay(ctx, rs, start))
         rs.replay_task = task
         task.add_done_callback(lambda t: self._replay_done(rs, t))
@@ -507,12 +509,17 @@ class ZmqKvEventSource:
                 self._status(rs, message)
         keys = sorted(got)
         i, n = 0, len(keys)
+        # The answer holds what the publisher had when it answered: a gap among the held batches past its last
+        # batch opened later, and is asked for again (a complete answer only, and only past this one's start)
+        cover = keys[-1] if keys else rs.replay_start - 1
+        again = outcome == "complete" and self._ctx is not None and not self._stop.requested
         initial = rs.next_seq is None
         filled = 0
         last_seq = -1
         for j, (batch, received_at, resync) in enumerate(held):
             if resync or batch.seq < last_seq:
                 i = n  # a new start or a restart: the replayed batches are of the sequence before it
+                again = False
             last_seq = batch.seq
             while i < n and keys[i] < batch.seq:
                 s = keys[i]
@@ -520,6 +527,14 @@ class ZmqKvEventSource:
                 if rs.next_seq is None or s >= rs.next_seq:
                     self._step(rs, got[s], replayed=True, why=why)
                     filled += 1
+            expected = rs.next_seq
+            if again and expected is not None and cover < expected < batch.seq and expected > rs.replay_start:
+                rs.filled += filled
+                rest = deque(held)
+                for _ in range(j):
+                    rest.popleft()
+                self._start_replay(self._ctx, rs, expected, rest, now)
+                return
             self._step(rs, batch, replayed=False, why=why, resync=resync, received_at=received_at,
                        behind=len(held) - j - 1)
         rs.filled += filled
