@@ -128,6 +128,31 @@ async def test_a_gap_that_opens_while_a_replay_runs_is_asked_for_again():
         pub.close()
 
 
+@pytest.mark.slow
+async def test_replays_asked_again_never_hold_the_stream_past_the_deadline():
+    # Every answer is complete but 1.5 s late and holds only what was there when asked, while gaps keep coming: the
+    # replays asked again for the gaps that opened meanwhile share the first one's deadline (before the fix for it,
+    # such a chain held the live batches for as long as it went on)
+    pub = Publisher(replay_delay_s=1.5)
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        src.replay_deadline_s, src.replay_idle_s = 2.5, 2.0
+        end = time.monotonic() + 8.0
+        i = 0
+        while time.monotonic() < end:
+            pub.send([stored([i])], drop=i % 10 == 9 and i > 0)
+            i += 1
+            await asyncio.sleep(0.02)
+        await _until(lambda: _stream(session).get("last_seq") == i - 1, timeout=30)
+        s = _stream(session)
+        assert s["batches"] + s["lost_batches"] == i and s["replayed_batches"] >= 1
+        assert s["max_lag_s"] < 2.5 + 2.0, s                              # the deadline, and room for a busy box
+        assert src.stats()[0]["replays"] >= 2
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
 def test_lag_is_shown_in_the_header_and_the_text_summary():
     from test_kv_stream import batch
 

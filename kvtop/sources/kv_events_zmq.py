@@ -438,15 +438,19 @@ class ZmqKvEventSource:
         import zmq
 
         assert rs.replay is not None
+        # The deadline counts from when the oldest batch held behind it came (a replay asked again for a gap that
+        # opened meanwhile has what is left of the first one's): no live batch waits longer than that
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.replay_deadline_s
+        oldest = rs.held[0][1] if rs.held else time.monotonic()
+        deadline = loop.time() + max(0.0, oldest + self.replay_deadline_s - time.monotonic())
         got = rs.replay_got
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         try:
             sock.connect(rs.replay)
-            await asyncio.wait_for(sock.send_multipart([b"", start.to_bytes(8, "big")]), self.replay_deadline_s)
+            await asyncio.wait_for(sock.send_multipart([b"", start.to_bytes(8, "big")]),
+                                   max(0.001, deadline - loop.time()))
             while len(got) < REPLAY_MAX:
                 left = deadline - loop.time()
                 if left <= 0:
@@ -528,7 +532,8 @@ class ZmqKvEventSource:
                     self._step(rs, got[s], replayed=True, why=why)
                     filled += 1
             expected = rs.next_seq
-            if again and expected is not None and cover < expected < batch.seq and expected > rs.replay_start:
+            if (again and expected is not None and cover < expected < batch.seq and expected > rs.replay_start
+                    and now - received_at < self.replay_deadline_s - self.replay_idle_s / 4):
                 rs.filled += filled
                 rest = deque(held)
                 for _ in range(j):
