@@ -456,7 +456,7 @@ class ZmqKvEventSource:
                 if left <= 0:
                     return "timeout"
                 if not await sock.poll(max(1, int(min(self.replay_idle_s, left) * 1000))):
-                    return "timeout" if loop.time() >= deadline else "silent"
+                    return "timeout" if left <= self.replay_idle_s else "silent"
                 frames = await sock.recv_multipart()
                 while frames and frames[0] == b"":
                     frames = frames[1:]  # the ROUTER's empty delimiter (and the empty topic of some versions)
