@@ -11,7 +11,8 @@ buffer (as if ZMQ had dropped it). kvtop runs headless with ``--duration seconds
 - ``dead port``: gaps, nothing listens on the replay port;
 - ``silent router``: gaps, a ROUTER that takes requests and never answers;
 - ``drip 0.9 s``: gaps, a ROUTER that sends one batch every 0.9 s;
-- ``working replay``: gaps, a ROUTER that answers at once.
+- ``working replay``: gaps, a ROUTER that answers at once;
+- ``flood``: no gaps, ``--flood-rate`` batches/s (what one kvtop folds, and the lag it shows when it cannot).
 
 ``--against DIR`` runs each case a second time with another kvtop (the code before, say). Prints one JSON line per
 case: live batches sent and folded, blocks folded / published live, lost and replayed
@@ -44,7 +45,7 @@ def free_port() -> int:
 
 
 def case(name: str, seconds: float, rate: int, drop_every: int, root: Path = ROOT) -> dict:
-    replay = name != "dead port" and name != "no gaps"
+    replay = name not in ("dead port", "no gaps", "flood")
     pub = Publisher(replay=replay, replay_silent=name == "silent router",
                     replay_drip_s=0.9 if name.startswith("drip") else 0.0)
     url = f"zmq://127.0.0.1:{pub.port}?replay=tcp://127.0.0.1:{pub.replay_port if replay else free_port()}"
@@ -57,7 +58,7 @@ def case(name: str, seconds: float, rate: int, drop_every: int, root: Path = ROO
         while time.monotonic() - start < seconds:
             due = int((time.monotonic() - start) * rate)
             while i < due:
-                drop = name != "no gaps" and i % drop_every == drop_every - 1
+                drop = name not in ("no gaps", "flood") and i % drop_every == drop_every - 1
                 pub.send([stored([i, i + 1_000_000_000])], drop=drop)
                 sent["dropped" if drop else "live"] += 1
                 i += 1
@@ -86,6 +87,7 @@ def case(name: str, seconds: float, rate: int, drop_every: int, root: Path = ROO
             "blocks_folded_pct": round(100 * (st.get("stored_blocks", {}).get("gpu", 0) - 2 * replayed)
                                        / max(1, live_blocks), 1),
             "lost": st.get("lost_batches"), "replayed": replayed, "max_lag_s": st.get("max_lag_s"),
+            "problems": {p["kind"]: p["count"] for p in s.get("problems") or []},
             "exit": out.returncode, "wall_s": round(wall, 1)}
 
 
@@ -94,16 +96,19 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--rate", type=int, default=100)
     p.add_argument("--drop-every", type=int, default=3)
+    p.add_argument("--flood-rate", type=int, default=20_000)
+    p.add_argument("--cases", default="no gaps,dead port,silent router,drip 0.9 s,working replay,flood")
     p.add_argument("--against", type=Path, default=None, metavar="DIR",
                    help="also run each case with the kvtop package in DIR (e.g. `git archive 80ba13f kvtop | tar -x "
                         "-C DIR`), alternated with this tree's")
     a = p.parse_args()
     print(json.dumps({"machine": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
                       "seconds": a.seconds, "rate": a.rate, "drop_every": a.drop_every}))
-    for name in ("no gaps", "dead port", "silent router", "drip 0.9 s", "working replay"):
-        print(json.dumps(case(name, a.seconds, a.rate, a.drop_every)), flush=True)
+    for name in a.cases.split(","):
+        rate = a.flood_rate if name == "flood" else a.rate
+        print(json.dumps(case(name, a.seconds, rate, a.drop_every)), flush=True)
         if a.against is not None:
-            print(json.dumps(case(name, a.seconds, a.rate, a.drop_every, a.against.resolve())), flush=True)
+            print(json.dumps(case(name, a.seconds, rate, a.drop_every, a.against.resolve())), flush=True)
 
 
 if __name__ == "__main__":

@@ -101,11 +101,13 @@ class Publisher:
         self.pub.recv()
         self._subscribed = True
 
-    def send(self, events: list[Any], *, rank: int | None = 0, drop: bool = False, seq: int | None = None) -> int:
-        """Publish one batch (``drop``: only into the replay buffer, as if ZMQ had dropped it on the way)."""
+    def send(self, events: list[Any], *, rank: int | None = 0, drop: bool = False, seq: int | None = None,
+             ts: float | None = None) -> int:
+        """Publish one batch (``drop``: only into the replay buffer, as if ZMQ had dropped it on the way; ``ts``:
+        the engine's time of the batch, else now)."""
         s = self.seq if seq is None else seq
         self.seq = s + 1
-        body = payload(events, rank)
+        body = payload(events, rank, ts)
         self._buffer(s, body)
         if not drop:
             self.pub.send_multipart([self.topic, s.to_bytes(8, "big"), body])

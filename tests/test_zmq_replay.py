@@ -155,6 +155,43 @@ async def test_a_replay_asked_again_has_what_is_left_of_the_first_ones_deadline(
         pub.close()
 
 
+async def test_a_stream_kvtop_falls_behind_shows_its_lag_and_a_clock_skew_does_not():
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        for i in range(20):                                               # one at a time: kvtop keeps up
+            pub.send([stored([i])], ts=time.time() - 3600.0)              # the engine's clock an hour behind
+            await _until(lambda i=i: _stream(session).get("last_seq") == i, timeout=20)
+        assert _stream(session)["max_lag_s"] == 0.0                       # a skewed clock is no lag
+        # 500 batches at once, each published 3 s before it reaches kvtop: kvtop reads them behind
+        for i in range(20, 520):
+            pub.send([stored([i])], ts=time.time() - 3600.0 - 3.0)
+        await _until(lambda: _stream(session).get("last_seq") == 519, timeout=30)
+        s = _stream(session)
+        assert 2.5 <= s["max_lag_s"] < 60 and s["lag_s"] == s["max_lag_s"] and s["lag_batches"] == 0
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_messages_left_unread_by_a_run_that_fell_behind_are_lost():
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        pub.send([stored([0])])
+        await _until(lambda: _stream(session).get("last_seq") == 0, timeout=20)
+        for i in range(1, 20_001):                                        # each published 5 s before kvtop reads it
+            pub.send([stored([i])], ts=time.time() - 5.0)
+        await _until(lambda: _stream(session).get("batches", 0) > 1, timeout=20)
+        await _stop(session, task)
+        folded = _stream(session)["batches"]
+        p = session.problems.get("zmq.unread")
+        assert folded < 20_001 and p is not None and p.lost and session.problems.lost_data
+        assert 1 <= p.count <= 20_001 - folded and "s behind the stream" in p.message
+    finally:
+        pub.close()
+
+
 def test_lag_is_shown_in_the_header_and_the_text_summary():
     from test_kv_stream import batch
 

@@ -75,6 +75,9 @@ POLL_S = 0.25         # the receive loop wakes this often to notice a stop
 RCVHWM = 100_000      # messages a SUB queues before ZMQ drops: ~30-100 batches/s per GPU leaves minutes
 ERROR_REPORT_S = 5.0
 _EVENT_DISCONNECTED = 0x0200  # zmq.EVENT_DISCONNECTED
+_EVENTS, _POLLIN = 15, 1      # zmq.EVENTS, zmq.POLLIN
+QUEUE_LAG_MIN_S = 0.25  # a live batch that came this far behind its publisher carries its lag in its record
+UNREAD_LAG_S = 1.0    # messages still queued at the end of a run this far behind are data never read (lost)
 _END = (1 << 64) - 1  # the replay end marker: (-1).to_bytes(8, "big", signed=True)
 
 
@@ -200,9 +203,10 @@ class RankState:
     disconnects: int = 0  # the publisher's connection dropped (a message over MAX_MESSAGE_BYTES, or it went away)
     last_error: str | None = None
     meta_sent: set[int] = field(default_factory=set)
-    # The replay in progress (one at a time per rank, in a task of its own) and the live batches held behind it,
+    # The replay in progress (one at a time per rank, in a task of its own) and the live batches held behind it
+    # (batch, when it came, whether it resynchronizes the sequence, how far behind its publisher it came),
     # each with when it came and whether it resynchronizes the sequence.
-    held: deque[tuple[Batch, float, bool]] = field(default_factory=deque)
+    held: deque[tuple[Batch, float, bool, float]] = field(default_factory=deque)
     replay_task: asyncio.Task[str] | None = None
     replay_start: int = 0
     replay_got: dict[int, Batch] = field(default_factory=dict)
@@ -219,6 +223,8 @@ class RankState:
     jump_run: int = 0
     max_lag_s: float = 0.0
     max_behind: int = 0
+    ts_base: float | None = None  # the batches' engine-time offset from this clock when last caught up
+    last_queue_lag: float = 0.0   # how far behind its publisher the last live batch came
 
 
 class ZmqKvEventSource:
@@ -294,15 +300,36 @@ class ZmqKvEventSource:
         try:
             await asyncio.gather(self._read(ctx, rs, sock), self._watch(rs, sock, monitor))
         finally:
-            monitor.close(linger=0)
-            sock.close(linger=0)
+            try:
+                self._unread(rs, sock)
+            finally:
+                monitor.close(linger=0)
+                sock.close(linger=0)
+
+    def _unread(self, rs: RankState, sock: Any) -> None:
+        """The run ends: messages still queued while kvtop was behind the stream are data it never read (lost);
+        counted (not decoded) for half a second at most. A message or two that just came is not lag."""
+        import zmq
+
+        if rs.last_queue_lag < UNREAD_LAG_S or not sock.getsockopt(_EVENTS) & _POLLIN:
+            return
+        raw: Any = zmq.Socket.shadow(sock.underlying)
+        n = 0
+        end = time.monotonic() + 0.5
+        with contextlib.suppress(zmq.ZMQError):
+            while time.monotonic() < end:
+                raw.recv_multipart(zmq.NOBLOCK)
+                n += 1
+        more = "" if time.monotonic() < end else " or more"
+        self._report(rs, "zmq.unread", f"kvtop was {rs.last_queue_lag:.1f} s behind the stream when the run ended: "
+                     f"{n:,}{more} message(s) it had received were never read", n=n, lost=True)
 
     async def _read(self, ctx: Any, rs: RankState, sock: Any) -> None:
         while not self._stop.requested:
             if not await sock.poll(int(POLL_S * 1000)):
                 continue
             frames = await sock.recv_multipart()
-            self._handle(ctx, rs, frames)
+            self._handle(ctx, rs, frames, not sock.getsockopt(_EVENTS) & _POLLIN)
 
     async def _watch(self, rs: RankState, sock: Any, monitor: Any) -> None:
         """The SUB socket's disconnects: a publisher gone, or a message over ``MAX_MESSAGE_BYTES`` refused. ZMQ
@@ -334,9 +361,10 @@ class ZmqKvEventSource:
 
     # ------------------------------------------------------------------------------------------ live batches
 
-    def _handle(self, ctx: Any, rs: RankState, frames: list[bytes]) -> None:
+    def _handle(self, ctx: Any, rs: RankState, frames: list[bytes], caught_up: bool = True) -> None:
         """One live message. Never waits: a replay runs in its own task, live batches wait behind it (in order,
-        at most ``replay_deadline_s``), and the SUB socket keeps being read."""
+        at most ``replay_deadline_s``), and the SUB socket keeps being read. ``caught_up``: no other message was
+        queued behind this one."""
         try:
             batch = decode_frames(frames)
         except WireError as exc:
@@ -367,8 +395,21 @@ class ZmqKvEventSource:
             rs.gaps += 1
         rs.live_seq = batch.seq
         now = time.monotonic()
+        # How far behind its publisher this batch came: its engine time's offset from this clock, less the offset
+        # when kvtop last had nothing more queued (caught up: network and clock skew only). A flood kvtop cannot
+        # keep up with never catches up, and the lag grows; an engine clock that steps is rebased at the next lull.
+        queue_lag = 0.0
+        ts = batch.ts
+        if ts is not None:
+            off = time.time() - ts
+            base = rs.ts_base
+            if base is None or caught_up or off < base:
+                rs.ts_base = off
+            else:
+                queue_lag = off - base
+        rs.last_queue_lag = queue_lag
         if rs.replay_task is not None:
-            rs.held.append((batch, now, resync))
+            rs.held.append((batch, now, resync, queue_lag))
             if len(rs.held) >= self.hold_max and not rs.replay_task.done():
                 rs.replay_cut = "overflow"
                 rs.replay_task.cancel()
@@ -377,16 +418,16 @@ class ZmqKvEventSource:
         start = 0 if expected is None else expected
         if (rs.replay is not None and not resync and batch.seq > start
                 and (expected is None or batch.seq > expected) and now >= rs.replay_retry_at):
-            self._start_replay(ctx, rs, start, deque([(batch, now, False)]), now)
+            self._start_replay(ctx, rs, start, deque([(batch, now, False, queue_lag)]), now)
             return
         if rs.replay is None:
             why = "no replay endpoint"
         else:
             why = f"replay not asked: the last one failed, next try in {max(0.0, rs.replay_retry_at - now):.0f} s"
-        self._step(rs, batch, replayed=False, why=why, resync=resync)
+        self._step(rs, batch, replayed=False, why=why, resync=resync, queue_lag=queue_lag)
 
     def _step(self, rs: RankState, batch: Batch, *, replayed: bool, why: str, resync: bool = False,
-              received_at: float | None = None, behind: int = 0) -> None:
+              received_at: float | None = None, behind: int = 0, queue_lag: float = 0.0) -> None:
         """Emit ``batch`` as the next in seq order: a gap before it is lost, a seq going back a restart."""
         expected = rs.next_seq
         if resync:
@@ -403,11 +444,12 @@ class ZmqKvEventSource:
             message = f"seq went back {expected - 1:,} -> {batch.seq:,}: publisher restarted, the fold starts again"
             self._status(rs, message)
             self._report(rs, "zmq.restart", message)
-        self._emit(rs, batch, replayed=replayed, resync=resync, received_at=received_at, behind=behind)
+        self._emit(rs, batch, replayed=replayed, resync=resync, received_at=received_at, behind=behind,
+                   queue_lag=queue_lag)
 
     # ------------------------------------------------------------------------------------------ replay
 
-    def _start_replay(self, ctx: Any, rs: RankState, start: int, held: deque[tuple[Batch, float, bool]],
+    def _start_replay(self, ctx: Any, rs: RankState, start: int, held: deque[tuple[Batch, float, bool, float]],
                       now: float) -> None:
         rs.replays += 1
         rs.replay_start = start
@@ -520,7 +562,7 @@ class ZmqKvEventSource:
         initial = rs.next_seq is None
         filled = 0
         last_seq = -1
-        for j, (batch, received_at, resync) in enumerate(held):
+        for j, (batch, received_at, resync, queue_lag) in enumerate(held):
             if resync or batch.seq < last_seq:
                 i = n  # a new start or a restart: the replayed batches are of the sequence before it
                 again = False
@@ -541,7 +583,7 @@ class ZmqKvEventSource:
                 self._start_replay(self._ctx, rs, expected, rest, now)
                 return
             self._step(rs, batch, replayed=False, why=why, resync=resync, received_at=received_at,
-                       behind=len(held) - j - 1)
+                       behind=len(held) - j - 1, queue_lag=queue_lag)
         rs.filled += filled
         if initial and filled and keys[0] == 0:
             self._status(rs, f"replayed {filled} batches from seq 0: counts are exact")
@@ -549,7 +591,7 @@ class ZmqKvEventSource:
     # ------------------------------------------------------------------------------------------ records
 
     def _emit(self, rs: RankState, batch: Batch, *, replayed: bool, resync: bool = False,
-              received_at: float | None = None, behind: int = 0) -> None:
+              received_at: float | None = None, behind: int = 0, queue_lag: float = 0.0) -> None:
         rank = batch.rank if batch.rank is not None else rs.index
         source = self.source_for(rank)
         now = time.time()
@@ -564,9 +606,11 @@ class ZmqKvEventSource:
         data = batch.record_data(replayed)
         if resync:
             data["resync"] = True
-        if received_at is not None:
-            # How long this live batch waited behind a replay, and how many more wait after it: the lag
-            lag = round(max(0.0, time.monotonic() - received_at), 3)
+        if received_at is not None or queue_lag >= QUEUE_LAG_MIN_S:
+            # The lag: how far behind its publisher this live batch came (queue_lag, see _handle), plus how long it
+            # waited behind a replay; and how many more wait after it
+            waited = 0.0 if received_at is None else time.monotonic() - received_at
+            lag = round(max(0.0, waited + queue_lag), 3)
             data["lag_s"] = lag
             data["behind"] = behind
             rs.max_lag_s = max(rs.max_lag_s, lag)

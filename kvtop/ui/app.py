@@ -716,7 +716,8 @@ class KvtopApp(App[int]):
         stream = snap.summary_reads.get("stream")
         if stream and stream.get("lag_s", 0) >= LAG_SHOWN_S:
             # live batches of the stream waited behind a replay (kvtop/sources/kv_events_zmq.py)
-            flags.append(f"stream {stream['lag_s']:.1f} s behind ({stream.get('lag_batches', 0):,} batches)")
+            n = stream.get("lag_batches", 0)
+            flags.append(f"stream {stream['lag_s']:.1f} s behind" + (f" ({n:,} batches)" if n else ""))
         if q is not None and q.host_without_events:
             flags.append("host unknown")
         if active := view.problems:
