@@ -386,7 +386,8 @@ class ZmqKvEventSource:
                               "ahead: not this publisher's sequence, skipped")
                 return
             resync = True
-        rs.jump_seq, rs.jump_run = None, 0
+        if rs.jump_run:
+            rs.jump_seq, rs.jump_run = None, 0
         rs.received += 1
         if batch.bad_events:
             self._bad(rs, f"{batch.bad_events} bad events skipped (first: {batch.first_bad})", count=False,
@@ -394,14 +395,14 @@ class ZmqKvEventSource:
         if last is not None and batch.seq > last + 1 and not resync:
             rs.gaps += 1
         rs.live_seq = batch.seq
-        now = time.monotonic()
+        wall = time.time()
         # How far behind its publisher this batch came: its engine time's offset from this clock, less the offset
         # when kvtop last had nothing more queued (caught up: network and clock skew only). A flood kvtop cannot
         # keep up with never catches up, and the lag grows; an engine clock that steps is rebased at the next lull.
         queue_lag = 0.0
         ts = batch.ts
         if ts is not None:
-            off = time.time() - ts
+            off = wall - ts
             base = rs.ts_base
             if base is None or caught_up or off < base:
                 rs.ts_base = off
@@ -409,7 +410,7 @@ class ZmqKvEventSource:
                 queue_lag = off - base
         rs.last_queue_lag = queue_lag
         if rs.replay_task is not None:
-            rs.held.append((batch, now, resync, queue_lag))
+            rs.held.append((batch, time.monotonic(), resync, queue_lag))
             if len(rs.held) >= self.hold_max and not rs.replay_task.done():
                 rs.replay_cut = "overflow"
                 rs.replay_task.cancel()
@@ -417,17 +418,19 @@ class ZmqKvEventSource:
         expected = rs.next_seq
         start = 0 if expected is None else expected
         if (rs.replay is not None and not resync and batch.seq > start
-                and (expected is None or batch.seq > expected) and now >= rs.replay_retry_at):
-            self._start_replay(ctx, rs, start, deque([(batch, now, False, queue_lag)]), now)
-            return
-        if rs.replay is None:
-            why = "no replay endpoint"
+                and (expected is None or batch.seq > expected)):
+            now = time.monotonic()
+            if now >= rs.replay_retry_at:
+                self._start_replay(ctx, rs, start, deque([(batch, now, False, queue_lag)]), now)
+                return
+        if batch.seq == expected:  # the common case: next in order
+            self._emit(rs, batch, replayed=False, queue_lag=queue_lag, wall=wall)
         else:
-            why = f"replay not asked: the last one failed, next try in {max(0.0, rs.replay_retry_at - now):.0f} s"
-        self._step(rs, batch, replayed=False, why=why, resync=resync, queue_lag=queue_lag)
+            self._step(rs, batch, replayed=False, why="", resync=resync, queue_lag=queue_lag, wall=wall)
 
     def _step(self, rs: RankState, batch: Batch, *, replayed: bool, why: str, resync: bool = False,
-              received_at: float | None = None, behind: int = 0, queue_lag: float = 0.0) -> None:
+              received_at: float | None = None, behind: int = 0, queue_lag: float = 0.0,
+              wall: float | None = None) -> None:
         """Emit ``batch`` as the next in seq order: a gap before it is lost, a seq going back a restart."""
         expected = rs.next_seq
         if resync:
@@ -437,6 +440,10 @@ class ZmqKvEventSource:
         elif expected is not None and batch.seq > expected:
             missing = batch.seq - expected
             rs.lost += missing
+            if not why:
+                why = "no replay endpoint" if rs.replay is None else (
+                    "replay not asked: the last one failed, next try in "
+                    f"{max(0.0, rs.replay_retry_at - time.monotonic()):.0f} s")
             self._report(rs, "zmq.gap", f"{missing:,} batch(es) of seq {expected}..{batch.seq - 1} lost ({why})",
                          n=missing, lost=True)
         elif expected is not None and batch.seq < expected:
@@ -445,7 +452,7 @@ class ZmqKvEventSource:
             self._status(rs, message)
             self._report(rs, "zmq.restart", message)
         self._emit(rs, batch, replayed=replayed, resync=resync, received_at=received_at, behind=behind,
-                   queue_lag=queue_lag)
+                   queue_lag=queue_lag, wall=wall)
 
     # ------------------------------------------------------------------------------------------ replay
 
@@ -591,10 +598,11 @@ class ZmqKvEventSource:
     # ------------------------------------------------------------------------------------------ records
 
     def _emit(self, rs: RankState, batch: Batch, *, replayed: bool, resync: bool = False,
-              received_at: float | None = None, behind: int = 0, queue_lag: float = 0.0) -> None:
+              received_at: float | None = None, behind: int = 0, queue_lag: float = 0.0,
+              wall: float | None = None) -> None:
         rank = batch.rank if batch.rank is not None else rs.index
         source = self.source_for(rank)
-        now = time.time()
+        now = time.time() if wall is None else wall
         if rank not in rs.meta_sent:
             rs.meta_sent.add(rank)
             meta: dict[str, Any] = {"engine": self.engine, "attach": "zmq", "endpoint": rs.endpoint}
