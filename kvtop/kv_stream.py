@@ -425,9 +425,10 @@ class StreamFold:
             return
         n = behind if behind.__class__ is int and 0 <= behind < _U64 else 0
         now = self.model.now
-        if self._stale_lag(now) or lag >= self.lag_s:
+        stale = self._stale_lag(now)
+        if stale or lag >= self.lag_s:
             self.lag_s, self._lag_at = float(lag), now
-            self.lag_batches = n if self._stale_lag(now) else max(n, self.lag_batches)
+            self.lag_batches = n if stale else max(n, self.lag_batches)
         self.max_lag_s = max(self.max_lag_s, float(lag))
         self.max_lag_batches = max(self.max_lag_batches, n)
 

@@ -208,6 +208,9 @@ def test_lag_is_shown_in_the_header_and_the_text_summary():
     m.apply(batch(3, [stored([4])], t=112.0))                             # 11 s later: caught up
     s = m.summary()["stream"]
     assert (s["lag_s"], s["lag_batches"], s["max_lag_s"]) == (0.0, 0, 2.5)
+    m.apply(batch(4, [stored([5])], t=113.0, lag_s=0.7))                  # a new window: 0.7 s, none behind it
+    s = m.summary()["stream"]
+    assert (s["lag_s"], s["lag_batches"], s["max_lag_s"], s["max_lag_batches"]) == (0.7, 0, 2.5, 40)
 
 
 async def test_lag_is_shown_on_the_dashboard():

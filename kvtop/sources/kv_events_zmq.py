@@ -479,7 +479,11 @@ class ZmqKvEventSource:
             outcome = "failed"
         else:
             outcome = task.result()
-        self._finish_replay(rs, outcome)
+        try:
+            self._finish_replay(rs, outcome)
+        except Exception as exc:  # a callback's exception would only reach asyncio's log: said, never lost silently
+            self._report(rs, "zmq.replay", f"folding a replay's batches failed: {type(exc).__name__}: {exc}",
+                         lost=True)
 
     async def _replay(self, ctx: Any, rs: RankState, start: int) -> str:
         """Ask for every batch from ``start``; collect them into ``rs.replay_got`` until the end marker, the
