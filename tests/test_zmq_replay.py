@@ -192,6 +192,25 @@ async def test_messages_left_unread_by_a_run_that_fell_behind_are_lost():
         pub.close()
 
 
+async def test_a_replay_answer_is_bounded_in_bytes():
+    pub = Publisher()
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        pub.send([stored([0])])
+        for h in range(1, 11):
+            pub.send([stored([h], tokens=256)], drop=True)                # ~0.9 KB each with its token ids
+        frame_bytes = {len(pub.topic) + 8 + len(body) for _seq, body in pub.buffer[1:]}
+        assert len(frame_bytes) == 1
+        src.replay_max_bytes = 3 * frame_bytes.pop()                      # three of them
+        pub.send([stored([11])])
+        await _until(lambda: _stream(session).get("last_seq") == 11, timeout=20)
+        s = _stream(session)
+        assert (s["replayed_batches"], s["lost_batches"]) == (3, 7) and _model(session).gpu.cached_blocks == 5
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
 def test_lag_is_shown_in_the_header_and_the_text_summary():
     from test_kv_stream import batch
 

@@ -64,6 +64,7 @@ Callback = Callable[[str, str], None]
 DEFAULT_EVENTS_PORT = 5557  # vLLM's and SGLang's default endpoint tcp://*:5557
 REPLAY_IDLE_S = 1.0   # a replay answer that falls silent this long is over (the end marker was lost)
 REPLAY_MAX = 20_000   # batches read from one replay answer at most (vLLM buffers 10,000 by default)
+REPLAY_MAX_BYTES = 256 << 20  # bytes read from one replay answer at most (20,000 batches of 8 MiB would be 160 GB)
 REPLAY_DEADLINE_S = 3.0  # a replay is over this long after it was asked for, whatever is still to come
 REPLAY_BACKOFF_S = 5.0   # after a replay that failed: gaps are lost without asking this long (doubling, to 60 s)
 REPLAY_BACKOFF_MAX_S = 60.0
@@ -243,6 +244,7 @@ class ZmqKvEventSource:
         self.replay_idle_s = replay_idle_s
         self.replay_deadline_s = replay_deadline_s
         self.hold_max = HOLD_MAX
+        self.replay_max_bytes = REPLAY_MAX_BYTES
         # Every mode reads it (kvtop/problems.py): bad messages and unfilled gaps are lost data (exit status 4)
         self.problems = problems
         self.ranks = [RankState(ep, rp, i) for i, (ep, rp) in enumerate(zip(url.events, url.replay))]
@@ -497,6 +499,7 @@ class ZmqKvEventSource:
         oldest = rs.held[0][1] if rs.held else time.monotonic()
         deadline = loop.time() + max(0.0, oldest + self.replay_deadline_s - time.monotonic())
         got = rs.replay_got
+        size = 0
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
@@ -504,13 +507,14 @@ class ZmqKvEventSource:
             sock.connect(rs.replay)
             await asyncio.wait_for(sock.send_multipart([b"", start.to_bytes(8, "big")]),
                                    max(0.001, deadline - loop.time()))
-            while len(got) < REPLAY_MAX:
+            while len(got) < REPLAY_MAX and size < self.replay_max_bytes:
                 left = deadline - loop.time()
                 if left <= 0:
                     return "timeout"
                 if not await sock.poll(max(1, int(min(self.replay_idle_s, left) * 1000))):
                     return "timeout" if left <= self.replay_idle_s else "silent"
                 frames = await sock.recv_multipart()
+                size += sum(len(f) for f in frames)
                 while frames and frames[0] == b"":
                     frames = frames[1:]  # the ROUTER's empty delimiter (and the empty topic of some versions)
                 if len(frames) >= 2 and len(frames[-2]) == 8 and int.from_bytes(frames[-2], "big") == _END:
