@@ -31,9 +31,17 @@ batches that come meanwhile wait behind it (the fold needs seq order: a replayed
 would read as a publisher restart) and are folded, with what the replay brought, in seq order when it ends
 however it ends, the run's end included. What neither brought is lost (``zmq.gap``, exit status 4). A replay that
 did not complete is a ``zmq.replay`` problem, and gaps of the next ``REPLAY_BACKOFF_S`` (doubling to 60 s) are
-counted lost without asking. How long live batches waited, and how many, is the lag: each such ``kv_batch``
-record carries ``lag_s`` and ``behind``, the fold shows the most of the last 10 s (dashboard header, ``stream``
-section of the summary).
+counted lost without asking. An answer is read to ``REPLAY_MAX`` batches and ``REPLAY_MAX_BYTES`` at most.
+
+Lag: how far behind its publisher a live batch is folded. It came late (its engine time's offset from kvtop's
+clock, less that offset when kvtop last had nothing more queued: a flood it cannot keep up with), and it may have
+waited behind a replay. A ``kv_batch`` record that lagged carries ``lag_s`` (and ``behind``: the batches held
+after it); the fold shows the most of the last 10 s (dashboard header, ``stream`` section of the summary). A run
+that ends 1 s or more behind counts the messages it never read (``zmq.unread``, lost).
+
+Memory: ZMQ refuses a message over ``MAX_MESSAGE_BYTES`` (8 MiB, as MQTT's payload limit) before it costs its
+size; it drops the connection to do so, and for good (a protocol error), so a socket monitor counts the
+disconnect (``zmq.disconnected``) and connects again; the batch refused is a seq gap.
 
 Sequence numbers are checked: a seq of 2^63 or more is negative on the wire (a bad message); one more than
 ``MAX_SEQ_JUMP`` past the last is not this publisher's sequence (a bad message, not a gap of 2^64 batches),
