@@ -96,6 +96,10 @@ async def test_batches_waiting_behind_a_replay_are_folded_when_the_run_ends():
         # the live batches keep being read while the replay drips: all 10 wait behind it
         await _until(lambda: src.stats()[0]["received"] == 11 and pub.replay_sent >= 2, timeout=30)
         assert src.stats()[0]["behind"] == 10
+        # a replay that holds the stream a second or more is said where the stream's status shows (the header)
+        status = f"zmq tcp://127.0.0.1:{pub.port}"
+        await _until(lambda: "wait behind it" in session.status.get(status, ""), timeout=30)
+        assert session.status[status] == "replay from seq 1: 10 live batch(es) wait behind it (120 s at most)"
         await _stop(session, task)
         s = _stream(session)
         got = s["replayed_batches"]

@@ -72,6 +72,7 @@ Callback = Callable[[str, str], None]
 DEFAULT_EVENTS_PORT = 5557  # vLLM's and SGLang's default endpoint tcp://*:5557
 REPLAY_IDLE_S = 1.0   # a replay answer that falls silent this long is over (the end marker was lost)
 REPLAY_MAX = 20_000   # batches read from one replay answer at most (vLLM buffers 10,000 by default)
+REPLAY_SAY_S = 1.0    # a replay that holds live batches this long is said in the stream's status
 REPLAY_MAX_BYTES = 256 << 20  # bytes read from one replay answer at most (20,000 batches of 8 MiB would be 160 GB)
 REPLAY_DEADLINE_S = 3.0  # a replay is over this long after it was asked for, whatever is still to come
 REPLAY_BACKOFF_S = 5.0   # after a replay that failed: gaps are lost without asking this long (doubling, to 60 s)
@@ -224,6 +225,7 @@ class RankState:
     replay_cut: str = "stopped"   # why a replay task was cancelled
     replay_retry_at: float = 0.0  # monotonic: no replay asked before (after one that failed)
     replay_backoff_s: float = 0.0
+    replay_said: bool = False     # a slow replay was said in the stream's status
     replays: int = 0
     replays_failed: int = 0
     gap_why: str = ""             # why the last replay left gaps (for the gap problem's message)
@@ -474,6 +476,7 @@ class ZmqKvEventSource:
         rs.replay_error = ""
         rs.replay_cut = "stopped"
         rs.replay_asked_at = now
+        rs.replay_said = False
         rs.held = held
         task = asyncio.ensure_future(self._replay(ctx, rs, start))
         rs.replay_task = task
@@ -515,12 +518,23 @@ class ZmqKvEventSource:
             sock.connect(rs.replay)
             await asyncio.wait_for(sock.send_multipart([b"", start.to_bytes(8, "big")]),
                                    max(0.001, deadline - loop.time()))
+            heard = loop.time()  # the last frame (or the request)
             while len(got) < REPLAY_MAX and size < self.replay_max_bytes:
-                left = deadline - loop.time()
+                now = loop.time()
+                left = deadline - now
                 if left <= 0:
                     return "timeout"
-                if not await sock.poll(max(1, int(min(self.replay_idle_s, left) * 1000))):
-                    return "timeout" if left <= self.replay_idle_s else "silent"
+                quiet = self.replay_idle_s - (now - heard)
+                if quiet <= 0:
+                    return "silent"
+                if not rs.replay_said and rs.held and time.monotonic() - rs.held[0][1] >= REPLAY_SAY_S:
+                    # A slow replay is said where the stream's status shows (the header, the sources table)
+                    rs.replay_said = True
+                    self._status(rs, f"replay from seq {start:,}: {len(rs.held):,} live batch(es) wait behind it "
+                                     f"({self.replay_deadline_s:g} s at most)")
+                if not await sock.poll(max(1, int(min(quiet, left, POLL_S) * 1000))):
+                    continue
+                heard = loop.time()
                 frames = await sock.recv_multipart()
                 size += sum(len(f) for f in frames)
                 while frames and frames[0] == b"":
@@ -559,6 +573,8 @@ class ZmqKvEventSource:
         if outcome in ("complete", "full"):
             rs.replay_backoff_s = 0.0
             why = "not in the replay buffer"
+            if rs.replay_said:
+                self._status(rs, f"replay from seq {rs.replay_start:,} done: {len(got):,} batch(es) in {took:.1f} s")
         else:
             rs.replays_failed += 1
             rs.replay_backoff_s = min(max(REPLAY_BACKOFF_S, 2 * rs.replay_backoff_s), REPLAY_BACKOFF_MAX_S)
