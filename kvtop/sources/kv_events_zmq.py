@@ -621,7 +621,9 @@ class ZmqKvEventSource:
                     rest.popleft()
                 self._start_replay(self._ctx, rs, expected, rest, now)
                 return
-            self._step(rs, batch, replayed=False, why=why, resync=resync, received_at=received_at,
+            late = expected is not None and cover < expected < batch.seq and outcome == "complete"
+            self._step(rs, batch, replayed=False, resync=resync, received_at=received_at,
+                       why="dropped after the replay's answer, with no time left to ask again" if late else why,
                        behind=len(held) - j - 1, queue_lag=queue_lag)
         rs.filled += filled
         if initial and filled and keys[0] == 0:
