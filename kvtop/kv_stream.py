@@ -59,6 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from kvtop.records import MAX_BLOCKS, MAX_MAGNITUDE
@@ -109,6 +110,11 @@ MEDIUM_TIERS: dict[str, str] = {
 }
 TIERS = ("gpu", "host", "disk", "external")
 LAG_WINDOW_S = 10.0
+# Live blocks the fold keeps per tier while the tier's capacity is unknown (~90 MB; a 0.5B model on one H200 has
+# ~600k GPU blocks); with the capacity from /metrics, twice that (at least MIN, at most MAX)
+LIVE_CAP = 1 << 20
+LIVE_CAP_MIN = 4096
+LIVE_CAP_MAX = 1 << 22
 
 
 class WireError(ValueError):
@@ -353,6 +359,10 @@ class StreamFold:
         self.unknown_media: dict[str, int] = {}
         self.bad_events = 0
         self.since_attach = True
+        # Live blocks kept per tier at most (memory: ~90 B a block): twice the tier's capacity once /metrics gives
+        # it, else LIVE_CAP; stores past it forget the oldest (``forgotten``)
+        self.live_cap = dict.fromkeys(TIERS, LIVE_CAP)
+        self.forgotten = dict.fromkeys(TIERS, 0)
         self.stored = dict.fromkeys(TIERS, 0)     # new hashes per tier
         self.removed = dict.fromkeys(TIERS, 0)
         self.onboarded_from = {"host": 0, "disk": 0, "external": 0}
@@ -443,6 +453,14 @@ class StreamFold:
             return 0.0, 0
         return self.lag_s, self.lag_batches
 
+    def _forget(self, tier: str, live: dict[Any, int]) -> None:
+        """More live blocks than a tier can hold: the oldest stores (an eighth of the bound more than the excess, so
+        this runs once per many stores) are forgotten. Their removals will be unknown ones; the counts approximate."""
+        n = len(live) - self.live_cap[tier] + self.live_cap[tier] // 8
+        for key in list(islice(live, n)):
+            del live[key]
+        self.forgotten[tier] += n
+
     def _clear_all(self) -> None:
         for live in self.live.values():
             live.clear()
@@ -518,6 +536,8 @@ class StreamFold:
                                 m.onboarded += 1
                                 self.onboarded_from[lower] += 1
                                 break
+                if len(live) > self.live_cap[tier]:
+                    self._forget(tier, live)
             else:
                 for h in hashes:
                     key = h if g == 0 else (g, h)
@@ -630,6 +650,9 @@ class StreamFold:
             self.capacity["host"] = cpu_chunks
         elif cpu_tokens is not None:
             self.capacity_tokens["host"] = cpu_tokens
+        for tier, blocks in self.capacity.items():
+            if tier in self.live_cap:
+                self.live_cap[tier] = min(max(2 * blocks, LIVE_CAP_MIN), LIVE_CAP_MAX)
         for tier, tokens in sglang_tokens.items():
             if tokens is not None:
                 self.capacity_tokens[tier] = tokens
@@ -772,7 +795,8 @@ class StreamFold:
     def approximate(self) -> bool:
         if self.summary is not None:
             return bool(self.summary.get("approximate"))
-        return self.since_attach or self.lost_batches > 0 or self.unknown_removals > 0
+        return (self.since_attach or self.lost_batches > 0 or self.unknown_removals > 0
+                or any(self.forgotten.values()))
 
     def cached(self, tier: str) -> int:
         return len(self.live[tier])
@@ -850,6 +874,7 @@ class StreamFold:
             "unknown_removals": self.unknown_removals, "unknown_media": dict(self.unknown_media),
             "bad_events": self.bad_events,
             "stored_blocks": dict(self.stored), "removed_blocks": dict(self.removed),
+            "forgotten_blocks": dict(self.forgotten),
             "onboarded_from": dict(self.onboarded_from),
             "metrics_engine": self.metrics_engine, "metrics_scrapes": self.metrics_scrapes,
             "hit_blocks_by_tier": hits_by_tier, "lookup_blocks": int(self.lookup_tokens // tpb) if tpb else None,

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import free_port
-from kv_publisher import Publisher, stored
+from kv_publisher import Publisher, removed, stored
 from test_transport_zmq import _attached, _model, _stop, _until
 
 from kvtop.problems import EXIT_LOST_DATA
@@ -397,3 +397,50 @@ async def test_a_message_over_8_mib_is_refused_by_zmq_and_counted():
         await _stop(session, task)
     finally:
         pub.close()
+
+
+def test_the_fold_keeps_a_bounded_number_of_live_blocks():
+    """Issue 26: stored hashes never removed cost ~90 B each without limit (2.8M -> 280 MB in 30 s)."""
+    from test_kv_stream import batch
+
+    from kvtop.kv_stream import LIVE_CAP
+    from kvtop.tiers import TierModel
+
+    m = TierModel()
+    m.apply(batch(0, [stored([0])]))
+    fold = m.stream_fold
+    assert fold.live_cap["gpu"] == LIVE_CAP
+    fold.live_cap["gpu"] = 800                                            # as a tier of 400 blocks would set it
+    for i in range(1, 51):
+        m.apply(batch(i, [stored([i * 100 + k for k in range(100)])]))     # 5,001 distinct blocks, none removed
+    assert len(fold.live["gpu"]) <= 800 and m.gpu.cached_blocks <= 800
+    s = m.summary()["stream"]
+    assert s["forgotten_blocks"]["gpu"] == 5_001 - len(fold.live["gpu"]) and s["stored_blocks"]["gpu"] == 5_001
+    assert m.summary()["tiers"]["gpu"]["cached_approximate"] is True
+    m.apply(batch(51, [removed([100])]))                                   # a forgotten block: an unknown removal
+    assert m.summary()["stream"]["unknown_removals"] == 1
+
+
+def test_the_fold_bounds_live_blocks_at_twice_the_capacity_metrics_give():
+    from test_kv_stream import VLLM_METRICS
+
+    from kvtop.kv_stream import LIVE_CAP_MAX, LIVE_CAP_MIN
+    from kvtop.records import Record, SourceId
+    from kvtop.sources.engine_metrics import parse_metrics
+    from kvtop.tiers import TierModel
+
+    page = VLLM_METRICS.replace("{queries}", "0").replace("{device}", "0").replace("{host}", "0")
+
+    def metrics(blocks: str) -> Record:
+        samples = parse_metrics(page.replace('num_gpu_blocks="2048"', f'num_gpu_blocks="{blocks}"'))
+        return Record(kind="metrics", data={"engine": "vllm", "url": "http://x/metrics", "samples": samples},
+                      source=SourceId("h", 0, "t"), time=100.0)
+
+    m = TierModel()
+    m.apply(metrics("2048"))
+    fold = m.stream_fold
+    assert fold.capacity["gpu"] == 2048 and fold.live_cap["gpu"] == 4096
+    m.apply(metrics("1"))
+    assert fold.live_cap["gpu"] == LIVE_CAP_MIN
+    m.apply(metrics("1e300"))                                              # a hostile capacity: bounded anyway
+    assert fold.live_cap["gpu"] == LIVE_CAP_MAX == 1 << 22
