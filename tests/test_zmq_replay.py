@@ -401,30 +401,27 @@ async def test_a_message_over_8_mib_is_refused_by_zmq_and_counted():
 
 def test_the_fold_keeps_a_bounded_number_of_live_blocks():
     """Issue 26: stored hashes never removed cost ~90 B each without limit (2.8M -> 280 MB in 30 s)."""
-    from test_kv_stream import batch
-
-    from kvtop.kv_stream import LIVE_CAP
+    from kvtop.records import Record, SourceId
     from kvtop.tiers import TierModel
 
     m = TierModel()
-    m.apply(batch(0, [stored([0])]))
-    fold = m.stream_fold
-    assert fold.live_cap["gpu"] == LIVE_CAP
-    fold.live_cap["gpu"] = 800                                            # as a tier of 400 blocks would set it
-    for i in range(1, 51):
-        m.apply(batch(i, [stored([i * 100 + k for k in range(100)])]))     # 5,001 distinct blocks, none removed
-    assert len(fold.live["gpu"]) <= 800 and m.gpu.cached_blocks <= 800
+    src = SourceId("h", 0, "t")
+    n = 1_200_000                                                         # distinct blocks, none removed
+    for i in range(n // 100):
+        ev = {"type": "BlockStored", "block_hashes": list(range(i * 100, i * 100 + 100)), "medium": "GPU"}
+        m.apply(Record(kind="kv_batch", data={"seq": i, "events": [ev]}, source=src, time=100.0 + i * 1e-4))
+    kept = len(m.stream_fold.live["gpu"])
+    assert kept <= (1 << 20) + (1 << 17) and m.gpu.cached_blocks == kept  # 2^20 while the capacity is unknown
     s = m.summary()["stream"]
-    assert s["forgotten_blocks"]["gpu"] == 5_001 - len(fold.live["gpu"]) and s["stored_blocks"]["gpu"] == 5_001
+    assert s["stored_blocks"]["gpu"] == n and s["forgotten_blocks"]["gpu"] == n - kept
     assert m.summary()["tiers"]["gpu"]["cached_approximate"] is True
-    m.apply(batch(51, [removed([100])]))                                   # a forgotten block: an unknown removal
-    assert m.summary()["stream"]["unknown_removals"] == 1
+    m.apply(Record(kind="kv_batch", data={"seq": n // 100, "events": [removed([5])]}, source=src, time=300.0))
+    assert m.summary()["stream"]["unknown_removals"] == 1                  # a forgotten block's removal
 
 
 def test_the_fold_bounds_live_blocks_at_twice_the_capacity_metrics_give():
-    from test_kv_stream import VLLM_METRICS
+    from test_kv_stream import VLLM_METRICS, batch
 
-    from kvtop.kv_stream import LIVE_CAP_MAX, LIVE_CAP_MIN
     from kvtop.records import Record, SourceId
     from kvtop.sources.engine_metrics import parse_metrics
     from kvtop.tiers import TierModel
@@ -438,9 +435,9 @@ def test_the_fold_bounds_live_blocks_at_twice_the_capacity_metrics_give():
 
     m = TierModel()
     m.apply(metrics("2048"))
-    fold = m.stream_fold
-    assert fold.capacity["gpu"] == 2048 and fold.live_cap["gpu"] == 4096
-    m.apply(metrics("1"))
-    assert fold.live_cap["gpu"] == LIVE_CAP_MIN
+    for i in range(100):
+        m.apply(batch(i, [stored(list(range(i * 100, i * 100 + 100)))]))  # 10,000 blocks in a 2,048-block GPU
+    kept = len(m.stream_fold.live["gpu"])
+    assert kept <= 4096 + 512 and m.summary()["stream"]["forgotten_blocks"]["gpu"] == 10_000 - kept
     m.apply(metrics("1e300"))                                              # a hostile capacity: bounded anyway
-    assert fold.live_cap["gpu"] == LIVE_CAP_MAX == 1 << 22
+    assert m.stream_fold.live_cap["gpu"] == 1 << 22
