@@ -439,5 +439,6 @@ def test_the_fold_bounds_live_blocks_at_twice_the_capacity_metrics_give():
         m.apply(batch(i, [stored(list(range(i * 100, i * 100 + 100)))]))  # 10,000 blocks in a 2,048-block GPU
     kept = len(m.stream_fold.live["gpu"])
     assert kept <= 4096 + 512 and m.summary()["stream"]["forgotten_blocks"]["gpu"] == 10_000 - kept
-    m.apply(metrics("1e300"))                                              # a hostile capacity: bounded anyway
-    assert m.stream_fold.live_cap["gpu"] == 1 << 22
+    bad = m.bad_records
+    m.apply(metrics("1e300"))               # a hostile capacity: the scrape is refused whole (metrics bounds)
+    assert m.bad_records == bad + 1 and m.stream_fold.live_cap["gpu"] == 4096   # the bound stays where it was
