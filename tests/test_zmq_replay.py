@@ -5,7 +5,6 @@ needs them in order), and what the replay did not bring is counted lost (exit st
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -372,28 +371,25 @@ def test_the_fold_refuses_what_the_source_refuses():
 
 # ------------------------------------------------------------------------------------------ memory
 
-async def test_a_message_over_8_mib_is_refused_by_zmq_and_counted():
+async def test_a_message_over_8_mib_is_refused_unread_and_counted():
+    """A ~9 MB batch is refused before it is unpacked (a bad message, lost: its batch is the gap the next one shows)
+    and the stream goes on, connected. Not by ZMQ's MAXMSGSIZE: libzmq aborted the process refusing the last frame
+    of a multipart message (`Assertion failed: !_more (src/fq.cpp:80)`, 2 runs in 12 of this test)."""
     pub = Publisher(replay=False)
     try:
         session, task, src = await _attached(pub.url, pub)
         pub.send([stored([1])])                                           # seq 0
-        # seq 1: a valid batch of 1M hashes of 9 bytes each: ~9 MB. ZMQ refuses it before kvtop unpacks it
+        # seq 1: a valid batch of 1M hashes of 9 bytes each: ~9 MB, refused before kvtop unpacks it
         pub.send([stored([(1 << 40) + h for h in range(1_000_000)], tokens=0)])
-
-        def resubscribed() -> None:  # the publisher sees kvtop's SUB subscribe again (XPUB_VERBOSE): reconnected
-            while pub.pub.poll(10_000) and pub.pub.recv()[:1] != b"\x01":
-                pass
-
-        await asyncio.to_thread(resubscribed)
         pub.send([stored([2])])                                           # seq 2
         await _until(lambda: _stream(session).get("last_seq") == 2, timeout=20)
         s = _stream(session)
         assert s["batches"] == 2 and s["lost_batches"] == 1 and _model(session).gpu.cached_blocks == 2
-        p = session.problems.get("zmq.disconnected")
-        assert p is not None and "over 8 MiB" in p.message
+        bad = session.problems.get("zmq.bad_message")
+        assert bad is not None and bad.lost and "over 8 MiB: refused unread" in bad.message
         gap = session.problems.get("zmq.gap")
         assert gap is not None and gap.lost and gap.count == 1
-        assert src.stats()[0]["disconnects"] == 1
+        assert src.stats()[0]["disconnects"] == 0                          # the connection stayed up
         await _stop(session, task)
     finally:
         pub.close()

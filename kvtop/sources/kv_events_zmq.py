@@ -39,9 +39,12 @@ waited behind a replay. A ``kv_batch`` record that lagged carries ``lag_s`` (and
 after it); the fold shows the most of the last 10 s (dashboard header, ``stream`` section of the summary). A run
 that ends 1 s or more behind counts the messages it never read (``zmq.unread``, lost).
 
-Memory: ZMQ refuses a message over ``MAX_MESSAGE_BYTES`` (8 MiB, as MQTT's payload limit) before it costs its
-size; it drops the connection to do so, and for good (a protocol error), so a socket monitor counts the
-disconnect (``zmq.disconnected``) and connects again; the batch refused is a seq gap.
+Memory: a message over ``MAX_MESSAGE_BYTES`` (8 MiB, as MQTT's payload limit) is refused unread (a bad message,
+lost; the batch is a seq gap): it costs its size while it is received, never the ~5x that unpacking it took (one
+113 MB message cost 613 MB). Not ZMQ's own ``MAXMSGSIZE``: libzmq 4.3 aborts the process (``Assertion failed:
+!_more (src/fq.cpp:80)``, 2 runs in 12 of tests/test_zmq_replay.py's 9 MB message) when it refuses the last frame
+of a multipart message whose first frames it has queued. A socket monitor counts the publisher's disconnects
+(``zmq.disconnected``) and connects again.
 
 Sequence numbers are checked: a seq of 2^63 or more is negative on the wire (a bad message); one more than
 ``MAX_SEQ_JUMP`` past the last is not this publisher's sequence (a bad message, not a gap of 2^64 batches),
@@ -78,7 +81,7 @@ REPLAY_DEADLINE_S = 3.0  # a replay is over this long after it was asked for, wh
 REPLAY_BACKOFF_S = 5.0   # after a replay that failed: gaps are lost without asking this long (doubling, to 60 s)
 REPLAY_BACKOFF_MAX_S = 60.0
 HOLD_MAX = 50_000     # live batches held behind a running replay at most: more ends the replay at once
-MAX_MESSAGE_BYTES = 8 << 20  # a larger message is refused by ZMQ itself (as MQTT's payload limit: 8 MiB)
+MAX_MESSAGE_BYTES = 8 << 20  # a larger message is refused unread (as MQTT's payload limit: 8 MiB)
 MAX_SEQ_JUMP = 1 << 24  # a seq this far past the last is not this publisher's (46 h of drops at 100 batches/s)
 RESYNC_AFTER = 3      # ... unless this many consecutive seqs go on from it: a new start, followed
 POLL_S = 0.25         # the receive loop wakes this often to notice a stop
@@ -210,7 +213,7 @@ class RankState:
     lost: int = 0         # batches neither live nor replayed
     restarts: int = 0
     seq_jumps: int = 0    # implausible jumps the stream went on from (resynchronized)
-    disconnects: int = 0  # the publisher's connection dropped (a message over MAX_MESSAGE_BYTES, or it went away)
+    disconnects: int = 0  # the publisher's connection dropped (it went away, or ZMQ ended it)
     last_error: str | None = None
     meta_sent: set[int] = field(default_factory=set)
     # The replay in progress (one at a time per rank, in a task of its own) and the live batches held behind it
@@ -302,9 +305,6 @@ class ZmqKvEventSource:
         sock = ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.RCVHWM, RCVHWM)
         sock.setsockopt(zmq.LINGER, 0)
-        # ZMQ itself refuses a larger message (it drops the connection: the batches missed show as a seq gap)
-        # before it costs its size in memory: one 113 MB message cost 613 MB before kvtop refused it.
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.SUBSCRIBE, self.url.topic.encode())
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sock.connect(rs.endpoint)
@@ -344,9 +344,8 @@ class ZmqKvEventSource:
             self._handle(ctx, rs, frames, not sock.getsockopt(_EVENTS) & _POLLIN)
 
     async def _watch(self, rs: RankState, sock: Any, monitor: Any) -> None:
-        """The SUB socket's disconnects: a publisher gone, or a message over ``MAX_MESSAGE_BYTES`` refused. ZMQ
-        reconnects after the first, not after the second (a protocol error ends the connection for good): kvtop
-        connects again itself after either."""
+        """The SUB socket's disconnects: a publisher gone, or a connection ZMQ ended (a protocol error, after which
+        it does not reconnect by itself): kvtop connects again itself after either."""
         import zmq
         from zmq.utils.monitor import parse_monitor_message
 
@@ -365,9 +364,8 @@ class ZmqKvEventSource:
             with contextlib.suppress(zmq.ZMQError):
                 sock.disconnect(rs.endpoint)
             sock.connect(rs.endpoint)
-            message = (f"the connection to the publisher dropped ({rs.disconnects:,} so far): ZMQ refuses a "
-                       f"message over {MAX_MESSAGE_BYTES >> 20} MiB so (what it missed shows as a seq gap), or the "
-                       "publisher went away; reconnecting")
+            message = (f"the connection to the publisher dropped ({rs.disconnects:,} so far): the publisher went "
+                       "away or ZMQ ended the connection (what it missed shows as a seq gap); reconnecting")
             self._status(rs, f"disconnected: {message}")
             self._report(rs, "zmq.disconnected", message)
 
@@ -377,6 +375,11 @@ class ZmqKvEventSource:
         """One live message. Never waits: a replay runs in its own task, live batches wait behind it (in order,
         at most ``replay_deadline_s``), and the SUB socket keeps being read. ``caught_up``: no other message was
         queued behind this one."""
+        size = sum(map(len, frames))
+        if size > MAX_MESSAGE_BYTES:   # refused unread: unpacking one cost ~5x its size (the module docstring)
+            self._bad(rs, f"a message of {size:,} bytes, over {MAX_MESSAGE_BYTES >> 20} MiB: refused unread "
+                          "(its batch is a seq gap)")
+            return
         try:
             batch = decode_frames(frames)
         except WireError as exc:
@@ -513,7 +516,6 @@ class ZmqKvEventSource:
         size = 0
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         try:
             sock.connect(rs.replay)
             await asyncio.wait_for(sock.send_multipart([b"", start.to_bytes(8, "big")]),
@@ -536,7 +538,12 @@ class ZmqKvEventSource:
                     continue
                 heard = loop.time()
                 frames = await sock.recv_multipart()
-                size += sum(len(f) for f in frames)
+                one = sum(map(len, frames))
+                size += one
+                if one > MAX_MESSAGE_BYTES:   # refused unread, as a live one is
+                    self._bad(rs, f"replay: a message of {one:,} bytes, over {MAX_MESSAGE_BYTES >> 20} MiB: refused "
+                                  "unread")
+                    continue
                 while frames and frames[0] == b"":
                     frames = frames[1:]  # the ROUTER's empty delimiter (and the empty topic of some versions)
                 if len(frames) >= 2 and len(frames[-2]) == 8 and int.from_bytes(frames[-2], "big") == _END:
