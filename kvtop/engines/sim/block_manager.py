@@ -203,7 +203,7 @@ class TokenRuns(Sequence[int]):
     61M prompt tokens, 120k runs). Iterating, ``len``, indexing and slicing (to a list) work as on the list.
     """
 
-    __slots__ = ("runs", "_offsets", "_len")
+    __slots__ = ("runs", "_offsets", "_len", "_full_keys")
 
     def __init__(self, runs: Iterable[tuple[int, int]]):
         merged: list[tuple[int, int]] = []
@@ -225,6 +225,7 @@ class TokenRuns(Sequence[int]):
             total += length
         self._offsets = offsets  # position of each run's first token
         self._len = total
+        self._full_keys: tuple[int, list[bytes]] | None = None  # (tokens_per_block, full_block_keys' list)
 
     def __repr__(self) -> str:
         return f"TokenRuns({list(self.runs)!r})"
@@ -266,6 +267,17 @@ class TokenRuns(Sequence[int]):
             start = end
             r += 1
         return out
+
+    def full_block_keys(self, tokens_per_block: int) -> list[bytes]:
+        """Keys of every full block, made once per block size and kept (the caller must not change the list): the
+        scheduler's ``beneficialToSkip`` looks a waiting prompt up in the tree every iteration until it starts
+        (``BlockManager.find_new_context_block``), and cutting it anew each time was a tenth of a trace replay."""
+        cached = self._full_keys
+        if cached is None or cached[0] != tokens_per_block:
+            cached = self._full_keys = (tokens_per_block,
+                                        self.block_keys(0, self._len // tokens_per_block * tokens_per_block,
+                                                        tokens_per_block))
+        return cached[1]
 
     def block_keys(self, start: int, stop: int, tokens_per_block: int) -> list[bytes]:
         """Keys of the full blocks of tokens ``[start, stop)`` (a multiple of ``tokens_per_block`` apart)."""
@@ -885,7 +897,8 @@ class BlockManager:
             prompt = seq.prompt
             in_prompt = min(stop, seq.prompt_len - seq.prompt_len % tpb)  # full blocks of prompt tokens only
             if start < in_prompt:
-                full_keys.extend(prompt.block_keys(start, in_prompt, tpb) if isinstance(prompt, TokenRuns)
+                full_keys.extend(prompt.full_block_keys(tpb)[start // tpb:in_prompt // tpb]
+                                 if isinstance(prompt, TokenRuns)
                                  else _encode_full_blocks(prompt[start:in_prompt], tpb))
                 start = in_prompt
             if start < stop:
@@ -1124,24 +1137,47 @@ class BlockManager:
         equal results exactly when their tokens agree up to and including that block. Only the capacity
         scheduler's ``beneficialToSkip`` reads it; nothing changes."""
         tpb = self.tokens_per_block
-        stop = len(token_ids) // tpb * tpb
         node = self._root
+        if isinstance(token_ids, TokenRuns):  # a trace prompt: its keys are made once (full_block_keys)
+            found = self._first_new_block(node, token_ids.full_block_keys(tpb))
+            return None if found is None or found[1] is _NO_KEY else found
+        stop = len(token_ids) // tpb * tpb
         pos = 0
         # Keys a few blocks at a time: the walk stops at the first miss, usually within the first few blocks of a
         # long prompt, so most of a 10,000-token prompt is never encoded.
         chunk = 4 * tpb
         while pos < stop:
             end = min(stop, pos + chunk)
-            keys = (token_ids.block_keys(pos, end, tpb) if isinstance(token_ids, TokenRuns)
-                    else _encode_full_blocks(token_ids[pos:end], tpb))
-            for key in keys:
-                child = node.child(key)
-                if child is None:
-                    return node, key
-                node = child
+            keys = _encode_full_blocks(token_ids[pos:end], tpb)
+            found = self._first_new_block(node, keys)
+            if found is None or found[1] is not _NO_KEY:
+                return found
+            node = found[0]
             pos = end
             chunk *= 2
         return None
+
+    @staticmethod
+    def _first_new_block(node: _Block, keys: list[bytes]) -> tuple[_Block, bytes] | None:
+        """The walk of ``find_new_context_block`` along ``keys`` from ``node`` (``_Block.child`` inlined): the
+        first key not under its node, or (the last node, the empty key) where there are keys and all match, or
+        None where there are none."""
+        if not keys:
+            return None
+        for key in keys:
+            children = node.children
+            if children is None:
+                return node, key
+            if children.__class__ is dict:
+                child = children.get(key)  # type: ignore[union-attr]
+                if child is None:
+                    return node, key
+                node = child
+            elif children.key == key:  # type: ignore[union-attr]
+                node = children  # type: ignore[assignment]
+            else:
+                return node, key
+        return node, _NO_KEY
 
     def refresh(self) -> int:
         """``refreshBlocks``: timed priorities that have expired fall back to 35. Returns how many expired."""
