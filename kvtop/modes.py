@@ -8,9 +8,12 @@ kvtop/attach.py, so that neither imports the other (tests/test_layers.py: no imp
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
+import signal
 import sys
+import threading
 from typing import Any
 
 YOUNG_GC_THRESHOLD = 10_000   # the dashboard's first-generation collection threshold (Python's default: 700)
@@ -83,19 +86,38 @@ def _print_problems(lines: list[str]) -> None:
         print(f"kvtop: {line}", file=sys.stderr, flush=True)
 
 
-async def _run_reporting(session: Any, duration_s: float | None, until_done: tuple[str, ...]) -> None:
-    """``session.run`` with its problems printed to stderr as they happen (rate-limited by the registry)."""
+async def _run_reporting(session: Any, duration_s: float | None, until_done: tuple[str, ...],
+                         terminated: list[int] | None = None) -> None:
+    """``session.run`` with its problems printed to stderr as they happen (rate-limited by the registry).
+
+    SIGTERM (``timeout``, ``kill``, a container stopping) stops the session as the end of its duration would, so
+    the caller still prints the summary; each one is appended to ``terminated``. (Its default action ended the
+    process on the spot, with no summary at all.) Only where the loop runs in the main thread: elsewhere signals
+    are not this loop's to take."""
 
     async def pump() -> None:
         while True:
             await asyncio.sleep(PROBLEM_LINES_S)
             _print_problems(session.tick())
 
+    def on_sigterm() -> None:
+        if terminated is not None:
+            terminated.append(signal.SIGTERM)
+        session.stop()
+
+    loop = asyncio.get_running_loop()
+    handled = False
+    if terminated is not None and threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # no signals here (Windows)
+            loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+            handled = True
     task = asyncio.ensure_future(pump())
     try:
         await session.run(duration_s=duration_s, until_producers_done=until_done)
     finally:
         task.cancel()
+        if handled:
+            loop.remove_signal_handler(signal.SIGTERM)
 
 
 def run_headless_until(session: Any, duration_s: float | None, as_json: bool,
@@ -103,23 +125,44 @@ def run_headless_until(session: Any, duration_s: float | None, as_json: bool,
     """Run without a screen until the duration ends (or the named producers finish), then print a summary.
 
     Problems go to stderr as they happen and into the summary; the exit status says whether the run got data
-    and lost none (kvtop.problems: 0, 3 no data, 4 lost data, 130 interrupted).
+    and lost none (kvtop.problems: 0, 3 no data, 4 lost data, 130 interrupted by SIGINT, 143 by SIGTERM). Either
+    signal ends the run with its summary; a SIGTERM while the summary is being made is held until it is printed.
     """
     from kvtop import runner
-    from kvtop.problems import EXIT_INTERRUPTED
+    from kvtop.problems import EXIT_INTERRUPTED, EXIT_TERMINATED
 
     interrupted = False
+    terminated: list[int] = []
     try:
-        asyncio.run(_run_reporting(session, duration_s, until_done))
+        asyncio.run(_run_reporting(session, duration_s, until_done, terminated))
     except KeyboardInterrupt:
         interrupted = True
         session.stop()
-    runner.finish_problems(session)
-    _print_problems(session.tick())
-    _print_problems(session.problems.take_lines(final=True))
-    summary = runner.summary(session)
-    print(json.dumps(summary) if as_json else runner.format_summary(summary), flush=True)
-    return EXIT_INTERRUPTED if interrupted else session.problems.exit_status(session.records_in)
+    held = _hold_sigterm(terminated)
+    try:
+        runner.finish_problems(session)
+        _print_problems(session.tick())
+        _print_problems(session.problems.take_lines(final=True))
+        summary = runner.summary(session)
+        print(json.dumps(summary) if as_json else runner.format_summary(summary), flush=True)
+    finally:
+        if held is not None:
+            signal.signal(signal.SIGTERM, held)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_TERMINATED if terminated else session.problems.exit_status(session.records_in)
+
+
+def _hold_sigterm(terminated: list[int]) -> Any:
+    """From the end of the run until the summary is out, a SIGTERM is noted in ``terminated`` instead of ending
+    the process; returns the handler to put back (None where signals cannot be set: not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        held = signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
+    except (ValueError, OSError):
+        return None
+    return held if held is not None else signal.SIG_DFL  # None: a handler not set from Python
 
 
 __all__ = ["headless_wanted", "run_dashboard", "run_headless", "run_headless_until"]

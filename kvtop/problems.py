@@ -25,8 +25,8 @@ from typing import Any
 from kvtop.textsafe import clean
 from kvtop.values import mutable
 
-__all__ = ["EXIT_CRASH", "EXIT_INTERRUPTED", "EXIT_LOST_DATA", "EXIT_NO_DATA", "EXIT_OK", "EXIT_USAGE", "Problem",
-           "Problems", "exit_status"]
+__all__ = ["EXIT_CRASH", "EXIT_INTERRUPTED", "EXIT_LOST_DATA", "EXIT_NO_DATA", "EXIT_OK", "EXIT_TERMINATED",
+           "EXIT_USAGE", "Problem", "Problems", "exit_status"]
 
 # Exit statuses of every kvtop command (README "Exit status").
 EXIT_OK = 0
@@ -35,6 +35,7 @@ EXIT_USAGE = 2          # a bad option or argument, one line naming it
 EXIT_NO_DATA = 3        # the run ended without a single record from its sources
 EXIT_LOST_DATA = 4      # the run got data but lost some: bad records skipped, records dropped, a write failed
 EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C), as shells expect (128 + 2)
+EXIT_TERMINATED = 143   # SIGTERM (``timeout``, ``kill``, a container's stop), after the summary (128 + 15)
 
 LINE_INTERVAL_S = 5.0
 MAX_KINDS = 256

@@ -511,6 +511,27 @@ def test_sigint_ends_a_headless_run_with_130_and_a_summary() -> None:
     assert "Traceback" not in err and json.loads(out.strip().splitlines()[-1])["records"] > 0
 
 
+def test_sigterm_ends_a_headless_run_with_143_and_a_summary(tmp_path: Path) -> None:
+    """SIGTERM, as ``timeout`` and ``kill`` send it, ends the run as SIGINT does: the JSON summary of what was seen,
+    then 143 (128 + 15). (Its default action ended the process with no summary at all.)"""
+    import signal
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rec = tmp_path / "run.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "kvtop", "--headless", "--json", "--duration", "120", "--speed",
+                             "0", "--record", str(rec)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    deadline = time.monotonic() + 60
+    # the recorder writes its first lines a second into the run: the session (and its signal handler) is up
+    while not (rec.exists() and rec.stat().st_size > 0) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (proc.returncode, err[-2000:])
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert "Traceback" not in err and summary["records"] > 0 and summary["requests"]["completed"] > 0
+
+
 class _Server:
     """A tiny HTTP server in a thread: ``body`` for every path (HTML: a web server that is not trtllm-serve)."""
 
