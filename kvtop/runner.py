@@ -77,7 +77,8 @@ def build_sim_engine(settings: Settings) -> Any:
                   tensor_parallel_size=settings.tensor_parallel_size,
                   max_num_tokens=settings.max_num_tokens, enable_iter_perf_stats=True, return_perf_metrics=True,
                   gpu=settings.gpu, speed=settings.speed, trtllm_version=settings.trtllm_version,
-                  scheduler_config=SchedulerConfig(capacity_scheduler_policy=settings.capacity_scheduler_policy))
+                  scheduler_config=SchedulerConfig(capacity_scheduler_policy=settings.capacity_scheduler_policy),
+                  kv_event_token_ids=True, pace_to_event_drains=True)
 
 
 def _size_for_ab(settings: Settings) -> str | None:

@@ -69,7 +69,8 @@ class Settings:
                          choices=("ab", "system-prompt", "multi-turn", "zipf", "trace"))
     trace: str | None = _opt(None, "Mooncake-format trace file for --scenario trace")
     trace_time_scale: float = _opt(1.0, "divide trace timestamps by this (2 = twice as fast)", kind="pos_float")
-    concurrency: int | None = _opt(8, "closed loop: requests kept in flight", kind="pos_int_or_none")
+    concurrency: int | None = _opt(8, "closed loop: requests kept in flight (a trace keeps its own arrival times)",
+                                  kind="pos_int_or_none")
     rate: float | None = _opt(None, "open loop: Poisson arrivals per second (overrides --concurrency)",
                               kind="pos_float_or_none")
     duration: float | None = _opt(None, "stop after this many seconds (headless default: 30)", kind="float_or_none")

@@ -592,3 +592,56 @@ def test_engine_survives_a_closed_waiting_loop() -> None:
         assert len(later.result(timeout=1.5).outputs[0].token_ids) == 2
     finally:
         llm.shutdown()
+
+
+def _events_through_a_slow_reader(pace: bool) -> tuple[int, int, int]:
+    """40 prompts of 2,000 tokens at speed 0, a GPU pool of two of them and a host tier, so that every block
+    allocated offloads one (an event each), into a 256-event buffer read every 20 ms by another thread: (events
+    dropped by the engine, events the reader got, events the engine made)."""
+    llm = SimLLM(kv_cache_config=KvCacheConfig(event_buffer_max_size=256, max_tokens=4096, host_cache_size=1 << 30),
+                 speed=0, pace_to_event_drains=pace)
+    taken: list[dict[str, Any]] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            taken.extend(llm.get_kv_cache_events(timeout=0))
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        outs = [llm.generate_async(list(range(i * 10_000, i * 10_000 + 2000)), SamplingParams(max_tokens=4))
+                for i in range(40)]
+        for out in outs:
+            out.result()
+    finally:
+        stop.set()
+        thread.join()
+    taken.extend(llm.get_kv_cache_events(timeout=0))
+    made = llm.block_manager._next_event_id
+    llm.shutdown()
+    return llm.block_manager.dropped_events, len(taken), made
+
+
+def test_paced_engine_loses_no_events_to_a_reader_that_keeps_reading() -> None:
+    """pace_to_event_drains (kvtop's driven session): at speed 0 the engine waits for its events to be taken, so a
+    reader slower than the engine gets every one; unpaced (TensorRT-LLM's way), a full buffer drops the oldest."""
+    dropped, got, made = _events_through_a_slow_reader(pace=True)
+    assert dropped == 0 and got == made and made > 4 * 256
+    dropped, got, made = _events_through_a_slow_reader(pace=False)
+    assert dropped > 0 and got == made - dropped
+
+
+def test_stored_events_as_token_ids() -> None:
+    """kv_event_token_ids: a stored block's tokens as kvtop.compact's "token_ids", the same event otherwise."""
+    from kvtop.compact import read_form
+
+    events = {}
+    for compact in (False, True):
+        with SimLLM(kv_cache_config=KvCacheConfig(event_buffer_max_size=1024), speed=0,
+                    kv_event_token_ids=compact) as llm:
+            llm.generate(list(range(100, 180)), SamplingParams(max_tokens=2))
+            events[compact] = [e for e in llm.get_kv_cache_events(timeout=0.5) if e["data"]["type"] == "stored"]
+    assert events[True] and events[True][0]["data"]["blocks"][0]["token_ids"] == list(range(100, 132))
+    assert [read_form(e) for e in events[False]] == events[True]

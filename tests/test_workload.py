@@ -342,6 +342,16 @@ def test_closed_loop_never_exceeds_its_concurrency(llm: SimLLM) -> None:
     assert engine.in_flight == 0
 
 
+def test_a_trace_keeps_its_arrival_times_whatever_the_concurrency(llm: SimLLM) -> None:
+    """A trace is open loop (its own arrival times): 12 requests arriving together are all sent at once, not
+    --concurrency (here 2) at a time. (Capped, a 3,000-request trace ran 8 at a time in a driven replay.)"""
+    engine = CountingEngine(llm)
+    reqs = [TraceRequest(i + 1, 0.0, 2048, 4, tuple(range(i * 4, i * 4 + 4))) for i in range(12)]
+    records = run_driver(engine, TraceScenario(llm.primary_blocks * TPB, 4, requests=reqs), concurrency=2)
+    assert len(records) == 12 and all(r.data["ok"] for r in records)
+    assert engine.max_in_flight == 12
+
+
 def test_closed_loop_concurrency_one_is_sequential(llm: SimLLM) -> None:
     engine = CountingEngine(llm)
     records = run_driver(engine, AbScenario(llm.primary_blocks * TPB, 4), concurrency=1, max_requests=4)

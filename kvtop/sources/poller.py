@@ -46,6 +46,7 @@ Sink = Callable[[Record], None]
 ErrorCallback = Callable[[str, str], None]
 
 MAX_BACKOFF_S = 5.0
+BUSY_POLL_ITEMS = 1024  # a poll that drained this many items is followed by the next one at once
 
 
 @dataclass
@@ -150,8 +151,13 @@ class EnginePoller:
                     stop_wait.cancel()
                 if not poll.done():  # stopped mid-poll: an engine call may wait up to stall_s; don't.
                     break
-                poll.result()  # re-raises a sink's exception; engine failures never get here
+                done = poll.result()  # re-raises a sink's exception; engine failures never get here
                 delay = self._next_delay()
+                if done is not None and not done.failed and done.stats + done.kv_events >= BUSY_POLL_ITEMS:
+                    # A busy engine: drain again at once. An interval between full drains capped what an engine
+                    # could hand over (its buffer a quarter second), and kvtop's simulator at speed 0, which waits
+                    # for its events to be taken, ran at that pace.
+                    delay = 0.0
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop_event.wait(), timeout=delay)
         finally:

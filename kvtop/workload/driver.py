@@ -77,6 +77,9 @@ class WorkloadDriver:
         start = time.monotonic()
         deadline = start + self.duration_s if self.duration_s else None
         open_loop = self.rate is not None
+        # A trace's requests go at their own arrival times, however many are in flight (open loop, as the trace was
+        # recorded): capped at --concurrency, a trace of thousands of requests ran 8 at a time, its times ignored.
+        timed = self.scenario.timed
         next_arrival = start
         try:
             while not self._stop.is_set():
@@ -84,7 +87,7 @@ class WorkloadDriver:
                     break
                 if self.max_requests is not None and self.submitted >= self.max_requests:
                     break
-                if not open_loop and self.in_flight >= self.concurrency:
+                if not open_loop and not timed and self.in_flight >= self.concurrency:
                     await self._wait_slot(deadline)
                     continue
                 item = self.scenario.next()

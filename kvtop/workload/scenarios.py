@@ -28,6 +28,7 @@ class WorkItem:
 
 class Scenario:
     name = "scenario"
+    timed = False  # True: every item carries its arrival time, and the driver sends it then (open loop)
 
     def __init__(self, capacity_tokens: int, max_tokens: int, seed: int = 0,
                  base_retention: RetentionSpec | None = None, max_prompt_tokens: int = 32768):
@@ -184,6 +185,7 @@ class TraceScenario(Scenario):
     """A Mooncake trace, replayed at its own arrival times (divided by ``time_scale``)."""
 
     name = "trace"
+    timed = True
 
     def __init__(self, *args: Any, requests: list[TraceRequest], time_scale: float = 1.0, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -306,14 +306,19 @@ class TokenRuns(Sequence[int]):
 class _Block:
     """``KVCacheBlock``: an identity (id, key, tree links, priority) bound to a memory slot of one tier."""
 
-    __slots__ = ("id", "primary", "key", "hash", "prev", "children", "refs", "priority", "duration_ms", "qstamp",
-                 "offload_seq")
+    __slots__ = ("id", "primary", "key", "hash", "hash_parent", "prev", "children", "refs", "priority",
+                 "duration_ms", "qstamp", "offload_seq")
 
     def __init__(self, block_id: int, primary: bool):
         self.id = block_id
         self.primary = primary
         self.key = _NO_KEY  # encoded token ids (see encode_key); empty until the block holds tokens
         self.hash = 0
+        # The parent hash ``hash`` was made with: with events on, ``hash == block_key_hash(decode_key(key),
+        # hash_parent)`` always holds, so a block keyed again with the same key under the same parent hash (stored
+        # after prefill under the block it was allocated after, or allocated again for the tokens it held) keeps
+        # its hash instead of hashing its tokens again (one Python step per token: 39% of a driven trace replay).
+        self.hash_parent = 0
         self.prev: _Block | None = None          # parent in the radix tree (the root for first blocks)
         # The blocks stored under this one, by key: None (a leaf), the only child itself, or a dict (two or more
         # at some point; never empty). Most blocks of a reuse tree are links of a chain with one child, and a dict
@@ -574,7 +579,7 @@ class BlockManager:
                  enable_partial_reuse: bool = True, copy_on_partial_reuse: bool = True, onboard_blocks: bool = True,
                  secondary_offload_min_priority: int | None = DEFAULT_SECONDARY_OFFLOAD_MIN_PRIORITY,
                  event_buffer_max_size: int = 0, clock_ms: Callable[[], float] | None = None,
-                 window_size: int | None = None, enable_block_reuse: bool = True):
+                 window_size: int | None = None, enable_block_reuse: bool = True, event_token_ids: bool = False):
         if primary_blocks <= 0:
             raise ValueError(f"primary_blocks: must be > 0, got {primary_blocks}")
         if secondary_blocks < 0:
@@ -621,6 +626,8 @@ class BlockManager:
 
         # Events: queued per iteration, flushed into a bounded buffer (kvCacheEventManager.cpp).
         self._events_enabled = event_buffer_max_size > 0
+        # stored blocks' tokens as "token_ids": [ids] (kvtop.compact's form) instead of TensorRT-LLM's token dicts
+        self._event_token_ids = event_token_ids
         self._event_buffer_max_size = event_buffer_max_size
         self._event_queue: list[dict[str, Any]] = []
         self._event_buffer: list[dict[str, Any]] = []
@@ -664,6 +671,14 @@ class BlockManager:
         if not self._events_enabled or not blocks:
             return
         parent = blocks[0].prev
+        if self._event_token_ids:  # the keys in the order kvtop.compact.compact_event leaves them
+            self._enqueue({
+                "type": "stored",
+                "parent_hash": parent.hash if parent is not None and parent.id >= 0 else None,
+                "blocks": [{"type": "stored_block", "block_hash": b.hash, "cache_level": b.level,
+                            "priority": b.priority, "token_ids": decode_key(b.key)} for b in blocks],
+            })
+            return
         self._enqueue({
             "type": "stored",
             "parent_hash": parent.hash if parent is not None and parent.id >= 0 else None,
@@ -684,6 +699,10 @@ class BlockManager:
             del self._event_buffer[:excess]
             self.dropped_events += excess
 
+    def buffered_events(self) -> int:
+        """Events waiting to be taken (the buffer and this iteration's queue)."""
+        return len(self._event_buffer) + len(self._event_queue)
+
     def take_events(self) -> list[dict[str, Any]]:
         """Drain the event buffer (flushing this iteration's queue first). Events are drained once."""
         self.flush_events()
@@ -695,6 +714,7 @@ class BlockManager:
     def _set_hash(self, block: _Block, parent_hash: int) -> None:
         if self._events_enabled:
             block.hash = block_key_hash(decode_key(block.key), parent_hash)
+            block.hash_parent = parent_hash
 
     def _free_children(self, block: _Block, data_level: int | None = None) -> None:
         """``freeChildren``: detach the block and its descendants from the tree, children first.
@@ -1003,8 +1023,11 @@ class BlockManager:
                 for i, block in enumerate(new_blocks, bi):
                     key = keys[i] if i < num_keys else _NO_KEY
                     block.refs = 1
+                    parent_hash = prev.hash if prev is not None else 0
+                    if block.key != key or block.hash_parent != parent_hash:  # else its hash is this one already
+                        block.hash = block_key_hash(decode_key(key), parent_hash)
+                        block.hash_parent = parent_hash
                     block.key = key
-                    block.hash = block_key_hash(decode_key(key), prev.hash if prev is not None else 0)
                     prev = block
             else:
                 new_keys = keys[bi:bi + len(new_blocks)]
@@ -1278,13 +1301,14 @@ class BlockManager:
         stored = blocks[first_new:count]
         for i, block in enumerate(stored, first_new):
             key = keys[i]
+            if events and (block.key != key or block.hash_parent != search.hash):  # else the hash is this one
+                block.hash = block_key_hash(decode_key(key), search.hash)
+                block.hash_parent = search.hash
             block.key = key
             block.prev = search
             if search.add_child(key, block) is not block:
                 on_path = False  # (cannot happen on the sequence's own path: its blocks have no such children)
             elif on_path:
                 seq.tree_prefix = i + 1
-            if events:
-                block.hash = block_key_hash(decode_key(key), search.hash)
             search = block
         self._enqueue_stored(stored)

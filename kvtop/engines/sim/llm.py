@@ -27,6 +27,9 @@ from kvtop.engines.sim.retention import KvCacheRetentionConfig
 from kvtop.engines.sim.tokenizer import Tokenizer, load_tokenizer
 from kvtop.engines.sizing import primary_blocks, runtime_reserve_bytes, secondary_blocks
 
+_INT_TYPE = frozenset({int})
+EVENT_DRAIN_WAIT_S = 1.0  # pace_to_event_drains: the longest an engine step waits for its events to be taken
+
 ENGINE_NAME = "sim"
 ENGINE_VERSION = "TensorRT-LLM 1.2 (simulated by kvtop)"
 
@@ -292,7 +295,17 @@ class SimLLM:
                  return_perf_metrics: bool = False, gpu: str | GpuProfile = "H200", speed: float = 1.0,
                  tokenizer: Tokenizer | str | None = None, max_stats_len: int = 1000, trtllm_version: str = "1.2",
                  scheduler_config: SchedulerConfig | None = None, tensor_parallel_size: int = 1,
-                 **unsupported: Any):
+                 kv_event_token_ids: bool = False, pace_to_event_drains: bool = False, **unsupported: Any):
+        """``kv_event_token_ids`` (kvtop's own driven session, runner.build_sim_engine): a stored event's blocks
+        carry their tokens as ``"token_ids": [ids]`` instead of TensorRT-LLM's token dicts, the form every reader
+        of records puts them in (kvtop.compact.read_event), so that the ~32 dicts a block are never built only to
+        be read back into ids; off, the events are TensorRT-LLM's as they are.
+
+        ``pace_to_event_drains`` (kvtop's driven session too): at ``speed=0`` the engine waits, before a step,
+        for the KV events to be taken while its buffer is over half full (at most ``EVENT_DRAIN_WAIT_S`` a step),
+        so that a reader that keeps draining loses none: flat out, the engine filled the buffer faster than a
+        driven session folds it and dropped most of a trace's events. Off (TensorRT-LLM's way, and a script's
+        SimLLM that never reads its events), a full buffer drops the oldest."""
         if unsupported:
             # TensorRT-LLM's args are strict pydantic models: an unknown name is an error, not a silent no-op.
             raise TypeError(f"SimLLM: unsupported argument(s): {', '.join(sorted(unsupported))}")
@@ -327,7 +340,7 @@ class SimLLM:
             onboard_blocks=kvc.onboard_blocks, secondary_offload_min_priority=kvc.secondary_offload_min_priority,
             event_buffer_max_size=kvc.event_buffer_max_size if kvc.enable_block_reuse else 0,
             clock_ms=lambda: self._core.now_s * 1000.0, window_size=window,
-            enable_block_reuse=kvc.enable_block_reuse)
+            enable_block_reuse=kvc.enable_block_reuse, event_token_ids=kv_event_token_ids)
         gpu_mem = (self.model.weight_bytes + runtime_reserve_bytes(self.model, max_num_tokens)
                    + self.primary_blocks * self.bytes_per_block)
         self._core = SimEngineCore(self.model, self.gpu, self.block_manager, max_batch_size=max_batch_size,
@@ -345,8 +358,12 @@ class SimLLM:
         else:
             self.tokenizer = tokenizer
         self._ids = itertools.count(1)
-        self._lock = threading.RLock()
-        self._wake = threading.Condition(self._lock)
+        self._lock = threading.RLock()  # the engine's state: held for a step, a drain of stats or events
+        self._pending_lock = threading.Lock()  # _pending and request ids alone
+        self._wake = threading.Event()  # set after a request is queued, or at shutdown
+        self._lock_wanted = threading.Event()  # set by a drain about to wait for the engine lock
+        self._pace_to_event_drains = pace_to_event_drains
+        self._events_taken = threading.Event()  # set by each drain of the KV events
         self._pending: list[tuple[SimRequest, RequestOutput]] = []
         self._outputs: dict[int, RequestOutput] = {}
         self._shutdown = False
@@ -388,8 +405,12 @@ class SimLLM:
                 return [int(t) for t in inputs["prompt_token_ids"]], None
             if "prompt" in inputs:
                 return self.tokenizer.encode(str(inputs["prompt"])), str(inputs["prompt"])
-        if isinstance(inputs, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in inputs):
+        # the types present, from C (map): a generator testing each of a 15,000-token prompt's ids was a tenth of a
+        # driven trace replay
+        if isinstance(inputs, Sequence) and set(map(type, inputs)) <= _INT_TYPE:
             return list(inputs), None
+        if isinstance(inputs, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in inputs):
+            return list(inputs), None  # int subclasses other than bool (numpy's are not Python ints)
         raise TypeError(f"inputs: expected text, a list of token ids, or a dict with 'prompt'/'prompt_token_ids', "
                         f"got {type(inputs).__name__}")
 
@@ -406,14 +427,17 @@ class SimLLM:
             # said once per distinct config, where a script sees it (stderr) and in describe() (the meta record)
             self.not_modelled.append(note)
             warnings.warn(f"kvtop simulator: {note}", stacklevel=2)
-        with self._lock:
+        # The queue's own lock, not the engine's: a caller never waits for an engine step to end (the engine
+        # thread took the engine lock back before a waiting caller woke, and an asyncio driver's loop stalled in
+        # here for most of a driven trace replay, its poller with it).
+        with self._pending_lock:
             req = SimRequest(next(self._ids), prompt_ids, sp.max_tokens, arrival_s=self._now_for_arrival(),
                              retention=kv_cache_retention_config)
             out = RequestOutput(self, req, prompt, streaming)
             req.on_token = out._on_token
             req.on_finish = out._on_finish
             self._pending.append((req, out))
-            self._wake.notify()
+        self._wake.set()
         return out
 
     def generate(self, inputs: Any, sampling_params: SamplingParams | None = None,
@@ -454,28 +478,39 @@ class SimLLM:
     def _run(self) -> None:
         core = self._core
         while True:
+            self._wake.clear()  # a request queued from here on sets it again
+            if self._pace_to_event_drains and self.speed == 0 and not self._shutdown:
+                self._wait_for_event_drain()
             with self._lock:
-                for req, out in self._pending:
+                with self._pending_lock:
+                    pending, self._pending = self._pending, []
+                for req, out in pending:
                     self._outputs[req.request_id] = out
                     core.submit(req)
-                self._pending.clear()
                 if self._shutdown:
                     break
-                if core.has_runnable():
+                runnable = core.has_runnable()
+                if runnable:
                     core.step()
                     for rid in [rid for rid, o in self._outputs.items() if o.finished]:
                         del self._outputs[rid]
-                else:
-                    timeout = 0.05 if core.waiting else 0.5
-                    self._wake.wait(timeout)
-                    if self.speed > 0:  # idle time passes on the simulated clock too
+                    sim_now = core.now_s
+            if not runnable:
+                self._wake.wait(0.05 if core.waiting else 0.5)
+                if self.speed > 0:  # idle time passes on the simulated clock too
+                    with self._lock:
                         core.now_s = max(core.now_s, (time.monotonic() - self._wall0) * self.speed)
-                    continue
-                sim_now = core.now_s
+                continue
             if self.speed > 0:
                 lag = sim_now / self.speed - (time.monotonic() - self._wall0)
                 if lag > 0:
                     time.sleep(min(lag, 0.5))
+            elif self._lock_wanted.is_set():
+                # A drain of events or stats waits for the engine lock: let it have it (released and taken straight
+                # back by this thread, the lock went to it again and again, and the drains fell behind the engine,
+                # whose event buffer then dropped events). Only then: each yield hands the GIL over for a while.
+                self._lock_wanted.clear()
+                time.sleep(0)
         with self._lock:
             for req in list(core.waiting) + list(core.running):
                 core._fail(req, "the engine was shut down")
@@ -485,12 +520,30 @@ class SimLLM:
     # ------------------------------------------------------------------------------------------ telemetry
 
     def _take_stats(self) -> list[dict[str, Any]]:
+        self._lock_wanted.set()
         with self._lock:
             return self._core.take_stats()
 
     def _take_events(self) -> list[dict[str, Any]]:
+        self._lock_wanted.set()
         with self._lock:
-            return self.block_manager.take_events()
+            events = self.block_manager.take_events()
+        self._events_taken.set()
+        return events
+
+    def _wait_for_event_drain(self) -> None:
+        """``pace_to_event_drains``: while the event buffer is over half full, wait for a drain (a bounded wait:
+        a reader that stopped reading costs at most ``EVENT_DRAIN_WAIT_S`` a step, then events drop as before)."""
+        bm = self.block_manager
+        limit = bm._event_buffer_max_size // 2
+        if bm.buffered_events() <= limit:
+            return
+        deadline = time.monotonic() + EVENT_DRAIN_WAIT_S
+        while bm.buffered_events() > limit and not self._shutdown:
+            self._events_taken.clear()
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._events_taken.wait(left):
+                return
 
     def _wait_for(self, take: Any, timeout: float | None) -> list[dict[str, Any]]:
         deadline = time.monotonic() + (2.0 if timeout is None else timeout)
@@ -529,7 +582,7 @@ class SimLLM:
     def shutdown(self) -> None:
         with self._lock:
             self._shutdown = True
-            self._wake.notify()
+        self._wake.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)
 
