@@ -51,7 +51,7 @@ from typing import Any
 
 from kvtop.engines.gpus import GpuProfile
 from kvtop.engines.models import ModelShape
-from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, TokenRuns
+from kvtop.engines.sim.block_manager import NO_FREE_GPU_BLOCK, BlockManager, NoFreeBlockError, TokenRuns
 from kvtop.engines.sim.cost import CostModel
 from kvtop.engines.sim.iteration_stats import STATS_VERSIONS, IterationStatsV13
 from kvtop.engines.sim.retention import KvCacheRetentionConfig
@@ -540,21 +540,27 @@ class SimEngineCore:
         self.max_scheduled = max(self.max_scheduled, len(gen) + len(chunks))
         # addToken runs before the forward pass: room for the KV of the token being fed.
         tpb = self.tpb
-        add_token = bm.add_token
-        failed_in_decode: list[SimRequest] = []
+        if gen:
+            # add_token for each, in one call (bm.add_token_each): the block manager's work in the same order
+            request_ids = [r.request_id for r in gen]
+            fed = [r.output_ids[-1] for r in gen]
+            i = bm.add_token_each(request_ids, fed)
+            if i < len(gen):
+                failed_in_decode: list[SimRequest] = []
+                while i < len(gen):
+                    # Admission reserves every block a request needs to finish, so this is a safety net;
+                    # TensorRT-LLM would throw here too. The request fails, the run goes on.
+                    r = gen[i]
+                    failed_in_decode.append(r)
+                    running.remove(r)
+                    bm.remove_sequence(r.request_id)
+                    self._fail(r, f"out of KV cache blocks during decode: {NO_FREE_GPU_BLOCK}")
+                    i = bm.add_token_each(request_ids, fed, i + 1)
+                for r in failed_in_decode:
+                    gen.remove(r)
         decode_contexts: list[int] = []  # per generation request, the positions its new token attends to
         for r in gen:
             out = r.output_ids
-            try:
-                add_token(r.request_id, out[-1])
-            except NoFreeBlockError as exc:
-                # Admission reserves every block a request needs to finish, so this is a safety net;
-                # TensorRT-LLM would throw here too. The request fails, the run goes on.
-                failed_in_decode.append(r)
-                running.remove(r)
-                bm.remove_sequence(r.request_id)
-                self._fail(r, f"out of KV cache blocks during decode: {exc}")
-                continue
             # add_token allocated a block iff the tokens with KV filled their last block (kv_blocks mirrors it)
             kv_tokens = r.kv_tokens  # = prompt + generated - 1: the positions the fed token attends to
             if kv_tokens % tpb == 0:
@@ -563,8 +569,6 @@ class SimEngineCore:
             decode_contexts.append(kv_tokens)
             # the token this forward pass produces (_emit_token inlined; its time is set below, once known)
             out.append(GENERATED_TOKEN_BASE | (hash((r.digest, len(out))) & _GENERATED_TOKEN_MASK))
-        for r in failed_in_decode:
-            gen.remove(r)
         prefill_items = [(n, r.context_done) for r, n in chunks]
         onboards = bm.onboarded_blocks - moves_before[0]
         offloads = bm.offloaded_blocks - moves_before[1]
