@@ -789,9 +789,9 @@ class BlockManager:
         taken_before = len(taken)
         new_blocks = offloaded = silent_offloads = evicted = evicted_host = 0
         offloads_before = self.offloaded_blocks
+        free_children = self._free_children
         try:
             for _ in range(min(count, free_primary)):
-                from_host = False  # True when the block is an offload target: its host data is what gets dropped
                 prio = primary_prios[0]
                 queue = primary_queues[prio]
                 entry_stamp = queue.popleft()
@@ -807,6 +807,8 @@ class BlockManager:
                 if block.key is no_key:
                     new_blocks += 1
                 elif can_offload and prio >= offload_min_priority:
+                    # Offload: the block takes the front host block's slot and goes to the host queue; the target
+                    # (now holding a GPU slot, its host data dropped) is the block taken.
                     block.duration_ms = None  # the claim before the offload keeps the priority, drops the duration
                     host_queue = host_queues[host_prios[0]]
                     entry_stamp = host_queue.popleft()
@@ -819,7 +821,8 @@ class BlockManager:
                     target.qstamp = -1
                     if expiry:
                         expiry.pop(target.id, None)
-                    block.primary, target.primary = False, True  # swap memory slots
+                    block.primary = False  # swap memory slots
+                    target.primary = True
                     offloaded += 1
                     block.offload_seq = offloads_before + offloaded
                     if block.prev is None:  # not in the tree (it has a key): no event
@@ -835,26 +838,40 @@ class BlockManager:
                     queue.append(block)
                     block.qstamp = stamp
                     stamp += 1
-                    block = target
-                    from_host = True
-                # the block now holds a GPU slot whichever way it came
-                if block.children is not None:
-                    self._free_children(block, SECONDARY if from_host else None)
-                elif block.prev is not None:  # a leaf: _free_children without the recursion
-                    if block.key is not no_key:
-                        if events:
-                            self._enqueue_removed(block)
-                        if from_host:
-                            evicted_host += 1
-                        else:
-                            evicted += 1
-                    parent = block.prev
-                    children = parent.children
-                    if children is block:  # the only child (as remove_child, inlined)
-                        parent.children = None
+                    # the target's detach (the tail below, for a block whose host data is what gets dropped)
+                    if target.children is not None:
+                        free_children(target, SECONDARY)
                     else:
-                        parent.remove_child(block.key)
-                    block.prev = None
+                        parent = target.prev
+                        if parent is not None:  # a leaf: _free_children without the recursion
+                            if target.key is not no_key:
+                                if events:
+                                    self._enqueue_removed(target)
+                                evicted_host += 1
+                            if parent.children is target:  # the only child (as remove_child, inlined)
+                                parent.children = None
+                            else:
+                                parent.remove_child(target.key)
+                            target.prev = None
+                    target.priority = priority
+                    target.duration_ms = duration_ms
+                    append(target)
+                    continue
+                # the block keeps its GPU slot
+                if block.children is not None:
+                    free_children(block)
+                else:
+                    parent = block.prev
+                    if parent is not None:  # a leaf: _free_children without the recursion
+                        if block.key is not no_key:
+                            if events:
+                                self._enqueue_removed(block)
+                            evicted += 1
+                        if parent.children is block:  # the only child (as remove_child, inlined)
+                            parent.children = None
+                        else:
+                            parent.remove_child(block.key)
+                        block.prev = None
                 block.priority = priority
                 block.duration_ms = duration_ms
                 append(block)
