@@ -1240,13 +1240,13 @@ class BlockManager:
             children = node.children
             if children is None:
                 return node, key
-            if children.__class__ is dict:
-                child = children.get(key)  # type: ignore[union-attr]
+            if isinstance(children, dict):
+                child = children.get(key)
                 if child is None:
                     return node, key
                 node = child
-            elif children.key == key:  # type: ignore[union-attr]
-                node = children  # type: ignore[assignment]
+            elif children.key == key:
+                node = children
             else:
                 return node, key
         return node, _NO_KEY
@@ -1358,12 +1358,12 @@ class BlockManager:
             children = search.children  # search.add_child(key, block), inlined (4.4M stored blocks a trace)
             if children is None:
                 search.children = added = block
-            elif children.__class__ is dict:
-                added = children.setdefault(key, block)  # type: ignore[union-attr]
-            elif children.key == key:  # type: ignore[union-attr]
-                added = children  # type: ignore[assignment]
+            elif isinstance(children, dict):
+                added = children.setdefault(key, block)
+            elif children.key == key:
+                added = children
             else:
-                search.children = {children.key: children, key: block}  # type: ignore[union-attr]
+                search.children = {children.key: children, key: block}
                 added = block
             if added is not block:
                 on_path = False  # (cannot happen on the sequence's own path: its blocks have no such children)
