@@ -178,6 +178,9 @@ class SimEngineCore:
         self._blocked: SimRequest | None = None  # the request that ended the last scheduling pass, not fitting
         self._fetched_now: list[SimRequest] = []  # this iteration's fetched requests not started before it
         self._new_fetched: list[SimRequest] = []  # ...of which fetched for the first time (numNewActiveRequests)
+        # How many of the scheduled requests, from the first, are the generation requests (all of them), where the
+        # capacity scheduler put them first (GUARANTEED_NO_EVICT); None: mixed in (MAX_UTILIZATION)
+        self._gen_first: int | None = None
 
     # ------------------------------------------------------------------------------------------ intake
 
@@ -259,6 +262,7 @@ class SimEngineCore:
 
     def _schedule(self) -> list[SimRequest]:
         """The capacity scheduler's fitting requests, in the active list's order (paused ones already paused)."""
+        self._gen_first = None
         if self.capacity_scheduler_policy == MAX_UTILIZATION:
             return self._schedule_max_utilization()
         return self._schedule_no_evict()
@@ -274,13 +278,18 @@ class SimEngineCore:
         scheduled: a first chunk is then not allocated at all (TensorRT-LLM allocates KV only for the scheduled
         batch, ``prepare_resources``) and tries again next iteration. A first chunk that finds tokens cached starts
         after them and stops at a block boundary within its chunk (``LlmRequest::setPrepopulatedPromptLen``)."""
-        gen: list[SimRequest] = []
-        contexts: list[SimRequest] = []
-        for r in fitting:
-            if r.stage == "GENERATION_IN_PROGRESS":
-                gen.append(r)
-            else:
-                contexts.append(r)
+        n_gen = self._gen_first
+        if n_gen is not None:  # GUARANTEED_NO_EVICT put every generation request first: cut, not sorted
+            gen = fitting[:n_gen]
+            contexts = fitting[n_gen:]
+        else:
+            gen = []
+            contexts = []
+            for r in fitting:
+                if r.stage == "GENERATION_IN_PROGRESS":
+                    gen.append(r)
+                else:
+                    contexts.append(r)
         capacity = max(self.max_num_tokens - len(gen), 0)
         asked = [r.num_prompt_tokens - r.context_done for r in contexts]  # context_done: 0 before the first chunk
         if sum(asked) <= capacity:
@@ -486,6 +495,7 @@ class SimEngineCore:
                 available -= r.blocks_to_completion - r.kv_blocks
             else:
                 chunked.append(r)
+        self._gen_first = len(scheduled)  # the generation requests, first (_micro_batch cuts them off)
         contributed = self._contributed_context_blocks()
         self._blocked = None
         for req in self._in_order(chunked, self._fetched()):
@@ -559,6 +569,7 @@ class SimEngineCore:
                 for r in failed_in_decode:
                     gen.remove(r)
         decode_contexts: list[int] = []  # per generation request, the positions its new token attends to
+        gen_done: list[SimRequest] = []  # generation requests whose token now is their last
         for r in gen:
             out = r.output_ids
             # add_token allocated a block iff the tokens with KV filled their last block (kv_blocks mirrors it)
@@ -568,7 +579,10 @@ class SimEngineCore:
             r.kv_tokens = kv_tokens + 1
             decode_contexts.append(kv_tokens)
             # the token this forward pass produces (_emit_token inlined; its time is set below, once known)
-            out.append(GENERATED_TOKEN_BASE | (hash((r.digest, len(out))) & _GENERATED_TOKEN_MASK))
+            n = len(out)
+            out.append(GENERATED_TOKEN_BASE | (hash((r.digest, n)) & _GENERATED_TOKEN_MASK))
+            if n >= r.max_tokens - 1:
+                gen_done.append(r)
         prefill_items = [(n, r.context_done) for r, n in chunks]
         onboards = bm.onboarded_blocks - moves_before[0]
         offloads = bm.offloaded_blocks - moves_before[1]
@@ -597,8 +611,7 @@ class SimEngineCore:
             r.last_token_s = now
             if r.on_token:
                 r.on_token(r)
-            if len(r.output_ids) >= r.max_tokens:
-                finished.append(r)
+        finished += gen_done  # after the contexts that finished, as they were found before
         for r in finished:
             bm.remove_sequence(r.request_id, final_tokens=r.output_ids[-1:])
             r.stage = "GENERATION_COMPLETE"
