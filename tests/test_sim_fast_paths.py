@@ -1,8 +1,8 @@
 """The simulator's batched fast paths against the one-at-a-time calls they stand for.
 
-``BlockManager.add_token_each`` (an engine step's decode tokens in one call) against ``add_token`` per request, and
-``find_new_context_block`` on a trace prompt (``TokenRuns``, its keys made once) against the same prompt as a list
-(keys cut a few blocks at a time): same results, same block ids, counters and events.
+``kvtop.engines.sim.accel.add_token_each`` (an engine step's decode tokens in one call) against ``add_token`` per
+request, and ``find_new_context_block`` on a trace prompt (``TokenRuns``, its keys made once) against the same
+prompt as a list (keys cut a few blocks at a time): same results, same block ids, counters and events.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from kvtop.engines.sim.accel import add_token_each
 from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, TokenRuns
 
 
@@ -39,11 +40,11 @@ def test_add_token_each_is_add_token_per_request_until_the_pool_runs_dry() -> No
                 except NoFreeBlockError:
                     steps[0].append((step, i))
                     managers[0].remove_sequence(i)
-            k = managers[1].add_token_each(live, fed)
+            k = add_token_each(managers[1], live, fed)
             while k < len(live):
                 steps[1].append((step, live[k]))
                 managers[1].remove_sequence(live[k])
-                k = managers[1].add_token_each(live, fed, k + 1)
+                k = add_token_each(managers[1], live, fed, k + 1)
             assert _state(managers[0], ids) == _state(managers[1], ids)
         assert steps[0] == steps[1]
         assert steps[0], "the pool never ran dry: the failure path was not exercised"

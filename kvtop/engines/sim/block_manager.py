@@ -1073,35 +1073,6 @@ class BlockManager:
         seq.generated.append(token_id)
         seq.num_tokens += 1
 
-    def add_token_each(self, request_ids: Sequence[Any], token_ids: Sequence[int], start: int = 0) -> int:
-        """``add_token(request_ids[i], token_ids[i])`` for ``i`` from ``start`` on, in turn (an engine step's decode
-        requests, one token each): the same blocks, counters and events as those calls. Returns
-        ``len(request_ids)``, or the first ``i`` whose call found no free block (NoFreeBlockError: that call
-        changed nothing, and the calls after it were not made; the caller frees what it will and goes on from
-        ``i + 1``). Raises as ``add_token`` for an unknown request or an id out of range. One call per step
-        instead of one per token (4.1M tokens in the Mooncake conversation trace)."""
-        seqs = self._seqs
-        tpb = self.tokens_per_block
-        n = len(request_ids)
-        for i in range(start, n):
-            seq = seqs.get(request_ids[i])
-            if seq is None:
-                raise ValueError(f"request {request_ids[i]!r} is not in the KV cache manager")
-            token_id = token_ids[i]
-            if not _MIN_ID <= token_id <= _MAX_ID:
-                raise OverflowError(f"token id {token_id} does not fit in signed 64 bits")
-            if seq.num_tokens % tpb == 0:
-                blocks = seq.blocks
-                before = len(blocks)
-                try:
-                    self._take_free_blocks(1, seq.decode_priority, seq.decode_duration_ms, blocks)
-                except NoFreeBlockError:
-                    return i
-                blocks[before].refs += 1
-            seq.generated.append(token_id)
-            seq.num_tokens += 1
-        return n
-
     def add_tokens(self, request_id: Any, token_ids: Sequence[int]) -> None:
         """``add_token`` for each id in turn, with nothing else in between (a hit-rate-only replay decodes a
         request alone): the same blocks, counters and events, the new blocks taken in one batch. The per-token

@@ -51,6 +51,7 @@ from typing import Any
 
 from kvtop.engines.gpus import GpuProfile
 from kvtop.engines.models import ModelShape
+from kvtop.engines.sim.accel import add_token_each
 from kvtop.engines.sim.block_manager import NO_FREE_GPU_BLOCK, BlockManager, NoFreeBlockError, TokenRuns
 from kvtop.engines.sim.cost import CostModel
 from kvtop.engines.sim.iteration_stats import STATS_VERSIONS, IterationStatsV13
@@ -551,10 +552,10 @@ class SimEngineCore:
         # addToken runs before the forward pass: room for the KV of the token being fed.
         tpb = self.tpb
         if gen:
-            # add_token for each, in one call (bm.add_token_each): the block manager's work in the same order
+            # add_token for each, in one call (accel.add_token_each): the block manager's work in the same order
             request_ids = [r.request_id for r in gen]
             fed = [r.output_ids[-1] for r in gen]
-            i = bm.add_token_each(request_ids, fed)
+            i = add_token_each(bm, request_ids, fed)
             if i < len(gen):
                 failed_in_decode: list[SimRequest] = []
                 while i < len(gen):
@@ -565,7 +566,7 @@ class SimEngineCore:
                     running.remove(r)
                     bm.remove_sequence(r.request_id)
                     self._fail(r, f"out of KV cache blocks during decode: {NO_FREE_GPU_BLOCK}")
-                    i = bm.add_token_each(request_ids, fed, i + 1)
+                    i = add_token_each(bm, request_ids, fed, i + 1)
                 for r in failed_in_decode:
                     gen.remove(r)
         decode_contexts: list[int] = []  # per generation request, the positions its new token attends to
