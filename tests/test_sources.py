@@ -264,6 +264,28 @@ async def test_polls_never_overlap_with_a_slow_engine() -> None:
     assert len(col.kinds("stats")) + len(eng.stats) == 40
 
 
+async def test_a_busy_engine_is_drained_again_at_once() -> None:
+    """A poll that drained BUSY_POLL_ITEMS or more is followed by the next at once, not after an interval (a
+    simulator at speed 0 waits for its events to be taken, and ran at one buffer a quarter second); a quiet poll
+    still waits its interval."""
+    from kvtop.sources.poller import BUSY_POLL_ITEMS
+
+    eng = FakeEngine(stats=[STATS] * BUSY_POLL_ITEMS, events=[CREATED] * 3)
+    col = Collector()
+    p = poller(eng, col, interval_s=30.0)
+    task = asyncio.create_task(p.run())
+    deadline = time.monotonic() + 10.0
+    while eng.calls["stats"] < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    calls_after_busy = eng.calls["stats"]
+    await asyncio.sleep(0.3)  # the second poll drained 0 items: the next one waits its 30 s
+    calls_later = eng.calls["stats"]
+    p.stop()
+    await asyncio.wait_for(task, 1.0)
+    assert calls_after_busy == 2 and calls_later == 2
+    assert len(col.kinds("stats")) == BUSY_POLL_ITEMS and len(col.kinds("kv_event")) == 3
+
+
 async def test_endless_stream_is_cut_at_max_poll_s() -> None:
     class Endless:
         def get_stats_async(self, timeout: float = 2) -> Any:
