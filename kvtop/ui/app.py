@@ -23,7 +23,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -713,7 +713,8 @@ class KvtopApp(App[int]):
             flags.append("counts since attach" if snap.since_attach else "counts ≈")
         if snap.bad_records:
             flags.append(f"{snap.bad_records} bad records")
-        stream = snap.summary_reads.get("stream")
+        reads = getattr(snap, "summary_reads", None)   # a look-alike model (a test's, an embedder's) has none
+        stream = reads.get("stream") if isinstance(reads, Mapping) else None
         if stream and stream.get("lag_s", 0) >= LAG_SHOWN_S:
             # live batches of the stream waited behind a replay (kvtop/sources/kv_events_zmq.py)
             n = stream.get("lag_batches", 0)
