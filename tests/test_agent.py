@@ -80,6 +80,7 @@ def test_summary_is_small():
     assert len(encode(Record("summary", summary_data(m, 0, 0.5, "a"), SourceId("h", 0, "r"), 1.0))) < 1500
 
 
+@pytest.mark.slow
 @pytest.mark.mqtt
 @pytest.mark.parametrize("raw", [False, True])
 async def test_agent_publishes_summaries_a_dashboard_shows_in_its_fleet_table(mqtt_broker, raw):

@@ -144,6 +144,7 @@ def _http_threads() -> int:
     return sum(1 for t in threading.enumerate() if t.name == "kvtop-http" and t.is_alive())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["trickle", "status", "chunks"])
 async def test_a_stuck_metrics_endpoint_is_cut_at_its_deadline_and_holds_no_other(how: str) -> None:
     """A 1 s deadline; /metrics sends a byte (or a 5-byte chunk) every 0.2 s: a socket timeout never fires."""
@@ -211,6 +212,7 @@ def test_headless_attach_to_a_trickling_metrics_ends_on_time_with_the_endpoint_n
     assert summary["records"] >= 1 + 5  # meta + events
 
 
+@pytest.mark.slow
 def test_headless_attach_where_every_data_endpoint_fails_exits_non_zero_naming_each() -> None:
     """/version and /v1/models answer; /metrics is HTML, /kv_cache_events HTTP 500, /perf_metrics cut JSON."""
     serve = SlowServe(b"<html><body>hello</body></html>", answers={
@@ -274,6 +276,7 @@ def test_dashboard_shows_the_other_endpoints_while_metrics_is_stuck_and_q_exits(
         serve.close()
 
 
+@pytest.mark.slow
 async def test_an_engine_metrics_scrape_has_a_total_deadline_and_follows_a_redirect(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's and SGLang's Prometheus page (kvtop/sources/engine_metrics.py) goes through the same deadline: a

@@ -227,6 +227,7 @@ def test_rate_zero_is_rejected_or_runs(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- headless
 
+@pytest.mark.slow
 def test_headless_json_summary_on_the_simulator(tmp_path: Path) -> None:
     rc, out, err = kvtop(["--headless", "--json", "--duration", "0.8", "--refresh", "0.1", "--speed", "0",
                           "--host-cache", "1GB",
@@ -372,6 +373,7 @@ def _ab_run(tmp_path: Path, host_cache: str, duration: str, speed: str
     return json.loads(out), load_run(rec).summary["ttft_by_source"]
 
 
+@pytest.mark.slow
 def test_scenario_ab_reuses_nothing_without_a_host_tier_as_the_example(tmp_path: Path) -> None:
     """TensorRT-LLM's examples/llm-api/llm_kv_cache_offloading.py (and examples/kv_cache_offloading.py) print
     "reused blocks: 0" without offloading: one prompt and its answer fill the GPU pool, B evicts all of A. The demo
@@ -403,6 +405,7 @@ def test_scenario_ab_with_a_host_tier_hits_from_the_host_and_a_miss_costs_tens_o
     assert miss["p50_s"] - host["p50_s"] > 0.040, by_source
 
 
+@pytest.mark.slow
 def test_scenario_ab_keeps_a_gpu_pool_the_user_set(tmp_path: Path) -> None:
     rc, out, err = kvtop(["--engine", "sim", "--scenario", "ab", "--headless", "--json", "--duration", "0.5",
                           "--speed", "0", "--gpu-cache", "4096", "--max-tokens", "4"], tmp_path)
@@ -466,6 +469,7 @@ def test_sim_validates_its_settings_as_settings_do(tmp_path: Path, capsys: pytes
 
 # ---------------------------------------------------------------------------------------------- one run a recording
 
+@pytest.mark.slow
 def test_a_second_record_onto_a_recording_exits_2_and_leaves_it_byte_for_byte(tmp_path: Path) -> None:
     """`--record FILE` appended to whatever FILE held: a second demo run became one recording of two runs, folded
     as one. Now it is refused (exit 2, one line, before an engine starts) and the file is left as it was; --append
@@ -505,6 +509,7 @@ def _finish_or_kill(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
         pytest.fail(f"no end after 60 s (the dashboard started?): {len(out):,} bytes on stdout, {err[-300:]!r}")
 
 
+@pytest.mark.slow
 def test_json_with_no_terminal_runs_headless_and_ends_with_the_summary(tmp_path: Path) -> None:
     """`kvtop --duration 3 --json` with stdout a pipe (no --headless): the dashboard started, wrote its escape
     sequences into the pipe and no summary. Now the run is headless and its last line is the JSON summary."""
@@ -520,6 +525,7 @@ def test_json_with_no_terminal_runs_headless_and_ends_with_the_summary(tmp_path:
     assert "stdout is not a terminal" not in err  # --json asked for it: nothing to explain
 
 
+@pytest.mark.slow
 def test_any_run_with_no_terminal_is_headless_and_says_so(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "kvtop", "--duration", "1", "--speed", "0"], cwd=tmp_path,
                             env=clean_env(tmp_path, KVTOP_ENGINE="sim"), stdin=subprocess.DEVNULL,

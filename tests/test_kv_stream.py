@@ -116,6 +116,7 @@ _values = st.recursive(_scalars, lambda c: st.lists(c, max_size=4) | st.dictiona
                                                                                       max_size=4), max_leaves=12)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(_values, st.fixed_dictionaries({"type": st.sampled_from(
     ["BlockStored", "BlockRemoved", "AllBlocksCleared"]), "block_hashes": _values, "medium": _values}))))
@@ -337,6 +338,7 @@ _ops = st.lists(st.tuples(st.sampled_from(["BlockStored", "BlockRemoved", "AllBl
                           st.lists(st.integers(0, 12), max_size=5), st.sampled_from([0, 0, 1])), max_size=40)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(_ops)
 def test_fold_agrees_with_a_refcounted_reference(ops):

@@ -157,6 +157,7 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
+@pytest.mark.slow
 def test_the_walk_sees_lazy_imports_and_skips_type_checking() -> None:
     """The checks below are only as good as the walk: a function-level import counts, a TYPE_CHECKING one not."""
     tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvtop.sinks import a\n"
@@ -220,6 +221,7 @@ def test_the_report_is_the_report_only() -> None:
     assert sorted(m for m in reached if _under(m, TOOLS)) == []
 
 
+@pytest.mark.slow
 def test_only_calibrate_imports_torch_and_only_when_it_runs() -> None:
     """PyTorch is calibrate's alone (it times kernels on the GPU), imported inside the function that measures, so
     that ``kvtop calibrate --help`` and its 'no PyTorch' message (exit 2) work without it."""
@@ -322,6 +324,7 @@ def _fold_private_reads(tree: ast.AST) -> list[str]:
             and isinstance(node.value, ast.Attribute) and node.value.attr in FOLD_ATTRS]
 
 
+@pytest.mark.slow
 def test_nothing_outside_the_tier_package_reads_a_folds_private_state() -> None:
     """Outside kvtop/tiers, a fold's state is read (and, for the engines' stream fold in kvtop/kv_stream.py,
     written) through its public attributes only; kv_stream reads no ``model._x`` either (it wrote the model's
@@ -513,6 +516,7 @@ DEFERRED_FROM_REPLAY = (
 )
 
 
+@pytest.mark.slow
 def test_replay_up_to_its_first_screen_loads_none_of_the_other_modes() -> None:
     out = subprocess.run([sys.executable, "-c", REPLAY_PROBE], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

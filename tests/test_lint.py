@@ -27,6 +27,7 @@ def test_ruff_finds_nothing() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_mypy_finds_nothing_outside_the_dashboard() -> None:
     pytest.importorskip("mypy", reason="mypy is in the test extra: pip install -e '.[test]'")
     result = _run("mypy", "kvtop", "--exclude", "kvtop/ui/")

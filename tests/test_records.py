@@ -511,6 +511,7 @@ _wide = st.recursive(_wide_ints | st.floats(allow_nan=False, allow_infinity=Fals
                                                                                   max_size=3), max_leaves=8)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_near_valid | _envelopes, _wide, st.sampled_from(["v", "time", "rank", "data", "event", "none"]))
 def test_decode_gives_what_the_standard_parser_gives(obj: dict[str, Any], wide: Any, where: str) -> None:
@@ -596,6 +597,7 @@ def test_without_orjson_every_line_goes_to_the_standard_parser() -> None:
     assert int(out) == sum(1 for x in read_jsonl(BUSY) if isinstance(x, Record))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_wide | _json)
 def test_loads_exact_gives_what_json_gives(value: Any) -> None:
@@ -657,6 +659,7 @@ def _stored_lines(draw: Any) -> bytes:
     return json.dumps(obj, separators=draw(st.sampled_from([(",", ":"), (", ", ": ")]))).encode()
 
 
+@pytest.mark.slow
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_stored_lines())
 def test_stored_event_lines_through_orjson_give_what_the_standard_parser_gives(raw: bytes) -> None:
@@ -773,6 +776,7 @@ def _typed_lines(draw: Any) -> bytes:
     return raw.encode()
 
 
+@pytest.mark.slow
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_typed_lines())
 def test_stored_lines_through_msgspec_give_what_the_standard_parser_gives(raw: bytes) -> None:
@@ -1017,6 +1021,7 @@ def _exact_outcome(raw: bytes) -> Any:
         return ("error", str(exc))
 
 
+@pytest.mark.slow
 @settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_common_lines())
 def test_common_lines_through_the_one_walk_path_give_what_the_standard_parser_gives(raw: bytes) -> None:
@@ -1064,6 +1069,7 @@ def test_orjson_reads_every_integer_within_the_bounds_or_as_a_float() -> None:
         assert records._orjson.loads(str(n).encode()).__class__ is float
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nest", ["[", '{"a":'])
 @pytest.mark.parametrize("where", ["envelope", "source", "event", "event data", "block", "token ids", "stats",
                                    "kvCacheStats", "kvCacheIterationStats", "request"])

@@ -55,6 +55,7 @@ def test_fold_numbers(recordings: dict[str, Path]) -> None:
     assert h64.summary["hit_rate"] <= wi["host_x2_hit_rate"] <= wi["host_x4_hit_rate"] <= 1
 
 
+@pytest.mark.slow
 def test_report_writes_charts_and_a_self_contained_page(recordings: dict[str, Path], tmp_path: Path) -> None:
     result = build_report([recordings["host0"], recordings["host64"]], tmp_path / "rep")
     for name in ("compare", "occupancy", "hit_rate", "moves", "ttft"):
@@ -70,6 +71,7 @@ def test_report_writes_charts_and_a_self_contained_page(recordings: dict[str, Pa
     assert result["bad_lines"] == {}
 
 
+@pytest.mark.slow
 def test_bad_and_truncated_lines_are_reported_and_the_rest_charted(recordings: dict[str, Path], tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     lines = recordings["host64"].read_text().splitlines()
@@ -138,6 +140,7 @@ def test_prefix_source_from_the_request_records() -> None:
     assert prefix_source({"ttft_s": 0.1}) is None
 
 
+@pytest.mark.slow
 def test_the_report_of_two_runs_answers_the_seed_question(recordings: dict[str, Path], tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """host0 against host64: deltas as numbers and percentages, TTFT per prefix source, the runs' setup, GiB."""
@@ -201,6 +204,7 @@ def test_a_two_tier_runs_occupancy_chart_draws_gpu_and_host_only(recordings: dic
     assert DISK_COLOR not in {s[1] for s in occupancy_series(h64)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("names", [None, ("multi-turn-18573", "multi-turn-18618")])
 def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_path: Path,
                                             names: tuple[str, str] | None) -> None:
@@ -267,6 +271,7 @@ def _sentence_of(base: dict, run: dict) -> tuple[str, ...]:
             f"hit rate {100 * (run['hit_rate'] - base['hit_rate']):+.1f} pt",
             f"saves {gap:,.1f} ms against a miss" if gap < 10 else f"saves {gap:,.0f} ms against a miss")
 
+@pytest.mark.slow
 def test_the_first_screen_and_the_first_line_say_the_answer_in_a_sentence(
         recordings: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """One sentence per run pair, first on stdout and at the top of the page, with runs named by file and host
@@ -315,6 +320,7 @@ def test_a_falling_gpu_share_is_not_worse_when_the_total_rises(recordings: dict[
     assert "<td class='good'>+18.6 pt</td>" in row["hit rate"]
 
 
+@pytest.mark.slow
 def test_a_recording_of_several_runs_is_split_into_its_runs(recordings: dict[str, Path], tmp_path: Path,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     """`--record --append` of two runs (two sources), and two runs under one run name (one source, a second

@@ -124,6 +124,7 @@ def test_transfer_mode_takes_trtllm_names_and_says_the_file_tier_is_not_modelled
         assert llm.describe()["not_modelled"] == [note]  # in the meta record: headless and JSON summaries
 
 
+@pytest.mark.slow
 def test_kvtop_sim_replays_a_trace_under_either_policy() -> None:
     """``kvtop sim --capacity-scheduler-policy``: the shipped trace slice on a 8,000-block GPU pool (8 GB host).
     GUARANTEED_NO_EVICT never pauses; MAX_UTILIZATION pauses 3 requests, which look their own blocks up again on
@@ -170,6 +171,7 @@ def test_max_utilization_keeps_paused_requests_within_the_batch() -> None:
     assert most_active == 4
 
 
+@pytest.mark.slow
 def test_headless_summary_names_the_scheduler(tmp_path: Any) -> None:
     """``--capacity-scheduler-policy`` reaches the simulator and the headless summary (text and JSON)."""
     import json

@@ -155,6 +155,7 @@ def _runs_without_seconds(stdout: str) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["--one-pass", "--hit-rate-only"])
 def test_sim_gives_the_same_curve_and_optimum_with_and_without_the_fork(tmp_path: Path, mode: str) -> None:
     args = ["sim", "--trace", str(SLICE), "--host-cache", "0:64GB:6", mode, "--belady", "--json", "--gpu-blocks",
@@ -170,6 +171,7 @@ def test_sim_gives_the_same_curve_and_optimum_with_and_without_the_fork(tmp_path
     assert optimum == sorted(optimum) and optimum[-1] > optimum[0]
 
 
+@pytest.mark.slow
 def test_timed_sim_gives_the_same_optimum_with_and_without_the_fork(tmp_path: Path) -> None:
     args = ["sim", "--trace", str(SLICE), "--host-cache", "0,8GB", "--belady", "--limit", "300", "--gpu-blocks",
             "3000"]
@@ -271,6 +273,7 @@ def test_in_order_recomputes_a_lost_child_and_says_so() -> None:
     assert told == ["the side process ended by SIGKILL (9) without a result"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [[], ["--hit-rate-only"]])
 def test_a_sweep_of_sizes_in_parallel_gives_what_one_process_gives(tmp_path: Path, mode: list[str]) -> None:
     args = ["sim", "--trace", str(SLICE), "--host-cache", "0,8GB,32GB", *mode, "--json", "--limit", "400",

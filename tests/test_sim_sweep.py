@@ -48,6 +48,7 @@ SWEEP = [
 ]
 
 
+@pytest.mark.slow
 def test_readme_sweep_command_on_the_shipped_trace(tmp_path: Path) -> None:
     args = readme_sweep_command()
     done = run_kvtop(args, tmp_path)
@@ -78,6 +79,7 @@ def _slice() -> list[Any]:
     return list(read_trace(SLICE))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gpu_blocks", [6000, 25054])
 def test_one_pass_curve_matches_full_block_manager_replays(gpu_blocks: int) -> None:
     """The curve over 7 host sizes from one replay at the largest, against a full block-manager replay at each
@@ -151,6 +153,7 @@ def test_belady_bounds_the_simulated_policy() -> None:
     assert round(100 * optimum[0], 2) == 11.46 and round(100 * curve[0]["cache_hit_rate"], 2) == 1.02
 
 
+@pytest.mark.slow
 def test_sim_one_pass_belady_json(tmp_path: Path) -> None:
     done = run_kvtop(["sim", "--trace", str(SLICE), "--host-cache", "0:64GB:16", "--one-pass", "--belady", "--json",
                       "--gpu-blocks", "6000", "--plot", str(tmp_path / "sweep.png")], tmp_path)
@@ -171,6 +174,7 @@ def test_sim_one_pass_belady_json(tmp_path: Path) -> None:
             assert r["reused_blocks"] == full[r["host_cache_bytes"]]["reused_blocks"]
 
 
+@pytest.mark.slow
 def test_sim_host_cache_range_rejects_bad_input(tmp_path: Path) -> None:
     for bad, needle in (("0:64GB:x", "whole N"), ("0:64GB:1", "N >= 2"), ("64GB:0:4", "STOP >= START")):
         done = run_kvtop(["sim", "--trace", str(SLICE), "--host-cache", bad, "--one-pass"], tmp_path)

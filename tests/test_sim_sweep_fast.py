@@ -102,6 +102,7 @@ def _drive(seed: int, tpb: int, primary: int, host: int, batched: bool) -> list[
     return log
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(st.integers(0, 2**32), st.sampled_from([1, 2, 4, 8]), st.integers(4, 24), st.integers(0, 16))
 def test_add_tokens_is_add_token_per_token(seed: int, tpb: int, primary: int, host: int) -> None:
@@ -196,6 +197,7 @@ def _general_and_specialised(requests: list[TraceRequest], primary: int, host: i
              fast.onboarded_blocks, fast.onboards, fast.request_starts))
 
 
+@pytest.mark.slow
 @settings(SETTINGS, max_examples=150)
 @given(st.integers(0, 2**32), st.sampled_from([1, 2, 8, 16, 32, 64, 128, 512]), st.integers(4, 200),
        st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(0, 150)), st.sampled_from([1, 8, 1 << 20]))
@@ -253,6 +255,7 @@ def test_request_keys_at_512_are_the_tokens_keys(drawn: list[tuple[list[int], in
     assert direct.runs == through.runs and direct.interned == through.interned
 
 
+@pytest.mark.slow
 def test_hit_replay_is_the_block_manager_replay_on_the_shipped_slice() -> None:
     from kvtop.workload.trace import read_trace
 
@@ -376,6 +379,7 @@ def test_one_pass_numpy_counts_are_the_python_counts(seed: int, tpb: int, primar
                                                                                      vectorized=False)
 
 
+@pytest.mark.slow
 def test_one_pass_numpy_counts_on_the_shipped_slice() -> None:
     from kvtop.engines.sim.sweep import _DistanceRecorder, _replay, host_curve
     from kvtop.stack_distance import in_front_at_largest as _in_front_at_largest

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kvtop.cli import sweep_verdict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,6 +87,7 @@ def test_a_tier_that_offloads_what_never_comes_back_costs(tmp_path: Path) -> Non
     assert "without the host tier" in v["basis"]
 
 
+@pytest.mark.slow
 def test_a_tier_whose_hits_save_prefill_pays_and_a_small_one_costs(tmp_path: Path) -> None:
     """Shared prefixes, a 400-block GPU: a 4,000-block host serves 19k+ blocks back and the run is shorter
     (pays); a 400-block host serves 3k back but offloads 40k (costs). Text rows say the same."""

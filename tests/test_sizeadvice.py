@@ -52,6 +52,7 @@ def _counts(bm: BlockManager) -> tuple[int, int]:
     return bm.reused_blocks, bm.reused_blocks + bm.missed_blocks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,max_onboards", [(1, 200_000), (2, 200_000), (3, 300)])
 def test_curve_below_the_host_pool_is_the_one_pass_sweep_on_the_same_stream(seed: int, max_onboards: int) -> None:
     """At and below H the curve and ``kvtop sim --one-pass`` (sweep.host_curve, whose largest size is H here: the
@@ -79,6 +80,7 @@ def test_curve_below_the_host_pool_is_the_one_pass_sweep_on_the_same_stream(seed
         assert fold.frozen_onboards > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])
 def test_curve_above_the_host_pool_is_within_a_point_and_a_half_of_full_replays(seed: int) -> None:
     """Above H the ghost list's stack distances (whatif.py) against a block-manager replay at each larger size:
@@ -95,6 +97,7 @@ def test_curve_above_the_host_pool_is_within_a_point_and_a_half_of_full_replays(
     assert above[-1]["hit_rate"] > hits / lookups + 0.05
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_with_no_host_pool_the_curve_says_what_adding_one_would_do(seed: int) -> None:
     """No host tier: the sizes are multiples of the GPU pool (¼ to 4x), from the GPU blocks the cache dropped (each
@@ -113,6 +116,7 @@ def test_with_no_host_pool_the_curve_says_what_adding_one_would_do(seed: int) ->
     assert advice["host_blocks"] > 0 and advice["text"].startswith(f"+{advice['host_blocks']:,} blocks host: +")
 
 
+@pytest.mark.slow
 def test_optimum_bounds_the_curve_and_tracks_the_traces_belady() -> None:
     """The optimum at each size's GPU + host blocks, over the lookups the stored events reveal: never below the
     curve, rising with size, and within 5 points of ``belady_curve`` over the trace itself (which counts the

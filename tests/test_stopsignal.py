@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from conftest import free_port  # a port nothing listens on: connections are refused
 
 from kvtop.records import SourceId
@@ -104,6 +105,7 @@ def test_trtllm_serve_source_backing_off_from_an_unreachable_server() -> None:
     assert took < PROMPT_S, took
 
 
+@pytest.mark.slow
 def test_mqtt_subscriber_retrying_a_broker_that_is_down() -> None:
     subscriber = MqttSubscriber(f"mqtt://127.0.0.1:{free_port()}", sink=lambda r: None)
     # backoff 0.25, 0.5, 1, then 2 s: after 2 s of retries it waits 2 s at a time
@@ -111,6 +113,7 @@ def test_mqtt_subscriber_retrying_a_broker_that_is_down() -> None:
     assert took < PROMPT_S, took
 
 
+@pytest.mark.slow
 def test_mqtt_publisher_retrying_a_broker_that_is_down() -> None:
     publisher = MqttPublisher(f"mqtt://127.0.0.1:{free_port()}", SRC)
     took = _stop_from_another_thread(publisher, lambda: publisher._stop.event is not None, 2.0)

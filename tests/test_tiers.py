@@ -651,6 +651,7 @@ def summarize(label: str, runs: list[TruthRun]) -> tuple[float, float]:
     return mean_err, rel
 
 
+@pytest.mark.slow
 def test_truth_block_manager_random_workloads() -> None:
     runs = [run_block_manager(seed, w) for w in WORKLOADS for seed in range(4)]
     mean_err, rel = summarize("BlockManager truth", runs)
@@ -815,6 +816,7 @@ def test_per_priority_host_share_reads_the_drivers_host_hit_blocks() -> None:
     assert split[80].host_hits == 2 and split[80].gpu == pytest.approx(3 / 10)
 
 
+@pytest.mark.slow
 def test_simulated_run_splits_per_priority_hits_like_the_whole_run() -> None:
     """End to end: a headless simulator run's per-priority host share matches its overall host share (one
     priority in the default scenario), not 0."""

@@ -9,6 +9,7 @@ import math
 import random
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -97,6 +98,7 @@ def random_event() -> st.SearchStrategy[Any]:
         json_values, st.text(max_size=40))
 
 
+@pytest.mark.slow
 @STREAM_SETTINGS
 @given(st.lists(random_event(), max_size=30))
 def test_random_events_never_raise(events: list[Any]) -> None:
@@ -121,6 +123,7 @@ random_stats = st.one_of(
     json_values, st.text(max_size=30), st.binary(max_size=20))
 
 
+@pytest.mark.slow
 @STREAM_SETTINGS
 @given(st.lists(random_stats, max_size=20))
 def test_random_stats_never_raise(stats: list[Any]) -> None:
@@ -131,6 +134,7 @@ def test_random_stats_never_raise(stats: list[Any]) -> None:
     check_invariants(m)
 
 
+@pytest.mark.slow
 @STREAM_SETTINGS
 @given(st.lists(st.tuples(st.sampled_from([*KINDS, "junk"]), json_values, json_values), max_size=20))
 def test_random_records_never_raise(records: list[tuple[str, Any, Any]]) -> None:
@@ -170,6 +174,7 @@ def _set(obj: Any, path: str, value: Any, delete: bool = False) -> None:
         obj[key] = value
 
 
+@pytest.mark.slow
 @STREAM_SETTINGS
 @given(st.sampled_from(range(len(EVENTS))), st.data())
 def test_mutated_events_never_raise(start: int, data: st.DataObject) -> None:

@@ -298,6 +298,7 @@ async def test_last_will_marks_a_killed_publisher_offline(mqtt_broker: Any) -> N
     await sub_task
 
 
+@pytest.mark.slow
 @pytest.mark.mqtt
 async def test_broker_restart_reconnects_within_5s_and_data_flows_again(mqtt_broker: Any) -> None:
     url = mqtt_broker.url("lab")
@@ -342,6 +343,7 @@ async def test_broker_restart_reconnects_within_5s_and_data_flows_again(mqtt_bro
     await asyncio.gather(*tasks)
 
 
+@pytest.mark.slow
 @pytest.mark.mqtt
 async def test_broker_down_at_start_is_retried(tmp_path: Any) -> None:
     from conftest import MqttBroker, _broker_available

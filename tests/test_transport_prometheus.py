@@ -6,6 +6,7 @@ import re
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client import REGISTRY
 
 from kvtop.records import SourceId, make
@@ -182,6 +183,7 @@ def test_scrapes_while_another_thread_folds_never_fail() -> None:
     assert seen == sorted(seen) and seen[0] >= 1.0
 
 
+@pytest.mark.slow
 def test_a_session_with_an_exporter_publishes_what_it_folds() -> None:
     """runner.add_sinks sets Session.publish_s when --prometheus-port is given: the session publishes every
     publish_s while it runs and once at the end, so a scrape from the HTTP thread sees the fold's figures."""

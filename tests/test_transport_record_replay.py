@@ -45,6 +45,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_killed_recorder_leaves_whole_lines_and_loses_at_most_a_second(tmp_path: Path, sig: int) -> None:
     path = tmp_path / "run.jsonl"

@@ -249,6 +249,7 @@ async def test_not_a_trtllm_serve_and_server_errors_never_raise(serve: FakeServe
     assert sum(1 for n, _ in c.status if n == "trtllm-serve.kv_events") == 1  # once per streak
 
 
+@pytest.mark.slow
 async def test_unreachable_server_then_up(serve: FakeServe) -> None:
     port = serve.port
     serve.close()  # nothing listens there now

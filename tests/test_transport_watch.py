@@ -40,6 +40,7 @@ async def workload(llm: Any, users: int = 12) -> None:
     await asyncio.gather(*(o.aresult() for o in outs))
 
 
+@pytest.mark.slow
 def test_watch_folds_records_serves_prometheus_and_stops_cleanly(tmp_path: Path) -> None:
     llm = make_llm()
     path = tmp_path / "watch.jsonl"

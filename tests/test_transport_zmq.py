@@ -239,6 +239,7 @@ def engine_http():
     server.server_close()
 
 
+@pytest.mark.slow
 async def test_vllm_url_finds_the_advertised_stream_and_scrapes_metrics(engine_http):
     from test_kv_stream import VLLM_METRICS
 
@@ -266,6 +267,7 @@ async def test_vllm_url_finds_the_advertised_stream_and_scrapes_metrics(engine_h
         pub.close()
 
 
+@pytest.mark.slow
 def test_headless_json_says_since_attach(tmp_path):
     pub = Publisher(replay=False)
     try:
@@ -319,6 +321,7 @@ def test_headless_text_says_since_attach():
     assert "stream: 2 batches (seq 4711..4713), 1 lost, 0 replayed, 0 bad events; counts are SINCE ATTACH" in text
 
 
+@pytest.mark.slow
 def test_a_recording_of_the_stream_replays_to_the_same_state(tmp_path):
     """kv_batch records cross a process boundary: recorded by one kvtop, replayed by another, same fold."""
     pub = Publisher(replay=False)

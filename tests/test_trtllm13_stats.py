@@ -228,6 +228,7 @@ def _three_tier_recording(path: Any) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.slow
 def test_a_three_tier_run_in_json_report_and_dashboard(tmp_path: Any) -> None:
     import json
     import subprocess
@@ -256,6 +257,7 @@ def test_a_three_tier_run_in_json_report_and_dashboard(tmp_path: Any) -> None:
     assert "<td>disk blocks</td>" in page and "and disk (TensorRT-LLM's disk cache)" in page
 
 
+@pytest.mark.slow
 def test_a_three_tier_run_charts_its_disk_tier(tmp_path: Any) -> None:
     """The report's occupancy chart draws every tier the run had: the disk's configured 11 blocks as its own
     series in the disk colour, and host + disk in use (11..15 of 18, the one figure V2 stats give) beside it."""
@@ -454,6 +456,7 @@ def test_any_value_in_any_v2_field_is_folded_or_one_bad_record() -> None:
     check()
 
 
+@pytest.mark.slow
 def test_the_cli_flag_reaches_the_simulator() -> None:
     import json
     import subprocess

@@ -218,6 +218,7 @@ def _json_out(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("url, where", [("mqtt://127.0.0.1:1/x", "127.0.0.1:1"),
                                         ("mqtt://no-such-broker.invalid/x", "no-such-broker.invalid")])
 def test_attach_to_a_dead_broker_says_so_and_exits_3(url: str, where: str) -> None:
@@ -248,6 +249,7 @@ def test_replay_of_files_that_are_not_recordings(tmp_path: Path) -> None:
     assert d.returncode == 2 and d.stderr.count("\n") == 1 and "is a directory" in d.stderr
 
 
+@pytest.mark.slow
 def test_replay_caps_gaps_and_ms_records_do_not_stall(tmp_path: Path) -> None:
     """One record in milliseconds amid seconds: rejected (exit 4, named), and the replay is not stalled; a real
     gap of an hour lasts --max-gap seconds."""
@@ -326,6 +328,7 @@ def _report(*args: str) -> subprocess.CompletedProcess[str]:
     return kvtop_cli("report", *args, timeout=120)
 
 
+@pytest.mark.slow
 def test_report_survives_math_names_clock_jumps_and_a_file_as_output(tmp_path: Path) -> None:
     rec = tmp_path / "exp_$1_$2.jsonl"
     lines = BUSY.read_text().splitlines()
@@ -459,6 +462,7 @@ def _valid_line_by_line(path: Path) -> int:
     return n
 
 
+@pytest.mark.slow
 def test_record_onto_a_full_disk_is_visible_and_the_file_stays_valid(tmp_path: Path) -> None:
     """`ulimit -f 1024`: the file may not grow past 1 MiB (EFBIG, as a full disk's ENOSPC): the run says so on
     stderr and in the summary, exits 4, and what was written is whole lines. 1 MiB, not less: a batch line of KV
@@ -478,6 +482,7 @@ def test_record_onto_a_full_disk_is_visible_and_the_file_stays_valid(tmp_path: P
     assert _valid_line_by_line(rec) >= 1  # how many fit in 64 KiB depends on how the first flush falls
 
 
+@pytest.mark.slow
 def test_publish_to_a_dead_broker_is_visible() -> None:
     proc = kvtop_cli("--headless", "--json", "--duration", "3", "--speed", "0", "--publish",
                      "mqtt://127.0.0.1:1/x", timeout=120)
@@ -487,6 +492,7 @@ def test_publish_to_a_dead_broker_is_visible() -> None:
     assert kinds["mqtt-publish.dropped"]["count"] > 0 and kinds["mqtt-publish.dropped"]["lost"]
 
 
+@pytest.mark.slow
 def test_prometheus_on_all_interfaces_warns() -> None:
     proc = kvtop_cli("--headless", "--duration", "1", "--speed", "0", "--prometheus-port", "0",
                      "--prometheus-addr", "0.0.0.0", timeout=120)
@@ -498,6 +504,7 @@ def test_prometheus_on_all_interfaces_warns() -> None:
                                      "gpu-07")] == [True, True, True, True, False, False, False, False]
 
 
+@pytest.mark.slow
 def test_sigint_ends_a_headless_run_with_130_and_a_summary() -> None:
     import signal
 
@@ -561,6 +568,7 @@ class _Server:
         self.server.server_close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["dead", "broken"])
 def test_attach_to_a_dead_or_broken_trtllm_serve_says_so(case: str) -> None:
     server = _Server(b"<html><title>\x1b]0;pwned\x07 not kvtop</title></html>") if case == "broken" else None
@@ -672,6 +680,7 @@ async def test_mqtt_records_are_bound_to_their_topic(mqtt_broker: Any) -> None:
     assert sub.mismatched == 2 and problems.count("mqtt.source_mismatch") == 2
 
 
+@pytest.mark.slow
 @pytest.mark.mqtt
 async def test_mqtt_queue_overflow_is_counted_not_logged_per_message(mqtt_broker: Any,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
@@ -769,6 +778,7 @@ def _assert_clean(text: str, where: str) -> None:
     assert not [c for c in _CONTROL if c in text.replace("\n", "")], (where, text[:300])
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(_mutated_recording())
 def test_mutated_records_fold_and_render_headless_json_prometheus_and_report(tmp_path_factory: Any,
@@ -798,6 +808,7 @@ _META_OF_NUMBERS = encode(make("meta", {"engine": "sim", "engine_version": 1.5, 
                                        "sim_reason": {"a": 1}, "tokens_per_block": 32}, SourceId("h", 0, "r"), 1.0))
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None)
 @given(_mutated_recording())
 @example([_META_OF_NUMBERS])   # a meta of numbers where names go: the header drew -1 as a model, an int (a crash)
@@ -863,6 +874,7 @@ def test_a_clock_jump_is_flagged() -> None:
     assert p is not None and "40.0 days" in p.message and not p.lost
 
 
+@pytest.mark.slow
 async def test_a_server_answer_past_the_limit_or_not_http_is_a_problem(monkeypatch: pytest.MonkeyPatch) -> None:
     """A server posing as trtllm-serve that sends more than MAX_BODY_BYTES, a 5,000-digit number, or a garbled
     status line: each is an endpoint problem, the source keeps polling, memory stays bounded."""
@@ -961,6 +973,7 @@ def test_replay_line_limit_is_an_option(tmp_path: Path) -> None:
     assert _json_out(cut)["records"] == 49
 
 
+@pytest.mark.slow
 @pytest.mark.tmux
 @pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="tmux is not installed")
 def test_ctrl_c_in_a_real_terminal_quits_the_dashboard_with_130(tmp_path: Path) -> None:
@@ -1005,6 +1018,7 @@ def test_records_built_in_process_are_bounded_too() -> None:
     assert session.problems.count("record.bad") == 3
 
 
+@pytest.mark.slow
 async def test_an_engine_stream_that_fails_is_a_problem_of_the_driven_run() -> None:
     from kvtop import runner
     from kvtop.settings import Settings

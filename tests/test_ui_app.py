@@ -151,6 +151,7 @@ async def test_e_toggles_the_event_log() -> None:
     assert [m.shown for m in hook.of(KvtopApp.EventsToggled)] == [False, True]
 
 
+@pytest.mark.slow
 async def test_question_mark_shows_help_and_escape_closes_it() -> None:
     hook = Messages()
     app = build_app(session_from_recording(), Settings(), run_session=False)
@@ -169,6 +170,7 @@ async def test_question_mark_shows_help_and_escape_closes_it() -> None:
     assert len(hook.of(KvtopApp.HelpShown)) == 2
 
 
+@pytest.mark.slow
 async def test_command_palette_runs_the_same_actions() -> None:
     session = session_from_recording()
     calls: list[bool] = []
@@ -410,6 +412,7 @@ async def test_source_statuses_go_to_the_table_and_offline_ones_leave_the_aggreg
         assert [r.status for r in _sources_panel(app).data.rows] == ["disconnected", "disconnected", "offline"]
 
 
+@pytest.mark.slow
 async def test_the_sources_table_follows_new_records_at_most_once_a_second() -> None:
     session = fleet_session()
     app = build_app(session, Settings(), run_session=False)

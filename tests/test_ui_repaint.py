@@ -52,6 +52,7 @@ async def _fresh_screen(session: Session, size: tuple[int, int]) -> str:
         return _screen(app)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(120, 40), (80, 24)])
 async def test_a_screen_updated_refresh_by_refresh_matches_a_fresh_one(size: tuple[int, int],
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,6 +122,7 @@ def test_the_private_strip_reuse_is_on_only_where_tested_and_not_switched_off(ve
     assert (version in why) or ("KVTOP_UI_STRIP_CACHE" in why)
 
 
+@pytest.mark.slow
 def test_with_the_strip_reuse_off_the_public_path_draws_the_same_screen() -> None:
     """The fallback (Textual's public Line API alone) is the path any untested Textual gets: the screen updated
     refresh by refresh must match a fresh one there too, and not a line of the private hook may be installed."""
@@ -171,6 +173,7 @@ def _write(grid: list[list[Any]], y: int, x: int, strips: Any) -> None:
                 x += 1
 
 
+@pytest.mark.slow
 async def test_what_the_terminal_is_sent_adds_up_to_the_screen() -> None:
     """Rows are written only up to their last changed cell (update_lines' regions, the crops seeded in
     widgets.seed_crop): a terminal that applied every update as sent must hold exactly the screen drawn fresh."""
@@ -303,6 +306,7 @@ async def test_the_header_is_built_again_only_when_what_it_shows_changes() -> No
         assert not widgets.same_header(base, dataclasses.replace(base, data_time=float("nan")))
 
 
+@pytest.mark.slow
 async def test_a_panels_kept_parts_emptied_as_it_draws_change_nothing_on_screen(monkeypatch: Any) -> None:
     """Panel._segments keeps each (text, style) part's segment with the resolved styles, and empties them all
     past PART_CACHE: kept a few parts at a time (emptied several times a row), the terminal still holds the

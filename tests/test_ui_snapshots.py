@@ -47,6 +47,7 @@ def _session() -> Session:
     return session
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("theme", THEMES)
 @pytest.mark.parametrize("size", list(SIZES))
 def test_dashboard(snap_compare, theme: str, size: str) -> None:
@@ -85,6 +86,7 @@ def test_unknown_host_tier(snap_compare) -> None:
     assert snap_compare(app, terminal_size=(80, 24), run_before=settle)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", list(SIZES))
 def test_fleet(snap_compare, size: str) -> None:
     """Three sources (one offline, left out of the aggregate), the second picked with `s`: the sources table."""
@@ -127,6 +129,7 @@ def test_finished(snap_compare, monkeypatch: pytest.MonkeyPatch) -> None:
     assert snap_compare(app, terminal_size=(80, 24), run_before=later)
 
 
+@pytest.mark.slow
 def test_paused(snap_compare) -> None:
     """Paused over a running engine: PAUSED (not an alarm colour), the frozen time, the key footer."""
     app = build_app(_session(), Settings("dark"), run_session=False)

@@ -207,6 +207,7 @@ async def test_a_finished_replay_is_finished_not_stale(monkeypatch: pytest.Monke
         assert "FINISHED" in text and "replay finished" in text and "no data" not in text
 
 
+@pytest.mark.slow
 async def test_duration_reached_is_finished_not_stale(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock(FROZEN_NOW)
     monkeypatch.setattr(app_module, "wall_clock", clock)
@@ -274,6 +275,7 @@ def test_clean_strips_escapes_and_controls() -> None:
     assert len(clean("x" * 1000, limit=50)) == 50
 
 
+@pytest.mark.slow
 async def test_200x60_uses_the_room() -> None:
     from kvtop.ui.widgets import EventLog, HitRatePanel, PriorityPanel, SourcesPanel
 
@@ -317,6 +319,7 @@ async def test_the_palettes_screenshot_goes_to_the_working_directory(tmp_path: A
         assert f"screenshot saved: {path}" in log
 
 
+@pytest.mark.slow
 async def test_the_help_scrolls_where_it_is_taller_than_the_screen() -> None:
     app = build_app(session_from_recording(), Settings(), run_session=False)
     async with app.run_test(size=(80, 24)) as pilot:

@@ -68,6 +68,7 @@ def pane(tmp_path: Path) -> Iterator[tuple[Pane, Path]]:
         subprocess.run(["tmux", "-L", server, "kill-server"], capture_output=True, timeout=10)
 
 
+@pytest.mark.slow
 def test_dashboard_in_tmux(pane: tuple[Pane, Path]) -> None:
     p, status = pane
     # Tier labels and real numbers: the capacities come from the recording's created event.
@@ -101,6 +102,7 @@ def test_dashboard_in_tmux(pane: tuple[Pane, Path]) -> None:
     assert status.read_text().strip() == "0"
 
 
+@pytest.mark.slow
 def test_dashboard_in_tmux_follows_a_resize(pane: tuple[Pane, Path]) -> None:
     p, status = pane
     p.wait_for(lambda t: "256 blocks" in t)

@@ -170,6 +170,7 @@ def test_ttft_by_prefix_source_classes_and_json() -> None:
     json.dumps(m.summary())                     # the whole summary stays JSON
 
 
+@pytest.mark.slow
 def test_headless_run_gives_the_three_classes_and_a_verdict() -> None:
     """The issue's bar, on the simulator as fast as it goes: all three classes with requests, host hits faster
     than misses at p50, the host tier pays; with --host-cache 0 it says none."""

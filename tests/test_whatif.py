@@ -164,6 +164,7 @@ def test_estimate_matches_a_real_2x_run_zipf_prefixes() -> None:
     assert est["host_x4_hit_rate"] == pytest.approx(actual["x4"], abs=0.03)
 
 
+@pytest.mark.slow
 def test_estimate_matches_a_real_2x_run_chat() -> None:
     items = chat_workload(100, 5, output_tokens=32, seed=2)
     base, est, actual = _validate(items, G=128, H=150)

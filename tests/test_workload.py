@@ -380,6 +380,7 @@ def _open_loop(llm: SimLLM, seed: int, rate: float, duration: float) -> tuple[in
     return engine.calls, [t - t0 for t in engine.sent_at], driver.planned_arrivals_s
 
 
+@pytest.mark.slow
 def test_open_loop_issues_about_rate_times_duration_and_is_seeded(llm: SimLLM) -> None:
     rate, duration = 40.0, 0.5
     n1, t1, p1 = _open_loop(llm, 7, rate, duration)

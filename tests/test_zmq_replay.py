@@ -23,6 +23,7 @@ def _stream(session) -> dict:
     return _model(session).summary()["stream"] if session.models else {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("answer", ["dead port", "silent router"])
 async def test_a_replay_endpoint_that_does_not_answer_does_not_stall_the_stream(answer):
     # Every other batch lost on the way: 149 gaps. Before: each one blocked the rank ~1 s (1 s of replay silence).
@@ -51,6 +52,7 @@ async def test_a_replay_endpoint_that_does_not_answer_does_not_stall_the_stream(
         pub.close()
 
 
+@pytest.mark.slow
 async def test_a_dripping_replay_ends_at_its_deadline_and_what_it_brought_is_folded():
     # One batch every 0.9 s: before, the rank stayed in its replay loop as long as the drip went on (200 s here)
     pub = Publisher(replay_drip_s=0.9)
@@ -82,6 +84,7 @@ async def test_a_dripping_replay_ends_at_its_deadline_and_what_it_brought_is_fol
         pub.close()
 
 
+@pytest.mark.slow
 async def test_batches_waiting_behind_a_replay_are_folded_when_the_run_ends():
     pub = Publisher(replay_drip_s=0.3)
     try:
@@ -108,6 +111,7 @@ async def test_batches_waiting_behind_a_replay_are_folded_when_the_run_ends():
         pub.close()
 
 
+@pytest.mark.slow
 async def test_a_gap_that_opens_while_a_replay_runs_is_asked_for_again():
     # The answer is what the publisher had when asked: seq 3, dropped after that, is asked for in a second replay
     pub = Publisher(replay_delay_s=1.0)
@@ -132,6 +136,7 @@ async def test_a_gap_that_opens_while_a_replay_runs_is_asked_for_again():
         pub.close()
 
 
+@pytest.mark.slow
 async def test_a_replay_asked_again_has_what_is_left_of_the_first_ones_deadline():
     # Answers are complete but 2 s late. Seq 4 comes while the first replay runs, after a gap (seq 3) its answer
     # will not have: the replay asked again for seq 3 has what is left of the 3 s that seq 4 may wait (~1 s), not 3 s

@@ -23,7 +23,7 @@ import contextlib
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -713,8 +713,8 @@ class KvtopApp(App[int]):
             flags.append("counts since attach" if snap.since_attach else "counts ≈")
         if snap.bad_records:
             flags.append(f"{snap.bad_records} bad records")
-        reads = getattr(snap, "summary_reads", None)   # a look-alike model (a test's, an embedder's) has none
-        stream = reads.get("stream") if isinstance(reads, Mapping) else None
+        # a snapshot's (a look-alike model, a test's or an embedder's, has no summary reads)
+        stream = snap.summary_reads.get("stream") if isinstance(snap, TierSnapshot) else None
         if stream and stream.get("lag_s", 0) >= LAG_SHOWN_S:
             # live batches of the stream waited behind a replay (kvtop/sources/kv_events_zmq.py)
             n = stream.get("lag_batches", 0)
