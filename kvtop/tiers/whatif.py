@@ -152,6 +152,19 @@ def _tokens(block: dict[str, Any]) -> Any:
     tokens = block.get("tokens")
     return block.get("token_ids") if tokens is None else tokens
 
+def _fixed_point(served: Callable[[int], int], most: int) -> int:
+    """The largest x in [0, most] with served(x) >= x, by bisection: the extra hits a larger host serves, where
+    serving more leaves more of its slots empty (``served`` falls as x grows; WhatIf._extra_hits says why)."""
+    lo, hi = 0, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if served(mid) >= mid:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 class WhatIf:
     """Estimate hit rates with a larger host cache from a run's KV events and iteration stats.
 
@@ -411,14 +424,7 @@ class WhatIf:
             window = host_blocks * (1.0 - min(x / offloads, 1.0))
             return cumulative[max(0, min(limit, int(window)))]
 
-        lo, hi = 0, cumulative[-1]
-        while lo < hi:  # largest x with served(x) >= x
-            mid = (lo + hi + 1) // 2
-            if served(mid) >= mid:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return _fixed_point(served, cumulative[-1])
 
     def _extra_hits(self, factor: float) -> int:
         """Ghost hits a host `factor` x as large would have served, with its real usable capacity.
@@ -449,14 +455,7 @@ class WhatIf:
             window = factor * H * (1.0 - wk) - H * (1.0 - w1 if self.offloads else 1.0)
             return cumulative[max(0, min(limit, int(window)))]
 
-        lo, hi = 0, cumulative[-1]
-        while lo < hi:  # largest x with served(x) >= x
-            mid = (lo + hi + 1) // 2
-            if served(mid) >= mid:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return _fixed_point(served, cumulative[-1])
 
     def estimate(self, hits: int | None = None, lookups: int | None = None) -> dict[str, Any]:
         """``host_x2_hit_rate``, ``host_x4_hit_rate`` (one key per factor; None before any lookup), plus the
