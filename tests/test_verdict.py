@@ -206,3 +206,31 @@ def test_the_size_advice_says_its_ttft_at_the_verdicts_prices() -> None:
     assert advice["ttft_ms"] == pytest.approx(expected, abs=0.06) and advice["ttft_ms"] < -1
     assert advice["text"] == f"+1 GiB host: +5.0 pts hits; ~{expected:+,.0f} ms TTFT a request"
     assert session._with_ttft({"text": "flat", "extra_hit_points": 0.0, "ttft_ms": None})["ttft_ms"] is None
+
+
+def test_hostile_meta_never_breaks_the_fold(tmp_path: Path) -> None:
+    """A model named as a directory whose config.json is 100,000 arrays deep, a GPU profile file that is not one,
+    a tensor-parallel size of -3: no price (the verdict says why), and the fold and its snapshot go on."""
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"name": 5}')
+    for meta in ({"model": str(deep)}, {"model": "Qwen/Qwen3-8B", "gpu": str(junk)},
+                 {"model": "Qwen/Qwen3-8B", "gpu": "H200", "tensor_parallel_size": -3}):
+        m = TierModel()
+        src = SourceId(host="n", rank=0, run="r")
+        m.apply(make("meta", {"engine": "trtllm", "tokens_per_block": 32, "secondary_blocks": 100,
+                              "primary_blocks": 10, **meta}, src, 1.0))
+        m.apply(make("stats", {"iter": 1, "kvCacheStats": {"maxNumBlocks": 110, "freeNumBlocks": 5,
+                                                            "tokensPerBlock": 32, "reusedBlocks": 0,
+                                                            "missedBlocks": 0},
+                               "kvCacheIterationStats": {"0": {"iterOffloadBlocks": 20, "iterOnboardBlocks": 4}}},
+                      src, 2.0))
+        snap = m.snapshot()
+        v = snap.verdict["host"]
+        assert m.bad_records == 0
+        if meta.get("tensor_parallel_size") == -3:
+            assert v.says in ("pays", "costs")     # a bad tp is read as 1, as the engine's default
+        else:
+            assert v.says == "unknown" and v.basis.startswith("not priced: ")

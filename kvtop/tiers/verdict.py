@@ -77,12 +77,14 @@ def cost_basis(meta: Mapping[str, Any], tokens_per_block: int | None) -> CostBas
     from kvtop.engines.meta import shape_for
     from kvtop.engines.sim.cost import CostModel
 
-    shape, _why = shape_for(meta.get("model"))
-    if shape is None:
-        return None
     gpu_name = meta.get("gpu_profile") or meta.get("gpu")
     tp = meta.get("tensor_parallel_size")
     try:
+        # a model named as a local directory is read from its config.json: anyone's file (a 100k-deep one raised
+        # RecursionError, not the ValueError of an unknown name), so inside the guard too
+        shape, _why = shape_for(meta.get("model"))
+        if shape is None:
+            return None
         gpu = resolve_gpu(str(gpu_name or "H200"))
         cost = CostModel(shape, gpu, tensor_parallel_size=tp if isinstance(tp, int) and tp > 0 else 1)
         where = f"the {gpu.name} profile" if gpu_name else f"the {gpu.name} profile (no GPU named: assumed)"
