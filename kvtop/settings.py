@@ -18,6 +18,9 @@ from kvtop.values import mutable
 # A size setting past 64 TiB is a typo (1e14 for 1e11) or a test of kvtop: no machine holds that much host memory
 # or local disk for a KV cache, and a simulator sized from it would allocate until the machine stops.
 MAX_SIZE_BYTES = 64 << 40
+# A refresh faster than 20 a second shows nothing a person can read and polls an engine or a server flat out:
+# refresh = 1e-9 kept a core at 100%.
+MIN_REFRESH_S = 0.05
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -92,8 +95,9 @@ class Settings:
     trtllm_version: str = _opt("1.2", "simulator: which TensorRT-LLM's iteration stats to emit: 1.2 (kvCacheStats "
                                       "only) or 1.3 (adds the per-window kvCacheIterationStats)",
                                choices=("1.2", "1.3"))
-    refresh: float = _opt(0.25, "screen and poll refresh interval in seconds", kind="pos_float")
-    theme: str = _opt("dark", "dashboard theme: dark, light, high-contrast, or a theme file")
+    refresh: float = _opt(0.25, "screen and poll refresh interval in seconds (at least 0.05)", kind="pos_float",
+                          minimum=MIN_REFRESH_S)
+    theme: str = _opt("dark", "dashboard theme: dark, light, high-contrast, or a theme file", nonempty=True)
     headless: bool = _opt(False, "run without the screen and print a summary", kind="bool")
     json: bool = _opt(False, "with --headless, print the summary as one JSON object", kind="bool")
     warmup_requests: int = _opt(0, "exclude the first N requests from hit rates", kind="int")
@@ -188,8 +192,20 @@ def _convert(f: Any, raw: Any) -> Any:
                 raise SettingsError(opt, f"must be >= 0, got {raw!r}")
             if kind == "fraction" and not 0 < number < 1:
                 raise SettingsError(opt, f"must be a fraction between 0 and 1 (exclusive), got {raw!r}")
+            minimum = f.metadata.get("minimum")
+            if minimum is not None and number < minimum:
+                raise SettingsError(opt, f"must be at least {minimum} s, got {raw!r}")
             return number
-        text = str(raw)
+        if choices and isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            raw = str(raw)  # trtllm_version = 1.3: a number that can only mean the choice it spells
+        if not isinstance(raw, str):
+            # The command line and the environment give strings; a settings file may give `record = 5`, which
+            # would record to a file named "5": a path, a name or a choice is written as a TOML string.
+            raise SettingsError(opt, f"must be a string (in quotes in a settings file), got "
+                                     f"{type(raw).__name__} {str(raw)[:40]}")
+        text = raw
+        if f.metadata.get("nonempty") and not text.strip():
+            raise SettingsError(opt, "must not be empty")
         if choices and text not in choices:
             raise SettingsError(opt, f"must be one of {', '.join(choices)}, got {text!r}")
         return text
@@ -216,14 +232,7 @@ def load_settings(cli: dict[str, Any] | None = None, config_path: str | Path | N
     if path is not None:
         if tomllib is None:
             raise SettingsError("--config", "reading TOML needs Python 3.11+")
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise SettingsError("--config", f"no such file: {path}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise SettingsError("--config", f"{path} is not valid TOML: {exc}") from None
-        section = data.get("kvtop", data)
-        for key, value in section.items():
+        for key, value in _file_settings(path).items():
             s.set(key.replace("-", "_"), value, f"file {path}")
     names = {f.name for f in Settings.option_fields()}
     for key, value in env.items():
@@ -234,3 +243,36 @@ def load_settings(cli: dict[str, Any] | None = None, config_path: str | Path | N
     for key, value in (cli or {}).items():
         s.set(key, value, "command line")
     return s
+
+
+def _file_settings(path: Path) -> dict[str, Any]:
+    """The settings a TOML file gives: its top-level keys, or those of a ``[kvtop]`` table (not both, and no other
+    table: a key in a table kvtop does not read would be ignored without a word)."""
+    assert tomllib is not None
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SettingsError("--config", f"no such file: {path}") from None
+    except IsADirectoryError:
+        raise SettingsError("--config", f"{path} is a directory, not a TOML settings file") from None
+    except OSError as exc:
+        raise SettingsError("--config", f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SettingsError("--config", f"{path} is not a text file (not UTF-8)") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError("--config", f"{path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise SettingsError("--config", f"{path} is not a settings file: it nests arrays or tables too "
+                                        "deeply") from None
+    section = data.get("kvtop")
+    if isinstance(section, dict):
+        others = [key for key in data if key != "kvtop"]
+        if others:
+            raise SettingsError("--config", f"{path}: settings go at the top level or in its [kvtop] table, not "
+                                            f"both (also at the top level: {', '.join(others)[:80]})")
+        data = section
+    for key, value in data.items():
+        if isinstance(value, dict):
+            raise SettingsError("--config", f"{path}: a [{key[:40]}] table, which kvtop does not read: settings "
+                                            "go at the top level (refresh = 0.5)")
+    return data

@@ -160,6 +160,14 @@ BAD: list[tuple[str, list[str], dict[str, str], tuple[str, ...]]] = [
     ("config-malformed", ["--config", "{tmp}/bad.toml"], {}, ("--config", "not valid TOML")),
     ("config-bad-value", ["--config", "{tmp}/badvalue.toml"], {}, ("--tokens-per-block",)),
     ("config-unknown-key", ["--config", "{tmp}/unknown.toml"], {}, ("colour", "unknown setting")),
+    # issue 26: each of these was a traceback, or a value taken that cannot be meant
+    ("config-directory", ["--config", "{tmp}"], {}, ("--config", "is a directory")),
+    ("config-5000-deep", ["--config", "{tmp}/deep.toml"], {}, ("--config", "too deeply")),
+    ("config-kvtop-table-and-top-level", ["--config", "{tmp}/both.toml"], {}, ("--config", "[kvtop]", "theme")),
+    ("config-other-table", ["--config", "{tmp}/table.toml"], {}, ("--config", "[display]", "top level")),
+    ("config-record-number", ["--config", "{tmp}/record.toml"], {}, ("--record", "must be a string", "5")),
+    ("config-theme-number", ["--config", "{tmp}/theme.toml"], {}, ("--theme", "must be a string")),
+    ("config-refresh-below-floor", ["--config", "{tmp}/refresh.toml"], {}, ("--refresh", "at least 0.05 s")),
 ]
 
 IN_PROCESS_BAD: list[tuple[list[str], tuple[str, ...]]] = [
@@ -173,6 +181,8 @@ IN_PROCESS_BAD: list[tuple[list[str], tuple[str, ...]]] = [
     (["--max-batch-size", "abc"], ("--max-batch-size", "abc")),
     (["--max-batch-size", "2.5"], ("--max-batch-size",)),
     (["--refresh", "0"], ("--refresh",)),
+    (["--refresh", "0.01"], ("--refresh", "at least 0.05 s")),
+    (["--theme", " "], ("--theme", "empty")),
     (["--duration", "nan"], ("--duration", "finite")),
     (["--trace-time-scale", "inf"], ("--trace-time-scale", "finite")),
     (["--speed", "-2"], ("--speed",)),
@@ -188,6 +198,12 @@ def bad_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, s
     (tmp / "bad.toml").write_text("[kvtop]\ntokens_per_block = \n")
     (tmp / "badvalue.toml").write_text("[kvtop]\ntokens_per_block = 0\n")
     (tmp / "unknown.toml").write_text("[kvtop]\ncolour = 'red'\n")
+    (tmp / "deep.toml").write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    (tmp / "both.toml").write_text("theme = 'light'\n[kvtop]\nrefresh = 2\n")
+    (tmp / "table.toml").write_text("[display]\nrefresh = 2\n")
+    (tmp / "record.toml").write_text("record = 5\n")
+    (tmp / "theme.toml").write_text("theme = 5\n")
+    (tmp / "refresh.toml").write_text("refresh = 1e-9\n")
     procs = {name: start([a.replace("{tmp}", str(tmp)) for a in args] + ["--show-settings"], tmp, **env)
              for name, args, env, _ in BAD}
     return {name: finish(p) for name, p in procs.items()}

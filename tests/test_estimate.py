@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +203,63 @@ def test_a_model_that_does_not_fit_still_gets_its_times() -> None:
     assert "the model does not fit" in render_estimate(one)
     two = estimate("meta-llama/Llama-3.1-70B-Instruct", "H100", tensor_parallel_size=2)
     assert two["memory_per_gpu"]["fits"] is True and two["memory_per_gpu"]["kv_blocks"] > 0
+
+
+# issue 26: a hostile or mistyped config.json. Each is a subprocess (the exit status and the absence of a traceback
+# are what is held), started at once so that their Python start-ups overlap.
+QWEN3_8B_CONFIG = {"num_hidden_layers": 36, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+                   "head_dim": 128, "intermediate_size": 12288, "vocab_size": 151936, "torch_dtype": "bfloat16"}
+BAD_CONFIGS: list[tuple[str, str, tuple[str, ...]]] = [
+    ("100k-deep", "[" * 100_000 + "]" * 100_000, ("too deeply",)),
+    ("layers-1e18", json.dumps({**QWEN3_8B_CONFIG, "num_hidden_layers": 10**18}),
+     ("'num_hidden_layers'", "1000000000000000000", "at most 2,048")),
+    ("vocab-2^40", json.dumps({**QWEN3_8B_CONFIG, "vocab_size": 2**40}), ("'vocab_size'", "at most 16,777,216")),
+    ("head-dim-1e9", json.dumps({**QWEN3_8B_CONFIG, "head_dim": 10**9}), ("'head_dim'", "at most 8,192")),
+    ("kv-heads-0", json.dumps({**QWEN3_8B_CONFIG, "num_key_value_heads": 0}),
+     ("'num_key_value_heads'", "positive integer, got 0")),
+    ("head-dim-0", json.dumps({**QWEN3_8B_CONFIG, "head_dim": 0}), ("'head_dim'", "positive integer, got 0")),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_config_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, str]]:
+    tmp = tmp_path_factory.mktemp("configs")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVTOP_")}
+    env["XDG_CONFIG_HOME"] = str(tmp / "xdg")
+    procs = {}
+    for name, text, _ in BAD_CONFIGS:
+        (tmp / name).mkdir()
+        (tmp / name / "config.json").write_text(text)
+        procs[name] = subprocess.Popen([sys.executable, "-m", "kvtop", "estimate", "--model", str(tmp / name)],
+                                       cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        results[name] = (proc.returncode, out, err)
+    return results
+
+
+@pytest.mark.parametrize(("name", "needles"), [(c[0], c[2]) for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS])
+def test_a_bad_config_json_is_one_line_naming_the_field(bad_config_runs: dict[str, tuple[int, str, str]], name: str,
+                                                        needles: tuple[str, ...]) -> None:
+    rc, out, err = bad_config_runs[name]
+    assert rc == 2, err[-2000:]
+    assert "Traceback" not in err and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvtop estimate: "), err[-2000:]
+    assert str(Path(name) / "config.json") in lines[0]
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def test_a_config_json_at_the_bounds_and_without_optional_fields_is_read(tmp_path: Path) -> None:
+    from kvtop.engines.models import SHAPE_FIELD_MAX
+
+    # Absent (or null) num_key_value_heads and head_dim keep their fallbacks: one KV head per head, hidden / heads.
+    cfg = {k: v for k, v in QWEN3_8B_CONFIG.items() if k not in ("num_key_value_heads", "head_dim")}
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "head_dim": None}))
+    shape = resolve_model(tmp_path)
+    assert (shape.num_kv_heads, shape.head_dim) == (32, 128)
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_8B_CONFIG, "num_hidden_layers": 2048}))
+    assert resolve_model(tmp_path).num_layers == SHAPE_FIELD_MAX["num_hidden_layers"] == 2048
+    assert resolve_model(tmp_path).kv_bytes_per_token == 2 * 2048 * 8 * 128 * 2

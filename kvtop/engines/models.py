@@ -309,11 +309,40 @@ def dtype_bytes_of(dtype: str | None) -> int:
     return _DTYPE_BYTES[key]
 
 
-def _int_field(cfg: dict[str, Any], key: str, source: str) -> int:
+# The largest value of each config.json shape field that a real model could have, about ten times the largest in
+# a published checkpoint (Llama 3.1 405B: 126 layers, hidden 16,384, 128 heads, intermediate 53,248; Gemma 3: a
+# 262,144-token vocabulary; head_dim 256). Past these a field is a typo or an attack, and the figures made from
+# it (1e18 layers: "342741714121 PiB" of KV per request) would be nonsense printed as an estimate.
+SHAPE_FIELD_MAX = {
+    "num_hidden_layers": 2_048,
+    "hidden_size": 262_144,
+    "num_attention_heads": 4_096,
+    "num_key_value_heads": 4_096,
+    "head_dim": 8_192,
+    "intermediate_size": 1_048_576,
+    "vocab_size": 16_777_216,
+    "num_params": 10**14,
+}
+_ABSENT = object()
+
+
+def _int_field(cfg: dict[str, Any], key: str, source: str, default: Any = _ABSENT) -> Any:
+    """``cfg[key]`` as a positive integer within SHAPE_FIELD_MAX; ``default`` when the key is absent or null (0 is
+    never "absent": it is an error naming the field)."""
     value = cfg.get(key)
+    if value is None and default is not _ABSENT:
+        return default
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{source}: {key!r} must be a positive integer, got {value!r}")
+        raise ValueError(f"{source}: {key!r} must be a positive integer, got {_short(value)}")
+    limit = SHAPE_FIELD_MAX.get(key)
+    if limit is not None and value > limit:
+        raise ValueError(f"{source}: {key!r} is {_short(value)}, more than any real model has (at most {limit:,})")
     return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def model_from_config(cfg: dict[str, Any], name: str, source: str = "config.json") -> ModelShape:
@@ -332,13 +361,14 @@ def model_from_config(cfg: dict[str, Any], name: str, source: str = "config.json
     layers = _int_field(cfg, "num_hidden_layers", source)
     hidden = _int_field(cfg, "hidden_size", source)
     heads = _int_field(cfg, "num_attention_heads", source)
-    kv_heads = cfg.get("num_key_value_heads") or heads  # absent in pre-GQA configs: one KV head per head
-    if not isinstance(kv_heads, int) or kv_heads <= 0:
-        raise ValueError(f"{source}: 'num_key_value_heads' must be a positive integer, got {kv_heads!r}")
-    head_dim = cfg.get("head_dim")
-    if not isinstance(head_dim, int) or head_dim <= 0:
-        # Same fallback as TensorRT-LLM's KvCacheCreator: hidden_size // num_attention_heads.
+    kv_heads = _int_field(cfg, "num_key_value_heads", source, heads)  # absent pre-GQA: one KV head per head
+    # Absent: the same fallback as TensorRT-LLM's KvCacheCreator, hidden_size // num_attention_heads.
+    head_dim = _int_field(cfg, "head_dim", source, None)
+    if head_dim is None:
         head_dim = hidden // heads
+        if head_dim <= 0:
+            raise ValueError(f"{source}: 'hidden_size' {hidden} is smaller than 'num_attention_heads' {heads}, "
+                             "so a head has no dimension")
     inter = _int_field(cfg, "intermediate_size", source)
     vocab = _int_field(cfg, "vocab_size", source)
     # transformers >= 4.56 writes "dtype"; older files say "torch_dtype".
@@ -346,6 +376,10 @@ def model_from_config(cfg: dict[str, Any], name: str, source: str = "config.json
     tied = bool(cfg.get("tie_word_embeddings", False))
     model_type = str(cfg.get("model_type", "")).lower()
     num_params = cfg.get("num_params") or cfg.get("num_parameters")
+    if num_params is not None and not isinstance(num_params, bool) and isinstance(num_params, int) \
+            and num_params > SHAPE_FIELD_MAX["num_params"]:
+        raise ValueError(f"{source}: the parameter count {_short(num_params)} is more than any real model has "
+                         f"(at most {SHAPE_FIELD_MAX['num_params']:,})")
     if not isinstance(num_params, int) or num_params <= 0:
         num_params = estimate_num_params(
             num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads,
@@ -407,6 +441,8 @@ def read_json_object(path: Path, label: str) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ValueError(f"cannot read {label}: {exc}") from exc
+    except RecursionError:
+        raise ValueError(f"{label} is not a JSON file kvtop reads: it nests arrays or objects too deeply") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{label} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
