@@ -95,6 +95,10 @@ class StaleClock:
                 out.append(key)
         return out
 
+    def is_stale(self, key: str) -> bool:
+        """Whether ``key`` was called stale and has sent no record since (a status message does not count)."""
+        return key in self._stale
+
     def stale_keys(self) -> set[str]:
         return set(self._stale)
 

@@ -105,6 +105,13 @@ class Session:
         self.refused_sources = 0  # records of new sources past max_sources, dropped
         self._refused_keys: set[str] = set()  # up to 64 remembered, for the message
         self.stale = StaleClock(stale_intervals)  # when each source was last heard from
+        # The source folded into self.model: the session's own, else the first that sent data (a record other than
+        # meta): a retained meta of a source long gone is no view of the run (issue 26). None until then.
+        self._own_key: str | None = None
+        # Each kvtop agent (its source key) -> the sources its summaries name (TierModel.agent), kept as summaries
+        # come: an agent's last will updates its sources' rows without walking every model (issue 26).
+        self._agent_sources: dict[str, set[str]] = {}
+        self._agent_of: dict[str, str] = {}
         self._own_meta = False
         self.recorder: Any = None   # the --record sink, when there is one (its counters go in the summary)
         self.publisher: Any = None  # the --publish sink, likewise
@@ -149,13 +156,21 @@ class Session:
             self.meta.update(record.data)
         if self.stale.heard(key, record.kind):
             self._unstale(key)
-        if model is None:
-            # The session's own source, or else the first source heard from, is folded into self.model.
-            taken = any(m is self.model for m in self.models.values())
-            if not taken and (key == self.source.key() or not self.models):
+        if self._own_key is None and (key == self.source.key() or record.kind != "meta"):
+            # The session's own source, or else the first source with data, is folded into self.model; a source
+            # heard from by meta alone so far hands the meta it sent to self.model as it is taken.
+            if model is not None:
+                said = dict(model.meta)
                 model = self.model
+                if said:
+                    self.model.apply(make("meta", said, record.source, record.time))
+                    self.meta.update(said)
             else:
-                model = TierModel(warmup_requests=self.warmup_requests)
+                model = self.model
+            self._own_key = key
+            self.models[key] = model
+        elif model is None:
+            model = TierModel(warmup_requests=self.warmup_requests)
             self.models[key] = model
         bad = model.bad_records
         last, t = model.now, record.time
@@ -164,6 +179,8 @@ class Session:
             # that mixes units. Folded (the fold never goes back in time), and said, since rates will be off.
             self._time_jump(key, record.kind, t, last)
         model.apply(record)
+        if record.kind == "summary":
+            self._index_agent(key, model.agent)
         if model.bad_records != bad:
             self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
         if model is self.model:
@@ -194,8 +211,8 @@ class Session:
                 key = source.key()
                 last_source = source
             model = models.get(key)
-            if model is None:
-                self.emit(record)
+            if model is None or (self._own_key is None and record.kind != "meta"):
+                self.emit(record)  # a new source, or the first record with data (it may take self.model)
                 continue
             self.records += 1
             if self._own_meta:
@@ -212,6 +229,8 @@ class Session:
             if last is not None and t.__class__ is float and abs(t - last) > MAX_TIME_JUMP_S:
                 self._time_jump(key, kind, t, last)
             model.apply(record)
+            if kind == "summary":
+                self._index_agent(key, model.agent)
             if model.bad_records != bad:
                 self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
             if model is own:
@@ -227,6 +246,25 @@ class Session:
                     sink(record)
                 except Exception as exc:  # a broken sink must not stop the fold or the other sinks
                     self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
+
+    def _index_agent(self, key: str, agent: str | None) -> None:
+        """Keep ``_agent_sources`` as a summary of ``key`` is folded: the agent its model now names, else none."""
+        was = self._agent_of.get(key)
+        if was == agent:
+            return
+        if was is not None:
+            keys = self._agent_sources[was]
+            keys.discard(key)
+            if not keys:
+                del self._agent_sources[was]
+            del self._agent_of[key]
+        if agent is not None and agent != key:
+            self._agent_sources.setdefault(agent, set()).add(key)
+            self._agent_of[key] = agent
+
+    def agent_sources(self, agent: str) -> frozenset[str]:
+        """The sources whose summaries name ``agent`` (its source key) as theirs."""
+        return frozenset(self._agent_sources.get(agent, ()))
 
     def publish(self) -> None:
         """Publish a snapshot of every model that changed (``TierModel.published``); on the folding thread."""
@@ -295,19 +333,25 @@ class Session:
     def on_source_status(self, name: str, message: str) -> None:
         """A source's state changed ("connected", "reconnected after 3.2 s", "offline"): shown, not an error."""
         name = clean(name, 120)
-        if name not in self.status and len(self.status) >= self.max_sources + 64:
-            return  # status topics of sources past the cap: as refused as their records
-        if self.status.get(name) == "stale" and message == "online":
-            return  # a retained "online" says nothing about whether the source still sends
+        if (name not in self.status and len(self.status) >= self.max_sources + 64 and name not in self.models
+                and name not in self._agent_sources):
+            return  # status topics of sources past the cap: as refused as their records (an agent's are not)
         message = clean(message, 300)  # shown in the header and the sources table: from servers and brokers
+        # Staleness is the data's age (StaleClock), never a status: a retained "online" (after an "offline" or
+        # not) says nothing about whether the source still sends. A status makes a source offline, never fresh.
+        if message == "online" and self.stale.is_stale(name):
+            if self.status.get(name) != "stale":
+                self.status[name] = "stale"
+                self.note("info", f"{name}: online, but nothing heard for "
+                                  f"{self.stale.silence(name, time.monotonic()):.0f} s: stale")
+            return
         self.status[name] = message
         self.note("info", f"{name}: {message}")
         if message in ("online", "offline"):
             # A kvtop agent's last will covers its connection, not each source it summarizes: its sources'
-            # rows follow its status (their summaries name it: kvtop/agent.py).
-            for key, model in self.models.items():
-                if key != name and getattr(model, "agent", None) == name:
-                    self.status[key] = message
+            # rows follow its status (their summaries name it: kvtop/agent.py), stale ones stay stale.
+            for key in self._agent_sources.get(name, ()):
+                self.status[key] = "stale" if message == "online" and self.stale.is_stale(key) else message
 
     # ------------------------------------------------------------------------------------------ problems
 
