@@ -60,7 +60,7 @@ def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: 
                          warmup_requests: int = 0, max_gap_s: float | None = MAX_GAP_S,
                          max_line_bytes: int = MAX_LINE_BYTES, max_sources: int = MAX_SOURCES) -> Session:
     """A session whose only producer is the remote source; sinks are added by the caller."""
-    # No meta of its own: the first source heard from becomes session.model, and its meta names its engine.
+    # No meta of its own: the first source with data becomes session.model, and its meta names its engine.
     session = Session(source=SourceId(host=target, rank=0, run=run or ""), warmup_requests=warmup_requests,
                       meta={"attached_to": clean(target)}, max_sources=max_sources)
     lowered = target.lower()

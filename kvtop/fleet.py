@@ -21,7 +21,8 @@ How the aggregate is formed (the "all" row):
   the will) or whose only message is an old retained ``meta``. :class:`StaleClock` calls a source stale after
   ``STALE_INTERVALS`` (5) of its own send intervals without a record, and never sooner than ``STALE_MIN_S``
   (5 s: a publisher sends every 0.1-0.25 s, so a healthy source is never near it). It is counted again as soon
-  as it sends.
+  as it sends a record, and only then: staleness is the age of its data, so a status ("online" after "offline",
+  a retained one, its agent's) makes a source offline, never fresh (Session.on_source_status).
 """
 
 from __future__ import annotations
