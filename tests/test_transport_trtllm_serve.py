@@ -289,3 +289,37 @@ async def _until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
     while not cond():
         assert loop.time() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
+
+
+async def test_attention_dp_ranks_are_sources_of_their_own(serve: FakeServe) -> None:
+    """TensorRT-LLM main with attention data parallelism: one /metrics row per rank each iteration, tagged
+    ``attentionDpRank`` (py_executor.py ``_append_iter_stats``), each with its rank's own cumulative kvCacheStats.
+    Two ranks x 5 iterations, reused 10*it and 3*it, missed 4*it and 3*it, free 100 and 40: folded as one stream
+    they read as 195 hits of 300 lookups (a restart every row) and free 40; each rank its own source, the run's
+    total is 65 of 100 (each rank's counters from zero, as a source attached at the engine's start), free 140, no
+    restart."""
+    from kvtop.fleet import aggregate
+    from kvtop.session import Session
+
+    rows = []
+    for it in range(1, 6):
+        for rank, (reused, missed, free) in enumerate(((10, 4, 100), (3, 3, 40))):
+            row = copy.deepcopy(METRICS_EXAMPLE[0])
+            row.update(iter=it, attentionDpRank=rank)
+            row["kvCacheStats"].update(reusedBlocks=reused * it, missedBlocks=missed * it, freeNumBlocks=free,
+                                       maxNumBlocks=400, usedNumBlocks=400 - free)
+            rows.append(row)
+    serve.queues["/metrics"].append(rows)
+    session = Session()
+    src = TrtllmServeSource(serve.url, interval_s=0.01, sink=session.emit, perf_metrics=False)
+    await src.poll_once()
+    assert len(session.models) == 2
+    ranks = sorted(session.models.items(), key=lambda kv: kv[0])
+    assert [k.split("/")[1] for k, _ in ranks] == ["0", "1"]
+    for (_, m), (hits, lookups, free) in zip(ranks, ((50, 70, 100), (15, 30, 40))):
+        assert (m.hit_rate.hits, m.hit_rate.lookups, m.gpu.free_blocks) == (hits, lookups, free)
+        assert m.quality.stats_restarts == 0 and m.meta.get("model") == "Qwen/Qwen3-8B"
+    total = aggregate(session.models)
+    assert (total["hits"], total["lookups"]) == (65, 100)
+    assert sum(m.gpu.free_blocks for _, m in ranks) == 140
+    assert src.stats_missing == 0   # each rank's iterations are its own sequence

@@ -75,6 +75,7 @@ DRAINED_HINT = ("another reader is likely draining the iteration-stats queue tha
                 "1.3's own Prometheus collector loop when return_perf_metrics is on, or a second kvtop or collector): "
                 "counts summed per iteration undercount; kvtop also reads /prometheus/metrics")
 DRAIN_POLLS = 2  # iterations missing between two polls, twice: another reader (a one-off gap may be a restart)
+MAX_DP_RANKS = 1024  # an attentionDpRank at or past this is no rank (a row's own source is the server's then)
 QUEUE_FULL = 1000  # trtllm-serve's stats queue (iter_stats_max_iterations default): a poll this big may be overflow
 # Every request's total deadline (connect, headers, body: kvtop/sources/httpfetch.py). trtllm-serve waits 2 s for
 # items before answering an empty /metrics or /kv_cache_events, then sends its answer whole (a few MB at most); 5 s
@@ -171,6 +172,7 @@ class TrtllmServeSource:
             PROM: Endpoint(PROM, "GET", "/prometheus/metrics", enabled=False),  # see _want_prometheus
         }
         self.prometheus = PrometheusStats()
+        self._rank_sources: dict[int, SourceId] = {}   # attention-DP rank -> its source (_rank_source)
         self.stats_drained = False  # another reader takes iteration stats from the queue /metrics reads
         self.stats_missing = 0      # iterations that never reached kvtop (gaps in ``iter``)
         self._last_iter: dict[Any, int] = {}
@@ -398,9 +400,28 @@ class TrtllmServeSource:
                 ep.state = "empty"
         return n
 
+    def _rank_source(self, item: dict[str, Any], now: float) -> SourceId:
+        """The source of a /metrics row: with attention data parallelism TensorRT-LLM main gives one row per
+        attention-DP rank each iteration, tagged ``attentionDpRank`` (py_executor.py ``_append_iter_stats``), each
+        with that rank's own cumulative kvCacheStats and its own pool. Each rank is its own source, as MQTT ranks
+        are (folded into one stream, two ranks' counters read as one went back and forth: a restart every row,
+        hits counted again), and the run's total is their sum (the fleet row). A rank first seen gets the server's
+        meta under its own source."""
+        rank = item.get("attentionDpRank")
+        if rank.__class__ is not int or rank <= 0 or rank >= MAX_DP_RANKS:
+            return self.source
+        src = self._rank_sources.get(rank)
+        if src is None:
+            src = self._rank_sources[rank] = SourceId(host=self.source.host, rank=self.source.rank + rank,
+                                                      run=self.source.run)
+            if self.meta is not None:
+                self.sink(make("meta", {**self.meta, "attention_dp_rank": rank}, src, now))
+        return src
+
     def _record(self, ep: Endpoint, item: Any, now: float) -> Record:
         if ep.name == STATS:
-            return make("stats", parse_engine_dict(item, "stats"), self.source, now)
+            data = parse_engine_dict(item, "stats")
+            return make("stats", data, self._rank_source(data, now), now)
         if ep.name == PROM:
             return make("stats", item, self.source, now)
         if ep.name == EVENTS:
