@@ -210,6 +210,14 @@ def test_stats_fold_as_before(seed: int) -> None:
     old = _before("kvtop/tiers/stats.py", "stats_before")
     base = [r.data for r in _busy_records() if r.kind == "stats"]
     items = [(d, False) for d in base] if seed == 0 else _odd_stats(seed, base)
+    # Since, a record claiming the impossible (a gauge above its pool: 1e300 free of 483) is a bad record
+    # (kvtop/tiers/stats.py's bounds); the baseline folded those, so they are left out of both, once checked.
+    first = _fold_stats(StatsFold(lambda: 4096), items)
+    impossible = {i for i, s in enumerate(first) if isinstance(s, tuple) and " blocks exceed " in s[2]}
+    assert len(impossible) <= len(items) // 20
+    old_first = _fold_stats(old.StatsFold(lambda: 4096), items)
+    assert not any(isinstance(old_first[i], tuple) for i in impossible)
+    items = [it for i, it in enumerate(items) if i not in impossible]
     before = _fold_stats(old.StatsFold(lambda: 4096), items)
     after = _fold_stats(StatsFold(lambda: 4096), items)
     # What the fold keeps since (the verdict's iteration fit, kvtop/tiers/verdict.py) is all it adds; everything

@@ -505,3 +505,69 @@ async def test_the_header_flags_missing_iterations(tmp_path: Any) -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         assert "6 iterations missing" in app.screen.query_one(HeaderBar).text()
+
+
+def _impossible(mutate: Any) -> TierModel:
+    """V2_STATS changed by ``mutate``, folded after a good record: the model as it stands after both."""
+    m = TierModel()
+    d = copy.deepcopy(V2_STATS)
+    mutate(d)
+    d["iter"] = 8
+    m.apply(make("stats", d, time=1.0))
+    return m
+
+
+def _pools(d: dict[str, Any]) -> dict[str, Any]:
+    return d["kvCacheIterationStatsByPoolGroup"]
+
+
+@pytest.mark.parametrize(("mutate", "field"), [
+    # more free blocks than the pool group holds (20), in the GPU view and the cold one (18)
+    (lambda d: _pools(d)["0"].update(primaryFreeNumBlocks=21), "ByPoolGroup.0.primaryFreeNumBlocks"),
+    (lambda d: d["kvCacheIterationStatsByColdPoolGroup"]["0"].update(secondaryUsedNumBlocks=19),
+     "ByColdPoolGroup.0.secondaryUsedNumBlocks"),
+    # 2^40 offloads in one step: past pool group 1's 10 blocks, and past the cap where the view states no size
+    (lambda d: _pools(d)["1"].update(iterOffloadBlocks=1 << 40), "ByPoolGroup.1.iterOffloadBlocks"),
+    (lambda d: _pools(d)["1"].update(iterOnboardBlocks=11), "ByPoolGroup.1.iterOnboardBlocks"),
+    (lambda d: d["kvCacheIterationStats"]["32"].update(iterOffloadBlocks=1 << 40),
+     "kvCacheIterationStats.32.iterOffloadBlocks"),
+    (lambda d: d["kvCacheIterationStatsByLifecycle"]["0"].update(iterReusedBlocks=1 << 40),
+     "ByLifecycle.0.iterReusedBlocks"),
+    # 20,000 pool groups (each possible alone) and their unbounded sum; 300 lifecycles
+    (lambda d: d.__setitem__("kvCacheIterationStatsByPoolGroup", {
+        str(i): _pool(i, 4096, [32], primaryMaxNumBlocks=1 << 40, primaryFreeNumBlocks=1 << 40)
+        for i in range(20_000)}), "kvCacheIterationStatsByPoolGroup"),
+    (lambda d: d.__setitem__("kvCacheIterationStatsByPoolGroup", {
+        str(i): _pool(i, 4096, [32], primaryMaxNumBlocks=1 << 40, primaryFreeNumBlocks=1 << 40)
+        for i in range(2)}), "kvCacheIterationStatsByPoolGroup.*.primaryMaxNumBlocks"),
+    (lambda d: d["kvCacheIterationStatsByLifecycle"].update({
+        str(i): dict(d["kvCacheIterationStatsByLifecycle"]["1"]) for i in range(3, 300)}),
+     "kvCacheIterationStatsByLifecycle"),
+])
+def test_an_impossible_v2_record_is_one_bad_record(mutate: Any, field: str) -> None:
+    m = _impossible(mutate)
+    assert m.bad_records == 1, "an impossible record was folded"
+    assert field in (m.last_bad_reason or ""), m.last_bad_reason
+    # nothing of it folded: no capacity, no moves, no hits
+    assert m.gpu.capacity_blocks is None and m.cold is None
+    assert (m.moves.offloaded_blocks, m.moves.onboarded_blocks, m.hit_rate.lookups) == (0, 0, 0)
+    # the next possible record folds as ever
+    m.apply(make("stats", copy.deepcopy(V2_STATS) | {"iter": 9}, time=2.0))
+    assert m.bad_records == 1 and m.gpu.capacity_blocks == 30 and m.moves.onboarded_blocks == 1
+
+
+@pytest.mark.parametrize(("stats", "field"), [
+    ({"iter": 1, "kvCacheIterationStats": {"64": {"primaryMaxNumBlocks": 8, "primaryFreeNumBlocks": 8,
+                                                  "secondaryMaxNumBlocks": 2, "secondaryFreeNumBlocks": 3}}},
+     "kvCacheIterationStats.64.secondaryFreeNumBlocks"),
+    ({"iter": 1, "kvCacheIterationStats": {"64": {"primaryMaxNumBlocks": 8, "primaryFreeNumBlocks": 8,
+                                                  "secondaryMaxNumBlocks": 2, "secondaryFreeNumBlocks": 2,
+                                                  "iterHostDroppedBlocks": 3}}},
+     "kvCacheIterationStats.64.iterHostDroppedBlocks"),
+    ({"iter": 1, "kvCacheStats": {"maxNumBlocks": 10, "freeNumBlocks": 11}}, "kvCacheStats.freeNumBlocks"),
+])
+def test_an_impossible_13_or_12_record_is_one_bad_record(stats: dict[str, Any], field: str) -> None:
+    m = TierModel()
+    m.apply(make("stats", stats, time=1.0))
+    assert m.bad_records == 1 and field in (m.last_bad_reason or ""), m.last_bad_reason
+    assert m.gpu.capacity_blocks is None and m.host.capacity_blocks is None and m.moves.source == "events"

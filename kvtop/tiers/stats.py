@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvtop.records import MAX_BLOCKS, MAX_MAGNITUDE
 from kvtop.tiers.common import _Bad, _count, _describe, _number, _required_count
 from kvtop.tiers.verdict import IterationFit
 
@@ -22,8 +23,33 @@ from kvtop.tiers.verdict import IterationFit
 _KV_KEYS = tuple((key, f"kvCacheStats.{key}") for key in (
     "maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock", "allocTotalBlocks", "allocNewBlocks",
     "reusedBlocks", "missedBlocks"))
+# What one record of the newer views may claim (the record boundary bounds each number, kvtop/records.py; these
+# bound what the numbers say together): at most _MAX_VIEWS windows, pool groups or lifecycles; in each, no gauge
+# above its pool's Max; at most _MAX_ITER_BLOCKS blocks counted by one iteration (4.3 G blocks of even 16 KiB is
+# 64 TiB copied in one step), and no move above the pool it fills or empties where the view states that pool's
+# size; every sum over the views within the record bounds (MAX_BLOCKS for blocks, MAX_MAGNITUDE for the rest).
+_MAX_VIEWS = 256
+_MAX_ITER_BLOCKS = 1 << 32
+# per-iteration moves and the pool that bounds each: an onboard fills a GPU block, an offload copies one out, a
+# host drop frees a host one
+_MOVE_POOL = (("iterOnboardBlocks", "primaryMaxNumBlocks"), ("iterOffloadBlocks", "primaryMaxNumBlocks"),
+              ("iterHostDroppedBlocks", "secondaryMaxNumBlocks"))
 _TOP_KEYS = ("iter", "numCompletedRequests", "numActiveRequests", "numQueuedRequests", "gpuMemUsage",
              "pinnedMemUsage")
+
+
+def _iter_blocks(value: Any, path: str) -> int:
+    """A count of blocks one iteration did (None is 0), at most _MAX_ITER_BLOCKS."""
+    n = _count(value, path) or 0
+    if n > _MAX_ITER_BLOCKS:
+        raise _Bad(path, f"{n:,} blocks in one iteration, more than {_MAX_ITER_BLOCKS:,}")
+    return n
+
+
+def _sum_bounded(n: int, path: str, limit: int = MAX_BLOCKS) -> None:
+    """A sum over one record's windows, pool groups or lifecycles: at most ``limit``."""
+    if n > limit:
+        raise _Bad(path, f"sums to {n:,} in one record, more than {limit:,}")
 
 
 class StatsFold:
@@ -83,6 +109,12 @@ class StatsFold:
                 if v is not None and (v.__class__ is not int or v < 0):
                     v = _count(v, path)
                 kvv[key] = v
+            mx = kvv["maxNumBlocks"]
+            if mx is not None:
+                for key in ("freeNumBlocks", "usedNumBlocks"):
+                    v = kvv[key]
+                    if v is not None and v > mx:
+                        raise _Bad(f"kvCacheStats.{key}", f"{v:,} blocks exceed maxNumBlocks {mx:,}")
         if d.get("kvCacheIterationStats") is None and d.get("kvCacheIterationStatsByPoolGroup") is None:
             it_iter, schema, level_tiers, level_hits = None, ("1.0-1.2" if kv is not None else None), None, None
         else:
@@ -255,6 +287,9 @@ class StatsFold:
         lifecycles = d.get("kvCacheIterationStatsByLifecycle")
         level_hits: list[int] | None = None
         if isinstance(lifecycles, dict) and lifecycles:
+            if len(lifecycles) > _MAX_VIEWS:
+                raise _Bad("kvCacheIterationStatsByLifecycle",
+                           f"{len(lifecycles):,} lifecycles, more than {_MAX_VIEWS} in one record")
             for k in reuse_keys:
                 out[k] = 0
             for lid, lc in lifecycles.items():
@@ -264,7 +299,7 @@ class StatsFold:
                 if lc.get("kind", "attention") != "attention":
                     continue
                 for k in reuse_keys:
-                    out[k] += _count(lc.get(k), f"{where}.{k}") or 0
+                    out[k] += _iter_blocks(lc.get(k), f"{where}.{k}")
                 for k in ("iterFullReusedBlocksByLevel", "iterPartialReusedBlocksByLevel"):
                     per = lc.get(k)
                     if per is None:
@@ -273,7 +308,7 @@ class StatsFold:
                         raise _Bad(f"{where}.{k}", f"must be a list of counts per cache level, got {_describe(per)}")
                     level_hits = level_hits or []
                     for i, v in enumerate(per):
-                        n = _count(v, f"{where}.{k}[{i}]") or 0
+                        n = _iter_blocks(v, f"{where}.{k}[{i}]")
                         if i >= len(level_hits):
                             level_hits.append(0)
                         level_hits[i] += n
@@ -281,6 +316,10 @@ class StatsFold:
             for k in reuse_keys:
                 if k in windows:
                     out[k] = windows[k]
+            for k in reuse_keys:
+                _sum_bounded(out[k], f"kvCacheIterationStatsByLifecycle.*.{k}")
+            for i, n in enumerate(level_hits or ()):
+                _sum_bounded(n, f"kvCacheIterationStatsByLifecycle.*.iter*ReusedBlocksByLevel[{i}]")
         tiers = d.get("kvCacheLevelTiers")
         level_tiers: list[str] | None = None
         if tiers is not None:
@@ -303,10 +342,13 @@ class StatsFold:
             windows = [(f"[{i}]", v) for i, v in enumerate(raw)]
         else:
             raise _Bad(name, f"must be an object, got {_describe(raw)}")
+        if len(windows) > _MAX_VIEWS:
+            raise _Bad(name, f"{len(windows):,} windows or pool groups, more than {_MAX_VIEWS} in one record")
         out: dict[str, int] = {}
         for where, w in windows:
             if not isinstance(w, dict):
                 raise _Bad(f"{name}{where}", f"must be an object, got {_describe(w)}")
+            wv: dict[str, int] = {}
             for key, v in w.items():
                 if not (key.startswith("primary") or key.startswith("secondary") or key.startswith("iter")):
                     continue
@@ -317,7 +359,28 @@ class StatsFold:
                     continue
                 n = _count(v, f"{name}{where}.{key}")
                 if n is not None:
-                    out[key] = out.get(key, 0) + n
+                    wv[key] = n
+            # what the window claims must be possible: no gauge above its pool, no iteration past the cap or
+            # moving more blocks than the pool it fills or empties holds (where the view states the pool's size;
+            # a pool shared by windows reads 0 in the V2 manager's window view)
+            for tier in ("primary", "secondary"):
+                mx = wv.get(f"{tier}MaxNumBlocks")
+                if mx is None:
+                    continue
+                for key, n in wv.items():
+                    if n > mx and key.startswith(tier) and key.endswith("NumBlocks"):
+                        raise _Bad(f"{name}{where}.{key}", f"{n:,} blocks exceed {tier}MaxNumBlocks {mx:,}")
+            for key, pool in _MOVE_POOL:
+                n, size = wv.get(key), wv.get(pool)
+                if n is not None and size and n > size:
+                    raise _Bad(f"{name}{where}.{key}", f"{n:,} blocks moved in one iteration exceed {pool} {size:,}")
+            for key, n in wv.items():
+                if n > _MAX_ITER_BLOCKS and key.startswith("iter") and key.endswith("Blocks"):
+                    raise _Bad(f"{name}{where}.{key}",
+                               f"{n:,} blocks in one iteration, more than {_MAX_ITER_BLOCKS:,}")
+                out[key] = out.get(key, 0) + n
+        for key, n in out.items():
+            _sum_bounded(n, f"{name}.*.{key}", MAX_BLOCKS if key.endswith("Blocks") else MAX_MAGNITUDE)
         return out
 
     # ============================================================================================ read side
