@@ -710,3 +710,48 @@ if __name__ == "__main__":
     print("TRACE_SLICE_8GB =", repr(trace_counters(TRACE_SLICE, None, 8_000_000_000)))
     if TRACE.exists():
         print("TRACE_300 =", repr(trace_300_counters()))
+
+
+@pytest.mark.parametrize("chunk", [1, 4])
+@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c]["bm"]["secondary_blocks"]))
+def test_a_host_pool_made_as_taken_logs_as_one_made_whole(case: str, chunk: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host pool past HOST_BLOCKS_CHUNK blocks is made as the engine takes its blocks (make_host_blocks): with
+    a chunk of 1 or 4 blocks every case's pool is made piecemeal, and its log (block ids, events, every block's
+    tier, priority, hash) must be the one of the pool made whole (the golden digests tie that one down)."""
+    import kvtop.engines.sim.block_manager as block_manager
+
+    expected = [run_block_manager_workload(case, seed) for seed in SEEDS[:3]]
+    monkeypatch.setattr(block_manager, "HOST_BLOCKS_CHUNK", chunk)
+    made: list[int] = []
+    original = block_manager._EvictionPolicy.make_host_blocks
+
+    def counting(policy: Any, k: int) -> None:
+        before = policy.unmade
+        original(policy, k)
+        made.append(before - policy.unmade)
+
+    monkeypatch.setattr(block_manager._EvictionPolicy, "make_host_blocks", counting)
+    assert [run_block_manager_workload(case, seed) for seed in SEEDS[:3]] == expected
+    if CASES[case]["bm"].get("onboard_blocks", True) and CASES[case]["bm"].get("enable_block_reuse", True):
+        assert sum(made) > 0  # the piecemeal path ran
+
+
+def test_a_large_host_pool_costs_the_blocks_it_uses() -> None:
+    """1M host blocks, 200 requests offloading through a 64-block GPU: memory for the blocks made (the first
+    chunk), not the pool; the host pool counts and names its blocks as if made whole."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        bm = BlockManager(64, 1_000_000, tokens_per_block=4)
+        for rid in range(200):
+            bm.add_sequence(rid, [rid * 1000 + t for t in range(40)])
+            bm.remove_sequence(rid)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 40 << 20, f"{peak / 2**20:.0f} MiB"
+    assert bm.offloaded_blocks > 1000 and bm.num_free_blocks(1) == 1_000_000 and bm.num_free_blocks(0) == 64
+    last = 64 + 1_000_000 - 1
+    assert (bm.block_cache_level(last), bm.block_in_tree(last), bm.block_priority(last)) == (1, False, 35)

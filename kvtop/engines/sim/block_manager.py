@@ -428,6 +428,9 @@ class _Sequence:
 
 # A level's free queues are compacted when their stale entries outnumber the live ones by this much.
 STALE_ENTRIES_SLACK = 1024
+# Host blocks made at a time: a host pool larger than this is made as the engine first takes its blocks (64 TiB of
+# host cache is 14.9M blocks, 3.3 GB of Python objects for a 2 s run that touches a few thousand).
+HOST_BLOCKS_CHUNK = 1 << 16
 
 
 class _EvictionPolicy:
@@ -471,6 +474,44 @@ class _EvictionPolicy:
         self.expiry: dict[int, int] = {}  # block id -> the release stamp of its live heap entry (others are stale)
         for block in blocks[:sizes[PRIMARY] + sizes[SECONDARY]]:  # primary blocks first, then secondary
             self.push(block)
+        # Host blocks not made yet (``make_host_blocks``): as if pushed here after the others, in id order, with
+        # the stamps they would have had (the ids and stamps below ``untouched_end``); counted free.
+        self.blocks = blocks
+        self.unmade = sizes[PRIMARY] + sizes[SECONDARY] - len(blocks)
+        self.num_free[SECONDARY] += self.unmade
+        self.stamp += self.unmade
+        self.untouched_end = self.stamp  # an entry with a smaller stamp is still where the constructor put it
+
+    def make_host_blocks(self, k: int) -> None:
+        """Make host blocks not made yet so that the next ``k`` host blocks the queues give are made: the unmade
+        ones are the free blocks queued first at their priority (35) and nothing takes them from the middle (they
+        hold no key, so no reuse claims them; no release gave them an expiry), so they sit at the front of that
+        queue, in id order, behind the made ones still untouched there. The queues then hold what the constructor
+        would have queued: the same blocks, ids, stamps and order."""
+        if not self.unmade:
+            return
+        q = self.queues[SECONDARY][DEFAULT_PRIORITY]
+        blocks = self.blocks
+        first = len(blocks)  # the next id to make, as the blocks are made in id order
+        # untouched entries still at the front: the ones of the constructor's stamps (never stale: see above)
+        have = first - q[1].id if q and q[0] < self.untouched_end else 0
+        if have >= k:
+            return
+        n = min(self.unmade, max(k - have, HOST_BLOCKS_CHUNK))
+        front = [q.popleft() for _ in range(2 * have)]
+        if not q and not front:
+            insort(self.nonempty[SECONDARY], DEFAULT_PRIORITY)
+        stamp0 = self.untouched_end - self.unmade
+        made = [_Block(first + i, False) for i in range(n)]
+        blocks.extend(made)
+        for i in range(n - 1, -1, -1):
+            block = made[i]
+            stamp = stamp0 + i
+            block.qstamp = stamp
+            q.appendleft(block)
+            q.appendleft(stamp)
+        q.extendleft(reversed(front))
+        self.unmade -= n
 
     def push(self, block: _Block) -> None:
         """Queue a block at the back of the queue of its tier and priority."""
@@ -607,7 +648,10 @@ class BlockManager:
         self.clock_ms = clock_ms or (lambda: time.monotonic() * 1000.0)
 
         self._blocks = [_Block(i, True) for i in range(primary_blocks)]
-        self._blocks += [_Block(primary_blocks + i, False) for i in range(secondary_blocks)]
+        # the host pool's first HOST_BLOCKS_CHUNK blocks; the rest as the engine takes them (make_host_blocks)
+        self._blocks += [_Block(primary_blocks + i, False)
+                         for i in range(secondary_blocks if secondary_blocks <= HOST_BLOCKS_CHUNK else
+                                        HOST_BLOCKS_CHUNK)]
         self._root = _Block(-1, True)  # kCachedBlocksRootId; hash 0
         self._policy = _EvictionPolicy(self._blocks, (primary_blocks, secondary_blocks),
                                        self.secondary_offload_min_priority, self.clock_ms)
@@ -783,6 +827,8 @@ class BlockManager:
         offload_min_priority = policy.offload_min_priority
         # An offload takes a host block and queues another: the host's free count cannot change in this batch.
         can_offload = self.onboard_blocks and num_free[SECONDARY] > 0
+        if can_offload and policy.unmade:
+            policy.make_host_blocks(min(count, free_primary))  # each block taken takes at most one host block
         events = self._events_enabled
         no_key = _NO_KEY
         append = taken.append
@@ -1254,17 +1300,23 @@ class BlockManager:
 
     # ------------------------------------------------------------------------------------------- introspection
 
+    def _block_at(self, block_id: int) -> _Block:
+        """The block of an id; a host block not made yet is one as the constructor makes it (make_host_blocks)."""
+        if len(self._blocks) <= block_id < self.primary_blocks + self.secondary_blocks:
+            return _Block(block_id, False)
+        return self._blocks[block_id]
+
     def block_cache_level(self, block_id: int) -> int:
-        return self._blocks[block_id].level
+        return self._block_at(block_id).level
 
     def block_priority(self, block_id: int) -> int:
-        return self._blocks[block_id].priority
+        return self._block_at(block_id).priority
 
     def block_hash(self, block_id: int) -> int:
-        return self._blocks[block_id].hash
+        return self._block_at(block_id).hash
 
     def block_in_tree(self, block_id: int) -> bool:
-        return self._blocks[block_id].in_tree()
+        return self._block_at(block_id).in_tree()
 
     def num_cached_blocks(self, cache_level: int = PRIMARY) -> int:
         """Blocks in the reuse tree whose memory is in the given tier."""
