@@ -225,6 +225,16 @@ def test_stats_fold_as_before(seed: int) -> None:
     added = {k for s in after if isinstance(s, dict) for k in s} - {k for s in before if isinstance(s, dict) for k in s}
     assert added == {"iter_fit"}
     after = [{k: v for k, v in s.items() if k not in added} if isinstance(s, dict) else s for s in after]
+    # The schema is the source's since (issue 23, item 4): where the baseline went back to "1.0-1.2" on a row
+    # without the newer views after one with them, it stays the newer one; everything else is the baseline's.
+    kept = 0
+    for a, b in zip(after, before):
+        if isinstance(a, dict) and isinstance(b, dict) and a["shape"] != b["shape"]:
+            assert b["shape"] == "1.0-1.2" and a["shape"] in ("1.3", "1.3+ V2"), (a["shape"], b["shape"])
+            a["shape"] = b["shape"]
+            kept += 1
+    if seed == 0:
+        assert kept == 0   # the recording's own stats are 1.0-1.2 throughout: nothing to keep
     assert after == before
     assert after[-1] if seed == 0 else any(isinstance(s, tuple) for s in after)
 

@@ -138,6 +138,10 @@ def test_schema_is_told_from_the_data() -> None:
                                                             "secondaryMaxNumBlocks": 2,
                                                             "secondaryFreeNumBlocks": 2}}}, time=2.0))
     assert m.stats_schema == "1.3" and m.host.capacity_blocks == 2
+    # kvCacheIterationStats every N iterations: the rows between (kvCacheStats alone) keep the source's schema,
+    # where the badge flickered between "stats 1.3" and nothing (issue 23, item 4)
+    m.apply(make("stats", {"iter": 3, "kvCacheStats": {"maxNumBlocks": 10, "freeNumBlocks": 9}}, time=3.0))
+    assert m.stats_schema == "1.3"
 
 
 # ---------------------------------------------------------------------------------------------- the simulator

@@ -216,7 +216,9 @@ class StatsFold:
                     self.host_hits += onb
         if d.get("kvtopSource") == "prometheus":
             self.prom_seen = True  # trtllm-serve's Prometheus metrics, mapped (kvtop/sources/trtllm_prometheus.py)
-        elif schema is not None:
+        elif schema is not None and not (schema == "1.0-1.2" and self.shape in ("1.3", "1.3+ V2")):
+            # The schema is the source's, not the last row's: 1.3 gives kvCacheIterationStats every N iterations
+            # (the rows between have kvCacheStats alone), and the badge flickered "stats 1.3" / nothing (issue 23)
             self.shape = schema
         if level_tiers is not None:
             self.level_tiers = level_tiers
