@@ -218,3 +218,59 @@ def test_a_session_with_an_exporter_publishes_what_it_folds() -> None:
     assert session.model.published is not None
     labels = 'host="gpu-07",rank="0",run="prom"'
     assert f'kvtop_kv_offloaded_blocks_total{{{labels}}} 1.0' in seen[0]
+
+
+def _handler_threads() -> int:
+    import threading
+
+    return sum(1 for t in threading.enumerate() if "process_request_thread" in t.name)
+
+
+def _wait(cond, deadline_s: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    import time
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return bool(cond())
+
+
+@pytest.mark.slow
+def test_idle_connections_are_closed_after_the_timeout_and_bounded_in_number() -> None:
+    # prometheus_client's start_http_server kept one thread per idle TCP connection for ever. Now a connection that
+    # sends nothing is closed after timeout_s, scrapes answer meanwhile, and at most max_connections are served.
+    import socket
+
+    model = TierModel()
+    exporter = PrometheusExporter(lambda: model, port=0, source=SRC, timeout_s=1.0, max_connections=8)
+    assert PrometheusExporter(lambda: model).timeout_s == 10.0
+    _feed(model, exporter)
+    model.snapshot()
+    port = exporter.start()
+    idle: list[socket.socket] = []
+    try:
+        base = _handler_threads()
+        for _ in range(6):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        assert _wait(lambda: _handler_threads() - base == 6), _handler_threads() - base
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:  # 7 of 8 slots
+            assert "kvtop_kv_capacity_blocks" in resp.read().decode()
+        # The server closes each idle connection (the client reads EOF) and its thread ends.
+        for s in idle:
+            assert s.recv(1) == b""
+        assert _wait(lambda: _handler_threads() - base == 0), _handler_threads() - base
+        for s in idle:
+            s.close()
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(20)]
+        assert _wait(lambda: _handler_threads() - base == 8), _handler_threads() - base
+        # 12 past the bound are closed unread at once (no thread); the 8 served time out after 1 s.
+        assert _wait(lambda: _handler_threads() - base == 0), _handler_threads() - base
+        assert max(0, _handler_threads() - base) == 0
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as resp:
+            assert resp.status == 200
+    finally:
+        for s in idle:
+            s.close()
+        exporter.stop()

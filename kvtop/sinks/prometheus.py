@@ -36,6 +36,11 @@ HIT_SCOPES = ("cumulative", "window", "gpu", "host")
 # to 5 minutes (long generations). 13 and 12 buckets: ~25 series per source, cheap for any Prometheus.
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+# A connection that sends nothing for this long is closed (a socket read timeout), and at most MAX_CONNECTIONS are
+# served at once (one thread each); more are closed unread. prometheus_client's own server has neither: 500 idle
+# TCP connections held 500 threads for ever.
+CONNECTION_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 64
 
 ModelProvider = Callable[[], Any]  # () -> a TierModel, or a mapping of source key ("host/rank/run") -> TierModel
 
@@ -225,8 +230,11 @@ class PrometheusExporter:
     """
 
     def __init__(self, model: ModelProvider, *, port: int = 9400, addr: str = "127.0.0.1",
-                 source: SourceId | None = None, registry: CollectorRegistry | None = None):
+                 source: SourceId | None = None, registry: CollectorRegistry | None = None,
+                 timeout_s: float = CONNECTION_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS):
         self._model = model
+        self.timeout_s = timeout_s
+        self.max_connections = max_connections
         self.requested_port = port
         self.addr = addr
         self.source = source
@@ -282,12 +290,13 @@ class PrometheusExporter:
     # ------------------------------------------------------------------------------------------ serving
 
     def start(self) -> int:
-        """Serve ``/metrics`` on ``addr:port`` in a daemon thread; returns the bound port."""
-        from prometheus_client import start_http_server
-
+        """Serve ``/metrics`` on ``addr:port`` in a daemon thread; returns the bound port. Each connection is
+        served on its own thread, closed after ``timeout_s`` without data; at most ``max_connections`` at once."""
         if self._server is not None:
             return int(self.port or 0)
-        server, thread = start_http_server(self.requested_port, addr=self.addr, registry=self.registry)
+        server = _serve(self.addr, self.requested_port, self.registry, self.timeout_s, self.max_connections)
+        thread = threading.Thread(target=server.serve_forever, name="kvtop-prometheus", daemon=True)
+        thread.start()
         self._server, self._thread = server, thread
         self.port = int(server.server_port)
         return self.port
@@ -312,6 +321,50 @@ class PrometheusExporter:
 
         self.publish()
         return generate_latest(self.registry)
+
+
+def _serve(addr: str, port: int, registry: CollectorRegistry, timeout_s: float, max_connections: int) -> Any:
+    """prometheus_client's WSGI app on a threading server whose connections time out and are bounded in number."""
+    import socket
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client.exposition import ThreadingWSGIServer, make_wsgi_app
+
+    class Handler(WSGIRequestHandler):
+        timeout = timeout_s  # StreamRequestHandler.setup: socket.settimeout; a silent peer's read ends there
+
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except OSError:  # the timeout, or a peer gone: the connection is closed, nothing to print
+                self.close_connection = True
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    slots = threading.BoundedSemaphore(max_connections)
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        request_queue_size = 128  # listen backlog (socketserver's 5 made a 6th client wait a second to connect)
+
+        def process_request(self, request: Any, client_address: Any) -> None:
+            if not slots.acquire(blocking=False):
+                self.shutdown_request(request)  # all slots taken: closed unread, no thread
+                return
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                slots.release()
+                raise
+
+        def process_request_thread(self, request: Any, client_address: Any) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                slots.release()
+
+    return make_server(addr, port, make_wsgi_app(registry), Server, handler_class=Handler)
 
 
 __all__ = ["PrometheusExporter", "TTFT_BUCKETS", "E2E_BUCKETS"]
