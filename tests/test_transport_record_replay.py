@@ -205,3 +205,38 @@ def test_replay_rejects_negative_speed(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="speed"):
         asyncio.run(consume())
+
+
+def test_a_record_over_the_line_limit_is_not_written_and_named_and_the_rest_replays(tmp_path: Path) -> None:
+    # A vLLM stored event carrying a 9 MB lora_name (and a stats dict as large) made a line over the 8 MiB that
+    # read_jsonl (replay, report) refuses: kvtop wrote what it could not read back. Now such a record is not
+    # written, counted as lost ("recorder.too_large"), and every other record comes back.
+    from kvtop.problems import Problems
+    from kvtop.records import MAX_LINE_BYTES
+
+    big = "L" * (9 * 10**6)
+
+    def stored(i: int, lora: Any = None) -> Record:
+        return make("kv_event", {"event_id": i, "window_size": 4096, "data": {
+            "type": "stored", "parent_hash": None, "lora_name": lora,
+            "blocks": [{"type": "stored_block", "block_hash": 100 + i, "tokens": [], "cache_level": 0,
+                        "priority": 35}]}}, SRC, 1.0 + i)
+
+    records = [make("meta", {"engine": "vllm", "primary_blocks": 100, "tokens_per_block": 16}, SRC, 1.0),
+               *[stored(i) for i in range(5)], stored(5, big), *[stored(i) for i in range(6, 10)],
+               make("stats", {"iter": 1, "note": big}, SRC, 20.0),
+               make("stats", {"iter": 2, "kvCacheStats": {"maxNumBlocks": 100, "freeNumBlocks": 90}}, SRC, 21.0)]
+    problems = Problems()
+    path = tmp_path / "run.jsonl"
+    with Recorder(path, problems=problems) as rec:
+        for r in records:
+            rec.write(r)
+    back = list(read_jsonl(path))
+    assert [x for x in back if isinstance(x, RecordError)] == []
+    assert max(len(line) for line in path.read_bytes().splitlines()) <= MAX_LINE_BYTES
+    kept = [r for i, r in enumerate(records) if i not in (6, 11)]
+    assert [(r.kind, r.time) for r in back] == [(r.kind, r.time) for r in kept]  # type: ignore[union-attr]
+    assert [r.data["event_id"] for r in back if r.kind == "kv_event"] == [0, 1, 2, 3, 4, 6, 7, 8, 9]  # type: ignore
+    assert rec.refused == 2 and rec.records == len(kept)
+    problem = next(p for p in problems.to_json() if p["kind"] == "recorder.too_large")
+    assert problem["count"] == 2 and problem["lost"] and "line limit" in problem["message"]

@@ -29,7 +29,7 @@ from typing import Any
 
 from kvtop.compact import BATCH_KIND, pack_event
 from kvtop.problems import Problems
-from kvtop.records import SCHEMA_VERSION, Record, SourceId, _default, encode
+from kvtop.records import MAX_LINE_BYTES, SCHEMA_VERSION, Record, SourceId, _default, encode
 
 FLUSH_INTERVAL_S = 1.0
 FLUSH_BYTES = 1 << 20  # 1 MiB: ~1,000 stats dicts; a burst of events is written out well before a second
@@ -53,8 +53,9 @@ class Recorder:
     """Appends records to ``path`` as JSONL (``append=False`` truncates first). Thread-safe.
 
     ``write`` is the sink (also callable as ``recorder(record)``); ``close`` flushes and closes. Counters:
-    ``records`` written (accepted), ``bytes`` handed to the kernel, ``flushes``; ``error`` is the last write
-    failure (disk full), never raised from ``write``.
+    ``records`` written (accepted), ``bytes`` handed to the kernel, ``flushes``, ``refused`` (records whose line
+    would be over ``MAX_LINE_BYTES``, which every reader refuses: not written, a lost problem); ``error`` is the
+    last write failure (disk full), never raised from ``write``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, append: bool = True,
@@ -70,6 +71,7 @@ class Recorder:
         self.bytes = 0
         self.flushes = 0
         self.dropped_lines = 0  # only when writes fail (disk full) for more than 4 MiB of lines
+        self.refused = 0  # records never written: their line would be over the readers' MAX_LINE_BYTES
         self.error: str | None = None  # the last write error (disk full...), reported, never raised by write()
         self._buf: list[bytes] = []
         self._batch_source: SourceId | None = None   # the KV events not yet in a line: their source,
@@ -95,11 +97,17 @@ class Recorder:
             # and with compact token lists (kvtop/compact.py); read_jsonl gives them back one record each.
             text = json.dumps(pack_event(record.data), separators=(",", ":"), default=_default, allow_nan=False)
             stamp = json.dumps(record.time, allow_nan=False)  # a NaN time raises here, as encode() does
+            size = len(text) + len(stamp) + 2
             with self._lock:
                 if self._fd is None:
                     raise ValueError(f"recorder for {self.path} is closed")
-                if self._batch_source is not None and self._batch_source != record.source:
-                    self._end_batch_locked()
+                # One event alone on its line: the envelope (under 1 KiB: source strings are bounded) and it.
+                if size + 1024 + 2 * len(stamp) > MAX_LINE_BYTES:
+                    self._refuse_locked(record, size)
+                    return
+                if self._batch_source is not None and (self._batch_source != record.source
+                                                       or self._batch_bytes + size > BATCH_BYTES):
+                    self._end_batch_locked()  # a large event never pushes a batch line past BATCH_BYTES + it
                 self._batch_source = record.source
                 self._batch_times.append(stamp)
                 self._batch_events.append(text)
@@ -114,6 +122,9 @@ class Recorder:
         with self._lock:
             if self._fd is None:
                 raise ValueError(f"recorder for {self.path} is closed")
+            if len(line) - 1 > MAX_LINE_BYTES:
+                self._refuse_locked(record, len(line) - 1)
+                return
             self._end_batch_locked()   # the events before this record stay before it
             self._buf.append(line)
             self._buf_bytes += len(line)
@@ -157,6 +168,16 @@ class Recorder:
                 if self._fd is None:
                     return
                 self._flush_locked()
+
+    def _refuse_locked(self, record: Record, size: int) -> None:
+        """A record whose line every reader would refuse (kvtop.records.MAX_LINE_BYTES) is not written: counted,
+        reported as lost data; the lines around it are written as usual."""
+        self.refused += 1
+        if self.problems is not None:
+            self.problems.report("recorder.too_large",
+                                 f"{self.refused:,} record(s) not written to {self.path}: a {record.kind} record of "
+                                 f"{size:,} bytes, over the {MAX_LINE_BYTES:,}-byte line limit that replay reads",
+                                 lost=True)
 
     def _end_batch_locked(self) -> None:
         """The KV events gathered so far as one line in the buffer."""
