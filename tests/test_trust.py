@@ -475,6 +475,7 @@ def test_record_onto_a_full_disk_is_visible_and_the_file_stays_valid(tmp_path: P
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == EXIT_LOST_DATA, proc.stderr
     assert "recorder.write" in proc.stderr and "File too large" in proc.stderr
+    assert "line(s) never written" in proc.stderr.strip().splitlines()[-1]
     s = _json_out(proc)
     problem = next(p for p in s["problems"] if p["kind"] == "recorder.write")
     assert problem["lost"] and problem["count"] >= 1
@@ -1056,3 +1057,19 @@ def test_a_flood_of_made_up_removals_stops_at_the_ghost_cap(monkeypatch: pytest.
                                                        "block_hashes": list(range(i * 500, i * 500 + 500))},
                           "cache_level": 1})
     assert w.estimate()["ghost_blocks"] == 1000  # 10,000 made-up removals: the newest 1,000 kept
+
+
+def test_a_recorder_on_a_full_disk_says_how_many_lines_were_never_written() -> None:
+    """/dev/full refuses every write (ENOSPC). The last word was "10 line(s) held back, 0 dropped so far" although
+    the run had ended and all 10 were gone: now the count of lines never written is the final message."""
+    from kvtop.problems import Problems
+    from kvtop.sinks.recorder import Recorder
+
+    problems = Problems()
+    rec = Recorder("/dev/full", problems=problems)
+    for i in range(10):
+        rec.write(make("stats", {"iter": i}, SourceId("h", 0, "full"), 1.0 + i))
+    rec.close()
+    assert rec.dropped_lines == 10 and rec.bytes == 0
+    problem = next(p for p in problems.to_json() if p["kind"] == "recorder.write")
+    assert problem["lost"] and "10 line(s) never written" in problem["message"], problem

@@ -149,6 +149,16 @@ class Recorder:
             if self._fd is None:
                 return
             self._flush_locked()
+            if self._pending:
+                # The disk never freed up: what is still held is lost now. Said in lines, as the file counts them
+                # (a line of KV events holds many records), so the run's last word is not "held back".
+                lost = self._pending.count(b"\n")
+                self.dropped_lines += lost
+                self._pending = b""
+                if self.problems is not None:
+                    self.problems.report("recorder.write", f"{self.error}: {self.dropped_lines:,} line(s) never "
+                                         f"written ({lost:,} still held at the end); the file ends on a whole "
+                                         "line", count=max(1, lost), lost=True)
             os.close(self._fd)
             self._fd = None
         _open.discard(self)
