@@ -400,3 +400,32 @@ def test_the_page_fits_1280_px_as_chromium_draws_it(recordings: dict[str, Path],
     found = re.search(r"<title>WIDTH=(\d+)</title>", done.stdout)
     assert found, done.stderr[-500:]
     assert int(found.group(1)) <= 1280
+
+
+def test_a_long_recording_keeps_a_bounded_number_of_samples_to_its_end(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # One Sample per stats record held every one of them: 803 MB for a 2 GB recording (replay: 34 MB). Now at
+    # most 2 x MAX_SAMPLES are kept (every 2nd, 4th... record's), the last one always, the hit totals exact.
+    import kvtop.report.report as report
+    from kvtop.records import SourceId, make
+    from kvtop.sinks.recorder import Recorder
+
+    monkeypatch.setattr(report, "MAX_SAMPLES", 8, raising=False)
+    src = SourceId("h", 0, "long")
+    path = tmp_path / "long.jsonl"
+    with Recorder(path) as rec:
+        rec.write(make("meta", {"engine": "sim", "primary_blocks": 100, "tokens_per_block": 32}, src, 1000.0))
+        for i in range(1, 1001):
+            rec.write(make("stats", {"iter": i, "kvCacheStats": {
+                "maxNumBlocks": 100, "freeNumBlocks": 100 - i % 50, "usedNumBlocks": i % 50, "tokensPerBlock": 32,
+                "allocTotalBlocks": 10 * i, "allocNewBlocks": 7 * i, "reusedBlocks": 3 * i, "missedBlocks": 7 * i,
+                "cacheHitRate": 0.3}}, src, 1000.0 + i))
+    run = load_run(path)
+    assert 8 <= len(run.samples) <= 17
+    ts = [s.t for s in run.samples]
+    assert ts == sorted(ts) and ts[0] == 1.0 and ts[-1] == 1000.0
+    assert run.samples[-1].hits == 3000 and run.samples[-1].lookups == 10000
+    steps = {round(b - a) for a, b in zip(ts[:-2], ts[1:-1])}
+    assert len(steps) == 1  # evenly spaced, the last one apart
+    bins = report._bins(run)
+    assert bins[0][0] == 1.0 and bins[-1][1] == 1000.0

@@ -65,6 +65,9 @@ GIB = 1 << 30
 RUN_COLORS = ("#d62728", "#6a3d9a", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
 MAX_BAD_LINES_SHOWN = 50
 _BINS = 60  # time bins per chart: one per second of a one-minute run, coarser for longer ones
+# Samples kept per run (one per stats record up to here, then every 2nd, 4th... and always the last): a chart is
+# 1,000 px wide, and a sample a stats record held 803 MB for a 2 GB recording (kvtop replay: 34 MB).
+MAX_SAMPLES = 4096
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,9 @@ class _Fold:
         self.had_meta = False
         self.sources: dict[str, None] = {}  # the sources its records came from, in order (host/rank/run)
         self.run_names: dict[str, None] = {}
+        self.stats_seen = 0
+        self.stride = 1  # every stride-th stats record's sample is kept (doubles when 2 x MAX_SAMPLES are kept)
+        self.tail: Sample | None = None  # the newest sample, when not kept: appended at the end
 
     def apply(self, rec: Record) -> None:
         run, model = self.run, self.model
@@ -161,11 +167,20 @@ class _Fold:
         self.whatif.apply(rec)
         if rec.kind == "stats":
             hr, mv, cold = model.hit_rate, model.moves, model.cold
-            run.samples.append(Sample(
+            sample = Sample(
                 rec.time - self.t0, {t.name: TierPoint(t.capacity_blocks, t.in_use_blocks, t.cached_blocks)
                                      for t in model.tiers},
                 None if cold is None else cold.in_use_blocks, hr.hits, hr.lookups, hr.host_hits,
-                mv.offloaded_blocks, mv.onboarded_blocks, mv.evicted_gpu_blocks, mv.evicted_host_blocks))
+                mv.offloaded_blocks, mv.onboarded_blocks, mv.evicted_gpu_blocks, mv.evicted_host_blocks)
+            self.stats_seen += 1
+            if (self.stats_seen - 1) % self.stride:
+                self.tail = sample
+            else:
+                run.samples.append(sample)
+                self.tail = None
+                if len(run.samples) >= 2 * MAX_SAMPLES:  # every other one: those at multiples of the new stride
+                    run.samples = run.samples[::2]
+                    self.stride *= 2
         elif rec.kind == "meta":
             self.had_meta = True
             run.meta = dict(rec.data)
@@ -191,6 +206,9 @@ class _Fold:
     def finish(self) -> RunData:
         run, model, whatif = self.run, self.model, self.whatif
         completed, output_tokens = self.completed, self.output_tokens
+        if self.tail is not None:
+            run.samples.append(self.tail)  # the run's end stays on the charts
+            self.tail = None
         run.duration_s = (self.last_t - self.t0) if self.t0 is not None else 0.0
         run.bytes_per_block = model.bytes_per_block
         if whatif.host_capacity_blocks is None and isinstance(run.meta.get("secondary_blocks"), int):
