@@ -345,6 +345,11 @@ def summary(session: Session) -> dict[str, Any]:
                            "capacity_scheduler_policy": session.meta.get("capacity_scheduler_policy"),
                            "not_modelled": list(session.meta.get("not_modelled") or [])}
     out.update(session.model.snapshot().summary())  # the same reading Prometheus and the fleet table get
+    for key in ("engine", "engine_version", "model", "gpu"):
+        # a source heard from by meta alone (a server whose data endpoints all failed) is no model's yet: what it
+        # said of itself is still what the run watched
+        if out.get(key) is None and session.meta.get(key) is not None:
+            out[key] = session.meta.get(key)
     out["what_if"] = session.what_if()
     out["size_advice"] = session.size_advice()
     from kvtop.fleet import source_status as _source_status
