@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from kvtop.records import RecordError, SourceId, make, read_jsonl
 from kvtop.session import Session
@@ -64,5 +65,26 @@ def fleet_session(path: str | os.PathLike[str] = BUSY_RECORDING, *, started_at: 
     return session
 
 
-__all__ = ["BUSY_RECORDING", "FLEET_SOURCES", "FROZEN_NOW", "FROZEN_STARTED_AT", "REPO", "fleet_session",
-           "session_from_recording"]
+def dashboard_screen(session: Any, size: tuple[int, int] = (120, 40)) -> str:
+    """The dashboard over ``session`` (not run: what it folded already), refreshed once, as the text of its SVG
+    screenshot: what the fuzz tests look through for control characters. Textual is imported here, on use."""
+    import asyncio
+
+    from kvtop.settings import Settings
+    from kvtop.ui.app import build_app
+
+    async def show() -> str:
+        app = build_app(session, Settings(), run_session=False)
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            app.refresh_view()
+            await pilot.pause()
+            shot = app.export_screenshot()
+        assert app.return_code in (None, 0)
+        return str(shot)
+
+    return asyncio.run(show())
+
+
+__all__ = ["BUSY_RECORDING", "FLEET_SOURCES", "FROZEN_NOW", "FROZEN_STARTED_AT", "REPO", "dashboard_screen",
+           "fleet_session", "session_from_recording"]

@@ -172,25 +172,12 @@ def test_hostile_streams_fold_and_render_headless_json_and_prometheus(messages: 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(_message(), min_size=1, max_size=8), st.lists(_page(), max_size=3))
 def test_hostile_streams_render_on_the_dashboard(messages: list[list[bytes]], pages: list[str]) -> None:
-    import asyncio
+    from recordings import dashboard_screen
 
     from kvtop.session import Session
-    from kvtop.settings import Settings
-    from kvtop.ui.app import build_app
 
     m, _ = _fold(messages, pages)
     session = Session(source=SRC)
     session.model = m
     session.models = {SRC.key(): m}
-
-    async def show() -> str:
-        app = build_app(session, Settings(), run_session=False)
-        async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.pause()
-            app.refresh_view()
-            await pilot.pause()
-            shot = app.export_screenshot()
-        assert app.return_code in (None, 0)
-        return str(shot)
-
-    _clean(asyncio.run(show()), "dashboard")
+    _clean(dashboard_screen(session), "dashboard")

@@ -814,24 +814,10 @@ _META_OF_NUMBERS = encode(make("meta", {"engine": "sim", "engine_version": 1.5, 
 @given(_mutated_recording())
 @example([_META_OF_NUMBERS])   # a meta of numbers where names go: the header drew -1 as a model, an int (a crash)
 def test_mutated_records_render_on_the_dashboard(lines: list[str]) -> None:
-    import asyncio
-
-    from kvtop.settings import Settings
-    from kvtop.ui.app import build_app
+    from recordings import dashboard_screen
 
     session, _ = _fold(lines)
-
-    async def show() -> str:
-        app = build_app(session, Settings(), run_session=False)
-        async with app.run_test(size=(120, 40)) as pilot:
-            await pilot.pause()
-            app.refresh_view()
-            await pilot.pause()
-            shot = app.export_screenshot()
-        assert app.return_code in (None, 0)
-        return str(shot)
-
-    _assert_clean(asyncio.run(show()), "dashboard")
+    _assert_clean(dashboard_screen(session), "dashboard")
 
 
 async def test_hostile_names_never_reach_the_dashboard_and_ctrl_c_quits_with_130() -> None:
