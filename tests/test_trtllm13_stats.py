@@ -107,6 +107,24 @@ def test_v2_views_fold_into_three_tiers() -> None:
     assert s["tiers"]["disk"]["capacity_bytes"] == 11 * 4096 and s["quality"]["stats_schema"] == "1.3+ V2"
 
 
+def test_v2_builds_before_the_cold_view_give_the_cold_gauges_from_the_pool_groups() -> None:
+    """kv_cache_stats.py before kvCacheIterationStatsByColdPoolGroup existed: the pool-group view carries the
+    secondary* gauges (TensorRT-LLM's collector.py reads them there then: host usage 11 of 18, 0.6). They were
+    dropped and the cold tiers read unknown; now the same as the cold view gives."""
+    old = copy.deepcopy(V2_STATS)
+    cold = old.pop("kvCacheIterationStatsByColdPoolGroup")["0"]
+    old["kvCacheIterationStatsByPoolGroup"]["0"].update(
+        {k: v for k, v in cold.items() if k.startswith("secondary")})
+    m = TierModel()
+    m.apply(make("meta", {"engine": "trtllm", "tokens_per_block": 32, "bytes_per_block": 4096, "disk_blocks": 11},
+                 time=1.0))
+    m.apply(make("stats", old, time=2.0))
+    assert m.bad_records == 0, m.last_bad_reason
+    c = m.cold
+    assert c is not None and (c.capacity_blocks, c.in_use_blocks, c.free_blocks) == (18, 11, 7)
+    assert (m.gpu.capacity_blocks, m.gpu.free_blocks) == (30, 14)   # the GPU as with the cold view
+
+
 def test_v2_disk_named_by_the_stats_alone() -> None:
     m = TierModel()
     m.apply(make("meta", {"engine": "trtllm", "secondary_blocks": 7}, time=1.0))

@@ -281,7 +281,10 @@ class StatsFold:
         pools = self._iteration_stats(by_pool, "kvCacheIterationStatsByPoolGroup", by_key=True) or {}
         cold = self._iteration_stats(d.get("kvCacheIterationStatsByColdPoolGroup"),
                                      "kvCacheIterationStatsByColdPoolGroup", by_key=True)
-        out = {k: v for k, v in pools.items() if not k.startswith("secondary")}
+        # the cold tiers' gauges from the cold view; V2 builds before it existed carry them in the pool-group view
+        # (TensorRT-LLM's collector.py reads the cold view, else those), where dropping them left the host unknown
+        # while TensorRT-LLM's own gauge read 0.6 (issue 23, item 2)
+        out = pools if cold is None else {k: v for k, v in pools.items() if not k.startswith("secondary")}
         for k, v in (cold or {}).items():
             if k.startswith("secondary"):
                 out[k] = v
