@@ -551,6 +551,9 @@ class PartialSession:
 
     def __init__(self, session: Any):
         self.session = session
+        # whether the stand-in's tick takes the dashboard's clock: told once, not by a signature read every refresh
+        tick = getattr(session, "tick", None)  # may lack: see the class docstring
+        self._tick_takes_now = callable(tick) and _takes_an_argument(tick)
 
     def view(self) -> SessionView:
         s = self.session
@@ -578,7 +581,7 @@ class PartialSession:
         tick = getattr(self.session, "tick", None)  # may lack: see the class docstring
         if not callable(tick):
             return None
-        if now is None or not _takes_an_argument(tick):   # a stand-in's tick() may take none
+        if now is None or not self._tick_takes_now:   # a stand-in's tick() may take none
             return tick()
         return tick(now)
 
