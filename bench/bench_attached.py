@@ -150,6 +150,27 @@ def measure(name: str, argv: list[str], marker: bytes, seconds: float, env: dict
     return out
 
 
+def attach_zmq(kvtop: list[str], rate: int, a: argparse.Namespace, env: dict[str, str], tree: Path,
+               label: str) -> dict[str, Any]:
+    """One ``kvtop attach zmq://`` in the pty, its publisher sending ``rate`` events/s from before kvtop starts to
+    after the window ends."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port_file, done_file = Path(tmp) / "port", Path(tmp) / "done"
+        pub = subprocess.Popen([sys.executable, str(REPO / "bench" / "bench_zmq_flood.py"), "--publish",
+                                str(port_file), str(done_file), "--events-per-s", str(rate),
+                                "--seconds", str(a.seconds + 5)])
+        try:
+            while not port_file.exists() or not port_file.read_text():
+                time.sleep(0.05)
+            url = f"zmq://127.0.0.1:{port_file.read_text()}"
+            row = measure(f"kvtop attach zmq:// {rate:,} events/s{label}",
+                          [*kvtop, "attach", url, "--refresh", str(a.refresh)], b"up 0:00", a.seconds, env, cwd=tree)
+        finally:
+            pub.kill()
+            pub.wait()
+    return row
+
+
 def nvitop_command(refresh: float) -> list[str] | None:
     exe = shutil.which("nvitop")
     if exe:
@@ -168,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recording", action="append", default=None,
                     help="a recording to replay (repeatable); default: a 40 s full-scale busy recording (made once, "
                          "~1,000 records/s) and the committed tests/data/busy.jsonl (8 s at ~400 records/s, then idle)")
+    ap.add_argument("--zmq-rate", action="append", type=int, default=None, metavar="EVENTS_PER_S",
+                    help="instead of replays: `kvtop attach zmq://` on a vLLM-shaped stream at this many KV events/s "
+                         "(bench/bench_zmq_flood.py's publisher in a process of its own: map form, chains of 4 blocks "
+                         "with 64 token ids, each stored block removed 200 batches later; repeatable)")
     ap.add_argument("--no-nvitop", action="store_true")
     ap.add_argument("--kvtop", default=None, help="the kvtop command (default: this Python's -m kvtop)")
     ap.add_argument("--baseline", default=None, metavar="DIR",
@@ -180,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="also write the JSON here")
     a = ap.parse_args(argv)
 
-    recordings = ([Path(r).resolve() for r in a.recording] if a.recording
+    recordings = ([Path(r).resolve() for r in a.recording] if a.recording else [] if a.zmq_rate
                   else [busy_recording(max(a.seconds + 10, 40)), REPO / "tests" / "data" / "busy.jsonl"])
     trees = [("", REPO)] + ([(" (baseline)", Path(a.baseline).resolve())] if a.baseline else [])
     kvtop = shlex.split(a.kvtop) if a.kvtop else [sys.executable, "-m", "kvtop"]
@@ -193,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
             # row imported that checkout: the baseline rows before this were the same tree as the others)
             path = [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])]
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-            for r in recordings:
+            for rate in a.zmq_rate or []:
+                rows.append({**attach_zmq(kvtop, rate, a, env, tree, label), "tree": str(tree)})
+            for r in ([] if a.zmq_rate else recordings):
                 row = measure(f"kvtop replay {r.name}{label}", [*kvtop, "replay", str(r), "--refresh", str(a.refresh)],
                               b"up 0:00", a.seconds, env, cwd=tree)
                 rows.append({**row, "tree": str(tree)})
@@ -205,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"host": platform.node(), "cpu": platform.processor() or platform.machine(),
                     "cores": os.cpu_count(), "python": platform.python_version(),
                     "load_1m": round(os.getloadavg()[0], 2)},
-        "recordings": [{"path": str(r), "mb": round(r.stat().st_size / 2**20, 1)} for r in recordings],
+        "recordings": [] if a.zmq_rate else [{"path": str(r), "mb": round(r.stat().st_size / 2**20, 1)}
+                                             for r in recordings],
+        "zmq_rates": a.zmq_rate or [],
         "seconds": a.seconds, "refresh_s": a.refresh, "rows": rows, "summary": summary(rows),
     }
     if a.out:
