@@ -181,3 +181,59 @@ def test_hostile_streams_render_on_the_dashboard(messages: list[list[bytes]], pa
     session.model = m
     session.models = {SRC.key(): m}
     _clean(dashboard_screen(session), "dashboard")
+
+
+def _decode_both(frames: list[bytes]) -> tuple[Any, Any]:
+    from kvtop import kv_stream
+
+    out = []
+    for fast in (True, False):
+        kv_stream.FAST_DECODE = fast
+        try:
+            out.append(decode_frames(frames))
+        except WireError as exc:
+            out.append(("WireError", str(exc)))
+        finally:
+            kv_stream.FAST_DECODE = True
+    return out[0], out[1]
+
+
+# vLLM's own shapes, with and without each optional field: the typed path takes these (a fuzz of hostile messages
+# mostly exercises the fallback)
+_VLLM_EVENT = st.one_of(
+    st.builds(lambda h, p, n, g, lora, ek: {**stored(h, parent=p, tokens=n), "lora_name": lora,
+                                            **({} if g is None else {"group_idx": g}),
+                                            **({} if ek == "absent" else {"extra_keys": ek})},
+              st.lists(st.integers(0, (1 << 64) - 1), max_size=5), st.one_of(st.none(), st.integers(0, 1 << 63)),
+              st.integers(0, 70), st.one_of(st.none(), st.integers(0, 3)), st.one_of(st.none(), st.text(max_size=5)),
+              st.sampled_from(["absent", None, [["mm", 3]]])),
+    st.builds(lambda h, m: removed(h, medium=m), st.lists(st.integers(0, (1 << 64) - 1), max_size=5),
+              st.sampled_from(["GPU", "CPU", None, "STORAGE"])),
+    st.just(cleared()))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.one_of(_message(), st.builds(
+    lambda evs, ts, rank: [b"kv-events", (3).to_bytes(8, "big"), msgpack.packb([ts, evs, rank], use_bin_type=True)],
+    st.lists(_VLLM_EVENT, max_size=6), st.one_of(st.none(), st.floats(1.6e9, 1.9e9)),
+    st.one_of(st.none(), st.integers(0, 7)))))
+def test_the_typed_decode_gives_what_the_checking_path_gives(frames: list[bytes]) -> None:
+    """kv_stream's msgspec path (vLLM 0.33's shape, token lists left undecoded) is an accelerator of
+    normalize_event/decode_payload, the spec: for any message both give the same batch, or the same error."""
+    fast, checked = _decode_both(frames)
+    assert fast == checked
+
+
+def test_the_typed_decode_takes_vllm_shapes_and_leaves_the_rest() -> None:
+    from kvtop.kv_stream import _decode_typed
+
+    body = msgpack.packb([1.7e9, [stored([1, 2], tokens=300), removed([1]), cleared()], 0], use_bin_type=True)
+    ts, rank, events = _decode_typed(body)
+    assert (ts, rank, [e["type"] for e in events]) == (1.7e9, 0, ["BlockStored", "BlockRemoved", "AllBlocksCleared"])
+    assert events[0]["num_tokens"] == 600 and events[0]["block_hashes"] == [1, 2]
+    # what the checking path must judge: a negative (signed) hash, bytes digests, positional events, a map envelope,
+    # an unknown field, NaN in a scalar
+    for odd in ([1.7e9, [stored([-5])], 0], [1.7e9, [stored([b"\x01" * 32])], 0],
+                [1.7e9, [stored([1], array=True)], 0], {"ts": 1.7e9, "events": [], "data_parallel_rank": 0},
+                [1.7e9, [{**stored([1]), "new_field": 1}], 0], [1.7e9, [{**stored([1]), "lora_id": math.nan}], 0]):
+        assert _decode_typed(msgpack.packb(odd, use_bin_type=True)) is None, odd

@@ -43,7 +43,11 @@ Memory: a message over ``MAX_MESSAGE_BYTES`` (8 MiB, as MQTT's payload limit) is
 lost; the batch is a seq gap): it costs its size while it is received, never the ~5x that unpacking it took (one
 113 MB message cost 613 MB). Not ZMQ's own ``MAXMSGSIZE``: libzmq 4.3 aborts the process (``Assertion failed:
 !_more (src/fq.cpp:80)``, 2 runs in 12 of tests/test_zmq_replay.py's 9 MB message) when it refuses the last frame
-of a multipart message whose first frames it has queued. A socket monitor counts the publisher's disconnects
+of a multipart message whose first frames it has queued. What kvtop has not read yet waits in ZMQ's queue, at most
+``RCVHWM`` (10,000) messages: past that ZMQ drops, and the drops are seq gaps, counted lost. (ZMQ bounds a queue in
+messages, not bytes: a vLLM step's batch is 1-20 KB, so ~10-200 MB at most; at 100,000, as before, a flood of 9 KB
+batches it could not keep up with grew kvtop to 592 MB in 25 s and on, now 143 MB: BENCHMARKS.md, "A flood".) The
+fold's live blocks are bounded apart (kvtop/kv_stream.py ``LIVE_CAP``). A socket monitor counts the publisher's disconnects
 (``zmq.disconnected``) and connects again.
 
 Sequence numbers are checked: a seq of 2^63 or more is negative on the wire (a bad message); one more than
@@ -85,7 +89,8 @@ MAX_MESSAGE_BYTES = 8 << 20  # a larger message is refused unread (as MQTT's pay
 MAX_SEQ_JUMP = 1 << 24  # a seq this far past the last is not this publisher's (46 h of drops at 100 batches/s)
 RESYNC_AFTER = 3      # ... unless this many consecutive seqs go on from it: a new start, followed
 POLL_S = 0.25         # the receive loop wakes this often to notice a stop
-RCVHWM = 100_000      # messages a SUB queues before ZMQ drops: ~30-100 batches/s per GPU leaves minutes
+READ_BURST = 64       # messages read at one wake-up at most, before the loop's other tasks run
+RCVHWM = 10_000       # messages a SUB queues before ZMQ drops (the bound of its queue, module docstring)
 ERROR_REPORT_S = 5.0
 _EVENT_DISCONNECTED = 0x0200  # zmq.EVENT_DISCONNECTED
 _EVENTS, _POLLIN = 15, 1      # zmq.EVENTS, zmq.POLLIN
@@ -337,11 +342,23 @@ class ZmqKvEventSource:
                      f"{n:,}{more} message(s) it had received were never read", n=n, lost=True)
 
     async def _read(self, ctx: Any, rs: RankState, sock: Any) -> None:
+        import zmq
+
+        # Woken once, read what is queued without waiting (up to READ_BURST): an awaited receive a message cost
+        # ~25 us of asyncio futures, a fifth of a 50-event batch's whole decode and fold (bench/bench_zmq_flood.py)
+        raw: Any = zmq.Socket.shadow(sock.underlying)
         while not self._stop.requested:
             if not await sock.poll(int(POLL_S * 1000)):
                 continue
-            frames = await sock.recv_multipart()
-            self._handle(ctx, rs, frames, not sock.getsockopt(_EVENTS) & _POLLIN)
+            for _ in range(READ_BURST):
+                try:
+                    frames = raw.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._handle(ctx, rs, frames, not raw.getsockopt(_EVENTS) & _POLLIN)
+                if self._stop.requested:
+                    return
+            await asyncio.sleep(0)   # the other ranks, the replay tasks and the dashboard get their turn
 
     async def _watch(self, rs: RankState, sock: Any, monitor: Any) -> None:
         """The SUB socket's disconnects: a publisher gone, or a connection ZMQ ended (a protocol error, after which
