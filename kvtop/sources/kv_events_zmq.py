@@ -47,8 +47,8 @@ of a multipart message whose first frames it has queued. What kvtop has not read
 ``RCVHWM`` (10,000) messages: past that ZMQ drops, and the drops are seq gaps, counted lost. (ZMQ bounds a queue in
 messages, not bytes: a vLLM step's batch is 1-20 KB, so ~10-200 MB at most; at 100,000, as before, a flood of 9 KB
 batches it could not keep up with grew kvtop to 592 MB in 25 s and on, now 143 MB: BENCHMARKS.md, "A flood".) The
-fold's live blocks are bounded apart (kvtop/kv_stream.py ``LIVE_CAP``). A socket monitor counts the publisher's disconnects
-(``zmq.disconnected``) and connects again.
+fold's live blocks are bounded apart (kvtop/kv_stream.py ``LIVE_CAP``). A socket monitor counts the publisher's
+disconnects (``zmq.disconnected``) and connects again.
 
 Sequence numbers are checked: a seq of 2^63 or more is negative on the wire (a bad message); one more than
 ``MAX_SEQ_JUMP`` past the last is not this publisher's sequence (a bad message, not a gap of 2^64 batches),
