@@ -18,6 +18,7 @@ export PYTHONPATH=/tmp/site:$PWD
 export PATH=/tmp/site/bin:$PATH
 python3 -m compileall -q kvtop "$BASE" /tmp/site
 python3 -c 'import platform, os; print(platform.python_version(), os.cpu_count(), "cores; load", os.getloadavg())'
-python3 bench/bench_attached.py --zmq-rate 1000 --zmq-rate 10000 --rounds "$ROUNDS" --out "$OUT/attached-zmq.json"
-python3 bench/bench_zmq_flood.py --events-per-s 10000 --seconds 20 | tee "$OUT/flood-10k.jsonl"
+python3 bench/bench_attached.py --zmq-rate 1000 --zmq-rate 10000 --rounds "$ROUNDS" --baseline "$BASE" \
+    --out "$OUT/attached-zmq.json"
+python3 bench/bench_zmq_flood.py --events-per-s 10000 --seconds 20 --against "$BASE" | tee "$OUT/flood-10k.jsonl"
 python3 bench/bench_zmq_flood.py --events-per-s 250000 --seconds 30 --against "$BASE" | tee "$OUT/flood-250k.jsonl"
