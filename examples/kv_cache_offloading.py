@@ -62,7 +62,8 @@ def run(engine: str, offloading: bool) -> dict[str, Any]:
             for stats in llm.get_stats(timeout=2):
                 last = stats if isinstance(stats, dict) else __import__("json").loads(stats)
             kv = last.get("kvCacheStats", {})
-            print(f"prompt {name}: reused blocks so far {kv.get('reusedBlocks')}, missed {kv.get('missedBlocks')}")
+            print(f"prompt {name}: reused blocks so far {kv.get('reusedBlocks', '?')}, missed "
+                  f"{kv.get('missedBlocks', '?')}")
     finally:
         llm.shutdown()
     return last.get("kvCacheStats", {})

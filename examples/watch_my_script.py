@@ -2,15 +2,21 @@
 
 Runs on TensorRT-LLM when it is importable, else on kvtop's built-in simulator (same API, no GPU needed):
 
-    python examples/watch_my_script.py
+    python examples/watch_my_script.py                            # records into a new temporary directory
+    python examples/watch_my_script.py --record run.jsonl         # ...or where you say
     KVTOP_PUBLISH=mqtt://localhost/lab python examples/watch_my_script.py   # and `kvtop attach mqtt://localhost/lab`
+
+The recording is never written into the directory it is run from (a checkout of kvtop stays clean).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
+import tempfile
+from pathlib import Path
 
 import kvtop
 
@@ -41,9 +47,14 @@ async def my_workload(llm) -> None:
         await asyncio.gather(*(o.aresult() for o in outs))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--record", default=None, metavar="FILE",
+                   help="write the recording here (default: watch_my_script.jsonl in a new temporary directory)")
+    a = p.parse_args(argv)
+    record = Path(a.record) if a.record else Path(tempfile.mkdtemp(prefix="kvtop-example-")) / "watch_my_script.jsonl"
     llm = make_llm()
-    handle = kvtop.watch(llm, publish=os.environ.get("KVTOP_PUBLISH"), record="watch_my_script.jsonl")
+    handle = kvtop.watch(llm, publish=os.environ.get("KVTOP_PUBLISH"), record=str(record))
     try:
         asyncio.run(my_workload(llm))
     finally:
@@ -51,7 +62,7 @@ def main() -> None:
         llm.shutdown()
     s = handle.summary()
     print(json.dumps({"tiers": s["tiers"], "hit_rate": s["hit_rate"]["cumulative"], "moves": s["moves"]}, indent=1))
-    print("recorded to watch_my_script.jsonl; replay it with: kvtop replay watch_my_script.jsonl")
+    print(f"recorded to {record}; replay it with: kvtop replay {record}")
 
 
 if __name__ == "__main__":

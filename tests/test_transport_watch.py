@@ -159,9 +159,13 @@ def test_import_kvtop_stays_light_and_watch_is_a_plain_function() -> None:
 
 
 def test_example_runs_on_the_simulator(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "watch_my_script.py")], capture_output=True,
-                         text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    record = tmp_path / "rec" / "run.jsonl"
+    record.parent.mkdir()
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "watch_my_script.py"), "--record", str(record)],
+                         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout[:out.stdout.rindex("}") + 1])
     assert summary["moves"]["offloaded_blocks"] > 0 and summary["moves"]["onboarded_blocks"] > 0
-    assert (tmp_path / "watch_my_script.jsonl").stat().st_size > 0
+    assert record.stat().st_size > 0
+    assert f"recorded to {record}; replay it with: kvtop replay {record}" in out.stdout
