@@ -196,8 +196,9 @@ def main(argv: Sequence[str]) -> int:
     if a.json:
         print(json.dumps(result))
     else:
-        print(f"kvtop agent: {len(agent.sources)} source(s), {agent.published} summaries in {agent.seq} rounds, "
-              f"{pub.published} records sent to {url.display()}" + (f", {pub.dropped} dropped" if pub.dropped else ""))
+        print(f"kvtop agent: {len(agent.sources):,} source(s), {agent.published:,} summaries in {agent.seq:,} rounds, "
+              f"{pub.published:,} records sent to {url.display()}"
+              + (f", {pub.dropped:,} dropped" if pub.dropped else ""))
     # kvtop's exit statuses: 3 when the source gave nothing, 4 when data was lost (kvtop.problems)
     return EXIT_INTERRUPTED if interrupted else session.problems.exit_status(session.records_in)
 

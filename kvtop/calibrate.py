@@ -39,7 +39,6 @@ offload at once 1.135x the longer of the two. (2026-11-29, Qwen3-8B: bf16 GEMM 6
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import functools
 import math
@@ -50,6 +49,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvtop import options
 from kvtop.engines.gpus import (
     COST_FIELDS,
     LINKS,
@@ -619,7 +619,7 @@ def run_calibrate(model: str = "Qwen/Qwen3-8B", out: str | Path = "gpu-profile.j
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`kvtop calibrate [--model M] [--out FILE] [--quick] [--device N] [--tokens-per-block N]`."""
-    ap = argparse.ArgumentParser(prog="kvtop calibrate", description=__doc__.split("\n\n")[0])
+    ap = options.OptionParser(prog="kvtop calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="Qwen/Qwen3-8B", help="model shape for the block size and prefill proxy")
     ap.add_argument("--out", default="gpu-profile.json", help="profile JSON to write (default: gpu-profile.json)")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, one prompt length: under a minute")

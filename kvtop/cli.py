@@ -24,7 +24,7 @@ from typing import Any
 
 from kvtop import __version__, options
 from kvtop.problems import EXIT_INTERRUPTED, EXIT_USAGE
-from kvtop.settings import SettingsError, load_settings
+from kvtop.settings import Settings, SettingsError, load_settings
 
 # kvtop.modes (asyncio: ~35 ms of a ~130 ms start-up on the dev box) is imported where a run needs it, not for
 # `kvtop sim`; run_headless_until stays importable from here for callers of kvtop.cli.
@@ -45,9 +45,9 @@ class UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(options.SuggestingParser):
     def error(self, message: str) -> Any:  # one clear line, not argparse's usage dump + exit
-        raise UsageError(message)
+        raise UsageError(self.with_hint(message))
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -326,19 +326,19 @@ def _timed_row(a: argparse.Namespace, cfg: Any, result: dict[str, Any], baseline
     host_bytes, host_blocks = cfg.host_cache_bytes, cfg.secondary_blocks
     failures = result.pop("failures", None) or []
     if failures and not a.json:
-        print(f"kvtop sim: {result['failed']} requests failed, e.g. {failures[0]}", file=sys.stderr)
+        print(f"kvtop sim: {result['failed']:,} requests failed, e.g. {failures[0]}", file=sys.stderr)
     result["verdict"] = v = sweep_verdict(result, baseline)
     if a.json:
         return
     said = v["says"] if v["net_s"] is None else f"{v['says']} {v['net_s']:+.1f} s"
     if host_blocks == 0 and sizes > 1:
         said += " (the baseline of the verdicts)"
-    print(f"host {format_bytes(host_bytes):>10} ({host_blocks:>6} blocks): hit rate "
-          f"{100 * result['cache_hit_rate']:5.1f}%  reused {result['reused_blocks']:>8}  missed "
-          f"{result['missed_blocks']:>8}  offloaded {result['offloaded_blocks']:>8}  onboarded "
-          f"{result['onboarded_blocks']:>8}  simulated {result['simulated_seconds']:8.1f} s  "
+    print(f"host {format_bytes(host_bytes):>10} ({host_blocks:>7,} blocks): hit rate "
+          f"{100 * result['cache_hit_rate']:5.1f}%  reused {result['reused_blocks']:>9,}  missed "
+          f"{result['missed_blocks']:>9,}  offloaded {result['offloaded_blocks']:>9,}  onboarded "
+          f"{result['onboarded_blocks']:>9,}  simulated {result['simulated_seconds']:8.1f} s  "
           f"wall {result['wall_seconds']:6.1f} s  tier: {said}"
-          + (f"  FAILED {result['failed']} of {result['failed'] + result['requests']} requests"
+          + (f"  FAILED {result['failed']:,} of {result['failed'] + result['requests']:,} requests"
              if result["failed"] else ""), flush=True)
 
 
@@ -394,13 +394,13 @@ def _sim_hit_rates(a: argparse.Namespace, requests: list[Any], model: Any, gpu: 
         if optimum is not None:
             r["belady_hit_rate"] = optimum[i]
         if not a.json:
-            print(f"host {format_bytes(r['host_cache_bytes']):>10} ({r['secondary_blocks']:>6} blocks): hit rate "
-                  f"{100 * r['cache_hit_rate']:5.1f}%  reused {r['reused_blocks']:>8}  missed {r['missed_blocks']:>8}"
-                  f"  onboarded {r['onboarded_blocks']:>8}"
+            print(f"host {format_bytes(r['host_cache_bytes']):>10} ({r['secondary_blocks']:>7,} blocks): hit rate "
+                  f"{100 * r['cache_hit_rate']:5.1f}%  reused {r['reused_blocks']:>9,}  missed "
+                  f"{r['missed_blocks']:>9,}  onboarded {r['onboarded_blocks']:>9,}"
                   + (f"  optimal (Belady) {100 * optimum[i]:5.1f}%" if optimum is not None else ""))
     if runs and runs[0]["failed"]:
-        print(f"kvtop sim: {runs[0]['failed']} requests skipped: each needs more KV blocks than the GPU pool has "
-              f"({primary})", file=sys.stderr)
+        print(f"kvtop sim: {runs[0]['failed']:,} requests skipped: each needs more KV blocks than the GPU pool has "
+              f"({primary:,})", file=sys.stderr)
     if not a.json:
         print(f"{mode}: {len(runs)} sizes in {wall:.1f} s, one request at a time, no engine timing"
               + ("; Belady's MIN over GPU + host blocks, prompts only" if optimum is not None else ""))
@@ -423,10 +423,11 @@ def cmd_run(argv: Sequence[str]) -> int:
         from kvtop.mqtt_wire import redact_url
         from kvtop.textsafe import clean
 
+        kinds = {f.name: f.metadata.get("kind") for f in Settings.option_fields()}
         for name, value, origin in settings.describe():
             # A URL may carry a password (kvtop refuses one in --publish, but a config file may hold any URL).
-            shown = redact_url(value) if isinstance(value, str) and "://" in value else value
-            print(clean(f"{name:32} {shown!s:24} {origin}", None))
+            said = redact_url(value) if isinstance(value, str) and "://" in value else options.shown(value, kinds[name])
+            print(clean(f"{name:32} {said:24} {origin}", None))
         return 0
     try:
         session = runner.build_session(settings)
@@ -449,6 +450,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args[0] if args and args[0] in SUBCOMMANDS else "run"
     rest = args[1:] if args and args[0] in SUBCOMMANDS else args
     try:
+        if command == "run" and args and not args[0].startswith("-"):
+            # the driven run takes no positional argument: a first word is a command, misspelled or unknown
+            raise UsageError(_unknown_command(args[0]))
         if command == "sim":
             return cmd_sim(rest)
         if command in ("attach", "replay"):
@@ -475,13 +479,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, SettingsError) as exc:
         from kvtop.textsafe import clean
 
-        # an option's value may be a file name with an escape sequence in it (a trace's, a recording's)
-        print(f"kvtop: {clean(str(exc), 2000)}", file=sys.stderr)
+        # an option's value may be a file name with an escape sequence in it (a trace's, a recording's); a
+        # subcommand's parser names itself ("kvtop attach: ..."), once
+        text = clean(str(exc), 2000)
+        print(text if text.startswith("kvtop ") else f"kvtop: {text}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return _broken_pipe()
+
+
+def _unknown_command(word: str) -> str:
+    from kvtop.suggest import did_you_mean
+    from kvtop.textsafe import clean
+
+    return (f"unknown command {clean(word, 80)!r}{did_you_mean(word, SUBCOMMANDS, quote=True)}; commands: "
+            f"{', '.join(SUBCOMMANDS)} (kvtop --help)")
 
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a program whose reader went away

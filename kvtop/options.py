@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvtop.settings import Settings, SettingsError
+from kvtop.suggest import close_names
 
 # What each subcommand takes of the settings (the driven run takes them all).
 ATTACH_SETTINGS = ("headless", "json", "duration", "theme", "refresh", "record", "append", "prometheus_port",
@@ -25,11 +26,41 @@ ESTIMATE_SETTINGS = ("model", "gpu", "tokens_per_block", "kv_cache_dtype", "tens
                      "gpu_cache_fraction", "json")
 
 
-class OptionParser(argparse.ArgumentParser):
+class SuggestingParser(argparse.ArgumentParser):
+    """An ArgumentParser that knows its option strings, so that an unknown option's error names the nearest known
+    one ("unrecognized arguments: --hots-cache 10GB; did you mean --host-cache?")."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        # -h/--help is added by ArgumentParser.__init__, before this class's own attributes could be set
+        self.__dict__.setdefault("known_options", []).extend(action.option_strings)
+        return action
+
+    def with_hint(self, message: str) -> str:
+        """``message`` with a "did you mean" for each unrecognized option that is close to a known one."""
+        head = "unrecognized arguments: "
+        if not message.startswith(head):
+            return message
+        known = [o for o in self.__dict__.get("known_options", []) if o.startswith("--")]
+        hints = []
+        for word in message[len(head):].split():
+            if word.startswith("--"):
+                option = word.split("=", 1)[0]
+                near = close_names(option, known)
+                if near:
+                    hints.append((option, " or ".join(near)))
+        if len(hints) == 1:
+            return f"{message} (did you mean {hints[0][1]}?)"
+        if hints:
+            return f"{message} (did you mean " + ", ".join(f"{near} for {option}" for option, near in hints) + "?)"
+        return message
+
+
+class OptionParser(SuggestingParser):
     """An ArgumentParser whose errors are one line naming the command (``kvtop attach: ...``), never a usage dump."""
 
     def error(self, message: str) -> Any:
-        raise SettingsError(self.prog, message)
+        raise SettingsError(self.prog, self.with_hint(message))
 
 
 def _field(name: str) -> Any:
@@ -62,14 +93,27 @@ def add_settings(p: argparse.ArgumentParser, names: Iterable[str] | None = None,
         default = defaults.get(f.name, f.default)
         text = help.get(f.name, f.metadata.get("doc", ""))
         if default is not None and kind != "bool":
-            text += f" (default: {default})"
+            text += f" (default: {shown(default, kind)})"
         if kind == "bool":
             action = p.add_argument(option_name(f.name), dest=f.name, action="store_const", const=True,
                                     default=None, help=text)
         else:
             action = p.add_argument(option_name(f.name), dest=f.name, default=None, required=f.name in must,
-                                    metavar=f.name.upper().replace("_", "-"), help=text)
+                                    metavar="SIZE" if kind == "size" else f.name.upper().replace("_", "-"),
+                                    help=text)
         action.kvtop_setting = f.name  # type: ignore[attr-defined]  # how tests tell it from a hand-made one
+
+
+def shown(value: Any, kind: str | None) -> str:
+    """A setting's value as ``--help`` and ``--show-settings`` say it: a size as a size ("32 GB", which
+    --host-cache takes back, not 32000000000), a value not set as "not set" (never Python's None)."""
+    if value is None:
+        return "not set"
+    if kind == "size" and isinstance(value, int):
+        from kvtop.engines.sizing import size_text  # the GPU and model tables: only where a size is declared
+
+        return size_text(value)
+    return str(value)
 
 
 def add_config_option(p: argparse.ArgumentParser) -> None:
@@ -96,5 +140,5 @@ def converted(ns: argparse.Namespace, names: Iterable[str], defaults: Mapping[st
 
 
 __all__ = ["AGENT_SETTINGS", "ATTACH_ONLY_SETTINGS", "ATTACH_SETTINGS", "ESTIMATE_SETTINGS", "OptionParser",
-           "SIM_SETTINGS",
-           "add_config_option", "add_settings", "converted", "given", "option_name"]
+           "SIM_SETTINGS", "SuggestingParser",
+           "add_config_option", "add_settings", "converted", "given", "option_name", "shown"]

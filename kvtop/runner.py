@@ -345,11 +345,14 @@ def summary(session: Session) -> dict[str, Any]:
                            "capacity_scheduler_policy": session.meta.get("capacity_scheduler_policy"),
                            "not_modelled": list(session.meta.get("not_modelled") or [])}
     out.update(session.model.snapshot().summary())  # the same reading Prometheus and the fleet table get
-    for key in ("engine", "engine_version", "model", "gpu"):
+    if out.get("engine") is None:
         # a source heard from by meta alone (a server whose data endpoints all failed) is no model's yet: what it
-        # said of itself is still what the run watched
-        if out.get(key) is None and session.meta.get(key) is not None:
-            out[key] = session.meta.get(key)
+        # said of itself is still what the run watched. All of it or none: where the model names its engine, the
+        # session's meta may be another source's (a fleet's first retained meta), and "vllm-format (TensorRT-LLM
+        # 1.2), model Qwen/Qwen3-8B" put one source's engine beside another's version and model.
+        for key in ("engine", "engine_version", "model", "gpu"):
+            if out.get(key) is None and session.meta.get(key) is not None:
+                out[key] = session.meta.get(key)
     out["what_if"] = session.what_if()
     out["size_advice"] = session.size_advice()
     from kvtop.fleet import source_status as _source_status
@@ -388,13 +391,11 @@ def format_summary(s: dict[str, Any]) -> str:
     def pct(x: Any) -> str:
         return "unknown" if x is None else f"{100 * x:.1f}%"
 
-    lines = [f"kvtop: {s.get('engine')} ({s.get('engine_version')}), model {s.get('model')}"
-             + (f" [SIM: {s.get('sim_reason')}]" if s.get("simulated") else "")
-             + (f", scheduler {s['capacity_scheduler_policy']}" if s.get("capacity_scheduler_policy") else "")]
+    lines = [_header(s)]
     lines += [f"not modelled: {note}" for note in s.get("not_modelled") or []]
     req = s.get("requests", {})
     ttft = req.get("ttft_ms", {})
-    lines.append(f"requests: {req.get('completed', 0)} completed, {req.get('failed', 0)} failed; TTFT p50 "
+    lines.append(f"requests: {_n(req.get('completed', 0))} completed, {_n(req.get('failed', 0))} failed; TTFT p50 "
                  f"{_ms(ttft.get('p50'))}, p99 {_ms(ttft.get('p99'))}")
     by_source = req.get("ttft_ms_by_source") or {}
     if by_source:  # where each request's prefix came from: the verdict's evidence
@@ -402,7 +403,8 @@ def format_summary(s: dict[str, Any]) -> str:
             f"{source.replace('_', ' ')} {v.get('count', 0):,} p50 {_ms(v.get('p50'))} p99 {_ms(v.get('p99'))}"
             for source, v in by_source.items()))
     for v in (s.get("verdict") or {}).values():   # the answer: is each tier below the GPU paying off
-        lines.append(f"verdict: {v.get('text')} ({v.get('basis')})")
+        if v.get("text"):
+            lines.append(f"verdict: {v['text']}" + (f" ({v['basis']})" if v.get("basis") else ""))
     tiers = s.get("tiers") or {}
     for tier in dict.fromkeys(["gpu", "host", *tiers]):  # every tier the summary has, GPU and host always
         t = tiers.get(tier, {})
@@ -433,15 +435,21 @@ def format_summary(s: dict[str, Any]) -> str:
                            + (f" (opt {pct(p['optimal_hit_rate'])})" if p.get("optimal_hit_rate") is not None else "")
                            for p in sa.get("points") or [])
         lines.append(f"size advice: {rec['text']}")
-        lines.append(f"  hit rate by host size: {points}")
+        if points:  # no curve yet: the advice says why, and there is no point to list
+            lines.append(f"  hit rate by host size: {points}")
     mv = s.get("moves", {})
-    lines.append(f"moves: offloaded {mv.get('offloaded_blocks', 0)}, onboarded {mv.get('onboarded_blocks', 0)}, "
-                 f"evicted GPU {mv.get('evicted_gpu_blocks', 0)}, evicted host {mv.get('evicted_host_blocks', 0)}")
+    lines.append(f"moves: offloaded {_n(mv.get('offloaded_blocks', 0))}, onboarded {_n(mv.get('onboarded_blocks', 0))}"
+                 f", evicted GPU {_n(mv.get('evicted_gpu_blocks', 0))}, evicted host "
+                 f"{_n(mv.get('evicted_host_blocks', 0))}")
     st = s.get("stream")
-    if st:  # the engines' common KV event stream (zmq://, vllm://, sglang://)
-        lines.append(f"stream: {st.get('batches', 0)} batches (seq {st.get('first_seq')}..{st.get('last_seq')}), "
-                     f"{st.get('lost_batches', 0)} lost, {st.get('replayed_batches', 0)} replayed, "
-                     f"{st.get('bad_events', 0)} bad events"
+    if st and not st.get("batches") and st.get("summaries"):  # a fleet's agent: its summaries, not the batches
+        lines.append(f"stream: {_n(st['summaries'])} summaries from an agent, {_n(st.get('summaries_lost', 0))} lost")
+    elif st:  # the engines' common KV event stream (zmq://, vllm://, sglang://)
+        first, last = st.get("first_seq"), st.get("last_seq")
+        lines.append(f"stream: {_n(st.get('batches', 0))} batches"
+                     + (f" (seq {first}..{last})" if first is not None and last is not None else "")
+                     + f", {_n(st.get('lost_batches', 0))} lost, {_n(st.get('replayed_batches', 0))} replayed, "
+                     f"{_n(st.get('bad_events', 0))} bad events"
                      + (f", {st['max_lag_s']:.1f} s behind at most ({st.get('max_lag_batches', 0):,} batches waiting"
                         " behind a replay)" if st.get("max_lag_s") else "")
                      + ("; counts are SINCE ATTACH: the engine announced nothing it cached before"
@@ -459,6 +467,22 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(clean(line, None) for line in lines)
 
 
+def _header(s: dict[str, Any]) -> str:
+    """"kvtop: ENGINE (VERSION), model MODEL [SIM: why], scheduler POLICY": a part that is not known says so
+    ("engine unknown", "model unknown") or is left out (the version), never Python's None."""
+    engine = s.get("engine")
+    version = s.get("engine_version")
+    head = f"kvtop: {engine}" if engine else "kvtop: engine unknown"
+    if version and version != engine:
+        head += f" ({version})"
+    head += f", model {s['model']}" if s.get("model") else ", model unknown"
+    if s.get("simulated"):
+        head += f" [SIM: {s['sim_reason']}]" if s.get("sim_reason") else " [SIM]"
+    if s.get("capacity_scheduler_policy"):
+        head += f", scheduler {s['capacity_scheduler_policy']}"
+    return head
+
+
 def _size(nbytes: Any, blocks: Any) -> str:
     from kvtop.tiers.sizeadvice import format_size
 
@@ -466,7 +490,10 @@ def _size(nbytes: Any, blocks: Any) -> str:
 
 
 def _n(x: Any) -> str:
-    return "unknown" if x is None else f"{x:,}"
+    """A count with thousands separators (1,234,567); "unknown" where it is not known."""
+    if x is None:
+        return "unknown"
+    return f"{x:,}" if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
 def _ms(x: Any) -> str:

@@ -207,7 +207,10 @@ def _convert(f: Any, raw: Any) -> Any:
         if f.metadata.get("nonempty") and not text.strip():
             raise SettingsError(opt, "must not be empty")
         if choices and text not in choices:
-            raise SettingsError(opt, f"must be one of {', '.join(choices)}, got {text!r}")
+            from kvtop.suggest import did_you_mean
+
+            hint = did_you_mean(text, choices, fold=str.lower, quote=True)
+            raise SettingsError(opt, f"must be one of {', '.join(choices)}, got {text!r}{hint}")
         return text
     except SettingsError:
         raise

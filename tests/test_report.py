@@ -94,8 +94,8 @@ def test_bad_and_truncated_lines_are_reported_and_the_rest_charted(recordings: d
 def test_nothing_to_chart_and_missing_file(tmp_path: Path) -> None:
     empty = tmp_path / "garbage.jsonl"
     empty.write_text("nope\n{}\n")
-    assert main([str(empty), "-o", str(tmp_path / "rep")]) == 1
-    assert (tmp_path / "rep" / "index.html").is_file()
+    assert main([str(empty), "-o", str(tmp_path / "rep")]) == 3  # not a recording: as kvtop replay of it
+    assert not (tmp_path / "rep").exists()
     assert main([str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "rep")]) == 2
 
 

@@ -57,8 +57,9 @@ def test_readme_sweep_command_on_the_shipped_trace(tmp_path: Path) -> None:
     rows = [line for line in done.stdout.splitlines() if line.startswith("host")]
     assert len(rows) == 4, done.stdout
     for row, (_, blocks, reused, missed, onboarded) in zip(rows, SWEEP):
+        # counts carry thousands separators (1,695)
         m = re.search(r"\(\s*(\d+) blocks\): hit rate\s+([\d.]+)%\s+reused\s+(\d+)\s+missed\s+(\d+)\s+offloaded\s+"
-                      r"(\d+)\s+onboarded\s+(\d+)", row)
+                      r"(\d+)\s+onboarded\s+(\d+)", row.replace(",", ""))
         assert m is not None, row
         assert [int(m[1]), int(m[3]), int(m[4]), int(m[6])] == [blocks, reused, missed, onboarded]
         assert float(m[2]) == round(100 * reused / (reused + missed), 1)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtop.engines.models import read_json_object
+from kvtop.suggest import did_you_mean
 
 __all__ = [
     "BLOCK_COPY_LATENCY_US",
@@ -537,7 +538,8 @@ def resolve_gpu(name: str | Path) -> GpuProfile:
             return BUILTIN_GPUS[profile_name]
     if key in _GPU_ALIASES:
         return BUILTIN_GPUS[_GPU_ALIASES[key]]
-    raise ValueError(f"unknown GPU {text!r}; known GPUs: {', '.join(known_gpu_names())}, "
+    near = did_you_mean(text, known_gpu_names(), fold=str.lower)
+    raise ValueError(f"unknown GPU {text!r}{near}; known GPUs: {', '.join(known_gpu_names())}, "
                      "or a profile .json file from `kvtop calibrate`")
 
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvtop.suggest import did_you_mean
+
 __all__ = [
     "BUILTIN_MODELS",
     "ModelShape",
@@ -483,5 +485,10 @@ def resolve_model(name_or_path: str | Path) -> ModelShape:
     hint = ""
     if text.endswith(".json") or text.startswith((".", "/", "~")):
         hint = f" (no such file or directory: {path})"
+    else:
+        # compared as the index folds names, each name's short form too ("llama-3-8b" is near "Llama-3.1-8B")
+        spellings = {name: name for name in known_model_names()}
+        spellings.update({name.split("/", 1)[-1]: name for name in known_model_names()})
+        hint = did_you_mean(text, spellings, fold=_key)
     raise ValueError(f"unknown model {text!r}{hint}; known models: {', '.join(known_model_names())}, "
                      "or a local Hugging Face model directory / config.json")

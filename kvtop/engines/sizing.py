@@ -40,6 +40,7 @@ __all__ = [
     "format_bytes",
     "gpu_pool",
     "parse_size",
+    "size_text",
     "primary_blocks",
     "runtime_reserve_bytes",
     "secondary_blocks",
@@ -204,6 +205,20 @@ def parse_size(text: str | int) -> int:
     except InvalidOperation as exc:  # pragma: no cover - the regex only admits valid decimals
         raise ValueError(f"bad size {text!r}: {accepted}") from exc
     return int(value)
+
+
+def size_text(n: int) -> str:
+    """A size as a person writes it, exactly, so that :func:`parse_size` reads it back (``--help``'s defaults,
+    ``--show-settings``): the largest unit that divides it, decimal or binary (32e9 -> "32 GB", 2**33 -> "8 GiB",
+    1.5 GiB -> "1536 MiB"); 0 -> "0"; a size no unit divides, in bytes ("1234567 B"). No thousands separators:
+    parse_size would not take them back."""
+    if n == 0:
+        return "0"
+    for unit, size in (("TiB", 2**40), ("TB", 10**12), ("GiB", 2**30), ("GB", 10**9), ("MiB", 2**20),
+                       ("MB", 10**6), ("KiB", 2**10), ("kB", 10**3)):
+        if n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
 
 
 def format_bytes(n: int | float, binary: bool = True) -> str:

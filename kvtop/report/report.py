@@ -30,7 +30,6 @@ are placed so that none overlaps another, and lines are labelled where they end.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import html
 import json
@@ -47,9 +46,9 @@ from kvtop.tiers import TierModel
 from kvtop.tiers.requests import prefix_source
 from kvtop.tiers.whatif import WhatIf
 
-__all__ = ["DISK_COLOR", "GPU_COLOR", "HOST_COLOR", "TIER_COLORS", "RunData", "TierPoint", "answer_sentences",
-           "build_report", "deltas", "host_size", "load_run", "load_runs", "main", "occupancy_series", "plot_sweep",
-           "prefix_source"]
+__all__ = ["DISK_COLOR", "GPU_COLOR", "HOST_COLOR", "TIER_COLORS", "NotARecording", "RunData", "TierPoint",
+           "answer_sentences", "build_report", "deltas", "host_size", "load_run", "load_runs", "main",
+           "occupancy_series", "plot_sweep", "prefix_source"]
 
 # The dashboard's tier colours (themes/light.toml, the theme for a white page: GPU = kv-in-use, host = kv-cached,
 # as the hit-rate and moves panels colour them); tests/test_report.py checks they agree.
@@ -676,7 +675,7 @@ def _plot_ttft(plt: Any, runs: Sequence[RunData], path: Path) -> None:
                 ax.annotate(f"p{int(p * 100)} {v:.1f} ms", (v, 1), xycoords=("data", "axes fraction"),
                             xytext=(3, -12), textcoords="offset points", fontsize=9)
         ax.set_ylabel("requests")
-        ax.set_title(f"{run.name}: time to first token ({len(ms)} requests)")
+        ax.set_title(f"{run.name}: time to first token ({len(ms):,} requests)")
     elif with_data:
         for i, run in enumerate(with_data):
             ms = sorted(1000 * t for t in run.ttfts)
@@ -960,17 +959,17 @@ def _page(runs: Sequence[RunData], images: dict[str, Path], note: str | None = N
                                                                    for s in shown) + "</tr>")
     parts.append("</table>")
     for run in runs:
-        meta = ", ".join(f"{k}={v}" for k, v in run.meta.items() if k in (
+        meta = ", ".join(f"{k}={v}" for k, v in run.meta.items() if v is not None and k in (
             "engine_version", "model", "gpu", "tokens_per_block", "primary_blocks", "secondary_blocks",
             "disk_blocks"))
         parts.append(f"<p><b>{html.escape(run.name)}</b> ({html.escape(str(run.path))}, {run.records:,} records"
                      f"{'; ' + html.escape(meta) if meta else ''})</p>")
         if run.bad_lines:
-            parts.append(f"<p class='bad'>{len(run.bad_lines)} bad line(s) skipped:</p><ul class='bad'>")
+            parts.append(f"<p class='bad'>{len(run.bad_lines):,} bad line(s) skipped:</p><ul class='bad'>")
             for line, why in run.bad_lines[:MAX_BAD_LINES_SHOWN]:
                 parts.append(f"<li>line {line}: {html.escape(why)}</li>")
             if len(run.bad_lines) > MAX_BAD_LINES_SHOWN:
-                parts.append(f"<li>... and {len(run.bad_lines) - MAX_BAD_LINES_SHOWN} more</li>")
+                parts.append(f"<li>... and {len(run.bad_lines) - MAX_BAD_LINES_SHOWN:,} more</li>")
             parts.append("</ul>")
     captions = {
         "compare": "Runs side by side: throughput, time to first token (p50 solid, p99 hatched), hit rate by tier.",
@@ -998,12 +997,16 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, warmup_reques
     `index.html` into `out_dir`. ``charts=False`` writes the page and the summary without charts (no matplotlib).
 
     Returns `{"runs": [summary per run], "sentences": [...], "files": [paths written], "bad_lines": {path: [(line,
-    why)]}}`. Raises FileNotFoundError for a missing recording, RuntimeError for charts without matplotlib.
+    why)]}}`. Raises FileNotFoundError for a missing recording, RuntimeError for charts without matplotlib,
+    NotARecording (nothing written) where a file holds no kvtop record at all.
     """
     plt = _plt() if charts else None
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     runs = [r for p in paths for r in load_runs(p, warmup_requests)]
+    not_recordings = _not_recordings(paths, runs)
+    if not_recordings:  # before anything is written: a report of a log file would read as a run with no data
+        raise NotARecording(not_recordings)
+    out.mkdir(parents=True, exist_ok=True)
     seen: dict[str, int] = {}
     for r in runs:  # two recordings of one file name in two directories: tell them apart by path
         seen[r.name] = seen.get(r.name, 0) + 1
@@ -1036,6 +1039,30 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, warmup_reques
     return {**summary, "files": files}
 
 
+class NotARecording(ValueError):
+    """Files that hold not one kvtop record (a log, a typo'd path to another file, an empty file), named with what
+    was found in them instead; ``kvtop report`` exits 3 (kvtop.problems.EXIT_NO_DATA), as ``kvtop replay`` does."""
+
+
+def _not_recordings(paths: Sequence[str | Path], runs: list[RunData]) -> str:
+    """"" where every file gave records; else one line naming each that gave none and why."""
+    said = []
+    for p in dict.fromkeys(Path(p) for p in paths):
+        of = [r for r in runs if r.path == p]
+        if any(r.records for r in of):
+            continue
+        bad = [line for r in of for line in r.bad_lines]
+        if bad:
+            line, why = bad[0]
+            said.append(f"{p} ({len(bad):,} line{'' if len(bad) == 1 else 's'}, none a kvtop record; line {line}: "
+                        f"{why})")
+        else:
+            said.append(f"{p} (empty)")
+    if not said:
+        return ""
+    return ("not a kvtop recording: " if len(said) == 1 else "not kvtop recordings: ") + ", ".join(said)
+
+
 def _print(text: Any, file: Any = None) -> None:
     """print() for the console output of ``kvtop report``: run names, paths and reasons come from recordings,
     so each line is cleaned of control characters first (kvtop.textsafe)."""
@@ -1046,11 +1073,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`kvtop report RUN.jsonl [RUN2.jsonl ...] -o DIR [--warmup-requests N]`.
 
     Exit 0 when the report was written (bad lines are listed on stderr and in the page; without matplotlib the
-    comparison is printed and the page written without charts, said on stderr), 1 when no recording had anything
-    to chart, 2 on a missing file.
+    comparison is printed and the page written without charts, said on stderr), 2 on a missing file or a bad
+    option, 3 (nothing written, one line) when a file holds no kvtop record: as ``kvtop replay`` of it (exit 1 is
+    kvtop's own failure, kvtop.problems).
     """
-    ap = argparse.ArgumentParser(prog="kvtop report", description="the comparison, charts and a summary page from "
-                                 "recordings (charts need matplotlib: pip install 'kvtop[report]')")
+    from kvtop.options import OptionParser
+    from kvtop.problems import EXIT_NO_DATA
+
+    ap = OptionParser(prog="kvtop report", description="the comparison, charts and a summary page from "
+                      "recordings (charts need matplotlib: pip install 'kvtop[report]')")
     ap.add_argument("recordings", nargs="+", help="JSONL recordings (kvtop --record / replay files)")
     ap.add_argument("-o", "--out", default="kvtop-report", help="output directory (default: kvtop-report)")
     ap.add_argument("--warmup-requests", type=int, default=0, help="leave the first N requests out of hit rates")
@@ -1064,20 +1095,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                "charts and index.html)", file=sys.stderr)
         return 2
     no_plt = matplotlib_missing()
-    if no_plt:  # the comparison is text: printed and written without the charts
-        _print(f"{no_plt} (for the charts; the comparison and index.html are written without them)",
-               file=sys.stderr)
     try:
         result = build_report(a.recordings, a.out, a.warmup_requests, charts=no_plt is None)
+    except NotARecording as exc:
+        _print(f"kvtop report: {exc}", file=sys.stderr)
+        return EXIT_NO_DATA
     except RuntimeError as exc:
         _print(f"kvtop report: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         _print(f"kvtop report: cannot write {a.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    if no_plt:  # the comparison is text: printed and written without the charts
+        _print(f"{no_plt} (for the charts; the comparison and index.html are written without them)",
+               file=sys.stderr)
     # Every line below carries strings from the recordings (run names, reasons): cleaned before the terminal.
     for path, bad in result["bad_lines"].items():
-        _print(f"kvtop report: {path}: {len(bad)} bad line(s) skipped", file=sys.stderr)
+        _print(f"kvtop report: {path}: {len(bad):,} bad line(s) skipped", file=sys.stderr)
         for line, why in bad[:MAX_BAD_LINES_SHOWN]:
             _print(f"  line {line}: {why}", file=sys.stderr)
     # The answer first: one sentence per run against the baseline (the first run).
@@ -1085,7 +1119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _print(line)
     _print("")
     for run in result["runs"]:
-        _print(f"{run['label']}: {run['requests_completed']} requests, hit rate "
+        _print(f"{run['label']}: {_fmt(run['requests_completed'], 'int')} requests, hit rate "
                f"{_fmt(run['hit_rate'], 'pct')} (GPU {_fmt(run['gpu_hit_rate'], 'pct')}, host "
               f"{_fmt(run['host_hit_rate'], 'pct')}), TTFT p50 {_fmt(run['ttft_p50_s'], 'ms')}, "
               f"p99 {_fmt(run['ttft_p99_s'], 'ms')}")
@@ -1098,7 +1132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for run in result["runs"]:
         by = run.get("ttft_by_source") or {}
         _print(f"{run['name']}: TTFT p50 by prefix source: " + ", ".join(
-            f"{label} {_fmt((by.get(k) or {}).get('p50_s'), 'ms')} ({(by.get(k) or {}).get('requests', 0)} req)"
+            f"{label} {_fmt((by.get(k) or {}).get('p50_s'), 'ms')} ({(by.get(k) or {}).get('requests', 0):,} req)"
             for k, label in PREFIX_SOURCES))
     _print(f"wrote {Path(a.out) / 'index.html'}")
-    return 0 if any(run["records"] for run in result["runs"]) else 1
+    return 0
