@@ -170,7 +170,9 @@ def main(command: str, argv: Sequence[str]) -> int:
     try:
         runner.add_sinks(session, settings)
     except runner.RunError as exc:
-        raise SettingsError("--record" if "record" in str(exc) else "sink", str(exc)) from None
+        # "--record: cannot write ...": the option is named once ("--record: --record: ..." and "sink: ..." were not)
+        option, _, problem = str(exc).partition(": ")
+        raise SettingsError(option, problem) from None
     from kvtop.modes import headless_wanted
 
     if headless_wanted(settings):

@@ -223,7 +223,7 @@ def cmd_sim(argv: Sequence[str]) -> int:
     except TraceError as exc:
         raise SettingsError("--trace", f"line {exc.line}: {exc.problem}") from None
     except OSError as exc:
-        raise SettingsError("--trace", f"cannot read {a.trace}: {exc.strerror}") from None
+        raise SettingsError("--trace", f"cannot read {a.trace}: {exc.strerror or exc}") from None
     if not requests:  # a table of 0% hit rates over nothing would read as a result
         raise SettingsError("--trace", f"{a.trace} holds no requests (empty, or only blank lines)")
     if a.hit_rate_only or a.one_pass:

@@ -105,7 +105,7 @@ def resolve_password(password_file: str | os.PathLike[str] | None = None,
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
         except OSError as exc:
-            raise MqttUrlError(f"--mqtt-password-file: cannot read {path}: {exc.strerror}") from None
+            raise MqttUrlError(f"--mqtt-password-file: cannot read {path}: {exc.strerror or exc}") from None
         return text.rstrip("\r\n"), f"file {path}"
     env = os.environ if env is None else env
     value = env.get(PASSWORD_ENV)

@@ -191,7 +191,7 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
         try:
             kwargs["requests"] = list(read_trace(settings.trace, errors=errors))
         except OSError as exc:
-            raise RunError(f"--trace: cannot read {settings.trace}: {exc.strerror}") from None
+            raise RunError(f"--trace: cannot read {settings.trace}: {exc.strerror or exc}") from None
         if not kwargs["requests"]:
             engine.shutdown()
             first = f" (line {errors[0].line}: {errors[0].problem})" if errors else " (the file is empty)"
@@ -268,7 +268,7 @@ def add_sinks(session: Session, settings: Settings) -> None:
         try:
             recorder = Recorder(settings.record, problems=session.problems)
         except OSError as exc:
-            raise RunError(f"--record: cannot write {settings.record}: {exc.strerror}") from None
+            raise RunError(f"--record: cannot write {settings.record}: {exc.strerror or exc}") from None
         session.recorder = recorder
         session.add_sink(recorder.write, recorder.close)
     if settings.publish:
@@ -297,7 +297,7 @@ def add_sinks(session: Session, settings: Settings) -> None:
             exporter.start()
         except OSError as exc:
             raise RunError(f"--prometheus-port: cannot listen on {settings.prometheus_addr}:"
-                           f"{settings.prometheus_port}: {exc.strerror}") from None
+                           f"{settings.prometheus_port}: {exc.strerror or exc}") from None
         except OverflowError:
             raise RunError(f"--prometheus-port: {settings.prometheus_port} is not a port (0 to 65535)") from None
         if not is_loopback(settings.prometheus_addr):

@@ -244,6 +244,27 @@ def test_a_typo_gets_did_you_mean_and_exit_2(argv: list[str], line: str, capsys:
         assert err[0] == line
 
 
+def test_a_sink_error_of_attach_names_its_option_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Error lines in words: "--record: --record: cannot write" and "sink: --prometheus-port: ..." were the
+    option said twice, or an internal name where the option goes."""
+    import socket
+
+    rec = tmp_path / "run.jsonl"
+    rec.write_text(json.dumps({"v": 1, "kind": "meta", "source": {"host": "h", "rank": 0, "run": ""}, "time": 1.0,
+                               "data": {"engine": "vllm-format"}}) + "\n")
+    missing = tmp_path / "no" / "such" / "dir" / "out.jsonl"
+    assert main(["replay", str(rec), "--headless", "--record", str(missing)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"kvtop: --record: cannot write {missing}: No such file or "
+                                                    "directory"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["replay", str(rec), "--headless", "--prometheus-port", str(port)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"kvtop: --prometheus-port: cannot listen on 127.0.0.1:{port}: "
+                                                    "Address already in use"]
+
+
 # ---------------------------------------------------------------------------------------------- examples
 
 @pytest.mark.slow

@@ -235,7 +235,7 @@ class Recorder:
             # is finished before any other (the file stays valid line by line if the disk frees up). Past
             # 4 MiB only that line's rest is kept and whole lines are dropped (counted): a dead disk must not
             # grow memory without bound.
-            self.error = f"cannot write {self.path}: {exc.strerror}"
+            self.error = f"cannot write {self.path}: {exc.strerror or exc}"
             tail = bytes(view)
             if self._partial:
                 try:
