@@ -330,7 +330,7 @@ def _timed_row(a: argparse.Namespace, cfg: Any, result: dict[str, Any], baseline
     result["verdict"] = v = sweep_verdict(result, baseline)
     if a.json:
         return
-    said = v["says"] if v["net_s"] is None else f"{v['says']} {v['net_s']:+.1f} s"
+    said = (v["says"] or "unknown") if v["net_s"] is None else f"{v['says']} {v['net_s']:+.1f} s"
     if host_blocks == 0 and sizes > 1:
         said += " (the baseline of the verdicts)"
     print(f"host {format_bytes(host_bytes):>10} ({host_blocks:>7,} blocks): hit rate "
