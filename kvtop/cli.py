@@ -103,7 +103,7 @@ def _sim_parser() -> argparse.ArgumentParser:
         "capacity_scheduler_policy": "TensorRT-LLM's capacity scheduler for the timed replay"})
     p.add_argument("--gpu-blocks", type=int, default=None, help="GPU pool in blocks (default: sized from the GPU)")
     # not the host_cache setting (one size): a sweep of sizes
-    p.add_argument("--host-cache", dest="host_cache_sweep", default="0",
+    p.add_argument("--host-cache", dest="host_cache_sweep", default="0", metavar="SIZES",
                    help="host cache size, or a comma list for a sweep: 0,2GB,8GB, or "
                         "START:STOP:N for N sizes evenly spaced (0:64GB:16)")
     p.add_argument("--host-blocks", default=None, help="host pool in blocks (or a comma list)")

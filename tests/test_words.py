@@ -184,6 +184,14 @@ def test_help_says_every_size_default_as_a_size_that_reads_back(capsys: pytest.C
         assert parse_size(said) == f.default
 
 
+def test_sim_help_names_the_host_cache_sweep_as_sizes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["sim", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--host-cache SIZES host cache size, or a comma list for a sweep" in text
+    assert "HOST_CACHE_SWEEP" not in text  # the option's internal name
+
+
 @pytest.mark.parametrize(("size", "said"), [(32 * 10**9, "32 GB"), (8 * 2**30, "8 GiB"), (1536 * 2**20, "1536 MiB"),
                                             (10**12, "1 TB"), (2**40, "1 TiB"), (1234567, "1234567 B"), (0, "0")])
 def test_a_size_is_said_exactly_and_reads_back(size: int, said: str) -> None:
