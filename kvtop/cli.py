@@ -494,8 +494,10 @@ def _unknown_command(word: str) -> str:
     from kvtop.suggest import did_you_mean
     from kvtop.textsafe import clean
 
-    return (f"unknown command {clean(word, 80)!r}{did_you_mean(word, SUBCOMMANDS, quote=True)}; commands: "
-            f"{', '.join(SUBCOMMANDS)} (kvtop --help)")
+    shown = clean(word, 80)
+    hint = (f" (a recording? kvtop replay {shown})" if word.endswith(".jsonl")
+            else did_you_mean(word, SUBCOMMANDS, quote=True))
+    return f"unknown command {shown!r}{hint}; commands: {', '.join(SUBCOMMANDS)} (kvtop --help)"
 
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a program whose reader went away

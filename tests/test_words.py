@@ -219,6 +219,8 @@ def test_show_settings_says_sizes_and_not_set(capsys: pytest.CaptureFixture[str]
 
 TYPOS = [
     (["--hots-cache", "10GB"], "kvtop: unrecognized arguments: --hots-cache 10GB (did you mean --host-cache?)"),
+    (["run.jsonl"], "kvtop: unknown command 'run.jsonl' (a recording? kvtop replay run.jsonl); commands: sim, "
+                    "attach, replay, agent, estimate, calibrate, report, run (kvtop --help)"),
     (["xyzzy"], "kvtop: unknown command 'xyzzy'; commands: sim, attach, replay, agent, estimate, calibrate, report, "
                 "run (kvtop --help)"),  # nothing close: no guess
     (["repaly", "run.jsonl"], "kvtop: unknown command 'repaly' (did you mean 'replay'?); commands: sim, attach, "
