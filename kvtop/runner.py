@@ -457,8 +457,8 @@ def format_summary(s: dict[str, Any]) -> str:
     sources = s.get("sources") or {}
     odd = {k: v for k, v in sources.items() if v not in ("connected", "online")}
     if len(sources) > 1 or odd:
-        lines.append(f"sources: {len(sources)}" + "".join(f", {k} {v}" for k, v in list(odd.items())[:10])
-                     + (f" (+{len(odd) - 10} more not connected)" if len(odd) > 10 else "")
+        lines.append(f"sources: {len(sources):,}" + "".join(f", {k} {v}" for k, v in list(odd.items())[:10])
+                     + (f" (+{len(odd) - 10:,} more not connected)" if len(odd) > 10 else "")
                      + (f"; {s['refused_sources']:,} records of sources past the limit refused"
                         if s.get("refused_sources") else ""))
     for p in s.get("problems") or []:

@@ -119,7 +119,9 @@ def test_headless_text_counts_have_thousands_separators_json_none() -> None:
                          "moves": {"offloaded_blocks": 1234567, "onboarded_blocks": 2000, "evicted_gpu_blocks": 16016,
                                    "evicted_host_blocks": 0},
                          "stream": {"batches": 12345, "first_seq": 4711, "last_seq": 17055, "lost_batches": 1000,
-                                    "replayed_batches": 2500, "bad_events": 1234}}
+                                    "replayed_batches": 2500, "bad_events": 1234},
+                         "sources": {**{f"node-{i}:5557/0/r": "connected" for i in range(1000)},
+                                     **{f"gone-{i}:5557/0/r": "offline" for i in range(1012)}}}
     lines = runner.format_summary(s).splitlines()
     assert lines[0] == "kvtop: sim (1.2), model Qwen/Qwen3-8B"
     assert "requests: 1,234,567 completed, 1,001 failed; TTFT p50 n/a, p99 n/a" in lines
@@ -127,6 +129,9 @@ def test_headless_text_counts_have_thousands_separators_json_none() -> None:
     assert "moves: offloaded 1,234,567, onboarded 2,000, evicted GPU 16,016, evicted host 0" in lines
     # a sequence number is a name, not a count: as the engine numbers it
     assert "stream: 12,345 batches (seq 4711..17055), 1,000 lost, 2,500 replayed, 1,234 bad events" in lines
+    sources = next(line for line in lines if line.startswith("sources: "))
+    assert sources.startswith("sources: 2,012, gone-0:5557/0/r offline, ")
+    assert sources.endswith(", gone-9:5557/0/r offline (+1,002 more not connected)")
     assert '"completed": 1234567' in json.dumps(s)  # JSON keeps numbers as numbers
 
 
