@@ -176,15 +176,25 @@ def test_the_report_of_two_runs_answers_the_seed_question(recordings: dict[str, 
 
 
 def test_report_colours_are_the_dashboards(tmp_path: Path) -> None:
-    import tomllib
+    import colorsys
 
-    from kvtop.report.report import DISK_COLOR, GPU_COLOR, HOST_COLOR
+    from kvtop.palette import PALETTES
+    from kvtop.report.report import DISK_COLOR, GPU_COLOR, HOST_COLOR, RUN_COLORS
 
-    light = tomllib.loads((Path(__file__).resolve().parents[1] / "themes" / "light.toml").read_text())
-    flat = {**light, **light.get("variables", {})}
-    assert (GPU_COLOR, HOST_COLOR) == (flat["kv-in-use"], flat["kv-cached"])
-    # the disk tier: the theme's third hue
-    assert DISK_COLOR == flat["secondary"] and len({GPU_COLOR, HOST_COLOR, DISK_COLOR}) == 3
+    # the colour code (kvtop/palette.py) as the light theme, the white page's, draws it
+    light = PALETTES["light"]
+    assert (GPU_COLOR, HOST_COLOR, DISK_COLOR) == (light["gpu"].in_use, light["host"].in_use, light["disk"].in_use)
+    assert len({GPU_COLOR, HOST_COLOR, DISK_COLOR}) == 3
+
+    def hls(c: str) -> tuple[float, float, float]:
+        return colorsys.rgb_to_hls(*(int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)))
+
+    # no run is drawn in a tier's hue (a run's bar beside the GPU / host hit split): 30 degrees off each, or grey
+    for run in RUN_COLORS:
+        h, _, sat = hls(run)
+        for tier in (GPU_COLOR, HOST_COLOR, DISK_COLOR):
+            apart = abs(h - hls(tier)[0]) * 360
+            assert sat < 0.2 or min(apart, 360 - apart) >= 30, (run, tier)
 
 
 def test_a_two_tier_runs_occupancy_chart_draws_gpu_and_host_only(recordings: dict[str, Path]) -> None:

@@ -23,8 +23,9 @@ changes green where better and red where worse; the GPU's and the host's shares 
 moves hits between them), TTFT split by where each request's prefix came from (a GPU hit, a host hit, a miss: the
 request records' reused / host-hit blocks), then the runs' setup, a row per figure (it fits 1280 px: 25 columns
 across did not). The comparison needs no matplotlib (the charts do: without it the page is written without them).
-Colours are the dashboard's tier colours everywhere (GPU blue, host orange, disk purple where the run had
-a disk tier); sizes are GiB; labels
+Colours are kvtop's colour code everywhere (kvtop/palette.py, the dashboard's: GPU blue, host orange, disk purple
+where the run had a disk tier; a figure of no one tier, as the total hit rate, in black; runs in colours off those
+three hues); sizes are GiB; labels
 are placed so that none overlaps another, and lines are labelled where they end.
 """
 
@@ -40,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtop.palette import OTHER_TIER
+from kvtop.palette import REPORT as TIER_PALETTE
 from kvtop.records import Record, RecordError, read_jsonl
 from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
@@ -50,18 +53,19 @@ __all__ = ["DISK_COLOR", "GPU_COLOR", "HOST_COLOR", "TIER_COLORS", "NotARecordin
            "answer_sentences", "build_report", "deltas", "host_size", "load_run", "load_runs", "main",
            "occupancy_series", "plot_sweep", "prefix_source"]
 
-# The dashboard's tier colours (themes/light.toml, the theme for a white page: GPU = kv-in-use, host = kv-cached,
-# as the hit-rate and moves panels colour them); tests/test_report.py checks they agree.
-GPU_COLOR = "#0969da"     # GPU tier, everywhere
-HOST_COLOR = "#bc4c00"    # host tier, everywhere
-# The disk tier (TensorRT-LLM's disk cache): the theme's third hue (light.toml's `secondary`), as far from the GPU's
-# blue and the host's orange as the theme goes; tests/test_report.py checks it too.
-DISK_COLOR = "#8250df"
+# The tier colours: kvtop's colour code (kvtop/palette.py), as the dashboard's light theme draws them (the page is
+# white): GPU, host and disk one colour each, in every chart, as in every panel of the dashboard.
+GPU_COLOR = TIER_PALETTE["gpu"].in_use      # GPU tier, everywhere
+HOST_COLOR = TIER_PALETTE["host"].in_use    # host tier, everywhere
+DISK_COLOR = TIER_PALETTE["disk"].in_use    # disk tier (TensorRT-LLM's disk cache), everywhere
 TIER_COLORS = {"gpu": GPU_COLOR, "host": HOST_COLOR, "disk": DISK_COLOR}
-OTHER_TIER_COLOR = "#1a7f37"  # a tier kvtop has no colour for (the theme's `success` green): drawn, never dropped
+OTHER_TIER_COLOR = TIER_PALETTE[OTHER_TIER].in_use  # a tier kvtop has no colour for: neutral, drawn, never dropped
 MISS_COLOR = "#8c959f"    # a miss (recomputed): neither tier
+TOTAL_COLOR = "black"     # a figure of no one tier (all hits, GPU + host)
 GIB = 1 << 30
-RUN_COLORS = ("#d62728", "#6a3d9a", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22")
+# Runs (the TTFT CDFs, the comparison's bars): hues at least 30 degrees off the three tiers' (no blue, orange or
+# purple: a run's bar next to the hit split's must not read as a tier), or greys; tests/test_report.py checks it.
+RUN_COLORS = ("#222222", "#2ca02c", "#e377c2", "#7f7f7f", "#bcbd22", "#006d5b", "#c51b7d", "#66a61e")
 MAX_BAD_LINES_SHOWN = 50
 _BINS = 60  # time bins per chart: one per second of a one-minute run, coarser for longer ones
 # Samples kept per run (one per stats record up to here, then every 2nd, 4th... and always the last): a chart is
@@ -796,7 +800,7 @@ def plot_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     xs = [p[0] / GIB for p in pts]
     ys = [100 * p[1] for p in pts]
-    ax.plot(xs, ys, "o-", color=HOST_COLOR, lw=1.8)
+    ax.plot(xs, ys, "o-", color=TOTAL_COLOR, lw=1.8)
     every = max(1, -(-len(xs) // 8))  # at most 8 labels: a 16-size curve labelled at every point is unreadable
     for i, (x, y) in enumerate(zip(xs, ys)):
         if i % every == 0 or i == len(xs) - 1:
@@ -810,14 +814,14 @@ def plot_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
     if len(gpu_only) == len(xs) and xs:
         ax.plot(xs, [g for _, g in gpu_only], "s--", color=GPU_COLOR, lw=1.2)
         _end_label(ax, xs, [g for _, g in gpu_only], "served from GPU", GPU_COLOR)
-        _end_label(ax, xs, ys, "all hits (GPU + host)", HOST_COLOR)
+        _end_label(ax, xs, ys, "all hits (GPU + host)", TOTAL_COLOR)
     optimum = [100 * float(p[2]["belady_hit_rate"]) for p in pts if p[2].get("belady_hit_rate") is not None]
     if len(optimum) == len(xs) and xs:
         # the offline bound (kvtop sim --belady): how far TensorRT-LLM's policy is from any policy's best
         ax.plot(xs, optimum, "^:", color="0.35", lw=1.4)
         _end_label(ax, xs, optimum, "optimal (Belady, offline)", "0.35")
         if len(gpu_only) != len(xs):
-            _end_label(ax, xs, ys, "TensorRT-LLM's policy (simulated)", HOST_COLOR)
+            _end_label(ax, xs, ys, "TensorRT-LLM's policy (simulated)", TOTAL_COLOR)
         ys = ys + optimum
     ax.set_xlabel("host cache size (GiB)")
     ax.set_ylabel("block hit rate (% of lookups)")
