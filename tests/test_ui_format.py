@@ -59,3 +59,16 @@ def test_cells() -> None:
     assert fmt.cells(2000, 1000, 50) == 50      # clamped
     assert fmt.cells(None, 1000, 50) == 0
     assert fmt.cells(5, 0, 50) == 0
+
+
+def test_sparkrows_resolves_eighths_of_each_row() -> None:
+    from kvtop.ui.format import sparkline, sparkrows
+
+    # two rows: 16 eighths a column; 0 is the floor (one eighth), 0.5 fills the bottom row and one eighth above
+    assert sparkrows([0.0, 0.5, 1.0, None], 5, 2, top=1.0) == ["  ▁█ ", " ▁██ "]
+    # one row is the sparkline itself
+    assert sparkrows([0.0, 0.5, 1.0], 3, 1, top=1.0) == [sparkline([0.0, 0.5, 1.0], 3, top=1.0)]
+    # 0.3 of three rows: 8 of 24 eighths (0.3 of the 23 steps above the floor, rounded, and the floor): the bottom
+    # row full, nothing above; 0.4 reaches the middle row
+    assert [row[-1] for row in sparkrows([0.3], 1, 3, top=1.0)] == [" ", " ", "█"]
+    assert [row[-1] for row in sparkrows([0.4], 1, 3, top=1.0)] == [" ", "▂", "█"]

@@ -1,4 +1,5 @@
-"""Snapshots of the screen: each theme at 120x40, 80x24 and 40x12, on the committed busy recording, time frozen.
+"""Snapshots of the screen: each theme at 200x60, 120x40, 80x24 and 40x12, on the committed busy recording, time
+frozen: kvtop's colour code (GPU, host and disk one colour each, kvtop/palette.py) in all three themes.
 
 Regenerate after a deliberate change with ``pytest tests/test_ui_snapshots.py --snapshot-update`` and look at
 every SVG in ``tests/__snapshots__/test_ui_snapshots/`` before committing them.
@@ -23,7 +24,7 @@ from kvtop.records import SourceId, make, read_jsonl  # noqa: E402
 from kvtop.session import Session  # noqa: E402
 from kvtop.ui.app import build_app  # noqa: E402
 
-SIZES = {"120x40": (120, 40), "80x24": (80, 24), "40x12": (40, 12)}
+SIZES = {"200x60": (200, 60), "120x40": (120, 40), "80x24": (80, 24), "40x12": (40, 12)}
 THEMES = ("dark", "light", "high-contrast")
 
 
@@ -134,10 +135,3 @@ def test_paused(snap_compare) -> None:
     """Paused over a running engine: PAUSED (not an alarm colour), the frozen time, the key footer."""
     app = build_app(_session(), Settings("dark"), run_session=False)
     assert snap_compare(app, press=["p"], terminal_size=(120, 40))
-
-
-def test_200x60_uses_the_room(snap_compare) -> None:
-    """200x60: tier share histories, longer sparklines, per-priority GiB and hit split, the sources table for
-    one source, a 14-line event log."""
-    app = build_app(_session(), Settings("dark"), run_session=False)
-    assert snap_compare(app, terminal_size=(200, 60))

@@ -9,6 +9,7 @@ from recordings import session_from_recording
 from textual.color import Color
 from textual.css.stylesheet import Stylesheet
 
+from kvtop.palette import PALETTES
 from kvtop.ui.app import build_app
 from kvtop.ui.themes import VARIABLE_DEFAULTS, ThemeError, _parse_simple_toml, load_theme, load_themes, theme_dirs
 
@@ -51,18 +52,22 @@ class Settings:
 
 async def test_a_user_theme_file_and_a_textual_theme_both_work(tmp_path: Path) -> None:
     mine = tmp_path / "mine.toml"
-    mine.write_text('name = "mine"\nprimary = "#00aa00"\ndark = true\n[variables]\nkv-in-use = "#00ff00"\n')
+    mine.write_text('name = "mine"\nprimary = "#00aa00"\ndark = true\n[variables]\nkv-gpu = "#00ff00"\n')
     app = build_app(session_from_recording(), Settings(str(mine)), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         assert app.theme == "mine"
-        assert app.theme_variables["kv-in-use"] == "#00ff00"
-        assert app.theme_variables["kv-cached"]            # filled in from the theme's own accent
+        assert app.theme_variables["kv-gpu"] == "#00ff00"
+        assert app.theme_variables["kv-host"] == PALETTES["dark"]["host"].in_use  # the colour code fills the rest
         await pilot.press("t")                               # the cycle goes on to the shipped themes
         assert app.theme == "dark"
-        app.theme = "textual-dark"                           # picked from the palette: no kv-* variables of its own
-        await pilot.pause()
-        assert app.theme_variables["kv-in-use"] == app.theme_variables["primary"]
+        for name, code in (("textual-dark", "dark"), ("textual-light", "light")):
+            app.theme = name                                 # picked from the palette: no kv-* variables of its own
+            await pilot.pause()
+            # Textual's themes map onto the colour code: the one for their darkness, not their primary and accent
+            for tier, colours in PALETTES[code].items():
+                assert app.theme_variables[f"kv-{tier}"] == colours.in_use, (name, tier)
+                assert app.theme_variables[f"kv-{tier}-empty"] == colours.empty, (name, tier)
         assert "GPU tier" in app.screen.query_one("#tier-gpu").border_title
 
 

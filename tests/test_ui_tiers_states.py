@@ -277,7 +277,10 @@ def test_clean_strips_escapes_and_controls() -> None:
 
 @pytest.mark.slow
 async def test_200x60_uses_the_room() -> None:
-    from kvtop.ui.widgets import EventLog, HitRatePanel, PriorityPanel, SourcesPanel
+    """200x60 uses its room for legibility, not for blank rows: three-row tier bars with their share in big digits,
+    a tall hit-rate chart, two-row move sparklines, a wider memory bar; no panel of the two columns more than a
+    third blank (the memory panel was 6 blank rows of 8, the per-priority one 8 of 11), the log 8 lines."""
+    from kvtop.ui.widgets import EventLog, HitRatePanel, MemoryPanel, Panel, PriorityPanel, SourcesPanel, big_figure
 
     app = build_app(session_from_recording(), Settings(), run_session=False)
     async with app.run_test(size=(200, 60)) as pilot:
@@ -286,18 +289,35 @@ async def test_200x60_uses_the_room() -> None:
         assert app.spark_points == 600
         assert app.screen.query_one(SourcesPanel).display              # the table, for one source
         assert app.screen.query_one(PriorityPanel).display
-        assert app.screen.query_one(EventLog).region.height == 14
+        assert app.screen.query_one(EventLog).region.height == 8
         prio = app.screen.query_one(PriorityPanel).text()
         assert "GiB GPU" in prio and "hit host" in prio
         # Priority 80: 136 GPU blocks of 4.5 MiB = 0.60 GiB, its requests' hits all from the GPU (72%).
         row80 = next(line for line in prio.splitlines() if line.strip().startswith("80"))
         assert "0.60" in row80 and row80.count("72%") == 2
+        gpu = _panel(app, "gpu").text().splitlines()
+        # the bar three rows thick, "25%" beside it in big digits, 90 cells wide or more
+        for line, glyphs in zip(gpu[:3], big_figure("25%")):
+            assert line.lstrip().startswith("█") and glyphs in line
+            assert line.count("█") + line.count("▓") + line.count("░") >= 90
         assert "in use %" in _panel(app, "gpu").text() and "cached %" in _panel(app, "host").text()
-        assert "8s" in app.screen.query_one(HitRatePanel).text()
+        hit = app.screen.query_one(HitRatePanel).text().splitlines()
+        assert "8s" in hit[-3] and sum(1 for line in hit if set(line.strip()) & set("▁▂▃▄▅▆▇█")) >= 4
+        memory = app.screen.query_one(MemoryPanel).text()
+        assert memory.count("█") + memory.count("░") >= 30
+        for column in ("#left", "#right"):
+            for panel in app.screen.query_one(column).query(Panel):
+                if not panel.display:
+                    continue
+                lines = panel.text().splitlines()
+                blank = sum(1 for line in lines if not line.strip())
+                assert blank * 3 <= len(lines), (panel.id, blank, len(lines))
         await pilot.resize_terminal(120, 40)
         await pilot.pause()
         assert not app.screen.has_class("-xl") and app.spark_points == 120
         assert not app.screen.query_one(SourcesPanel).display
+        # the wide layout's one-row bar, its share beside it
+        assert _panel(app, "gpu").text().splitlines()[0].rstrip().endswith("25% in use")
 
 
 async def test_the_palettes_screenshot_goes_to_the_working_directory(tmp_path: Any, monkeypatch: pytest.MonkeyPatch

@@ -43,7 +43,15 @@ from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
 from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
 from kvtop.tiers.snapshot import reading
 from kvtop.ui import format as fmt
-from kvtop.ui.themes import DEFAULT_THEME, PREFERRED_ORDER, VARIABLE_DEFAULTS, ThemeError, load_theme, load_themes
+from kvtop.ui.themes import (
+    DEFAULT_THEME,
+    PREFERRED_ORDER,
+    VARIABLE_DEFAULTS,
+    ThemeError,
+    load_theme,
+    load_themes,
+    tier_variables,
+)
 from kvtop.ui.widgets import (
     EventLog,
     FleetData,
@@ -334,6 +342,11 @@ class KvtopApp(App[int]):
         # falls back to the theme's own colour it names (VARIABLE_DEFAULTS), resolved here since a CSS
         # variable's default cannot refer to another variable.
         variables = super().get_css_variables()
+        # The colour code (kvtop.palette): a theme that lacks it gets the one for its darkness, so that GPU, host
+        # and disk keep their colours in any theme the palette offers.
+        theme = self.get_theme(self.theme)
+        for name, colour in tier_variables(self.theme, True if theme is None else theme.dark).items():
+            variables.setdefault(name, colour)
         for name, ref in VARIABLE_DEFAULTS.items():
             if name not in variables:
                 variables[name] = variables.get(ref.lstrip("$"), variables.get("foreground", "#e0e0e0"))
@@ -479,7 +492,7 @@ class KvtopApp(App[int]):
                                              known=moves.source != "events" or q.events_seen))
         self._panels["requests"].show(self._requests(live, snap, rates, view))
         self._panels["prio"].show(self._priorities(snap, gpu, host))
-        self._panels["memory"].show(self._memory(snap))
+        self._panels["memory"].show(self._memory(snap, host, view))
         self.shown_data_time = snap.now
         self.refreshes += 1
         self.last_refresh_cost_s = time.perf_counter() - t0
@@ -758,8 +771,8 @@ class KvtopApp(App[int]):
         key = (math.floor(snap.now), tuple((t, v.says) for t, v in verdicts.items()))
         if key != self._verdict_key:
             self._verdict_key = key
-            self._verdict_lines = tuple(VerdictLine(v.says, v.text(), v.basis.split(":", 1)[0], v.short_text())
-                                        for v in verdicts.values())
+            self._verdict_lines = tuple(VerdictLine(v.says, v.text(), v.basis.split(":", 1)[0], v.short_text(), t)
+                                        for t, v in verdicts.items())
         return self._verdict_lines
 
     def _history(self, live: TierModel, snap: TierSnapshot
@@ -819,7 +832,7 @@ class KvtopApp(App[int]):
         return PriorityData(rows, gpu.capacity_blocks, host.capacity_blocks, split, gpu.bytes_per_block)
 
     @staticmethod
-    def _memory(snap: TierSnapshot) -> MemoryData:
+    def _memory(snap: TierSnapshot, host: TierState, view: SessionView) -> MemoryData:
         gpus = tuple(GpuMemoryRow(g.index, g.name, g.memory_used_bytes, g.memory_total_bytes,
                                   g.data.get("utilization_gpu_pct")) for _, g in sorted(snap.gpus.items()))
         hm = snap.host_memory
@@ -831,7 +844,10 @@ class KvtopApp(App[int]):
             avail = hm.available_bytes if hm.available_bytes is not None else data.get("system_available_bytes")
             pinned = hm.pinned_pool_bytes
             total = data.get("system_total_bytes")
-        return MemoryData(gpus, snap.gpu_error, rss, pinned, avail, total)
+        meta = {**view.meta, **snap.meta}
+        # The simulator's pools are no memory of this machine's: the panel says so ("simulated")
+        simulated = bool(meta.get("simulated")) or meta.get("engine") == "sim"
+        return MemoryData(gpus, snap.gpu_error, rss, pinned, avail, total, simulated, host.capacity_blocks)
 
     # ------------------------------------------------------------------------------------------ actions
 

@@ -173,6 +173,28 @@ def _sparkline(shown: tuple[float | None, ...], width: int, top: float | None) -
     return " " * (width - len(chars)) + "".join(chars)
 
 
+def sparkrows(values: Sequence[float | None], width: int, rows: int, top: float | None = None) -> list[str]:
+    """``sparkline`` ``rows`` cells tall (top row first): each column resolves 1/(8 * rows) of its range, so a
+    tall chart (200x60) shows what a one-row one rounds away. Zero is the bottom row's lowest bar; a gap is blank
+    in every row."""
+    if rows <= 1:
+        return [sparkline(values, width, top)]
+    if width <= 0:
+        return [""] * rows
+    tail = [_finite(v) for v in tuple(values)[-width:]]
+    known = [v for v in tail if v is not None]
+    hi = top if top is not None else (max(known) if known else 0.0)
+    levels = rows * len(SPARK_CHARS)
+    out = [[" "] * (width - len(tail)) for _ in range(rows)]
+    for v in tail:
+        # eighths of a cell filled, counted from the bottom row; at least one: zero is a floor, not a gap
+        n = 0 if v is None else 1 if hi <= 0 else max(int(min(max(v / hi, 0.0), 1.0) * (levels - 1) + 0.5), 0) + 1
+        for r in range(rows):
+            fill = n - (rows - 1 - r) * len(SPARK_CHARS)   # this row's eighths (row 0 is the top)
+            out[r].append(" " if v is None or fill <= 0 else SPARK_CHARS[min(fill, len(SPARK_CHARS)) - 1])
+    return ["".join(r) for r in out]
+
+
 def cells(part: int | None, whole: int | None, width: int) -> int:
     """How many of ``width`` cells ``part / whole`` fills, rounded to nearest, at least 1 when part > 0."""
     p, w = _finite(part), _finite(whole)

@@ -1,10 +1,15 @@
 """Themes are files: ``themes/*.toml`` at the repository root, shipped in the wheel as ``kvtop/_themes``.
 
 A theme file names a ``textual.theme.Theme``'s fields at the top level and kvtop's own colours under
-``[variables]`` (``kv-in-use``, ``kv-cached``, ``kv-free``, ``kv-spark``, ``kv-figure``, ``kv-dim``,
-``kv-sim-badge``); :data:`VARIABLE_DEFAULTS` fills in any a file leaves out, so a user's theme file needs only
-the colours it wants to change. A bad file is reported (:class:`ThemeError`, naming the file and the problem)
-and the others still load.
+``[variables]`` (``kv-spark``, ``kv-figure``, ``kv-dim``, ``kv-sim-badge``); :data:`VARIABLE_DEFAULTS` fills in any
+a file leaves out, so a user's theme file needs only the colours it wants to change. A bad file is reported
+(:class:`ThemeError`, naming the file and the problem) and the others still load.
+
+The tier colours are not in the theme files: they are kvtop's colour code (:mod:`kvtop.palette`, one colour per
+tier in every panel and in the report), given to every theme as the variables ``kv-gpu``, ``kv-gpu-cached``,
+``kv-gpu-empty``, ``kv-host``... (:func:`tier_variables`): kvtop's three by name, any other theme (Textual's own,
+from the command palette, or a user's file) by whether it is dark. A user's file may still set them in
+``[variables]``. The panels draw a tier only through :func:`tier_style`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from typing import Any
 
 from textual.theme import Theme
 
+from kvtop import palette
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10: the subset of TOML that theme files use (see _parse_simple_toml)
@@ -27,14 +34,29 @@ PREFERRED_ORDER = ("dark", "light", "high-contrast")
 DEFAULT_THEME = "dark"
 
 VARIABLE_DEFAULTS: dict[str, str] = {
-    "kv-in-use": "$primary",
-    "kv-cached": "$accent",
-    "kv-free": "$panel",
-    "kv-spark": "$primary",
+    "kv-spark": "$foreground",
     "kv-figure": "$foreground",
     "kv-dim": "$foreground-muted",
     "kv-sim-badge": "$secondary",
 }
+
+
+def tier_variables(theme: str, dark: bool = True) -> dict[str, str]:
+    """The colour code as a theme's CSS variables (``kv-gpu``, ``kv-gpu-cached``, ``kv-gpu-empty``, ...)."""
+    return palette.variables(theme, dark)
+
+
+def tier_style(tier: str, state: str = "in-use", bold: bool = False) -> str:
+    """The style a panel draws ``tier`` ("gpu", "host", "disk"; a label such as "GPU" too) in: the tier's colour
+    (``in-use``, also its labels and the figures that belong to it) or a shade (``cached``, ``empty``). Any other
+    tier gets the neutral ``kv-other`` colours, never one of the three."""
+    style = "$" + palette.variable(tier.lower(), state)
+    return f"bold {style}" if bold else style
+
+
+def tier_glyph(state: str) -> str:
+    """The bar glyph of a state: in use █, cached ▓, empty ░ (kvtop.palette.GLYPHS)."""
+    return palette.GLYPHS[state]
 
 _THEME_FIELDS = {f.name for f in fields(Theme)} - {"variables"}
 
@@ -106,8 +128,11 @@ def load_theme(path: Path | str) -> Theme:
     data.setdefault("name", p.stem)
     if "primary" not in data:
         raise ThemeError(p, "primary is missing")
+    # The tier colours from the colour code; a file's own [variables] may override them.
+    merged = {**tier_variables(str(data["name"]), bool(data.get("dark", True))),
+              **{str(k): str(v) for k, v in variables.items()}}
     try:
-        return Theme(**data, variables={str(k): str(v) for k, v in variables.items()})
+        return Theme(**data, variables=merged)
     except Exception as exc:  # a bad colour string and the like
         raise ThemeError(p, str(exc)) from None
 
@@ -132,4 +157,4 @@ def load_themes(extra: list[Path | str] | None = None) -> tuple[list[Theme], lis
 
 
 __all__ = ["DEFAULT_THEME", "PREFERRED_ORDER", "ThemeError", "VARIABLE_DEFAULTS", "load_theme", "load_themes",
-           "theme_dirs"]
+           "theme_dirs", "tier_glyph", "tier_style", "tier_variables"]

@@ -5,7 +5,7 @@ refresh with a small frozen value (the TierModel's own dataclasses, tuples of nu
 with the last one and calls ``refresh()`` only when it changed, so an idle engine costs no repaints at all and a
 busy one repaints only the panels whose figures moved. ``build()`` makes the panel's lines from that data
 and the panel's current size, so a resize re-lays text without a new data read, and theme colours are theme
-variables (``$kv-in-use``...) resolved at paint time, so a theme change needs no rebuild either.
+variables (``$kv-gpu``...) resolved at paint time, so a theme change needs no rebuild either.
 
 Where a panel is too small for its full form it drops detail in a fixed order (sparklines, then tokens and
 GiB columns, then its border, through the screen's ``-medium`` / ``-compact`` classes) and never wraps.
@@ -40,12 +40,14 @@ from textual.widgets import Static
 from kvtop.occupancy import cells as bar_cells
 from kvtop.occupancy import occupancy
 from kvtop.ui import format as fmt
+from kvtop.ui.themes import tier_glyph, tier_style
 from kvtop.values import frozen, mutable
 
-# Styles, as theme variables: themes/*.toml set them (kvtop/ui/themes.py fills in any a theme leaves out).
-S_IN_USE = "$kv-in-use"
-S_CACHED = "$kv-cached"
-S_FREE = "$kv-free"
+# Styles, as theme variables: themes/*.toml set them (kvtop/ui/themes.py fills in any a theme leaves out). A tier's
+# colours are kvtop's colour code (kvtop/palette.py), drawn only through tier_style: GPU, host and disk keep one
+# colour each in every panel, and in use / cached / empty are its shades and glyphs.
+S_GPU = tier_style("gpu")
+S_HOST = tier_style("host")
 S_FIG = "bold $kv-figure"
 S_DIM = "$kv-dim"
 S_SPARK = "$kv-spark"
@@ -627,7 +629,11 @@ class VerdictLine:
     text: str        # "host tier: pays, -38 ms TTFT p50 on 31% of requests, 4.1 s of prefill saved per minute"
     basis: str       # "measured", "measured prefill", "estimated", "not priced": what the figures rest on
     short: str       # "host: pays, -38 ms TTFT p50 on 31%, +4.1 s/min": where the line is narrow
+    tier: str = ""   # the tier it is about ("host", "disk"): its name in the text is drawn in the tier's colour
 
+
+# Between the header's parts (model │ GPU │ engine): a rule, not spaces, so that "Qwen3-8B  up" never reads as one.
+_SEP = (" │ ", S_DIM)
 
 _VERDICT_STYLE = {"pays": "bold $success", "costs": "bold $error", "idle": "bold $warning"}
 
@@ -641,7 +647,13 @@ def verdict_line(verdicts: tuple[VerdictLine, ...], width: int) -> Line:
         for i, v in enumerate(verdicts):
             if i:
                 parts.append(("  ·  ", S_DIM))
-            parts.append((text(v), _VERDICT_STYLE.get(v.says, S_DIM)))
+            said, style = text(v), _VERDICT_STYLE.get(v.says, S_DIM)
+            name, colon, rest = said.partition(":")
+            if v.tier and colon and name.split()[0].lower() == v.tier.lower():
+                # "host tier: pays, ...": the tier's name in its colour, what it says in the verdict's
+                parts += [(name, tier_style(v.tier, bold=True)), (colon + rest, style)]
+            else:
+                parts.append((said, style))
             if basis and v.says != "none":
                 parts.append((f" ({v.basis})", S_DIM))
         return line_of(*parts)
@@ -741,30 +753,32 @@ class HeaderBar(Panel):
         if verdict is not None:
             height -= 1
         if height <= 1 or width < 60:
-            # One line: pieces in order of importance, each added only while it fits whole.
+            # One line: pieces in order of importance, each added only while it fits whole, each after a separator.
             short_model = model.split("/")[-1]
             pieces: list[Line] = [line_of(("kvtop ", "bold $primary"), *paused, *badge, (short_model, S_FIG)),
-                                     line_of(("  up ", S_DIM), (up, S_FIG))]
+                                     line_of(_SEP, ("up ", S_DIM), (up, S_FIG))]
             if status or state_short:
-                pieces.append(line_of("  ", *state_short, *status))
-            pieces += [line_of(("  data ", S_DIM), (clock, "bold")),
-                       line_of(("  on ", S_DIM), (d.gpu or "?", "bold"))]
+                pieces.append(line_of(_SEP, *state_short, *status))
+            pieces += [line_of(_SEP, ("data ", S_DIM), (clock, "bold")),
+                       line_of(_SEP, (d.gpu or "GPU ?", tier_style("gpu", bold=True)))]
             if block:
-                pieces.append(line_of(("  ", ""), (" · ".join(block), S_DIM)))
+                pieces.append(line_of(_SEP, (" · ".join(block), S_DIM)))
             out = pieces[0]
             for piece in pieces[1:]:
                 if cells(out) + cells(piece) <= width:
                     out = line_of(out, piece)
             return [_fit(out, width), verdict] if verdict is not None else _fit(out, width)
-        line1 = line_of(("kvtop ", "bold $primary"), *paused, *badge, (model, S_FIG), ("  on ", S_DIM),
-                         (d.gpu or "GPU ?", "bold"), ("  ·  ", S_DIM), engine,
-                         *([("  ·  ", S_DIM), (d.source_label, "bold")] if d.source_label else []))
-        right = line_of(("data ", S_DIM), (clock, "bold"), ("   up ", S_DIM), (up, S_FIG))
+        # Model, GPU, engine and source, each after a separator (the GPU in its tier's colour).
+        line1 = line_of(("kvtop ", "bold $primary"), *paused, *badge, (model, S_FIG), _SEP,
+                         (d.gpu or "GPU ?", tier_style("gpu", bold=True)), _SEP, engine,
+                         *([_SEP, (d.source_label, "bold")] if d.source_label else []))
+        right = line_of(("data ", S_DIM), (clock, "bold"), _SEP, ("up ", S_DIM), (up, S_FIG))
         # The state and the alarms first: where the line is cut, it is the simulator's reason that goes.
         line2_left: list[Any] = [*state_long, *status]
-        line2_left += [(" · ".join(block) or "block size ?", "bold"), "  "]
+        line2_left += [(" · ".join(block) or "block size ?", "bold")]
         if d.simulated:
-            line2_left += [("simulated: ", S_DIM), (d.sim_reason or "built-in simulator", "$kv-sim-badge")]
+            line2_left += [_SEP, ("simulated: ", S_DIM), (d.sim_reason or "built-in simulator", "$kv-sim-badge")]
+        line2_left.append("  ")
         line2 = line_of(*line2_left)
         gap = width - cells(line2) - cells(right)
         if gap >= 1:
@@ -872,12 +886,13 @@ class TierPanel(Panel):
         if self.border_subtitle != subtitle:
             self.border_subtitle = subtitle
 
-    def _rows(self) -> tuple[tuple[str, str, int | None], ...]:
-        """(name, style, blocks) for the three parts, in bar order."""
+    def _rows(self) -> tuple[tuple[str, str, int | None, str], ...]:
+        """(name, style, blocks, glyph) for the three parts, in bar order: the tier's colour and its shades."""
         d: TierData = self.data
         o = occupancy(d.state)
         idle_name = "cached idle" if d.label == "GPU" else "cached"
-        return (("in use", S_IN_USE, o.in_use), (idle_name, S_CACHED, o.cached_idle), ("empty", S_FREE, o.empty))
+        parts = (("in use", "in-use", o.in_use), (idle_name, "cached", o.cached_idle), ("empty", "empty", o.empty))
+        return tuple((name, tier_style(d.label, state), blocks, tier_glyph(state)) for name, state, blocks in parts)
 
     @staticmethod
     def _share(part: int | None, whole: int | None) -> str:
@@ -910,11 +925,13 @@ class TierPanel(Panel):
             text = " unknown "
             side = max(width - len(text), 0)
             return line_of(("╌" * (side // 2), S_DIM), (text, S_DIM), ("╌" * (side - side // 2), S_DIM))
+        rows = self._rows()
         if o.cached_idle is None or o.empty is None:
+            # The rest, cached or empty, unknown: dashed, as the unknown bar is (░ is the empty blocks' glyph)
             used, rest = bar_cells((o.in_use, cap - o.in_use), cap, width)
-            return line_of(("█" * used, S_IN_USE), ("░" * rest, S_DIM))
-        a, b, c = bar_cells((o.in_use, o.cached_idle, o.empty), cap, width)
-        return line_of(("█" * a, S_IN_USE), ("█" * b, S_CACHED), ("█" * c, S_FREE))
+            return line_of((rows[0][3] * used, rows[0][1]), ("╌" * rest, S_DIM))
+        cut = bar_cells((o.in_use, o.cached_idle, o.empty), cap, width)
+        return line_of(*((glyph * n, style) for n, (_, style, _, glyph) in zip(cut, rows)))
 
     def build(self) -> Line | list[Line]:
         d: TierData | None = self.data
@@ -940,8 +957,8 @@ class TierPanel(Panel):
             line1 = line_of((label, "bold"), self._bar(bar_w), " ", head)
             short = {"in use": "use", "cached idle": "idle", "cached": "cached", "empty": "empty"}
             parts: list[Any] = []
-            for name, style, blocks in rows:
-                parts += [("█", style), f" {short[name]} ", (fmt.count(blocks), S_FIG),
+            for name, style, blocks, glyph in rows:
+                parts += [(glyph, style), f" {short[name]} ", (fmt.count(blocks), S_FIG),
                           ("≈" if approx and name.startswith("cached") and blocks is not None else "", S_WARN), "  "]
             return _lines([line1, line_of(*parts[:-1])], width, height)
 
@@ -949,16 +966,19 @@ class TierPanel(Panel):
         show_tokens = width >= 60
         show_gib = width >= 44
         name_w = 12 if width >= 40 else 11
-        head = self._headline()
-        lines: list[Line] = [line_of(self._bar(max(width - cells(head) - 1, 1)), " ", head)]
+        if height >= self.THICK_FROM and width >= 60:
+            lines = self._thick_bar(width)
+        else:
+            head = self._headline()
+            lines = [line_of(self._bar(max(width - cells(head) - 1, 1)), " ", head)]
         if height >= 7:
             header = f"{'':{name_w + 2}}{'blocks':>6}{'%':>5}" + (f"{'GiB':>7}" if show_gib else "") + \
                      (f"{'tokens':>9}" if show_tokens else "")
             lines.append(styled(header, S_DIM))
         free = o.free
-        for i, (name, style, blocks) in enumerate(rows):
+        for i, (name, style, blocks, glyph) in enumerate(rows):
             unknown = blocks is None
-            parts = [("█ ", style), (f"{name:<{name_w}}", "bold"),
+            parts = [(glyph, style), " ", (f"{name:<{name_w}}", "bold"),
                      (_pad("?" if unknown else fmt.count(blocks), 6), S_DIM if unknown else S_FIG),
                      (_pad(self._share(blocks, cap), 5), S_DIM)]
             if show_gib:
@@ -990,13 +1010,30 @@ class TierPanel(Panel):
             hint = d.note or (self.GPU_HINT if d.label == "GPU" else self.HOST_HINT)
             lines.append(styled(hint, S_WARN if d.note else S_DIM))
         if d.history and len(lines) < height - 1:
-            # 200x60: the headline share over time, one cell a step, on a fixed 0-100% scale.
+            # 200x60: the headline share over time, one cell a step, on a fixed 0-100% scale, as tall as the
+            # panel's rows left (six at 200x60, two with a disk tier), the label and span on its bottom row.
             spark_w = max(width - 16, 1)
-            lines += [BLANK, line_of((f"{'in use' if d.label == 'GPU' else 'cached'} % ", S_DIM),
-                                     (fmt.sparkline(d.history, spark_w, top=1.0),
-                                      S_IN_USE if d.label == "GPU" else S_CACHED),
-                                     (f" {min(len(d.history), spark_w):>3}s", S_DIM))]
+            rows = min(height - len(lines) - 1, 6)
+            label = f"{'in use' if d.label == 'GPU' else 'cached'} % "
+            chart = fmt.sparkrows(d.history, spark_w, rows, top=1.0)
+            lines.append(BLANK)
+            lines += [line_of((" " * len(label), ""), (row, tier_style(d.label))) for row in chart[:-1]]
+            lines.append(line_of((label, S_DIM), (chart[-1], tier_style(d.label)),
+                                 (f" {min(len(d.history), spark_w):>3}s", S_DIM)))
         return _lines(lines, width, height)
+
+    THICK_FROM = 12   # content rows from which the bar is three rows thick, its share in big digits (200x60)
+
+    def _thick_bar(self, width: int) -> list[Line]:
+        """The bar three rows thick, the headline share beside it in GLYPHS (the back of the room reads it), the
+        word under what it counts on the middle row."""
+        d: TierData = self.data
+        o = occupancy(d.state)
+        part = o.in_use if d.label == "GPU" else o.cached_idle
+        big = [row.rjust(10) for row in big_figure(self._share(part, o.capacity))]  # "100%" is 10 cells
+        word = " in use" if d.label == "GPU" else " cached"
+        bar = self._bar(max(width - len(big[0]) - len(word) - 1, 1))
+        return [line_of(bar, " ", (b, S_FIG), (word if i == 1 else " " * len(word), S_DIM)) for i, b in enumerate(big)]
 
 
 # ------------------------------------------------------------------------------------------------ hit rate
@@ -1046,7 +1083,7 @@ GLYPHS: dict[str, tuple[str, str, str]] = {
     "3": ("╺━┓", " ━┫", "╺━┛"), "4": ("╻ ╻", "┗━┫", "  ╹"), "5": ("┏━╸", "┗━┓", "╺━┛"),
     "6": ("┏━╸", "┣━┓", "┗━┛"), "7": ("╺━┓", "  ┃", "  ╹"), "8": ("┏━┓", "┣━┫", "┗━┛"),
     "9": ("┏━┓", "┗━┫", "╺━┛"), ".": (" ", " ", "•"), "%": (" ", " ", "%"), "-": ("   ", "╺━╸", "   "),
-    " ": (" ", " ", " "),
+    " ": (" ", " ", " "), "<": ("  ", "╱ ", "╲ "), "?": ("╺━┓", " ┏┛", " ╹ "),
 }
 
 
@@ -1078,13 +1115,14 @@ class HitRatePanel(Panel):
         gap = "  " if width >= 40 else " "
 
         def row(label: str, total: float | None, gpu: float | None, host: float | None) -> Line:
-            return line_of((f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG), (f"{gap}GPU ", S_IN_USE),
-                            _pad(fmt.pct(gpu), 6), (f"{gap}host ", S_CACHED), _pad(fmt.pct(host), 6))
+            return line_of((f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG), gap, ("GPU", S_GPU), " ",
+                            (_pad(fmt.pct(gpu), 6), S_GPU), gap, ("host", S_HOST), " ",
+                            (_pad(fmt.pct(host), 6), S_HOST))
 
         if height == 1:
-            return _lines([line_of(("hit ", "bold"), (fmt.pct(h.window), S_FIG), (" GPU ", S_IN_USE),
-                                    fmt.pct(h.window_gpu, digits=0), (" host ", S_CACHED),
-                                    fmt.pct(h.window_host, digits=0), (" total ", S_DIM),
+            return _lines([line_of(("hit ", "bold"), (fmt.pct(h.window), S_FIG), " ", ("GPU", S_GPU), " ",
+                                    (fmt.pct(h.window_gpu, digits=0), S_GPU), " ", ("host", S_HOST), " ",
+                                    (fmt.pct(h.window_host, digits=0), S_HOST), (" total ", S_DIM),
                                     fmt.pct(h.cumulative, digits=0))], width, height)
         lines: list[Line] = []
         if height >= 6:
@@ -1100,7 +1138,7 @@ class HitRatePanel(Panel):
             w = d.what_if
             if w.host_blocks == 0:
                 # Twice no host cache is still none: the curve has nothing to say, and says why.
-                lines.append(line_of(("what-if ", S_DIM), ("no host cache: ", S_CACHED),
+                lines.append(line_of(("what-if ", S_DIM), ("no host cache: ", S_HOST),
                                      ("x2 of 0 is 0", S_DIM)))
             else:
                 head, rates, best = _curve_rows(w, width)
@@ -1113,9 +1151,12 @@ class HitRatePanel(Panel):
                     if w.advice:
                         curve_lines.append(line_of((w.advice, S_DIM)))
         if height >= len(lines) + 1:
+            # As tall as the rows left (200x60: the hit-rate panel takes the right column's rest), 8 at most.
             spark_w = max(width - 8, 1)
-            lines.append(line_of((fmt.sparkline(d.history, spark_w, top=1.0), S_SPARK),
-                                  (f" {min(len(d.history), spark_w):>3}s", S_DIM)))
+            rows = max(min(height - len(lines) - len(curve_lines), 8), 1)
+            chart = fmt.sparkrows(d.history, spark_w, rows, top=1.0)
+            lines += [styled(row, S_SPARK) for row in chart[:-1]]
+            lines.append(line_of((chart[-1], S_SPARK), (f" {min(len(d.history), spark_w):>3}s", S_DIM)))
         lines += curve_lines
         return _lines(lines, width, height)
 
@@ -1130,7 +1171,7 @@ def _curve_rows(w: WhatIfData, width: int) -> tuple[list[tuple[str, str]], list[
     hit rate at each, the run's own at 1 bright; the optimum at the pool's size where the line has room: 38 cells
     at 80x24 hold it with two-digit rates)."""
     labels = " ".join(p[0] for p in w.points)
-    head = [("host×", S_DIM), (labels + ":", S_CACHED)]
+    head = [("host×", S_DIM), (labels + ":", S_HOST)]
     rates: list[tuple[str, str]] = []
     for label, rate, _ in w.points:
         rates.append((f" {_whole_pct(rate)}", S_FIG if label == "1" else S_DIM))
@@ -1138,7 +1179,7 @@ def _curve_rows(w: WhatIfData, width: int) -> tuple[list[tuple[str, str]], list[
     here = next((p for p in w.points if p[0] == "1"), None)
     best: list[tuple[str, str]] = []
     if here is not None and here[2] is not None:
-        best = [(" opt ", S_DIM), (_whole_pct(here[2]), S_IN_USE)]
+        best = [(" opt ", S_DIM), (_whole_pct(here[2]), S_FIG)]
         if sum(len(t) for t, _ in head + rates + best) > width:
             best = []
     return head, rates, best
@@ -1157,10 +1198,12 @@ class MovesData:
 class MovesPanel(Panel):
     """Blocks moved per second over the window, totals since start, history per row."""
 
-    ROWS = (("offload", "GPU→host", "offloaded_per_s", "offloaded_blocks", S_CACHED),
-            ("onboard", "host→GPU", "onboarded_per_s", "onboarded_blocks", S_IN_USE),
-            ("evict", "GPU", "evicted_gpu_per_s", "evicted_gpu_blocks", S_WARN),
-            ("evict", "host", "evicted_host_per_s", "evicted_host_blocks", S_ERR))
+    # (verb, from tier, to tier, rate, total, sparkline style): a move's sparkline is in the colour of the tier
+    # its blocks land in; an eviction's in the shade of the tier that dropped them (it dropped cached blocks).
+    ROWS = (("offload", "GPU", "host", "offloaded_per_s", "offloaded_blocks", S_HOST),
+            ("onboard", "host", "GPU", "onboarded_per_s", "onboarded_blocks", S_GPU),
+            ("evict", "GPU", "", "evicted_gpu_per_s", "evicted_gpu_blocks", tier_style("gpu", "cached")),
+            ("evict", "host", "", "evicted_host_per_s", "evicted_host_blocks", tier_style("host", "cached")))
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -1175,29 +1218,36 @@ class MovesPanel(Panel):
             return fmt.rate(getattr(d.rates, attr) if d.known else None)
 
         if height == 1:
-            line = line_of(("moves/s ", "bold"), ("off ", S_CACHED), (rate("offloaded_per_s"), S_FIG),
-                            (" on ", S_IN_USE), (rate("onboarded_per_s"), S_FIG), (" ev ", S_DIM),
+            line = line_of(("moves/s ", "bold"), ("off", S_HOST), " ", (rate("offloaded_per_s"), S_FIG),
+                            " ", ("on", S_GPU), " ", (rate("onboarded_per_s"), S_FIG), (" ev ", S_DIM),
                             (rate("evicted_gpu_per_s"), S_FIG), "/", (rate("evicted_host_per_s"), S_FIG))
             return _fit(line, width)
         show_total = width >= 40
         base = 8 + 9 + 7 + (9 if show_total else 0)
         spark_w = width - base - 1
         lines: list[Line] = []
-        for i, (verb, where, rate_attr, total_attr, style) in enumerate(self.ROWS):
-            parts: list[Any] = [(f"{verb:<8}", "bold"), (f"{where:<9}", S_DIM),
-                                (_pad(rate(rate_attr), 7), S_FIG)]
+        # Two rows a move where the panel has them (200x60): its sparkline twice as tall
+        tall = 2 if height >= 2 * len(self.ROWS) + 1 else 1
+        for i, (verb, src, dst, rate_attr, total_attr, style) in enumerate(self.ROWS):
+            where = [(src, tier_style(src))] + ([("→", S_DIM), (dst, tier_style(dst))] if dst else [])
+            pad = 9 - len(src) - (len(dst) + 1 if dst else 0)
+            parts: list[Any] = [(f"{verb:<8}", "bold"), *where, " " * pad, (_pad(rate(rate_attr), 7), S_FIG)]
+            chart: list[str] = []
             if spark_w >= 6 and d.known:
-                series = [h[i] for h in d.history]
-                parts += [" ", (fmt.sparkline(series, spark_w), style)]
+                chart = fmt.sparkrows([h[i] for h in d.history], spark_w, tall)
+                parts += [" ", (chart[-1], style)]
             elif spark_w >= 6:
                 parts += [" ", ("no events"[:spark_w].ljust(spark_w), S_DIM)]
             if show_total:
                 parts.append((_pad(fmt.count(getattr(d.moves, total_attr) if d.known else None), 9), S_DIM))
+            # the chart's upper rows above the row of figures, aligned with its bottom row
+            lines += [line_of((" " * (base - 9 * show_total + 1), ""), (row, style)) for row in chart[:-1]]
             lines.append(line_of(*parts))
         if height >= 5:
             r = d.rates
-            lines.append(line_of(("link    ", "bold"), ("→host ", S_DIM),
-                                  (fmt.nbytes(r.offloaded_bytes_per_s) + "/s", S_FIG), ("  →GPU ", S_DIM),
+            lines.append(line_of(("link    ", "bold"), ("→", S_DIM), ("host", S_HOST), " ",
+                                  (fmt.nbytes(r.offloaded_bytes_per_s) + "/s", S_FIG), ("  →", S_DIM),
+                                  ("GPU", S_GPU), " ",
                                   (fmt.nbytes(r.onboarded_bytes_per_s) + "/s", S_FIG)))
         return _lines(lines, width, height)
 
@@ -1237,27 +1287,29 @@ class PriorityPanel(Panel):
         detail = width >= 100 and bool(d.split)
         extra = 40 if detail else 0   # GiB GPU, GiB host, hit GPU, hit host
         bar_w = max((width - 34 - extra) // 2, 0)
-        header = f"{'prio':>5}  {'GPU':>6} {'':{bar_w}}  {'host':>6} {'':{bar_w}} {'req hit':>8}"
+        header = line_of((f"{'prio':>5}  ", S_DIM), (f"{'GPU':>6}", S_GPU), f" {'':{bar_w}}  ",
+                         (f"{'host':>6}", S_HOST), (f" {'':{bar_w}} {'req hit':>8}", S_DIM))
         if detail:
-            header += f"{'GiB GPU':>10}{'GiB host':>10}{'hit GPU':>10}{'hit host':>10}"
-        lines = [styled(header, S_DIM)]
+            header = line_of(header, (f"{'GiB GPU':>10}", S_GPU), (f"{'GiB host':>10}", S_HOST),
+                             (f"{'hit GPU':>10}", S_GPU), (f"{'hit host':>10}", S_HOST))
+        lines = [header]
         for i, (prio, g, h, hit) in enumerate(d.rows[: max(height - 1, 0)]):
             parts = [(f"{'?' if prio is None else prio:>5}", "bold"), "  ", (_pad(fmt.count(g), 6), S_FIG), " "]
             if bar_w:
                 n = fmt.cells(g, d.gpu_capacity, bar_w)
-                parts += [("▮" * n, S_IN_USE), " " * (bar_w - n)]
+                parts += [("▮" * n, S_GPU), " " * (bar_w - n)]
             parts += ["  ", (_pad(fmt.count(h), 6), S_FIG), " "]
             if bar_w:
                 n = fmt.cells(h, d.host_capacity, bar_w)
-                parts += [("▮" * n, S_CACHED), " " * (bar_w - n)]
+                parts += [("▮" * n, S_HOST), " " * (bar_w - n)]
             parts.append((_pad(fmt.pct(hit, unknown="", digits=0), 9), S_DIM))
             if detail:
                 bpb = d.bytes_per_block
                 gh, hh = d.split[i] if i < len(d.split) else (None, None)
                 parts += [(_pad(fmt.gib(g * bpb if bpb else None, "?"), 10), S_FIG),
                           (_pad(fmt.gib(h * bpb if bpb else None, "?"), 10), S_FIG),
-                          (_pad(fmt.pct(gh, unknown="", digits=0), 10), S_IN_USE),
-                          (_pad(fmt.pct(hh, unknown="", digits=0), 10), S_CACHED)]
+                          (_pad(fmt.pct(gh, unknown="", digits=0), 10), S_GPU),
+                          (_pad(fmt.pct(hh, unknown="", digits=0), 10), S_HOST)]
             lines.append(line_of(*parts))
         return _lines(lines, width, height)
 
@@ -1495,6 +1547,8 @@ class MemoryData:
     pinned_pool: int | None
     available: int | None
     total: int | None
+    simulated: bool = False        # the engine is kvtop's simulator: its pools are not this machine's memory
+    host_blocks: int | None = None  # the host tier's pool in blocks: 0 is no host pool ("none"), None unknown
 
 
 class MemoryPanel(Panel):
@@ -1510,6 +1564,10 @@ class MemoryPanel(Panel):
             warn = any(g.used is not None and g.total and g.used > 0.95 * g.total for g in data.gpus)
             warn |= bool(data.available is not None and data.total and data.available < 0.05 * data.total)
             self._set_state("warn" if warn else "ok")
+            # The simulator's GPU and pools are no memory of this machine's: the title says so
+            title = "Memory · simulated" if data.simulated else "Memory"
+            if self.border_title != title:  # a title change repaints the whole panel: only when it changed
+                self.border_title = title
         return changed
 
     def build(self) -> Line | list[Line]:
@@ -1519,8 +1577,10 @@ class MemoryPanel(Panel):
             return BLANK
         lines: list[Line] = []
         gpu_rows = list(d.gpus)
-        host_lines = [line_of(("host ", "bold"), ("rss ", S_DIM), (fmt.nbytes(d.rss), S_FIG),
-                               ("  KV pool ", S_DIM), (fmt.nbytes(d.pinned_pool), S_FIG)),
+        # No host tier: no pinned pool, said as "none" (not "0 B", nor "?" as if unknown)
+        pool: Line = (("none", S_FIG),) if d.host_blocks == 0 else ((fmt.nbytes(d.pinned_pool), S_FIG),)
+        host_lines = [line_of(("host", tier_style("host", bold=True)), " ", ("rss ", S_DIM), (fmt.nbytes(d.rss), S_FIG),
+                               ("  KV pool ", S_DIM), pool),
                       line_of(("     ", ""), ("available ", S_DIM), (fmt.nbytes(d.available), S_FIG),
                                (f" of {fmt.nbytes(d.total)}", S_DIM))]
         if height < len(gpu_rows or [None]) + 2 or width >= 70:
@@ -1530,21 +1590,27 @@ class MemoryPanel(Panel):
             host_lines = [line_of(host_lines[0], avail) if fits else host_lines[0]]
         room = max(height - len(host_lines), 1)
         shown = gpu_rows if len(gpu_rows) <= room else gpu_rows[: room - 1]
-        bar_w = max(min(width - 36, 20), 0)
+        # The bar takes what the figures ("GPU0 19.2 GiB / 140 GiB", the share, the utilisation where it fits: 31
+        # cells and 10) leave, up to 40 cells (200x60: 36, where it had 20)
+        util_w = 10 if width >= 60 else 0
+        bar_w = max(min(width - 31 - util_w, 40), 0)
         for g in shown:
             frac = g.used / g.total if g.used is not None and g.total else None
             n = fmt.cells(g.used, g.total, bar_w)
-            parts: list[Any] = [(f"GPU{g.index} ", "bold"), (f"{fmt.nbytes(g.used)} / {fmt.nbytes(g.total)} ", S_FIG)]
+            parts: list[Any] = [(f"GPU{g.index}", tier_style("gpu", bold=True)), " ",
+                                (f"{fmt.nbytes(g.used)} / {fmt.nbytes(g.total)} ", S_FIG)]
             if bar_w >= 4:
-                parts += [("█" * n, S_IN_USE), ("█" * (bar_w - n), S_FREE), " "]
+                parts += [(tier_glyph("in-use") * n, S_GPU),
+                          (tier_glyph("empty") * (bar_w - n), tier_style("gpu", "empty")), " "]
             parts.append((_pad(fmt.pct(frac, digits=0), 4), S_DIM))
-            if g.util_pct is not None and width >= 48:
+            if g.util_pct is not None and util_w:
                 parts.append((f"  util {g.util_pct}%", S_DIM))
             lines.append(line_of(*parts))
         if len(gpu_rows) > len(shown):
             lines.append(styled(f"... {len(gpu_rows) - len(shown)} more GPUs", S_DIM))
         if not gpu_rows:
-            lines.append(line_of(("GPU  ", "bold"), (d.gpu_error or "no NVML sample yet", S_DIM)))
+            lines.append(line_of(("GPU", tier_style("gpu", bold=True)), "  ",
+                                 (d.gpu_error or "no NVML sample yet", S_DIM)))
         lines += host_lines
         return _lines(lines, width, height)
 
@@ -1671,12 +1737,13 @@ HELP_TEXT = """\
   [b]e[/] event log     [b]s[/] next source (when several are attached)
   [b]?[/] this help     [b]ctrl+p[/] commands (screenshot: into the working dir)
 
-[b]Tiers[/]  one bar per tier: parts that never overlap and fill the pool
-  [$kv-in-use]█[/] [b]in use[/]       held by running requests
+[b]Tiers[/]  one bar per tier: parts that never overlap and fill the pool. Each
+  tier keeps its colour in every panel: [b $kv-gpu]GPU[/], [b $kv-host]host[/], [b $kv-disk]disk[/]
+  [$kv-gpu]█[/][$kv-host]█[/] [b]in use[/]      held by running requests
                  (TensorRT-LLM: capacity - freeNumBlocks)
-  [$kv-cached]█[/] [b]cached idle[/]  reusable KV no request holds: evicted or
+  [$kv-gpu-cached]▓[/][$kv-host-cached]▓[/] [b]cached idle[/] reusable KV no request holds: evicted or
                  offloaded first
-  [$kv-free]█[/] [b]empty[/]        no request holds it, nothing reusable in it
+  [$kv-gpu-empty]░[/][$kv-host-empty]░[/] [b]empty[/]       no request holds it, nothing reusable in it
   TensorRT-LLM's [b]free[/] (freeNumBlocks) = cached idle + empty: the ┐┘
   bracket. Its [b]cached[/] (the reuse tree) also counts blocks requests
   hold: the "reuse tree" line.
