@@ -9,8 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
+# The distribution's name on the package registry (pyproject.toml's [project] name): "kvtop" there is another
+# project (a Rust CLI), so this one installs as kvtop-monitor and keeps the command `kvtop` and the import `kvtop`.
+# Every install hint names it (`pip install 'kvtop-monitor[report]'`); tests/test_distribution.py holds the two equal.
+DISTRIBUTION = "kvtop-monitor"
 
-__all__ = ["__version__", "watch", "WatchHandle"]
+__all__ = ["DISTRIBUTION", "__version__", "watch", "WatchHandle"]
 
 
 def __getattr__(name: str) -> Any:

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvtop import __version__, options
+from kvtop import DISTRIBUTION, __version__, options
 from kvtop.problems import EXIT_INTERRUPTED, EXIT_USAGE
 from kvtop.settings import Settings, SettingsError, load_settings
 
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvtop", description="top for the KV cache tiers of LLM inference engines (TensorRT-LLM)",
                 formatter_class=argparse.RawDescriptionHelpFormatter,
                 epilog="other commands (each with --help):\n" + __doc__.split("\n\n")[1].rstrip())
-    p.add_argument("--version", action="version", version=f"kvtop {__version__}")
+    p.add_argument("--version", action="version", version=f"kvtop {__version__} ({DISTRIBUTION})")
     _add_run_options(p)
     return p
 
@@ -110,7 +110,7 @@ def _sim_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, help="divide trace timestamps by this")
     p.add_argument("--limit", type=int, default=None, help="only the first N requests")
     p.add_argument("--plot", default=None, help="draw hit rate against host cache size into this PNG "
-                   "(matplotlib: pip install 'kvtop[report]')")
+                   f"(matplotlib: pip install '{DISTRIBUTION}[report]')")
     p.add_argument("--hit-rate-only", action="store_true",
                    help="replay the block manager alone, one request at a time, without engine timing")
     p.add_argument("--one-pass", action="store_true",

@@ -40,14 +40,14 @@ def test_the_readme_says_report_and_plot_need_the_report_extra() -> None:
     for command in ("kvtop report", "--plot"):
         lines = [ln for ln in README.splitlines() if command in ln]
         assert lines, command
-    assert "pip install 'kvtop[report]'" in README
+    assert "pip install 'kvtop-monitor[report]'" in README
 
 
 # kvtop report without matplotlib prints its comparison and writes the page without charts (one line on stderr):
 # tests/test_report.py::test_without_matplotlib_the_comparison_still_prints.
 @pytest.mark.parametrize("argv, first", [
     (["sim", "--trace", "tests/data/mooncake_slice.jsonl", "--host-cache", "0,8GB", "--plot", "x.png"],
-     "kvtop: --plot: kvtop sim --plot needs matplotlib: pip install 'kvtop[report]'"),
+     "kvtop: --plot: kvtop sim --plot needs matplotlib: pip install 'kvtop-monitor[report]'"),
 ])
 def test_without_matplotlib_report_and_plot_say_so_in_one_line(argv: list[str], first: str,
                                                                monkeypatch: pytest.MonkeyPatch,

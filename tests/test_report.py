@@ -375,7 +375,7 @@ def test_without_matplotlib_the_comparison_still_prints(recordings: dict[str, Pa
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     err = done.stderr.strip().splitlines()
-    assert len(err) == 1 and "pip install 'kvtop[report]'" in err[0]
+    assert len(err) == 1 and "pip install 'kvtop-monitor[report]'" in err[0]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("with ") and "host64 against host0:" in lines
     assert any(line.split()[:2] == ["TTFT", "p50"] and "ms ->" in line for line in lines)

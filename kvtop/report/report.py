@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtop import DISTRIBUTION
 from kvtop.palette import OTHER_TIER
 from kvtop.palette import REPORT as TIER_PALETTE
 from kvtop.records import Record, RecordError, read_jsonl
@@ -460,7 +461,7 @@ def matplotlib_missing(command: str = "kvtop report") -> str | None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        return f"{command} needs matplotlib: pip install 'kvtop[report]'"
+        return f"{command} needs matplotlib: pip install '{DISTRIBUTION}[report]'"
     return None
 
 
@@ -1085,7 +1086,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kvtop.problems import EXIT_NO_DATA
 
     ap = OptionParser(prog="kvtop report", description="the comparison, charts and a summary page from "
-                      "recordings (charts need matplotlib: pip install 'kvtop[report]')")
+                      f"recordings (charts need matplotlib: pip install '{DISTRIBUTION}[report]')")
     ap.add_argument("recordings", nargs="+", help="JSONL recordings (kvtop --record / replay files)")
     ap.add_argument("-o", "--out", default="kvtop-report", help="output directory (default: kvtop-report)")
     ap.add_argument("--warmup-requests", type=int, default=0, help="leave the first N requests out of hit rates")
