@@ -17,6 +17,17 @@ so one lost summary loses nothing but its instant; the receiving TierModel diffs
 (kvtop/kv_stream.py, ``apply_summary``) and counts missed ``seq`` numbers. A dashboard (``kvtop attach
 mqtt://broker/prefix``) shows every agent's sources in its fleet table, and its Prometheus exporter
 (``--prometheus-port``) serves them to a scrape; 1,000 sources at 2 Hz through one mosquitto: BENCHMARKS.md.
+
+Names: ``--run NAME`` is the run of every source the agent publishes (``<host>/<rank>/NAME``, whatever run a
+recording it replays named), so two agents replaying one recording are two rows, and each source's retained
+``meta`` carries ``source_name``, the row's name on a dashboard: NAME for an agent's one source, NAME/<rank> (or
+NAME/<host>:<rank>) for several. A summary carries TTFT (p50 / p99, since the start and over the window) and token
+rates as the agent measured them: ``null`` where unknown (no request records: no TTFT; no stats: no engine token
+counts), never 0.
+
+The end: ``--duration``, the end of a replayed recording, SIGTERM or Ctrl-C stop the agent the same way: one last
+summary of every source (what the fold holds at the end), the queue flushed, then a retained ``offline`` status (a
+clean disconnect does not fire the last will), and the one-line (or ``--json``) account on stdout.
 """
 
 from __future__ import annotations
@@ -37,6 +48,11 @@ from kvtop.tiers.snapshot import reading
 DEFAULT_INTERVAL_S = 0.5  # 2 Hz: a dashboard's 4 Hz refresh sees every other frame move
 _RATES = ("hits_per_s", "lookups_per_s", "offloaded_per_s", "onboarded_per_s", "evicted_gpu_per_s",
           "evicted_host_per_s", "requests_per_s")
+# Token rates: the finished requests' (request records), the engine's own (iteration stats). A source without
+# those records has no such rate: null, not the 0 its counters would give.
+_REQUEST_TOKEN_RATES = ("prompt_tokens_per_s", "output_tokens_per_s")
+_ENGINE_TOKEN_RATES = ("ctx_tokens_per_s", "gen_tokens_per_s")
+FINAL_S = 5.0  # what the end may spend on the last summaries and "offline" (the publisher's own bound is ~2 s)
 
 
 def _round(v: float | None) -> float | None:
@@ -51,6 +67,13 @@ def _verdict_summary(v: dict[str, Any]) -> dict[str, Any]:
     out = {k: (_round(v[k]) if isinstance(v[k], float) else v[k]) for k in _VERDICT_KEYS}
     out["basis"] = v["basis"][:160]
     return out
+
+
+def _latency(lat: Any) -> dict[str, Any]:
+    """A TTFT as a summary carries it: seconds, ``None`` while no request has one."""
+    known = lat.count > 0
+    return {"p50_s": _round(lat.p50_s) if known else None, "p99_s": _round(lat.p99_s) if known else None,
+            "count": lat.count}
 
 
 def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, agent: str) -> dict[str, Any]:
@@ -72,10 +95,16 @@ def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, a
               "offloaded": mv.offloaded_blocks, "onboarded": mv.onboarded_blocks,
               "evicted_gpu": mv.evicted_gpu_blocks, "evicted_host": mv.evicted_host_blocks,
               "evicted_unknown": mv.evicted_unknown_blocks, "completed": req.completed, "failed": req.failed}
+    requests_seen = req.completed + req.failed + req.warmup > 0
+    stats_seen = snap.stats_schema is not None
+    token_rates = {k: _round(getattr(rates, k)) if requests_seen else None for k in _REQUEST_TOKEN_RATES}
+    token_rates.update({k: _round(getattr(rates, k)) if stats_seen else None for k in _ENGINE_TOKEN_RATES})
     data: dict[str, Any] = {
         "seq": seq, "interval_s": interval_s, "agent": agent, "engine": snap.meta.get("engine"),
         "tokens_per_block": snap.tokens_per_block, "tiers": tiers, "totals": totals,
-        "rates": {k: _round(getattr(rates, k)) for k in _RATES},
+        "rates": {**{k: _round(getattr(rates, k)) for k in _RATES}, **token_rates},
+        # TTFT as the agent measured it (percentiles do not travel as totals): since the start and over the window
+        "ttft": {**_latency(req.ttft), "window": _latency(req.window_ttft)},
         "hit_rate": {"cumulative": _round(hr.cumulative), "window": _round(hr.window), "host": _round(hr.host)},
         "events_seen": q.events_seen, "approximate": q.counts_approximate,
         "since_attach": bool(stream and stream.get("since_attach")), "bad_records": snap.bad_records,
@@ -91,15 +120,21 @@ def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, a
 
 
 class Agent:
-    """Publishes a summary of every source of ``session`` every ``interval_s`` through ``publisher``."""
+    """Publishes a summary of every source of ``session`` every ``interval_s`` through ``publisher``.
+
+    ``name`` (``--run``): the run its sources are published under, and their rows' name (module docstring);
+    without it each source is published under its own id."""
 
     def __init__(self, session: Any, publisher: Any, *, interval_s: float = DEFAULT_INTERVAL_S,
-                 agent: SourceId | None = None):
+                 agent: SourceId | None = None, name: str | None = None):
         self.session = session
         self.publisher = publisher
         self.interval_s = interval_s
         self.agent = agent or SourceId(socket.gethostname(), 0, "")
-        self.sources: dict[str, SourceId] = {}
+        self.name = name
+        self.sources: dict[str, SourceId] = {}   # session key -> the id its records are published under
+        self._taken: set[SourceId] = set()
+        self._names: dict[str, str] = {}
         self.seq = 0
         self.published = 0
         self._metas: dict[str, Any] = {}
@@ -108,7 +143,41 @@ class Agent:
     def _track(self, record: Record) -> None:
         key = record.source.key()
         if key not in self.sources:
-            self.sources[key] = record.source
+            self.sources[key] = self._published_id(record.source)
+            self._names = self._row_names()
+
+    def _published_id(self, src: SourceId) -> SourceId:
+        if not self.name:
+            return src
+        out = SourceId(src.host, src.rank, self.name)
+        if out in self._taken:  # a recording of two runs of one host and rank: both kept apart
+            out = SourceId(src.host, src.rank, f"{self.name}-{src.run or '-'}")
+        self._taken.add(out)
+        return out
+
+    def _row_names(self) -> dict[str, str]:
+        """Each source's name on a dashboard: the agent's name, with the shortest part of its id that tells the
+        agent's sources apart."""
+        if not self.name:
+            return {}
+        ids = self.sources
+        if len(ids) == 1:
+            return dict.fromkeys(ids, self.name)
+        for part in (lambda s: str(s.rank), lambda s: f"{s.host}:{s.rank}", lambda s: s.key()):
+            names = {k: f"{self.name}/{part(s)}" for k, s in ids.items()}
+            if len(set(names.values())) == len(names):
+                return names
+        return {k: f"{self.name}/{s.key()}" for k, s in ids.items()}  # unreachable: keys are distinct
+
+    def published_keys(self) -> list[str]:
+        return sorted(s.key() for s in self.sources.values())
+
+    def publish_raw(self, record: Record) -> None:
+        """--raw: a record as it came, under the id its source's summaries go out under (one row, not two)."""
+        src = self.sources.get(record.source.key())
+        if src is not None and src != record.source:
+            record = Record(record.kind, record.data, src, record.time, record.v)
+        self.publisher.publish(record)
 
     def publish_once(self, now: float | None = None) -> int:
         now = time.time() if now is None else now
@@ -122,6 +191,9 @@ class Agent:
                 continue
             meta = {"engine": str(model.meta.get("engine") or "unknown"), "agent": self.agent.key(),
                     **{k: v for k, v in model.meta.items() if isinstance(v, (str, int, float, bool)) and k != "engine"}}
+            name = self._names.get(key)
+            if name is not None:
+                meta["source_name"] = name
             if self._metas.get(key) != meta:
                 self._metas[key] = meta
                 self.publisher.publish(Record("meta", meta, src, now))
@@ -133,7 +205,7 @@ class Agent:
         return n
 
     async def run(self) -> None:
-        # Stopped by the session (its producers are cancelled when it stops).
+        # Stopped by the session (its producers are cancelled when it stops); main() publishes the last round.
         next_at = time.monotonic()
         while True:
             self.publish_once()
@@ -159,6 +231,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     from kvtop.attach import _float, build_attach_session
     from kvtop.mqtt_wire import MqttUrlError, parse_mqtt_url
+    from kvtop.session import fold_repeats
     from kvtop.sinks.mqtt import MqttPublisher
 
     a = _parser().parse_args(list(argv))
@@ -174,33 +247,60 @@ def main(argv: Sequence[str]) -> int:
     session = build_attach_session(a.source, command="attach", run=run)
     me = SourceId(f"agent-{socket.gethostname()}", 0, run)
     pub = MqttPublisher(url, me, on_status=session.on_source_status, problems=session.problems)
-    agent = Agent(session, pub, interval_s=interval, agent=me)
+    agent = Agent(session, pub, interval_s=interval, agent=me, name=run)
     if a.raw:
-        session.add_sink(pub.publish)
-    session.add_producer("mqtt-publish", pub.run, pub.stop)
+        session.add_sink(agent.publish_raw)
     session.add_producer("agent", agent.run)
+    # A recording ends: so does the agent (a live source runs until --duration or a signal).
+    until = ("replay",) if "replay" in session.producer_names else ()
     from kvtop.modes import _print_problems, _run_reporting
-    from kvtop.problems import EXIT_INTERRUPTED
+    from kvtop.problems import EXIT_INTERRUPTED, EXIT_TERMINATED
+
+    terminated: list[int] = []
+
+    async def run_agent() -> None:
+        # The publisher runs beside the session, not as one of its producers: it outlives the session by the
+        # last summaries and the "offline" it says after them.
+        sending = asyncio.ensure_future(pub.run())
+        try:
+            await _run_reporting(session, duration, until, terminated)  # problems to stderr, like headless
+        finally:
+            agent.publish_once()   # what the fold holds at the end: the replay's last records too
+            pub.stop()             # flushes, then says "offline"
+            try:
+                await asyncio.wait_for(asyncio.shield(sending), FINAL_S)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                sending.cancel()
+                await asyncio.gather(sending, return_exceptions=True)
 
     interrupted = False
     try:
-        asyncio.run(_run_reporting(session, duration, ()))  # problems to stderr as they happen, like headless
+        asyncio.run(run_agent())
     except KeyboardInterrupt:
         interrupted = True
         session.stop()
+    unsent = pub.queued  # summaries still queued at the end: the broker never took them (down, unreachable)
+    if unsent:
+        session.problems.report("mqtt-publish.unsent", f"{unsent:,} record(s) never reached {url.display()}: the "
+                                "broker could not be reached before the end", count=unsent, lost=True)
     _print_problems(session.problems.take_lines(final=True))
-    result = {"sources": sorted(agent.sources), "summaries": agent.published, "rounds": agent.seq,
-              "mqtt_published": pub.published, "mqtt_dropped": pub.dropped, "broker": url.display(),
-              "errors": [text for _, level, text in session.log if level in ("warn", "error")][-10:],
-              "problems": session.problems.to_json()}
+    errors = fold_repeats([text for _, level, text in session.log if level in ("warn", "error")])
+    result = {"sources": agent.published_keys(), "summaries": agent.published, "rounds": agent.seq,
+              "mqtt_published": pub.published, "mqtt_dropped": pub.dropped, "mqtt_unsent": unsent,
+              "broker": url.display(),
+              "errors": errors[-10:], "problems": session.problems.to_json()}
     if a.json:
         print(json.dumps(result))
     else:
         print(f"kvtop agent: {len(agent.sources):,} source(s), {agent.published:,} summaries in {agent.seq:,} rounds, "
               f"{pub.published:,} records sent to {url.display()}"
-              + (f", {pub.dropped:,} dropped" if pub.dropped else ""))
+              + (f", {pub.dropped:,} dropped" if pub.dropped else "") + (f", {unsent:,} never sent" if unsent else ""))
     # kvtop's exit statuses: 3 when the source gave nothing, 4 when data was lost (kvtop.problems)
-    return EXIT_INTERRUPTED if interrupted else session.problems.exit_status(session.records_in)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    if terminated:
+        return EXIT_TERMINATED
+    return session.problems.exit_status(session.records_in)
 
 
 __all__ = ["Agent", "main", "summary_data"]

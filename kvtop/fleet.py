@@ -32,12 +32,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from typing import Any
 
+from kvtop.textsafe import clean
 from kvtop.tiers import TierModel, TierSnapshot
 from kvtop.tiers.snapshot import reading
 from kvtop.values import frozen
 
 __all__ = ["EXCLUDED_STATUSES", "STALE_INTERVALS", "STALE_MIN_S", "FleetRow", "StaleClock", "aggregate", "combine",
-           "source_row", "source_status"]
+           "source_name", "source_row", "source_status"]
 
 EXCLUDED_STATUSES = frozenset({"offline", "stale"})
 STALE_INTERVALS = 5.0
@@ -130,6 +131,13 @@ class FleetRow:
     has_disk: bool = False
     disk_cached: int | None = None
     disk_capacity: int | None = None
+    # Its name on a dashboard (a kvtop agent's ``--run NAME``: its meta's ``source_name``), None: its key is
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        """What a table calls the row: its name where it has one, else its key."""
+        return self.name or self.key
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -174,7 +182,16 @@ def source_row(key: str, model: TierModel | TierSnapshot, status: str | None = N
         onboarded_per_s=rates.onboarded_per_s if moves_known else None,
         requests_per_s=rates.requests_per_s, ttft_p99_s=ttft.p99_s if ttft.count > 0 else None,
         has_disk=disk is not None, disk_cached=None if disk is None else disk.cached_blocks,
-        disk_capacity=None if disk is None else disk.capacity_blocks)
+        disk_capacity=None if disk is None else disk.capacity_blocks, name=source_name(model.meta))
+
+
+def source_name(meta: Mapping[str, Any]) -> str | None:
+    """A source's name from its meta (``source_name``: a kvtop agent's ``--run``), cleaned: it came from a broker."""
+    name = meta.get("source_name")
+    if not isinstance(name, str):
+        return None
+    name = clean(name, 60).strip()
+    return name or None
 
 
 def _sum(values: list[Any]) -> Any:

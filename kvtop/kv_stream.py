@@ -66,7 +66,7 @@ import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 from kvtop.records import MAX_BLOCKS, MAX_MAGNITUDE
-from kvtop.tiers.state import TierState
+from kvtop.tiers.state import Latency, TierState
 
 if TYPE_CHECKING:
     from kvtop.tiers.model import TierModel
@@ -426,6 +426,29 @@ def _count(value: Any) -> int | None:
     if isinstance(value, float) and math.isfinite(value) and value >= 0:
         return int(value)
     return None
+
+
+# What an agent's summary says that cannot be diffed from totals: its token rates (null: unknown to the agent too)
+SUMMARY_TOKEN_RATES = ("prompt_tokens_per_s", "output_tokens_per_s", "ctx_tokens_per_s", "gen_tokens_per_s")
+MAX_LATENCY_S = 1e6  # a TTFT past ~11 days is no measurement: unknown
+
+
+def _positive(value: Any, limit: float) -> float | None:
+    """A finite number in [0, limit] as a float (a summary's figure, from outside); anything else is unknown."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) and 0.0 <= v <= limit else None
+
+
+def _said_latency(said: Any) -> Latency:
+    if not isinstance(said, Mapping):
+        return Latency()
+    count = _count(said.get("count")) or 0
+    if count == 0:
+        return Latency()
+    return Latency(_positive(said.get("p50_s"), MAX_LATENCY_S), _positive(said.get("p99_s"), MAX_LATENCY_S),
+                   min(count, MAX_BLOCKS))
 
 
 class _Counter:
@@ -905,6 +928,25 @@ class StreamFold:
             # The first summary's totals are counts since the agent attached, not moves of this instant: the rate
             # window and the history start after them (an older retained meta would otherwise make them a spike).
             m.restart_window()
+
+    def said_ttft(self) -> tuple[Latency, Latency] | None:
+        """TTFT as the agent measured it (its summaries' ``ttft``): since its start, and over its window. ``None``
+        for a source not fed by summaries; unknown (no count) for a summary without one (an older agent)."""
+        if self.summary is None:
+            return None
+        said = self.summary.get("ttft")
+        window = said.get("window") if isinstance(said, Mapping) else None
+        return _said_latency(said), _said_latency(window)
+
+    def said_token_rates(self) -> dict[str, float | None] | None:
+        """The agent's token rates (``None`` each where the agent did not know it, or an older agent sent none);
+        ``None`` for a source not fed by summaries."""
+        if self.summary is None:
+            return None
+        rates = self.summary.get("rates")
+        if not isinstance(rates, Mapping):
+            rates = {}
+        return {k: _positive(rates.get(k), MAX_MAGNITUDE) for k in SUMMARY_TOKEN_RATES}
 
     # ------------------------------------------------------------------------------------------ read side
 

@@ -41,6 +41,22 @@ MAX_TIME_JUMP_S = 86400.0  # a record a day or more from its source's last one i
 LogEntry = tuple[float, str, str]  # (epoch seconds, level, text): a line of Session.log
 
 
+def fold_repeats(lines: Iterable[str]) -> list[str]:
+    """Lines with each run of equal ones said once, counted: ["a", "a", "a", "b"] -> ["a x3", "b"] (text outputs;
+    the dashboard's event log folds its own, kvtop/ui/widgets.py EventLog)."""
+    out: list[str] = []
+    last: str | None = None
+    n = 0
+    for line in itertools.chain(lines, (None,)):
+        if line == last:
+            n += 1
+            continue
+        if last is not None:
+            out.append(last if n == 1 else f"{last} x{n}")
+        last, n = line, 1
+    return out
+
+
 @frozen(slots=True)
 class SessionView:
     """What a screen reads off a session at one refresh; kvtop/ui/app.py reads nothing else of it.
@@ -345,8 +361,12 @@ class Session:
                 self.note("info", f"{name}: online, but nothing heard for "
                                   f"{self.stale.silence(name, time.monotonic()):.0f} s: stale")
             return
+        previous = self.status.get(name)
         self.status[name] = message
-        self.note("info", f"{name}: {message}")
+        if message != previous:
+            # The same status again (a retained "online" delivered again when the subscriber reconnects, an agent
+            # that reconnected) is no news: one line per change, not one per message (issue 24: "online x4").
+            self.note("info", f"{name}: {message}")
         if message in ("online", "offline"):
             # A kvtop agent's last will covers its connection, not each source it summarizes: its sources'
             # rows follow its status (their summaries name it: kvtop/agent.py), stale ones stay stale.

@@ -412,6 +412,32 @@ async def test_source_statuses_go_to_the_table_and_offline_ones_leave_the_aggreg
         assert [r.status for r in _sources_panel(app).data.rows] == ["disconnected", "disconnected", "offline"]
 
 
+async def test_an_agents_sources_are_named_and_a_status_the_session_said_is_said_once() -> None:
+    """kvtop agent --run NAME: the row says NAME (its meta's source_name), not the source's key; a status that
+    came through the session's log ("agent-a/0/chat: online") is one line of the event log, not two (x2)."""
+    session = fleet_session()
+    meta = dict(session.models["node-b/1/chat"].meta)
+    session.emit(make("meta", {**meta, "source_name": "beta"}, source=SourceId("node-b", 1, "chat"),
+                      time=FROZEN_NOW))
+    session.on_source_status("agent-a/0/chat", "online")
+    session.on_source_status("agent-a/0/chat", "online")   # said again (a retained one, a reconnect): no news
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        rows = _sources_panel(app).data.rows
+        assert [r.label for r in rows] == ["node-a/0/chat", "beta", "node-c/0/batch"]
+        text = _sources_panel(app).text()
+        assert "beta" in text and "node-b/1/chat" not in text
+        log = app.screen.query_one(EventLog)
+        said = [line for line in log.lines if line.text == "agent-a/0/chat: online"]
+        assert [line.count for line in said] == [1]
+        session.on_source_status("agent-a/0/chat", "offline")
+        app.refresh_view()
+        await pilot.pause()
+        said = [line for line in log.lines if line.text == "agent-a/0/chat: offline"]
+        assert [line.count for line in said] == [1]
+
+
 @pytest.mark.slow
 async def test_the_sources_table_follows_new_records_at_most_once_a_second() -> None:
     session = fleet_session()

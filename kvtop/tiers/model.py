@@ -67,6 +67,7 @@ second, or once per change through ``snapshot()``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -417,17 +418,21 @@ class TierModel:
 
     @property
     def rates(self) -> Rates:
+        # A source known by a kvtop agent's summaries: its token rates are the agent's (its totals carry no token
+        # counts, and a rate the agent did not know stays unknown, not the 0 of counters that never moved).
+        said = None if self.stream_fold is None else self.stream_fold.said_token_rates()
         base = self._window_base()
         if base is None or self.now is None or self.now <= base[0]:
-            return Rates(window_s=None)
+            return Rates(window_s=None) if said is None else Rates(window_s=None, **said)
         span = self.now - base[0]
         cur = self._counters()
         r = [(c - b) / span for c, b in zip(cur, base[1])]
         bpb = self.bytes_per_block
+        tokens = said if said is not None else {"prompt_tokens_per_s": r[9], "output_tokens_per_s": r[10],
+                                                "ctx_tokens_per_s": r[11], "gen_tokens_per_s": r[12]}
         return Rates(window_s=span, offloaded_per_s=r[3], onboarded_per_s=r[4], evicted_gpu_per_s=r[5],
                      evicted_host_per_s=r[6], hits_per_s=r[0], lookups_per_s=r[1], requests_per_s=r[7],
-                     failed_per_s=r[8], prompt_tokens_per_s=r[9], output_tokens_per_s=r[10],
-                     ctx_tokens_per_s=r[11], gen_tokens_per_s=r[12],
+                     failed_per_s=r[8], **tokens,
                      offloaded_bytes_per_s=None if bpb is None else r[3] * bpb,
                      onboarded_bytes_per_s=None if bpb is None else r[4] * bpb)
 
@@ -507,7 +512,12 @@ class TierModel:
 
     @property
     def requests(self) -> Requests:
-        return self.request_fold.requests(self.now, self.window_s, self.stats_fold.in_flight)
+        req = self.request_fold.requests(self.now, self.window_s, self.stats_fold.in_flight)
+        said = None if self.stream_fold is None else self.stream_fold.said_ttft()
+        if said is not None:
+            # a source known by a kvtop agent's summaries: percentiles do not travel as totals, the agent's own do
+            req = dataclasses.replace(req, ttft=said[0], window_ttft=said[1])
+        return req
 
     @property
     def gpus(self) -> dict[int, GpuDevice]:

@@ -95,6 +95,7 @@ COMPACT = (60, 20)       # below either: one- and two-line panels (40x12 must st
 # second, so 64 busy sources cost ~10 ms a second (1% of a core), not 40 ms at the 0.25 s refresh. A change of
 # the source set, the selection or a status shows at once.
 FLEET_REFRESH_S = 1.0
+SAID_KEPT = 256          # texts of the session's log remembered, so that a status it said is not said twice
 SOURCE_LABELS = {"gpu_hit": "GPU", "host_hit": "host", "disk_hit": "disk", "miss": "miss"}  # the TTFT table's
 CURVE_EVERY_S = 5.0      # the size advice's curve: read once per this much model time
 OPTIMUM_EVERY_S = 60.0   # ...and its optimum at most once per this much wall time (47 ms at 100k lookups)
@@ -271,6 +272,9 @@ class KvtopApp(App[int]):
         self._dashboard: DashboardScreen | None = None
         self._view: SessionView | None = None    # the session as the last refresh read it
         self._log_last: LogEntry | None = None
+        # The newest texts of the session's log (at most SAID_KEPT): a status change the session said itself
+        # ("agent-a/0/x: online", through Session.on_source_status) is not said again by _watch_model.
+        self._session_said: dict[str, None] = {}
         self._seen: dict[str, Any] = {}
         self._last_records = -1
         self._last_change_at: float | None = None
@@ -660,8 +664,9 @@ class KvtopApp(App[int]):
         for name, st in list(status.items()):
             # "done" is said by the producer itself (e.g. "replay finished"); "ok" only after a problem.
             bad = st in ("offline", "failed", "error") or str(st).startswith("disconnected")
-            def line(v: Any, n: str = name) -> str:
-                return f"{n}: {v}"
+            def line(v: Any, n: str = name) -> str | None:
+                text = f"{n}: {v}"
+                return None if text in self._session_said else text  # the session's log said it already
 
             self._on_change(f"status:{name}", None if st == "done" else st, "warn" if bad else "info", line)
 
@@ -697,12 +702,17 @@ class KvtopApp(App[int]):
             new.append(entry)
         self._log_last = last
         panel = self._panels["events"]
+        said = self._session_said
         for entry in reversed(new):
             try:
                 t, level, text = entry
             except (TypeError, ValueError):  # a stand-in session's log of bare strings
                 t, level, text = wall_clock(), "info", str(entry)
             panel.add(float(t), str(level), str(text))
+            said.pop(str(text), None)
+            said[str(text)] = None
+            if len(said) > SAID_KEPT:
+                del said[next(iter(said))]
 
     def _header(self, now: float, key: str, snap: TierSnapshot, q: Quality | None) -> HeaderData:
         view = self._view if self._view is not None else self.session.view()

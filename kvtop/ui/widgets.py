@@ -1397,7 +1397,8 @@ class SourcesPanel(Panel):
 
     def _row(self, row: Any, cols: list[tuple[str, int, str]], key_w: int, mark: str, key_style: str,
              status: tuple[str, str] | None = None) -> Line:
-        key = row.key if len(row.key) <= key_w else "…" + row.key[-(key_w - 1):]
+        label = row.label  # the source's name (kvtop agent --run), else its key
+        key = label if len(label) <= key_w else "…" + label[-(key_w - 1):]
         parts: list[Any] = [(mark, "bold $primary"), (key.ljust(key_w), key_style)]
         for _, w, what in cols:
             text, style = status if what == "status" and status is not None else self._cell(row, what)
@@ -1419,8 +1420,8 @@ class SourcesPanel(Panel):
             return _fit(line_of((f"{n} sources ", "bold"), ("all hit ", S_DIM), (fmt.pct(t.hit_window, digits=0),
                                  S_FIG), ("/", S_DIM), (fmt.pct(t.hit_cumulative, digits=0), S_FIG),
                                  (" req/s ", S_DIM), (fmt.rate(t.requests_per_s), S_FIG),
-                                 *([("  ▶", "bold $primary"), (sel.key, "bold")] if sel else [])), width)
-        key_w = min(max([self.KEY_MIN, *(len(r.key) for r in d.rows)]), self.KEY_MAX)
+                                 *([("  ▶", "bold $primary"), (sel.label, "bold")] if sel else [])), width)
+        key_w = min(max([self.KEY_MIN, *(len(r.label) for r in d.rows)]), self.KEY_MAX)
         cols = self._columns(width, key_w, show_status=any(r.status for r in d.rows),
                              show_disk=any(r.has_disk for r in d.rows))
         header = line_of(("  " + "source".ljust(key_w), S_DIM),
