@@ -438,6 +438,20 @@ async def test_an_agents_sources_are_named_and_a_status_the_session_said_is_said
         assert [line.count for line in said] == [1]
 
 
+async def test_the_header_says_a_status_many_agents_share_once() -> None:
+    session = fleet_session()
+    session.on_source_status("mqtt", "connected to mqtt://127.0.0.1:1883/lab")
+    for name in ("agent-a/0/alpha", "agent-b/0/beta", "agent-c/0/gamma", "agent-d/0/delta"):
+        session.on_source_status(name, "online")
+    session.on_source_status("agent-d/0/delta", "offline")
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert app.screen.query_one("#header").data.sources == (
+            ("mqtt", "connected to mqtt://127.0.0.1:1883/lab"), ("3 agents", "online"),
+            ("agent-d/0/delta", "offline"))
+
+
 @pytest.mark.slow
 async def test_the_sources_table_follows_new_records_at_most_once_a_second() -> None:
     session = fleet_session()

@@ -101,6 +101,22 @@ CURVE_EVERY_S = 5.0      # the size advice's curve: read once per this much mode
 OPTIMUM_EVERY_S = 60.0   # ...and its optimum at most once per this much wall time (47 ms at 100k lookups)
 
 
+def _fold_statuses(sources: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The header's statuses with those that several names share said once: a fleet's agents all "online" read
+    "4 agents online", not four badges that push everything else off the line (issue 24). In first-seen order."""
+    by_status: dict[str, list[str]] = {}
+    for name, st in sources:
+        by_status.setdefault(st, []).append(name)
+    out: list[tuple[str, str]] = []
+    for st, names in by_status.items():
+        if len(names) == 1:
+            out.append((names[0], st))
+        else:
+            what = "agents" if all(n.startswith("agent-") for n in names) else "sources"
+            out.append((f"{len(names):,} {what}", st))
+    return tuple(out)
+
+
 def layout_for(width: int, height: int) -> str:
     if width < COMPACT[0] or height < COMPACT[1]:
         return "compact"
@@ -752,8 +768,8 @@ class KvtopApp(App[int]):
             flags.append(f"{q.stats_iterations_missing} iterations missing")  # another reader of the stats queue
         # Statuses of sources (their keys) are in the sources table's status column, not in the header.
         models = view.models
-        sources = tuple((n, s) for n, s in view.status.items()
-                        if s not in ("ok", "done") and not (self._fleet_shown and n in models))
+        sources = _fold_statuses(tuple((n, s) for n, s in view.status.items()
+                                       if s not in ("ok", "done") and not (self._fleet_shown and n in models)))
         nsrc = len(self._sources())
         label = f"{self.source_index % nsrc + 1}/{nsrc} {key}" if nsrc > 1 else None
         simulated = bool(meta.get("simulated")) or meta.get("engine") == "sim"
