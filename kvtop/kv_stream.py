@@ -433,7 +433,7 @@ SUMMARY_TOKEN_RATES = ("prompt_tokens_per_s", "output_tokens_per_s", "ctx_tokens
 MAX_LATENCY_S = 1e6  # a TTFT past ~11 days is no measurement: unknown
 
 
-def _positive(value: Any, limit: float) -> float | None:
+def _nonnegative(value: Any, limit: float) -> float | None:
     """A finite number in [0, limit] as a float (a summary's figure, from outside); anything else is unknown."""
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -447,7 +447,7 @@ def _said_latency(said: Any) -> Latency:
     count = _count(said.get("count")) or 0
     if count == 0:
         return Latency()
-    return Latency(_positive(said.get("p50_s"), MAX_LATENCY_S), _positive(said.get("p99_s"), MAX_LATENCY_S),
+    return Latency(_nonnegative(said.get("p50_s"), MAX_LATENCY_S), _nonnegative(said.get("p99_s"), MAX_LATENCY_S),
                    min(count, MAX_BLOCKS))
 
 
@@ -946,7 +946,7 @@ class StreamFold:
         rates = self.summary.get("rates")
         if not isinstance(rates, Mapping):
             rates = {}
-        return {k: _positive(rates.get(k), MAX_MAGNITUDE) for k in SUMMARY_TOKEN_RATES}
+        return {k: _nonnegative(rates.get(k), MAX_MAGNITUDE) for k in SUMMARY_TOKEN_RATES}
 
     # ------------------------------------------------------------------------------------------ read side
 

@@ -428,13 +428,13 @@ class TierModel:
         cur = self._counters()
         r = [(c - b) / span for c, b in zip(cur, base[1])]
         bpb = self.bytes_per_block
-        tokens = said if said is not None else {"prompt_tokens_per_s": r[9], "output_tokens_per_s": r[10],
-                                                "ctx_tokens_per_s": r[11], "gen_tokens_per_s": r[12]}
-        return Rates(window_s=span, offloaded_per_s=r[3], onboarded_per_s=r[4], evicted_gpu_per_s=r[5],
-                     evicted_host_per_s=r[6], hits_per_s=r[0], lookups_per_s=r[1], requests_per_s=r[7],
-                     failed_per_s=r[8], **tokens,
-                     offloaded_bytes_per_s=None if bpb is None else r[3] * bpb,
-                     onboarded_bytes_per_s=None if bpb is None else r[4] * bpb)
+        out = Rates(window_s=span, offloaded_per_s=r[3], onboarded_per_s=r[4], evicted_gpu_per_s=r[5],
+                    evicted_host_per_s=r[6], hits_per_s=r[0], lookups_per_s=r[1], requests_per_s=r[7],
+                    failed_per_s=r[8], prompt_tokens_per_s=r[9], output_tokens_per_s=r[10],
+                    ctx_tokens_per_s=r[11], gen_tokens_per_s=r[12],
+                    offloaded_bytes_per_s=None if bpb is None else r[3] * bpb,
+                    onboarded_bytes_per_s=None if bpb is None else r[4] * bpb)
+        return out if said is None else dataclasses.replace(out, **said)
 
     def history_samples(self) -> list[Sample]:
         """The (time, counters) samples ``history()`` is made of: immutable, so a snapshot keeps them and makes the
