@@ -38,7 +38,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
                    help="keep at most N sources; records of more are refused and counted (default 4096)")
     # --speed is the simulator's pacing setting, here the replay's; from the command line only (KVTOP_SPEED paces
     # the simulator of a driven run, not a replay).
-    options.add_settings(p, ("speed",), help={"speed": "replay speed: 1 = as recorded, 0 = as fast as possible"})
+    options.add_settings(p, ("speed",), help={
+        "speed": "replay speed: 1 = as recorded, 0 = as fast as possible (default: 1 on the dashboard, where + and "
+                 "- change it; headless: as fast as possible)"})
     options.add_settings(p, options.ATTACH_SETTINGS, help={
         "duration": "stop after this many seconds (default: at the recording's end; a live source: never)"})
     options.add_config_option(p)
@@ -58,8 +60,10 @@ def _float(option: str, text: str) -> float:
 def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: str | None = None,
                          password_file: str | None = None, interval_s: float = 0.5,
                          warmup_requests: int = 0, max_gap_s: float | None = MAX_GAP_S,
-                         max_line_bytes: int = MAX_LINE_BYTES, max_sources: int = MAX_SOURCES) -> Session:
-    """A session whose only producer is the remote source; sinks are added by the caller."""
+                         max_line_bytes: int = MAX_LINE_BYTES, max_sources: int = MAX_SOURCES,
+                         hold_at_end: bool = False) -> Session:
+    """A session whose only producer is the remote source; sinks are added by the caller. A recording's is a
+    player (``session.player``); ``hold_at_end``: it waits at the end for a seek back (the dashboard's)."""
     # No meta of its own: the first source with data becomes session.model, and its meta names its engine.
     session = Session(source=SourceId(host=target, rank=0, run=run or ""), warmup_requests=warmup_requests,
                       meta={"attached_to": clean(target)}, max_sources=max_sources)
@@ -78,7 +82,7 @@ def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: 
             raise SettingsError("FILE", f"no such recording: {clean(target)}")
         if path.is_dir():
             raise SettingsError("FILE", f"{clean(target)} is a directory, not a recording (a .jsonl file)")
-        from kvtop.sources.replay import replay_into
+        from kvtop.sources.replay import ReplayPlayer
 
         bad: list[RecordError] = []
         name = clean(path.name, 80)
@@ -88,18 +92,26 @@ def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: 
             session.problems.report("replay.bad_line", f"{name}: {err} ({len(bad):,} bad line(s) so far)",
                                     lost=True)
 
-        async def run_replay() -> None:
-            n = await replay_into(path, session.emit, speed, on_error=on_bad, max_gap_s=max_gap_s,
-                                  max_line_bytes=max_line_bytes, sink_many=session.emit_many)
-            if n == 0:
+        def on_end(n: int) -> None:
+            if n == 0 and player.generation == 0:
                 session.problems.report("replay.no_records", f"{name}: no records"
                                         + (f" ({len(bad):,} bad lines: not a kvtop recording?)" if bad
                                            else " (empty file)"))
             session.note("info", f"replay of {name} finished"
                          + (f" ({len(bad)} bad lines skipped)" if bad else ""))
 
+        # The dashboard drives it (pause, seek, speed) and it waits at the end for a seek back; headless, it ends
+        # the run at the recording's end.
+        player = ReplayPlayer(path, session.emit_many, speed=speed, on_error=on_bad, max_gap_s=max_gap_s,
+                              max_line_bytes=max_line_bytes, restart=session.reset_fold,
+                              refold_many=session.fold_many, on_end=on_end, hold_at_end=hold_at_end)
+
+        async def run_replay() -> None:
+            await player.run()
+
+        session.player = player
         session.meta["attached_to"] = str(path)
-        session.add_producer("replay", run_replay)
+        session.add_producer("replay", run_replay, player.stop)
         return session
     if lowered.startswith(("mqtt://", "mqtts://")):
         from kvtop.sources.mqtt import MqttUrlError, subscriber_from_url
@@ -152,6 +164,11 @@ def main(command: str, argv: Sequence[str]) -> int:
     a = _parser(command).parse_args(list(argv))
     settings = load_settings(options.given(a, options.ATTACH_SETTINGS), config_path=a.config)
     speed = options.converted(a, ("speed",))["speed"]
+    from kvtop.modes import headless_wanted
+
+    headless = headless_wanted(settings)
+    if command == "replay" and headless and a.speed is None:
+        speed = 0.0   # a headless replay is a summary: as fast as it can, unless --speed says otherwise
     try:
         runner.check_record(settings)  # before anything connects or reads
     except runner.RunError as exc:
@@ -166,16 +183,15 @@ def main(command: str, argv: Sequence[str]) -> int:
                                    max_line_bytes=_int("--max-line-bytes", a.max_line_bytes, 1024)
                                    if a.max_line_bytes is not None else MAX_LINE_BYTES,
                                    max_sources=_int("--max-sources", a.max_sources, 1)
-                                   if a.max_sources is not None else MAX_SOURCES)
+                                   if a.max_sources is not None else MAX_SOURCES,
+                                   hold_at_end=not headless)
     try:
         runner.add_sinks(session, settings)
     except runner.RunError as exc:
         # "--record: cannot write ...": the option is named once ("--record: --record: ..." and "sink: ..." were not)
         option, _, problem = str(exc).partition(": ")
         raise SettingsError(option, problem) from None
-    from kvtop.modes import headless_wanted
-
-    if headless_wanted(settings):
+    if headless:
         from kvtop.modes import run_headless_until
 
         until = ("replay",) if "replay" in [n for n, _ in session._producers] else ()

@@ -77,6 +77,7 @@ class SessionView:
     in_flight: int | None               # the workload driver's requests in flight; None without a driver
     started_at: float | None            # epoch seconds the run started
     source_key: str | None              # the session's own source (SourceId.key()), None where it has none
+    player: Any = None                  # a replay's player (kvtop.sources.replay.ReplayPlayer), None live
 
 
 @runtime_checkable
@@ -132,6 +133,7 @@ class Session:
         self.recorder: Any = None   # the --record sink, when there is one (its counters go in the summary)
         self.publisher: Any = None  # the --publish sink, likewise
         self.driver: Any = None
+        self.player: Any = None     # a replay's player (kvtop/sources/replay.py ReplayPlayer): the screen drives it
         self._producers: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._stoppers: list[Callable[[], None]] = []
         self._closers: list[Callable[[], None]] = []
@@ -151,8 +153,9 @@ class Session:
                              f" is {abs(t - last) / 86400:,.1f} days from the one before "
                              f"({last:.0f}): a clock that jumped?")
 
-    def emit(self, record: Record) -> None:
-        """Fold one record and fan it out. Never raises: a sink that fails is logged and kept."""
+    def emit(self, record: Record, *, to_sinks: bool = True) -> None:
+        """Fold one record and fan it out. Never raises: a sink that fails is logged and kept. ``to_sinks=False``:
+        the fold alone (a replay folding again what its sinks had: ``fold_many``)."""
         key = record.source.key()
         model = self.models.get(key)
         if model is None and len(self.models) >= self.max_sources:
@@ -207,17 +210,18 @@ class Session:
                     self.whatif.apply_stats(record.data)
             except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold
                 self.note("warn", f"what-if skipped a record: {exc}")
-        for sink in self.sinks:
+        for sink in self.sinks if to_sinks else ():
             try:
                 sink(record)
             except Exception as exc:  # a broken sink must not stop the fold or the other sinks
                 self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
 
-    def emit_many(self, records: Iterable[Record]) -> None:
+    def emit_many(self, records: Iterable[Record], *, to_sinks: bool = True) -> None:
         """``emit`` each of ``records`` in turn (a replay's burst of due records): the same folds, checks and sinks
         in the same order, with the session's parts looked up once a burst, not once a record. A record of a source
         this session has no model for yet (its first, or one refused) goes through ``emit`` itself."""
-        models, stale, sinks, own = self.models, self.stale, self.sinks, self.model
+        models, stale, own = self.models, self.stale, self.model
+        sinks = self.sinks if to_sinks else []
         whatif_kv, whatif_stats = self.whatif.apply_kv_event, self.whatif.apply_stats  # (+ the size advice's hooks)
         last_source: Any = None
         key = ""
@@ -228,7 +232,8 @@ class Session:
                 last_source = source
             model = models.get(key)
             if model is None or (self._own_key is None and record.kind != "meta"):
-                self.emit(record)  # a new source, or the first record with data (it may take self.model)
+                # a new source, or the first record with data (it may take self.model)
+                self.emit(record, to_sinks=to_sinks)
                 continue
             self.records += 1
             if self._own_meta:
@@ -262,6 +267,24 @@ class Session:
                     sink(record)
                 except Exception as exc:  # a broken sink must not stop the fold or the other sinks
                     self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
+
+    def fold_many(self, records: Iterable[Record]) -> None:
+        """``emit_many`` without the sinks: records the sinks had once, folded again after ``reset_fold``."""
+        self.emit_many(records, to_sinks=False)
+
+    def reset_fold(self) -> None:
+        """Forget what was folded, as before the first record: fresh models, size advice and counts (a replay that
+        seeks back folds its recording again from the start, kvtop/sources/replay.py). The meta, log, problems,
+        statuses and sinks stay: they are the run's, not the fold's."""
+        self.model = TierModel(warmup_requests=self.warmup_requests)
+        self.models = {}
+        self.sizing = SizeAdvice()
+        self.whatif = self.sizing.whatif
+        self._last_optimum = {}
+        self.records = 0
+        self._own_key = None
+        self._agent_sources = {}
+        self._agent_of = {}
 
     def _index_agent(self, key: str, agent: str | None) -> None:
         """Keep ``_agent_sources`` as a summary of ``key`` is folded: the agent its model now names, else none."""
@@ -469,7 +492,7 @@ class Session:
             problems=tuple(p for p in problems.snapshot() if p.active) if len(problems) else (),
             stale_sources=len(self.stale_sources()),
             in_flight=None if self.driver is None else self.requests_in_flight,
-            started_at=self.started_at, source_key=self.source.key())
+            started_at=self.started_at, source_key=self.source.key(), player=self.player)
 
     def reset_window(self) -> None:
         for model in {id(m): m for m in [self.model, *self.models.values()]}.values():

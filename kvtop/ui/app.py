@@ -40,6 +40,7 @@ from textual.worker import Worker
 from kvtop.fleet import FleetRow, combine, source_row, source_status
 from kvtop.occupancy import occupancy
 from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
+from kvtop.sources.replay import SEEK_S, STEP_S, speed_text
 from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
 from kvtop.tiers.snapshot import reading
 from kvtop.ui import format as fmt
@@ -75,6 +76,8 @@ from kvtop.ui.widgets import (
     TierPanel,
     VerdictLine,
     WhatIfData,
+    replay_badge,
+    replay_clock,
     tier_label,
     what_if_data,
 )
@@ -84,6 +87,11 @@ from kvtop.ui.widgets import (
 wall_clock: Callable[[], float] = time.time
 
 DEFAULT_REFRESH_S = 0.25
+# + and - step the refresh interval through these (a live or attached run; a replay's + and - are its speed): 0.1 s
+# is the floor (a refresh of a busy fleet costs ~1-5 ms; ten a second is still under 5% of a core), 5 s the ceiling
+# (a slower screen looks stopped)
+REFRESH_STEPS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+REPLAY_ACTIONS = frozenset({"seek_back", "seek_forward", "seek_home", "seek_end", "step", "step_back"})
 STALE_AFTER_S = 5.0      # no record for this long: the header says so (an engine with no requests is quiet too)
 LAG_SHOWN_S = 0.5        # the stream's live batches waited this long behind a replay: the header says so
 SPARK_POINTS = 120       # history points kept for sparklines: 2 minutes at the model's 1 s step
@@ -231,6 +239,15 @@ class KvtopApp(App[int]):
         # "press ctrl+q"; priority: no focused widget may take it).
         Binding("ctrl+c", "interrupt", "Quit", show=False, priority=True),
         Binding("p", "pause", "Pause"),
+        # + and -: a replay's speed, else the refresh interval; the replay's player keys (shown only in a replay)
+        Binding("plus,equals_sign", "faster", "Faster", key_display="+"),
+        Binding("minus", "slower", "Slower", key_display="-"),
+        Binding("left", "seek_back", "-5s", key_display="←", show=False),
+        Binding("right", "seek_forward", "+5s", key_display="→", show=False),
+        Binding("home", "seek_home", "Start", show=False),
+        Binding("end", "seek_end", "End", show=False),
+        Binding("full_stop", "step", "Step", key_display=".", show=False),
+        Binding("comma", "step_back", "Step back", key_display=",", show=False),
         Binding("r", "reset_window", "Reset"),
         Binding("t", "cycle_theme", "Theme"),
         Binding("e", "toggle_events", "Events"),
@@ -267,6 +284,21 @@ class KvtopApp(App[int]):
 
     class HelpShown(Message):
         pass
+
+    class ReplayChanged(Message):
+        """A player key did this: ``what`` (pause, play, seek, step, speed) and where it leaves the replay."""
+
+        def __init__(self, what: str, position_s: float, speed: float, paused: bool):
+            super().__init__()
+            self.what = what
+            self.position_s = position_s
+            self.speed = speed
+            self.paused = paused
+
+    class RefreshChanged(Message):
+        def __init__(self, refresh_s: float):
+            super().__init__()
+            self.refresh_s = refresh_s
 
     def __init__(self, session: Any, settings: ScreenSettings | None = None, *, run_session: bool = True):
         super().__init__()
@@ -318,6 +350,8 @@ class KvtopApp(App[int]):
         self._tier_hist: dict[tuple[int, str], deque[float | None]] = {}
         self._tier_hist_step: dict[tuple[int, str], int] = {}
         self._paused_at: float | None = None     # the model time the frozen figures show
+        self._refresh_timer: Any = None
+        self._replay_generation = 0              # the replay's fold restarts seen (ReplayPlayer.generation)
 
     # ------------------------------------------------------------------------------------------ themes
 
@@ -402,7 +436,7 @@ class KvtopApp(App[int]):
             if self.duration_s:
                 self.set_timer(float(self.duration_s), self._duration_reached, name="duration")
         self.refresh_view()
-        self.set_interval(self.refresh_s, self.refresh_view, name="refresh")
+        self._refresh_timer = self.set_interval(self.refresh_s, self.refresh_view, name="refresh")
 
 
     def layout_changed(self, mode: str) -> None:
@@ -477,6 +511,10 @@ class KvtopApp(App[int]):
         self.session.tick(now)  # stale sources, and the problem lines due, into the session's log
         view = self._view = self.session.view()
         self._feed_log(view)
+        player = view.player
+        if player is not None and player.generation != self._replay_generation:
+            self._replay_generation = player.generation
+            self._fold_restarted()
         if self.paused:
             # The figures stay frozen; the header still knows whether records arrive (a paused screen over a
             # running engine is not stale), and whether the session finished meanwhile.
@@ -518,6 +556,18 @@ class KvtopApp(App[int]):
         self.last_refresh_cost_s = time.perf_counter() - t0
         if self.on_refreshed is not None:
             self.on_refreshed(time.monotonic(), snap.now, self.last_refresh_cost_s)
+
+    def _fold_restarted(self) -> None:
+        """The replay sought back: the session's models are new ones, folded again from the recording's start.
+        What the screen kept of the old ones (by identity) goes, so that nothing of a later position shows."""
+        self._with_data.clear()
+        self._fleet_rows.clear()
+        self._tier_hist.clear()
+        self._tier_hist_step.clear()
+        self._fleet_key = self._hist_key = self._whatif_key = self._verdict_key = self._by_source_key = None
+        self._optimum_at = None
+        self._shown = None
+        self._force = True
 
     def _quality(self) -> Quality | None:
         """The quality of the figures on screen (the shown snapshot's), None before the first draw."""
@@ -655,6 +705,8 @@ class KvtopApp(App[int]):
         if self._finished is not None:
             return self._finished
         view = self._view if self._view is not None else self.session.view()
+        if view.player is not None and view.player.at_end:
+            return "replay finished"   # the player waits at the end for a seek back: its producer goes on
         status = view.status
         producers = list(view.producers) or list(status)
         states = [status.get(n) for n in producers]
@@ -737,7 +789,10 @@ class KvtopApp(App[int]):
         started = view.started_at
         stale = None
         finished = self.finished_reason()
-        if finished is None and self._last_change_at is not None and now - self._last_change_at >= STALE_AFTER_S:
+        player = view.player
+        held = player is not None and (player.paused or player.seeking)   # no records come: none are due
+        if (finished is None and not held and self._last_change_at is not None
+                and now - self._last_change_at >= STALE_AFTER_S):
             stale = now - self._last_change_at
             if not self._seen.get("stale"):
                 self._seen["stale"] = True
@@ -780,10 +835,12 @@ class KvtopApp(App[int]):
             tokens_per_block=snap.tokens_per_block or meta.get("tokens_per_block"),
             bytes_per_block=snap.bytes_per_block or meta.get("bytes_per_block"),
             uptime_s=None if started is None else now - float(started), data_time=snap.now,
-            paused=self.paused, stale_s=None if stale is None else float(int(stale)), flags=tuple(flags),
+            paused=self.paused or (player is not None and player.paused),
+            stale_s=None if stale is None else float(int(stale)), flags=tuple(flags),
             finished=finished, paused_at=self._paused_at if self.paused else None,
             sources=sources, source_label=label, stats_schema=None if q is None else q.stats_schema,
-            verdict=self._verdict(snap))
+            verdict=self._verdict(snap), replay=None if player is None else replay_badge(player),
+            refresh_s=None if self.refresh_s == DEFAULT_REFRESH_S else self.refresh_s)
 
     def _verdict(self, snap: TierSnapshot) -> tuple[VerdictLine, ...]:
         """The verdict line's parts, from the snapshot (kvtop/tiers/verdict.py). Before the first record there is
@@ -890,10 +947,89 @@ class KvtopApp(App[int]):
             panel.set_class(not shown, "-hidden")
 
     def action_pause(self) -> None:
+        player = self._player()
+        if player is not None:   # a replay pauses itself: no record comes until p again (step and seek still go)
+            paused = player.toggle_pause()
+            self._replay_changed("pause" if paused else "play")
+            return
         if not self.paused:
             self._paused_at = self.shown_data_time
         self.paused = not self.paused
         self.post_message(self.PauseToggled(self.paused))
+
+    # -- the replay's player (kvtop/sources/replay.py ReplayPlayer) and the refresh interval
+
+    def _player(self) -> Any:
+        view = self._view if self._view is not None else self.session.view()
+        return view.player
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # The player's keys exist only in a replay: live, they are not bound (a table may take the arrows).
+        if action in REPLAY_ACTIONS:
+            return self._player() is not None
+        return True
+
+    def _replay_changed(self, what: str) -> None:
+        player = self._player()
+        self.post_message(self.ReplayChanged(what, player.position_s, player.speed, player.paused))
+        self.refresh_view()
+
+    def action_faster(self) -> None:
+        """+: a replay plays faster; else the screen refreshes more often (down to REFRESH_STEPS[0])."""
+        player = self._player()
+        if player is not None:
+            player.faster()
+            self._replay_changed("speed")
+            return
+        self.set_refresh(max([s for s in REFRESH_STEPS if s < self.refresh_s] or [REFRESH_STEPS[0]]))
+
+    def action_slower(self) -> None:
+        """-: a replay plays slower; else the screen refreshes less often (up to REFRESH_STEPS[-1])."""
+        player = self._player()
+        if player is not None:
+            player.slower()
+            self._replay_changed("speed")
+            return
+        self.set_refresh(min([s for s in REFRESH_STEPS if s > self.refresh_s] or [REFRESH_STEPS[-1]]))
+
+    def set_refresh(self, refresh_s: float) -> None:
+        """Refresh every ``refresh_s`` from now on (the timer is started again)."""
+        if refresh_s == self.refresh_s:
+            edge = "fastest" if refresh_s <= REFRESH_STEPS[0] else "slowest"
+            self.notify(f"refresh every {refresh_s:g} s: the {edge} ({REFRESH_STEPS[0]:g}-{REFRESH_STEPS[-1]:g} s)",
+                        timeout=2)
+            return
+        self.refresh_s = refresh_s
+        if self._refresh_timer is not None:
+            self._refresh_timer.stop()
+            self._refresh_timer = self.set_interval(refresh_s, self.refresh_view, name="refresh")
+        self.post_message(self.RefreshChanged(refresh_s))
+        self.refresh_view()
+
+    def action_seek_back(self) -> None:
+        self._player().seek(-SEEK_S)
+        self._replay_changed("seek")
+
+    def action_seek_forward(self) -> None:
+        self._player().seek(SEEK_S)
+        self._replay_changed("seek")
+
+    def action_seek_home(self) -> None:
+        self._player().seek_to(0.0)
+        self._replay_changed("seek")
+
+    def action_seek_end(self) -> None:
+        player = self._player()
+        player.seek_to(player.length_s if player.length_s is not None else math.inf)
+        self._replay_changed("seek")
+
+    def action_step(self) -> None:
+        self._player().step(STEP_S)
+        self._replay_changed("step")
+
+    def action_step_back(self) -> None:
+        self._player().step(-STEP_S)
+        self._replay_changed("step")
 
     def action_reset_window(self) -> None:
         self.session.reset_window()
@@ -955,6 +1091,16 @@ class KvtopApp(App[int]):
     def on_kvtop_app_pause_toggled(self, message: PauseToggled) -> None:
         self.note("info", "screen paused (the engine goes on)" if message.paused else "screen resumed")
 
+    def on_kvtop_app_replay_changed(self, message: ReplayChanged) -> None:
+        where = replay_clock(message.position_s)
+        self.note("info", {"pause": f"replay paused at {where}", "play": f"replay playing from {where}",
+                           "seek": f"replay: to {where}", "step": f"replay: stepped to {where}",
+                           "speed": f"replay speed {speed_text(message.speed)}"}.get(message.what, message.what))
+
+    def on_kvtop_app_refresh_changed(self, message: RefreshChanged) -> None:
+        self.note("info", f"refresh every {message.refresh_s:g} s (+/-: {REFRESH_STEPS[0]:g} to "
+                          f"{REFRESH_STEPS[-1]:g} s)")
+
     def on_kvtop_app_theme_cycled(self, message: ThemeCycled) -> None:
         self.note("info", f"theme: {message.theme}")
 
@@ -980,7 +1126,12 @@ class KvtopApp(App[int]):
                 yield command
         yield SystemCommand("Screenshot", "Save an SVG of the screen in the working directory",
                             lambda: self.set_timer(0.1, self.action_screenshot_here))
-        yield SystemCommand("Pause / resume", "Freeze the screen; the engine and the fold go on", self.action_pause)
+        if self._player() is not None:
+            yield SystemCommand("Pause / play the replay", "The replay stops handing records on; step and seek go",
+                                self.action_pause)
+        else:
+            yield SystemCommand("Pause / resume", "Freeze the screen; the engine and the fold go on",
+                                self.action_pause)
         yield SystemCommand("Reset window", "Start the rate and hit-rate window afresh", self.action_reset_window)
         yield SystemCommand("Next theme", "Cycle dark, light, high-contrast", self.action_cycle_theme)
         yield SystemCommand("Event log", "Show or hide the event log", self.action_toggle_events)

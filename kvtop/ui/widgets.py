@@ -39,6 +39,7 @@ from textual.widgets import Static
 
 from kvtop.occupancy import cells as bar_cells
 from kvtop.occupancy import occupancy
+from kvtop.sources.replay import speed_text
 from kvtop.ui import format as fmt
 from kvtop.ui.themes import tier_glyph, tier_style
 from kvtop.values import frozen, mutable
@@ -600,6 +601,38 @@ else:
 # ------------------------------------------------------------------------------------------------ header
 
 @frozen
+class ReplayBadge:
+    """A replay's place, as the header's REPLAY badge shows it: whole seconds, so that it is drawn again once a
+    second, not at every refresh."""
+
+    position_s: int
+    length_s: int | None
+    speed: float
+    paused: bool = False
+    seeking: bool = False
+
+    def text(self) -> str:
+        """REPLAY 0:12 / 0:30 x4 (seeking: while a seek folds its way there)."""
+        length = "?" if self.length_s is None else replay_clock(self.length_s)
+        return (f"REPLAY {replay_clock(self.position_s)} / {length} {speed_text(self.speed)}"
+                + (" seeking" if self.seeking else ""))
+
+
+def replay_clock(s: float) -> str:
+    """0:12, 12:05, 1:02:03: a position in a recording."""
+    n = max(0, int(s))
+    h, rest = divmod(n, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+
+
+def replay_badge(player: Any) -> ReplayBadge:
+    """The badge of a ReplayPlayer (kvtop/sources/replay.py) now."""
+    length = player.length_s
+    return ReplayBadge(int(player.position_s), None if length is None else round(length),
+                       player.speed, player.paused, player.seeking)
+
+
+@frozen
 class HeaderData:
     engine: str | None
     engine_version: str | None
@@ -621,6 +654,8 @@ class HeaderData:
     stats_schema: str | None = None  # which TensorRT-LLM's stats the numbers come from: 1.0-1.2, 1.3, 1.3+ V2
     # the verdict per tier below the GPU (kvtop/tiers/verdict.py): its own line under the header
     verdict: tuple[VerdictLine, ...] = ()
+    replay: ReplayBadge | None = None   # a replay's place and speed (its own clock), None live
+    refresh_s: float | None = None      # the refresh interval, where + / - moved it off the default
 
 
 @frozen
@@ -719,6 +754,8 @@ class HeaderBar(Panel):
         paused = [(" PAUSED ", "bold reverse $primary"), " "] if d.paused else []
         if d.finished:
             paused = [*paused, (" FINISHED ", "bold reverse $success"), " "]
+        if d.replay is not None:   # where the replay is, by its own clock, and how fast it goes
+            paused = [(f" {d.replay.text()} ", "bold reverse $accent"), " ", *paused]
         up = fmt.duration(d.uptime_s)
         clock = time.strftime("%H:%M:%S", time.localtime(d.data_time)) if d.data_time is not None else "--:--:--"
         block = []
@@ -734,6 +771,9 @@ class HeaderBar(Panel):
         if d.finished:
             state_short = [(d.finished, "$success"), " "]
             state_long = [(d.finished, "$success"), (" · final figures · q quits ", S_DIM)]
+        elif d.replay is not None and d.replay.paused:
+            state_short = [("p plays ", S_DIM)]
+            state_long = [("replay paused · p plays · ←→ seek 5 s · . steps 1 s · +- speed ", S_DIM)]
         elif d.paused:
             frozen = time.strftime("%H:%M:%S", time.localtime(d.paused_at)) if d.paused_at is not None else "?"
             ahead = (d.data_time - d.paused_at if d.data_time is not None and d.paused_at is not None else None)
@@ -772,7 +812,9 @@ class HeaderBar(Panel):
         line1 = line_of(("kvtop ", "bold $primary"), *paused, *badge, (model, S_FIG), _SEP,
                          (d.gpu or "GPU ?", tier_style("gpu", bold=True)), _SEP, engine,
                          *([_SEP, (d.source_label, "bold")] if d.source_label else []))
-        right = line_of(("data ", S_DIM), (clock, "bold"), _SEP, ("up ", S_DIM), (up, S_FIG))
+        right = line_of(("data ", S_DIM), (clock, "bold"), _SEP, ("up ", S_DIM), (up, S_FIG),
+                        *([_SEP, ("refresh ", S_DIM), (f"{d.refresh_s:g} s", S_FIG)]
+                          if d.refresh_s is not None else []))
         # The state and the alarms first: where the line is cut, it is the simulator's reason that goes.
         line2_left: list[Any] = [*state_long, *status]
         line2_left += [(" · ".join(block) or "block size ?", "bold")]
@@ -1736,7 +1778,13 @@ HELP_TEXT = """\
   [b]q[/] quit          [b]p[/] pause / resume the screen (the engine goes on)
   [b]r[/] reset window  [b]t[/] next theme (dark, light, high-contrast)
   [b]e[/] event log     [b]s[/] next source (when several are attached)
+  [b]+ -[/] refresh more / less often (0.1 to 5 s)
   [b]?[/] this help     [b]ctrl+p[/] commands (screenshot: into the working dir)
+
+[b]Replay[/]  (kvtop replay FILE) the header's REPLAY badge: place / length, speed
+  [b]p[/] pause / play the replay itself   [b]+ -[/] speed x0.25 .. x64, max
+  [b]← →[/] seek 5 s back / on   [b]home end[/] start / end of the recording
+  [b]. ,[/] step 1 s on / back (pauses); back re-folds from the start
 
 [b]Tiers[/]  one bar per tier: parts that never overlap and fill the pool. Each
   tier keeps its colour in every panel: [b $kv-gpu]GPU[/], [b $kv-host]host[/], [b $kv-disk]disk[/]
