@@ -206,7 +206,7 @@ class ReplayPlayer:
         self._restart_fold = restart
         self._on_error = on_error
         self._on_end = on_end
-        self._clock = clock
+        self.clock = clock   # the pacing's clock (a test's may be set)
         self.paused = False
         self.at_end = False
         self.seeking = False
@@ -243,7 +243,7 @@ class ReplayPlayer:
         if self.paused or self.at_end or self.speed == 0 or self._anchor is None or self.first_time is None:
             return pos
         ta, wa = self._anchor
-        paced = ta + (self._clock() - wa) * self.speed - self.first_time
+        paced = ta + (self.clock() - wa) * self.speed - self.first_time
         if self._pending is not None:   # never past the next record: it is on its way
             paced = min(paced, self._pending.time - self.first_time)
         return max(pos, paced)
@@ -434,7 +434,7 @@ class ReplayPlayer:
                 self._hand_over(batch, first)
                 await asyncio.sleep(0)
                 continue
-            now = self._clock()
+            now = self.clock()
             if self._anchor is None:
                 self._anchor = ((self.first_time or rec.time) + self._pos, now)
             ta, wa = self._anchor

@@ -240,8 +240,8 @@ class KvtopApp(App[int]):
         Binding("ctrl+c", "interrupt", "Quit", show=False, priority=True),
         Binding("p", "pause", "Pause"),
         # + and -: a replay's speed, else the refresh interval; the replay's player keys (shown only in a replay)
-        Binding("plus,equals_sign", "faster", "Faster", key_display="+"),
-        Binding("minus", "slower", "Slower", key_display="-"),
+        Binding("plus,equals_sign", "faster", "Faster", key_display="+", show=False),
+        Binding("minus", "slower", "Slower", key_display="-", show=False),
         Binding("left", "seek_back", "-5s", key_display="←", show=False),
         Binding("right", "seek_forward", "+5s", key_display="→", show=False),
         Binding("home", "seek_home", "Start", show=False),
