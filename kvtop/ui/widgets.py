@@ -1813,9 +1813,9 @@ HELP_TEXT = """\
   data will come (replay end, --duration). [$warning]no data 8s[/]: data should come.
 [b]Sources[/]  (2+ attached) one row each, ▶ the one shown. [b]all[/]: sums of
   blocks and rates, hit = hits / lookups, TTFT p99 = max of the sources'.
-
-[dim]↑↓ scroll · esc or ? closes this help[/]
 """
+# On the help's border, so that it shows when the help is taller than the screen (at 120x40 since the replay's keys)
+HELP_HINT = "↑↓ scroll · esc or ? closes this help"
 
 
 class HelpScreen(ModalScreen[None]):
@@ -1845,7 +1845,8 @@ class HelpScreen(ModalScreen[None]):
             text = Content.assemble(("Last error", "bold $error"), f" ({self.failed} failed): ",
                                     fmt.clean(self.last_error, limit=600), "\n\n", text)
         # Scrollable: at 80x24 the help is taller than the screen.
-        with VerticalScroll(id="help-scroll"):
+        with VerticalScroll(id="help-scroll") as scroll:
+            scroll.border_subtitle = HELP_HINT
             yield Static(text, id="help-text")
 
     def on_mount(self) -> None:
