@@ -677,7 +677,9 @@ class StreamFold:
                     elif tier == "gpu":
                         for lower in ("host", "disk", "external"):
                             if key in self.live[lower]:
-                                m.onboarded += 1
+                                # from the disk: a move of its own (the moves panel's disk row, Moves.disk_*)
+                                if lower != "disk":
+                                    m.onboarded += 1
                                 self.onboarded_from[lower] += 1
                                 break
                 if len(live) > self.live_cap[tier]:
@@ -843,11 +845,33 @@ class StreamFold:
             m.stats_fold.moves_seen = True
             m.stats_fold.offloaded = int(self.metric_moves["offloaded"])
             m.stats_fold.onboarded = int(self.metric_moves["onboarded"])
+        # KVBM's disk (G3) counters (Dynamo lib/runtime/src/metrics/prometheus_names.rs, kvbm: offload_blocks_h2d
+        # "from host to disk", offload_blocks_d2d "from device to disk (bypassing host memory)", onboard_blocks_d2d
+        # "from disk to device"; onboard_blocks_d2h, KVBM v2's disk -> host staging, PR #8845). Note the two
+        # "d2d": the offload one is device -> disk, the onboard one disk -> device.
+        disk = {name: self._kvbm(total, name) for name in (
+            "kvbm_offload_blocks_h2d", "kvbm_offload_blocks_d2d", "kvbm_onboard_blocks_d2d", "kvbm_onboard_blocks_d2h")}
+        if any(v is not None for v in disk.values()):
+            for name, v in disk.items():
+                self.metric_moves[name] = self.metric_moves.get(name, 0.0) + self._delta(name, v)
+            st = m.stats_fold
+            st.disk_moves_seen = True
+            st.disk_offloaded = int(self.metric_moves["kvbm_offload_blocks_h2d"]
+                                    + self.metric_moves["kvbm_offload_blocks_d2d"])
+            st.disk_onboarded = int(self.metric_moves["kvbm_onboard_blocks_d2d"])
+            st.disk_prefetched = int(self.metric_moves["kvbm_onboard_blocks_d2h"])
         for name in ("kvbm_host_cache_hit_rate", "kvbm_disk_cache_hit_rate", "vllm:kv_offload_cpu_cache_usage_perc"):
             v = total(name)
             if v is not None:
                 self.extra[name] = v
         self._write_hits()
+
+    @staticmethod
+    def _kvbm(total: Any, name: str) -> float | None:
+        """A KVBM counter by its own name (no ``_total``) or with the ``_total`` prometheus_client's parser adds to
+        any counter it reads with a TYPE line."""
+        v = total(name)
+        return total(f"{name}_total") if v is None else v
 
     def _write_hits(self) -> None:
         """Hit tokens since attach -> the TierModel's block counters (hits, lookups, host hits)."""

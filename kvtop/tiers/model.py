@@ -306,7 +306,13 @@ class TierModel:
         m, st, rq = self.moves, self.stats_fold, self.request_fold
         return (st.hits, st.lookups, self._host_hits, m.offloaded_blocks, m.onboarded_blocks, m.evicted_gpu_blocks,
                 m.evicted_host_blocks, rq.completed, rq.failed, rq.prompt_tokens, rq.output_tokens, st.ctx_tokens,
-                st.gen_tokens)
+                st.gen_tokens, m.disk_prefetched_blocks, m.disk_onboarded_blocks, m.disk_offloaded_blocks,
+                self._disk_hits)
+
+    @property
+    def _disk_hits(self) -> int:
+        """Hits the disk tier served, warm-up excluded, where the engine says it (else 0)."""
+        return self.hits_by_tier.get("disk", 0)
 
     def _window_base(self) -> tuple[float, tuple[int, ...]] | None:
         return self._window.base(self.now)
@@ -374,7 +380,7 @@ class TierModel:
         ``iter{Full,Partial}ReusedBlocksByLevel``, levels named by ``kvCacheLevelTiers``); else empty."""
         if self.stream_fold is not None and self.stream_fold.hit_tokens:
             return self.stream_fold.hits_by_tier()  # type: ignore[no-any-return]  # from the engine's /metrics
-        return self.stats_fold.hits_by_tier()
+        return self.stats_fold.hits_by_tier(self.tokens_per_block)
 
     @property
     def tiers(self) -> list[TierState]:
@@ -391,30 +397,49 @@ class TierModel:
 
     @property
     def moves(self) -> Moves:
-        ev = self.event_fold
-        if self.stats_fold.moves_seen:
-            return Moves(self.stats_fold.offloaded, self.stats_fold.onboarded, ev.evicted[GPU],
-                         self.stats_fold.host_dropped or ev.evicted[HOST], ev.evicted_unknown, "stats")
-        return Moves(ev.offloaded, ev.onboarded, ev.evicted[GPU], ev.evicted[HOST], ev.evicted_unknown, "events")
+        ev, st, sf = self.event_fold, self.stats_fold, self.stream_fold
+        # the disk tier's moves: the engine's own counters (TensorRT-LLM V2 stats or Prometheus, Dynamo KVBM) where
+        # it has them, else the stream's disk stores and the GPU stores of blocks held on disk only
+        prefetched = st.disk_prefetched
+        onboarded, offloaded = st.disk_onboarded, st.disk_offloaded
+        if not st.disk_moves_seen and sf is not None:
+            onboarded, offloaded = sf.onboarded_from["disk"], sf.stored["disk"]
+        disk = bool(prefetched or onboarded or offloaded) or self.disk is not None
+        if st.moves_seen:
+            return Moves(st.offloaded, st.onboarded, ev.evicted[GPU], st.host_dropped or ev.evicted[HOST],
+                         ev.evicted_unknown, "stats", prefetched, onboarded, offloaded, disk)
+        return Moves(ev.offloaded, ev.onboarded, ev.evicted[GPU], ev.evicted[HOST], ev.evicted_unknown, "events",
+                     prefetched, onboarded, offloaded, disk)
 
     @property
     def hit_rate(self) -> HitRate:
         hits, lookups = self.stats_fold.hits, self.stats_fold.lookups
         host_hits = min(self._host_hits, hits)
-        cumulative = gpu = host = None
+        by_tier = self.hits_by_tier
+        # the disk's share where the engine says which tier served each hit and has a disk tier
+        disk_known = "disk" in by_tier
+        disk_hits = by_tier.get("disk", 0)
+        disk_part = min(disk_hits, hits - host_hits)
+        cumulative = gpu = host = disk = None
         if lookups > 0:
             cumulative = hits / lookups
             host = host_hits / lookups
-            gpu = cumulative - host
-        window = wgpu = whost = None
+            disk = disk_part / lookups if disk_known else None
+            gpu = cumulative - host - (disk or 0.0)
+        window = wgpu = whost = wdisk = None
         base = self._window_base()
         if base is not None:
             dh, dl, dhh = hits - base[1][0], lookups - base[1][1], self._host_hits - base[1][2]
             if dl > 0:
                 window = dh / dl
-                whost = min(max(dhh, 0), max(dh, 0)) / dl
-                wgpu = window - whost
-        return HitRate(cumulative, window, gpu, host, wgpu, whost, hits, lookups, self._host_hits)
+                host_part = min(max(dhh, 0), max(dh, 0))
+                whost = host_part / dl
+                if disk_known:
+                    ddh = disk_hits - base[1][16] if len(base[1]) > 16 else 0
+                    wdisk = min(max(ddh, 0), max(dh - host_part, 0)) / dl
+                wgpu = window - whost - (wdisk or 0.0)
+        return HitRate(cumulative, window, gpu, host, wgpu, whost, hits, lookups, self._host_hits, disk, wdisk,
+                       disk_hits)
 
     @property
     def rates(self) -> Rates:
@@ -433,7 +458,8 @@ class TierModel:
                     failed_per_s=r[8], prompt_tokens_per_s=r[9], output_tokens_per_s=r[10],
                     ctx_tokens_per_s=r[11], gen_tokens_per_s=r[12],
                     offloaded_bytes_per_s=None if bpb is None else r[3] * bpb,
-                    onboarded_bytes_per_s=None if bpb is None else r[4] * bpb)
+                    onboarded_bytes_per_s=None if bpb is None else r[4] * bpb,
+                    disk_prefetched_per_s=r[13], disk_onboarded_per_s=r[14], disk_offloaded_per_s=r[15])
         return out if said is None else dataclasses.replace(out, **said)
 
     def history_samples(self) -> list[Sample]:

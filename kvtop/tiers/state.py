@@ -93,6 +93,14 @@ class Moves:
     evicted_host_blocks: int = 0
     evicted_unknown_blocks: int = 0   # removed hashes the fold did not know (after dropped events)
     source: str = "events"            # "events" (1.0-1.2) or "stats" (newer kvCacheIterationStats)
+    # The disk tier's moves, where the engine reports them (``disk``: it does): disk -> host (TensorRT-LLM V2's
+    # iterDiskPrefetchBlocks, Dynamo KVBM's onboard_blocks_d2h), disk -> GPU (KVBM onboard_blocks_d2d; a GPU store
+    # of a block the stream holds on disk only), and into the disk (KVBM offload_blocks_h2d + _d2d; vLLM STORAGE /
+    # SGLang DISK stores)
+    disk_prefetched_blocks: int = 0
+    disk_onboarded_blocks: int = 0
+    disk_offloaded_blocks: int = 0
+    disk: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +119,12 @@ class HitRate:
     hits: int = 0
     lookups: int = 0
     host_hits: int = 0
+    # the disk tier's share, where the engine says which tier served each hit (TensorRT-LLM V2 by cache level,
+    # vLLM's prompt_tokens_cached_by_source, SGLang's cached_tokens_total): then ``gpu`` is what neither lower
+    # tier served; None where the engine has no disk tier or does not say
+    disk: float | None = None
+    window_disk: float | None = None
+    disk_hits: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +149,9 @@ class Rates:
     gen_tokens_per_s: float | None = None     # engine-side, from the stats (numGenRequests, beam width 1)
     offloaded_bytes_per_s: float | None = None
     onboarded_bytes_per_s: float | None = None
+    disk_prefetched_per_s: float | None = None   # disk -> host
+    disk_onboarded_per_s: float | None = None    # disk -> GPU
+    disk_offloaded_per_s: float | None = None    # into the disk
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +170,9 @@ class HistoryPoint:
     evicted_host_per_s: float
     requests_per_s: float
     output_tokens_per_s: float
+    disk_prefetched_per_s: float = 0.0
+    disk_onboarded_per_s: float = 0.0
+    disk_offloaded_per_s: float = 0.0
 
 
 @frozen

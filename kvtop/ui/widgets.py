@@ -49,6 +49,7 @@ from kvtop.values import frozen, mutable
 # colour each in every panel, and in use / cached / empty are its shades and glyphs.
 S_GPU = tier_style("gpu")
 S_HOST = tier_style("host")
+S_DISK = tier_style("disk")
 S_FIG = "bold $kv-figure"
 S_DIM = "$kv-dim"
 S_SPARK = "$kv-spark"
@@ -1156,15 +1157,25 @@ class HitRatePanel(Panel):
         win = f"{d.window_s:.0f} s" if d.window_s else "window"
         gap = "  " if width >= 40 else " "
 
-        def row(label: str, total: float | None, gpu: float | None, host: float | None) -> Line:
-            return line_of((f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG), gap, ("GPU", S_GPU), " ",
-                            (_pad(fmt.pct(gpu), 6), S_GPU), gap, ("host", S_HOST), " ",
-                            (_pad(fmt.pct(host), 6), S_HOST))
+        # a third share where the engine says which tier served each hit and has a disk tier (HitRate.disk)
+        disk = h.disk is not None or h.window_disk is not None
+        if disk and width < 56:
+            gap = " "
+
+        def row(label: str, total: float | None, gpu: float | None, host: float | None,
+                on_disk: float | None = None) -> Line:
+            parts: list[Any] = [(f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG), gap, ("GPU", S_GPU), " ",
+                                (_pad(fmt.pct(gpu), 6), S_GPU), gap, ("host", S_HOST), " ",
+                                (_pad(fmt.pct(host), 6), S_HOST)]
+            if disk:
+                parts += [gap, ("disk", S_DISK), " ", (_pad(fmt.pct(on_disk), 6), S_DISK)]
+            return line_of(*parts)
 
         if height == 1:
+            tail = [" ", ("disk", S_DISK), " ", (fmt.pct(h.window_disk, digits=0), S_DISK)] if disk else []
             return _lines([line_of(("hit ", "bold"), (fmt.pct(h.window), S_FIG), " ", ("GPU", S_GPU), " ",
                                     (fmt.pct(h.window_gpu, digits=0), S_GPU), " ", ("host", S_HOST), " ",
-                                    (fmt.pct(h.window_host, digits=0), S_HOST), (" total ", S_DIM),
+                                    (fmt.pct(h.window_host, digits=0), S_HOST), *tail, (" total ", S_DIM),
                                     fmt.pct(h.cumulative, digits=0))], width, height)
         lines: list[Line] = []
         if height >= 6:
@@ -1173,7 +1184,8 @@ class HitRatePanel(Panel):
             big = big_figure(fmt.pct(h.window, unknown="--%", digits=0))
             label = [f"  over {win}", "  blocks reused /", "  blocks looked up"]
             lines += [line_of((b, S_FIG), (lab, S_DIM)) for b, lab in zip(big, label)]
-        lines += [row(win, h.window, h.window_gpu, h.window_host), row("total", h.cumulative, h.gpu, h.host)]
+        lines += [row(win, h.window, h.window_gpu, h.window_host, h.window_disk),
+                  row("total", h.cumulative, h.gpu, h.host, h.disk)]
         curve_lines: list[Line] = []
         if d.what_if is not None and height >= 3:
             # Before the sparkline: where the panel has one line to spare (80x24), the curve gets it.
@@ -1233,7 +1245,7 @@ def _curve_rows(w: WhatIfData, width: int) -> tuple[list[tuple[str, str]], list[
 class MovesData:
     rates: Any                      # kvtop.tiers.Rates
     moves: Any                      # kvtop.tiers.Moves
-    history: tuple[tuple[float, float, float, float], ...]  # (offload, onboard, evict GPU, evict host) per step
+    history: tuple[tuple[float, ...], ...]  # (offload, onboard, evict GPU, evict host) per step
     known: bool = True              # False: moves come from KV events and none were seen (shown as "?", not 0)
 
 
@@ -1285,7 +1297,13 @@ class MovesPanel(Panel):
             # the chart's upper rows above the row of figures, aligned with its bottom row
             lines += [line_of((" " * (base - 9 * show_total + 1), ""), (row, style)) for row in chart[:-1]]
             lines.append(line_of(*parts))
-        if height >= 5:
+        if getattr(d.moves, "disk", False):
+            # the disk tier's moves (Moves.disk_*), one row: disk -> host (a prefetch), disk -> GPU, and into the
+            # disk; before the link row, which a 5-line panel then has no room for
+            lines.append(line_of(("disk    ", "bold"), ("→host ", S_DIM), (rate("disk_prefetched_per_s"), S_FIG),
+                                  ("  →GPU ", S_DIM), (rate("disk_onboarded_per_s"), S_FIG),
+                                  ("  in ", S_DIM), (rate("disk_offloaded_per_s"), S_FIG)))
+        if height >= len(lines) + 1:
             r = d.rates
             lines.append(line_of(("link    ", "bold"), ("→", S_DIM), ("host", S_HOST), " ",
                                   (fmt.nbytes(r.offloaded_bytes_per_s) + "/s", S_FIG), ("  →", S_DIM),
