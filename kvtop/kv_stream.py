@@ -23,7 +23,8 @@ Records (what crosses a process boundary, design.md): one ``kv_batch`` record pe
 ``medium`` verbatim (a recording stays a bug report), with two changes: positional events become maps (same
 names), and ``token_ids`` is replaced by ``num_tokens`` (the tokens are the user's prompts, ~90% of a batch's
 bytes; kvtop's MQTT publisher leaves them out of TensorRT-LLM events for the same reason). Non-scalar fields kvtop
-does not read (``extra_keys``: multimodal hashes and cache salts) are dropped too.
+does not read (``extra_keys``: multimodal hashes and cache salts) are dropped too, and so are the user's session
+id and cache salt (``EVENT_FIELDS`` says, field by field, what is read, kept or dropped, and why).
 
 A new record kind rather than TensorRT-LLM's ``kv_event`` shape, because the two models of a tier differ: in
 TensorRT-LLM a block lives in one tier at a time (``updated`` moves it), while vLLM's and SGLang's offload tiers
@@ -93,8 +94,32 @@ _POSITIONAL = {
     "BlockRemoved": ("block_hashes", "medium", "group_idx"),
     "AllBlocksCleared": (),
 }
-# Token lists: the user's prompt; replaced by their count.
-_TOKEN_FIELDS = ("token_ids", "lookahead_token_ids")
+# Every field of the engines' BlockStored / BlockRemoved, and what kvtop does with it (read, kept in the record
+# unread, or dropped), on purpose: vLLM 0.33.0 / 0.34.0 vllm/distributed/kv_events.py, SGLang 0.5.23
+# sglang/srt/disaggregation/kv_events.py. A field no table names is kept when it is a scalar (a newer engine's).
+EVENT_FIELDS = {
+    "block_hashes": "read: the blocks",
+    "parent_block_hash": "kept, not read: the fold counts blocks per tier, not chains",
+    "token_ids": "dropped: the user's prompt (its length is kept as num_tokens)",
+    "block_size": "read: the tier's tokens per block",
+    "lora_id": "kept, not read (deprecated in vLLM 0.33 for lora_name)",
+    "medium": "read: the tier (MEDIUM_TIERS; vLLM's STORAGE is the disk)",
+    "lora_name": "kept, not read",
+    "extra_keys": "dropped: not a scalar (multimodal hashes, cache salts)",
+    "group_idx": "read: a block is (group, hash); every group's blocks come from one pool (vLLM's "
+                 "KVCacheCoordinator has one BlockPool), so a tier's blocks are summed over groups",
+    "kv_cache_spec_kind": "kept, not read: the groups share the pool cache_config_info sizes, whatever their kind",
+    "kv_cache_spec_sliding_window": "kept, not read (as kv_cache_spec_kind)",
+    "locality": "kept, not read: vLLM's own hit attribution maps STORAGE to disk whatever the locality "
+                "(vllm/v1/kv_offload/tiering/base.py), and so does kvtop",
+    "ownership": "kept, not read: the id of a secondary offloading tier (\"kvcr\"); a hash it announces again is "
+                 "refcounted like any repeated announcement",
+    "session_id": "dropped: names the user's session (vLLM 0.33, SGLang 0.5.23), read by nothing here",
+    "cache_salt": "dropped: the user's cache salt (SGLang 0.5.23); the hashes are namespaced by it already",
+    "lookahead_token_ids": "dropped: the user's tokens (vLLM 0.34)",
+}
+# Fields never kept in a record (see EVENT_FIELDS): the user's tokens, session and salt.
+_DROPPED_FIELDS = frozenset(k for k, why in EVENT_FIELDS.items() if why.startswith("dropped"))
 _MAX_EVENTS = 100_000  # one engine step's batch; a message claiming more is not a KV event batch
 _MAX_HASHES = 1_000_000
 _MAX_SMALL = 1 << 20  # ranks, block sizes, KV cache groups: small numbers; a larger one is not this format
@@ -113,6 +138,23 @@ MEDIUM_TIERS: dict[str, str] = {
 }
 TIERS = ("gpu", "host", "disk", "external")
 _MEDIUM_TIER_CACHE: dict[str | None, str | None] = {None: "gpu", "GPU": "gpu", "CPU": "host"}
+
+# Hit-token counters' tier labels, per engine and version (docs/engines.md says where each was read):
+# vLLM's vllm:prompt_tokens_cached_by_source_total{source}: CacheHitSource (vllm/v1/metrics/cache_hit_source.py) in
+# every release that has the metric (0.32.0, 0.33.0, 0.34.0): device, host, p2p (another vLLM instance), disk,
+# external_unspecified; builds of the PR that added it (#56318) before it merged, its tests and benchmark
+# harnesses used cpu, mixed (a range served by more than one tier) and external.
+VLLM_SOURCES = {"device": "gpu", "host": "host", "disk": "disk", "p2p": "external",
+                "external_unspecified": "external", "cpu": "host", "mixed": "external", "external": "external"}
+# SGLang's sglang:cached_tokens_total{cache_source}: device, host, and the L3 storage as storage_<backend class>
+# (0.5.9-0.5.19: storage_HiCacheFile, storage_MooncakeStore, storage_unknown...) or storage (0.5.20-0.5.23); total
+# for a request without a per-tier breakdown (every hit of a server without HiCache up to 0.5.19: the GPU's); before
+# 0.5.9 no cache_source label at all (the GPU's, with the host's folded in where HiCache was on). Per request it is
+# either the breakdown or total (metrics_collector.py observe_one_finished_request), so summing every label counts
+# each cached token once.
+SGLANG_SOURCES = {"device": "gpu", "host": "host", "storage": "disk", "total": "gpu", "": "gpu"}
+UNKNOWN_TIER = "unknown"  # hits under a label kvtop does not know: counted as hits, and said (a problem)
+_MAX_UNKNOWN = 64         # distinct unknown labels or media kept by name; more are counted under "(more)"
 LAG_WINDOW_S = 10.0
 # Live blocks the fold keeps per tier while the tier's capacity is unknown (~90 MB; a 0.5B model on one H200 has
 # ~600k GPU blocks); with the capacity from /metrics, twice that (at least MIN, at most MAX)
@@ -234,7 +276,7 @@ def normalize_event(raw: Any, path: str = "event") -> dict[str, Any]:
     if group is not None and (group.__class__ is not int or not 0 <= group < _MAX_SMALL):
         raise WireError(f"{path}.group_idx", f"must be an integer in [0, {_MAX_SMALL}), got {_describe(group)}")
     for key, value in fields.items():
-        if key in out or key in _TOKEN_FIELDS or not isinstance(key, str):
+        if key in out or key in _DROPPED_FIELDS or not isinstance(key, str):
             continue
         if _scalar(value):
             out[key] = value
@@ -495,7 +537,8 @@ class StreamFold:
         self.max_lag_batches = 0
         self.duplicates = 0                       # stores of a hash already live (refcounted)
         self.unknown_removals = 0                 # removals of hashes stored before kvtop attached
-        self.unknown_media: dict[str, int] = {}
+        self.unknown_media: dict[str, int] = {}   # events under a medium kvtop does not know: skipped, said
+        self.unknown_labels: dict[str, int] = {}  # hit counters' tier labels kvtop does not know (scrapes seen)
         self.bad_events = 0
         self.since_attach = True
         # Live blocks kept per tier at most (memory: ~90 B a block): twice the tier's capacity once /metrics gives
@@ -649,8 +692,7 @@ class StreamFold:
                 if medium.__class__ is str and len(tiers) < 64:
                     tiers[medium] = tier   # a medium's tier, remembered (the few spellings engines send)
             if tier is None:
-                name = str(medium)[:40]
-                self.unknown_media[name] = self.unknown_media.get(name, 0) + 1
+                self._unknown(self.unknown_media, str(medium)[:40])
                 continue
             group = ev.get("group_idx")
             g = group if group.__class__ is int else 0
@@ -815,22 +857,18 @@ class StreamFold:
             lookups = total("sglang:prompt_tokens_total")
         if lookups is None:
             lookups = total("dynamo_frontend_input_sequence_tokens_sum")
-        hit_parts: dict[str, float | None] = {}
+        # counter key -> (tier, value): every label value the page has, each a tier kvtop knows or UNKNOWN_TIER
+        hit_parts: dict[str, tuple[str, float | None]] = {}
         if "vllm:prompt_tokens_cached_by_source_total" in by:
-            for src in ("device", "host", "disk", "p2p", "external_unspecified"):
-                hit_parts[f"vllm:{src}"] = total("vllm:prompt_tokens_cached_by_source_total", source=src)
+            self._label_parts(hit_parts, by, "vllm:prompt_tokens_cached_by_source_total", "source", VLLM_SOURCES)
         elif "sglang:cached_tokens_total" in by:
-            for src in ("device", "host", "storage", "total"):
-                hit_parts[f"sglang:{src}"] = total("sglang:cached_tokens_total", cache_source=src)
+            self._label_parts(hit_parts, by, "sglang:cached_tokens_total", "cache_source", SGLANG_SOURCES)
         elif "vllm:prefix_cache_hits_total" in by:
-            hit_parts["vllm:device"] = total("vllm:prefix_cache_hits_total")
+            hit_parts["vllm:device"] = ("gpu", total("vllm:prefix_cache_hits_total"))
         elif "dynamo_frontend_cached_tokens_sum" in by:
-            hit_parts["dynamo:device"] = total("dynamo_frontend_cached_tokens_sum")
-        tiers_of = {"device": "gpu", "host": "host", "disk": "disk", "storage": "disk", "p2p": "external",
-                    "external_unspecified": "external", "total": "gpu"}
-        for name, value in hit_parts.items():
+            hit_parts["dynamo:device"] = ("gpu", total("dynamo_frontend_cached_tokens_sum"))
+        for name, (tier, value) in hit_parts.items():
             d = self._delta(name, value)
-            tier = tiers_of[name.split(":", 1)[1]]
             self.hit_tokens[tier] = self.hit_tokens.get(tier, 0.0) + d
         self.lookup_tokens += self._delta("lookups", lookups)
         # --- moves from Dynamo KVBM (blocks): they win over the events' moves, like newer TensorRT-LLM's stats
@@ -865,6 +903,37 @@ class StreamFold:
             if v is not None:
                 self.extra[name] = v
         self._write_hits()
+
+    def _label_parts(self, parts: dict[str, tuple[str, float | None]],
+                     by: Mapping[str, list[tuple[Mapping[str, Any], float]]], name: str, label: str,
+                     tiers: Mapping[str, str]) -> None:
+        """Every value of ``label`` the page has for counter ``name``, summed per value, with its tier; a value
+        kvtop does not know is a hit of UNKNOWN_TIER, named in ``unknown_labels`` (the session says it: a
+        problem, never a silent drop)."""
+        sums: dict[str, float] = {}
+        for labels, v in by.get(name, ()):
+            src = str(labels.get(label, ""))
+            sums[src] = sums.get(src, 0.0) + v
+        for src, v in sums.items():
+            tier = tiers.get(src)
+            if tier is None and tiers is SGLANG_SOURCES and src.startswith("storage_"):
+                tier = "disk"   # storage_<backend class> (SGLang 0.5.9-0.5.19)
+            if tier is None:
+                tier = UNKNOWN_TIER
+                self._unknown(self.unknown_labels, f'{name}{{{label}="{src[:40]}"}}')
+            parts[f"{name}{{{src}}}"] = (tier, v)
+
+    @staticmethod
+    def _unknown(seen: dict[str, int], name: str) -> None:
+        if name not in seen and len(seen) >= _MAX_UNKNOWN:
+            name = "(more)"
+        seen[name] = seen.get(name, 0) + 1
+
+    @property
+    def unknown_seen(self) -> int:
+        """How often a label or medium kvtop does not know came (scrapes with such a label, events with such a
+        medium): the session turns a change into a problem (kvtop/session.py)."""
+        return sum(self.unknown_labels.values()) + sum(self.unknown_media.values())
 
     @staticmethod
     def _kvbm(total: Any, name: str) -> float | None:
@@ -1059,6 +1128,7 @@ class StreamFold:
             "lag_s": lag_s, "lag_batches": lag_batches, "max_lag_s": self.max_lag_s,
             "max_lag_batches": self.max_lag_batches, "duplicates": self.duplicates,
             "unknown_removals": self.unknown_removals, "unknown_media": dict(self.unknown_media),
+            "unknown_labels": dict(self.unknown_labels),
             "bad_events": self.bad_events,
             "stored_blocks": dict(self.stored), "removed_blocks": dict(self.removed),
             "forgotten_blocks": dict(self.forgotten),

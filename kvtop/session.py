@@ -144,6 +144,10 @@ class Session:
         self.publish_s: float | None = None
         self._health_due = 0.0   # monotonic time of the next tier-health check (tick)
         self._health_holding: set[str] = set()
+        # per source: unknown labels and media already said (kvtop/kv_stream.py StreamFold.unknown_seen)
+        self._unknown_seen: dict[str, int] = {}
+        self._unknown_labels_seen: dict[str, int] = {}
+        self._unknown_media_seen: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------------ records
 
@@ -412,10 +416,38 @@ class Session:
         if mono >= self._health_due:
             self._health_due = mono + HEALTH_EVERY_S
             self._check_tier_health()
+        self._check_unknown_labels()
         lines = self.problems.take_lines(now)
         for line in lines:
             self.log.append((time.time() if now is None else now, "warn", line))
         return lines
+
+    def _check_unknown_labels(self) -> None:
+        """A hit counter's tier label or an event's medium kvtop does not know (kvtop/kv_stream.py): a problem,
+        never a silent drop. Hits under an unknown label are still counted (their tier is "unknown"); events under
+        an unknown medium are skipped, so those are lost data. Read here, off the folding path: an int per source."""
+        for key, model in self.models.items():
+            sf = model.stream_fold
+            if sf is None:
+                continue
+            seen = sf.unknown_seen
+            last = self._unknown_seen.get(key, 0)
+            if seen == last:
+                continue
+            self._unknown_seen[key] = seen
+            labels, media = sf.unknown_labels, sf.unknown_media
+            if sum(labels.values()) > self._unknown_labels_seen.get(key, 0):
+                n = sum(labels.values()) - self._unknown_labels_seen.get(key, 0)
+                self._unknown_labels_seen[key] = sum(labels.values())
+                self.problems.report("engine.unknown_label", f"{clean(key, 80)}: tier label(s) kvtop does not "
+                                     f"know: {', '.join(sorted(labels)[:4])}; their hits are counted under "
+                                     "\"unknown\" (docs/engines.md lists the labels read)", count=n)
+            if sum(media.values()) > self._unknown_media_seen.get(key, 0):
+                n = sum(media.values()) - self._unknown_media_seen.get(key, 0)
+                self._unknown_media_seen[key] = sum(media.values())
+                self.problems.report("engine.unknown_medium", f"{clean(key, 80)}: {n:,} event(s) under a medium "
+                                     f"kvtop does not know ({', '.join(sorted(media)[:4])}) skipped",
+                                     count=n, lost=True)
 
     def _check_tier_health(self) -> None:
         """Tier-health alarms (kvtop/tiers/health.py) as problems: reported while they hold, resolved after."""
