@@ -148,8 +148,9 @@ VLLM_SOURCES = {"device": "gpu", "host": "host", "disk": "disk", "p2p": "externa
                 "external_unspecified": "external", "cpu": "host", "mixed": "external", "external": "external"}
 # SGLang's sglang:cached_tokens_total{cache_source}: device, host, and the L3 storage as storage_<backend class>
 # (0.5.9-0.5.19: storage_HiCacheFile, storage_MooncakeStore, storage_unknown...) or storage (0.5.20-0.5.23); total
-# for a request without a per-tier breakdown (every hit of a server without HiCache up to 0.5.19: the GPU's); before
-# 0.5.9 no cache_source label at all (the GPU's, with the host's folded in where HiCache was on). Per request it is
+# for a request without a per-tier breakdown (in 0.5.9 every hit of a server without HiCache: the GPU's; 0.5.16+
+# always break it down); before 0.5.9 no cache_source label at all (the GPU's, with the host's in it where HiCache
+# was on). Per request it is
 # either the breakdown or total (metrics_collector.py observe_one_finished_request), so summing every label counts
 # each cached token once.
 SGLANG_SOURCES = {"device": "gpu", "host": "host", "storage": "disk", "total": "gpu", "": "gpu"}

@@ -11,8 +11,8 @@ Read from the released wheels (``pip download --no-deps``; their pure-Python mod
 - SGLang ``sglang:cached_tokens_total`` (``observe_one_finished_request``): 0.5.5-0.5.8
   sglang/srt/metrics/collector.py, no ``cache_source`` label; 0.5.9 (same file) to 0.5.19
   (sglang/srt/observability/metrics_collector.py): ``device``, ``host``, ``storage_<backend class>`` (the type name
-  of the HiCache storage backend, ``unknown`` if none), and ``total`` for a request without a breakdown (every
-  request of a server without HiCache); 0.5.20-0.5.23: ``storage``. Per request it is the breakdown or ``total``,
+  of the HiCache storage backend, ``unknown`` if none), and ``total`` for a request without a breakdown (in 0.5.9
+  every request of a server without HiCache; 0.5.16 on always break it down); 0.5.20-0.5.23: ``storage``. Per request it is the breakdown or ``total``,
   never both.
 - vLLM 0.33.0 ``vllm/distributed/kv_events.py`` ``BlockStored`` / ``BlockRemoved`` fields (0.34.0 adds
   ``lookahead_token_ids``); SGLang 0.5.23 ``sglang/srt/disaggregation/kv_events.py`` (``cache_salt``,
@@ -140,7 +140,7 @@ def sglang_page(cached: dict[str | None, int], prompt: int) -> str:
      {"gpu": 10, "host": 2, "disk": 1}),
     ("0.5.9-0.5.19 HiCache + L3", {"device": 64}, {"device": 704, "host": 128, "storage_HiCacheFile": 64},
      {"gpu": 10, "host": 2, "disk": 1}),
-    ("0.5.9-0.5.19 no HiCache", {"total": 64}, {"total": 896}, {"gpu": 13}),
+    ("0.5.9 no HiCache", {"total": 64}, {"total": 896}, {"gpu": 13}),
     ("0.5.5-0.5.8", {None: 64}, {None: 896}, {"gpu": 13}),
     # both in one page (some requests without a breakdown): disjoint per request, each token counted once
     ("0.5.9 mixed", {"device": 64}, {"device": 384, "host": 128, "storage_MooncakeStore": 64, "total": 320},
