@@ -12,8 +12,8 @@ Read from the released wheels (``pip download --no-deps``; their pure-Python mod
   sglang/srt/metrics/collector.py, no ``cache_source`` label; 0.5.9 (same file) to 0.5.19
   (sglang/srt/observability/metrics_collector.py): ``device``, ``host``, ``storage_<backend class>`` (the type name
   of the HiCache storage backend, ``unknown`` if none), and ``total`` for a request without a breakdown (in 0.5.9
-  every request of a server without HiCache; 0.5.16 on always break it down); 0.5.20-0.5.23: ``storage``. Per request it is the breakdown or ``total``,
-  never both.
+  every request of a server without HiCache; 0.5.16 on always break it down); 0.5.20-0.5.23: ``storage``. Per
+  request it is the breakdown or ``total``, never both.
 - vLLM 0.33.0 ``vllm/distributed/kv_events.py`` ``BlockStored`` / ``BlockRemoved`` fields (0.34.0 adds
   ``lookahead_token_ids``); SGLang 0.5.23 ``sglang/srt/disaggregation/kv_events.py`` (``cache_salt``,
   ``session_id``).
