@@ -302,3 +302,11 @@ async def test_the_hit_rate_and_moves_panels_split_the_disk(tmp_path: Any) -> No
     assert total.split() == ["total", "50.0%", "GPU", "30.0%", "host", "0.0%", "disk", "20.0%"], total
     row = next(line for line in moves.splitlines() if line.strip().startswith("disk"))
     assert row.split() == ["disk", "→host", "4.00", "→GPU", "0", "in", "0"], row
+
+
+def test_the_headless_text_summary_says_the_disk_moves_and_preemptions() -> None:
+    from kvtop.runner import format_summary
+
+    text = format_summary(_v2_model().summary())
+    assert "disk: prefetched to host 10, onboarded to GPU 0, offloaded to disk 0, hits 10.0%" in text
+    assert "preemptions: suspended 2, resumed 2" in text
