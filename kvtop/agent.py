@@ -95,6 +95,9 @@ def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, a
               "offloaded": mv.offloaded_blocks, "onboarded": mv.onboarded_blocks,
               "evicted_gpu": mv.evicted_gpu_blocks, "evicted_host": mv.evicted_host_blocks,
               "evicted_unknown": mv.evicted_unknown_blocks, "completed": req.completed, "failed": req.failed}
+    if mv.disk:  # the disk tier's moves (issue 23, item 3), where the engine has one
+        totals.update({"disk_prefetched": mv.disk_prefetched_blocks, "disk_onboarded": mv.disk_onboarded_blocks,
+                       "disk_offloaded": mv.disk_offloaded_blocks})
     requests_seen = req.completed + req.failed + req.warmup > 0
     stats_seen = snap.stats_schema is not None
     token_rates = {k: _round(getattr(rates, k)) if requests_seen else None for k in _REQUEST_TOKEN_RATES}

@@ -988,7 +988,7 @@ class StreamFold:
         m = self.model
         d: dict[str, int] = {}
         for key in ("hits", "lookups", "host_hits", "offloaded", "onboarded", "evicted_gpu", "evicted_host",
-                    "evicted_unknown", "completed", "failed"):
+                    "evicted_unknown", "completed", "failed", "disk_prefetched", "disk_onboarded", "disk_offloaded"):
             v = _count(totals.get(key))
             if v is None:
                 continue
@@ -1013,6 +1013,12 @@ class StreamFold:
         ev.evicted_unknown += d.get("evicted_unknown", 0)
         m.request_fold.completed += d.get("completed", 0)
         m.request_fold.failed += d.get("failed", 0)
+        if any(k in totals for k in ("disk_prefetched", "disk_onboarded", "disk_offloaded")):
+            st = m.stats_fold  # the agent's disk moves: the engine's own counters, as there
+            st.disk_moves_seen = True
+            st.disk_prefetched += d.get("disk_prefetched", 0)
+            st.disk_onboarded += d.get("disk_onboarded", 0)
+            st.disk_offloaded += d.get("disk_offloaded", 0)
         if d.get("hits"):
             m.stats_fold.reuse_seen = True
         tpb = _count(data.get("tokens_per_block"))

@@ -310,3 +310,20 @@ def test_the_headless_text_summary_says_the_disk_moves_and_preemptions() -> None
     text = format_summary(_v2_model().summary())
     assert "disk: prefetched to host 10, onboarded to GPU 0, offloaded to disk 0, hits 10.0%" in text
     assert "preemptions: suspended 2, resumed 2" in text
+
+
+def test_an_agents_summary_carries_the_disk_moves() -> None:
+    """kvtop agent -> MQTT -> a dashboard far away: the disk moves travel in the summary's totals (diffed there,
+    like the other moves), where the engine has a disk tier."""
+    from kvtop.agent import summary_data
+    from kvtop.records import decode, encode
+
+    local = TierModel()
+    local.apply(_metrics(KVBM_DISK.format(d2h=0, h2disk=0, dev2disk=0, disk2dev=0, disk2host=0), 1.0))
+    remote = TierModel()
+    src = SourceId("node-7:6880", 0, "r")
+    remote.apply(decode(encode(Record("summary", summary_data(local, 0, 0.5, "agent-x"), src, 1.0))))
+    local.apply(_metrics(KVBM_DISK.format(d2h=4, h2disk=20, dev2disk=4, disk2dev=3, disk2host=5), 2.0))
+    remote.apply(decode(encode(Record("summary", summary_data(local, 1, 0.5, "agent-x"), src, 2.0))))
+    mv = remote.moves
+    assert (mv.disk_offloaded_blocks, mv.disk_onboarded_blocks, mv.disk_prefetched_blocks, mv.disk) == (24, 3, 5, True)
