@@ -327,3 +327,25 @@ def test_an_agents_summary_carries_the_disk_moves() -> None:
     remote.apply(decode(encode(Record("summary", summary_data(local, 1, 0.5, "agent-x"), src, 2.0))))
     mv = remote.moves
     assert (mv.disk_offloaded_blocks, mv.disk_onboarded_blocks, mv.disk_prefetched_blocks, mv.disk) == (24, 3, 5, True)
+
+
+def test_prometheus_exports_the_disk_moves_and_hit_share() -> None:
+    import urllib.request
+
+    from kvtop.sinks.prometheus import PrometheusExporter
+
+    m = _v2_model()
+    m.snapshot()  # published by the folding side: what a scrape on the HTTP thread reads
+    exporter = PrometheusExporter(lambda: m, port=0)
+    port = exporter.start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    finally:
+        exporter.stop()
+    lines = {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines() if line.startswith("kvtop_kv_")}
+    moved = {k: v for k, v in lines.items() if k.startswith("kvtop_kv_disk_moved_blocks_total")}
+    assert sorted((k.split('direction="')[1].split('"')[0], float(v)) for k, v in moved.items()) == [
+        ("into_disk", 0.0), ("to_gpu", 0.0), ("to_host", 10.0)]
+    (disk,) = [float(v) for k, v in lines.items() if k.startswith("kvtop_kv_hit_ratio") and 'scope="disk"' in k]
+    assert disk == pytest.approx(0.1)

@@ -31,7 +31,10 @@ NAMESPACE = "kvtop"
 LABELS = ("host", "rank", "run")
 TIERS = ("gpu", "host")
 BLOCK_STATES = ("capacity", "in_use", "cached", "free")
-HIT_SCOPES = ("cumulative", "window", "gpu", "host")
+HIT_SCOPES = ("cumulative", "window", "gpu", "host", "disk")  # disk: only where the engine says it (else absent)
+# the disk tier's moves (Moves.disk_*, issue 23 item 3): direction label -> the Moves field
+DISK_MOVES = (("to_host", "disk_prefetched_blocks"), ("to_gpu", "disk_onboarded_blocks"),
+              ("into_disk", "disk_offloaded_blocks"))
 # TTFT from ~5 ms (a cached prompt on an H200) to a minute (a long prompt queued behind a full batch); e2e up
 # to 5 minutes (long generations). 13 and 12 buckets: ~25 series per source, cheap for any Prometheus.
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -115,6 +118,10 @@ class _StateCollector(Collector):
         moved = {name: CounterMetricFamily(f"{NAMESPACE}_kv_{name}_blocks", doc, labels=list(LABELS))
                  for name, doc in (("offloaded", "Blocks moved GPU -> host (offload on evict)"),
                                    ("onboarded", "Blocks moved host -> GPU (onboard on reuse)"))}
+        disk_moved = CounterMetricFamily(f"{NAMESPACE}_kv_disk_moved_blocks",
+                                         "Blocks the disk tier moved, where the engine has one: direction=to_host "
+                                         "(a prefetch), to_gpu (an onboard from disk), into_disk (an offload to it)",
+                                         labels=[*LABELS, "direction"])
         evicted = CounterMetricFamily(f"{NAMESPACE}_kv_evicted_blocks",
                                       "Cached blocks dropped from a tier (tier=gpu: dropped, not offloaded)",
                                       labels=[*LABELS, "tier"])
@@ -175,6 +182,11 @@ class _StateCollector(Collector):
                 v = _number(_get(mv, f"{name}_blocks"))
                 if v is not None:
                     moved[name].add_metric(lv, v)
+            if _get(mv, "disk") is True:
+                for direction, field in DISK_MOVES:
+                    v = _number(_get(mv, field))
+                    if v is not None:
+                        disk_moved.add_metric([*lv, direction], v)
             for tier in TIERS:
                 v = _number(_get(mv, f"evicted_{tier}_blocks"))
                 if v is not None:
@@ -216,7 +228,7 @@ class _StateCollector(Collector):
                 v = _number(value)
                 if v is not None:
                     host_mem[k].add_metric(lv, v)
-        return [*g.values(), hit, *moved.values(), evicted, approx, dropped, bad, block, *gpu_mem.values(),
+        return [*g.values(), hit, *moved.values(), disk_moved, evicted, approx, dropped, bad, block, *gpu_mem.values(),
                 *host_mem.values(), verdict, says]
 
 
