@@ -70,8 +70,20 @@ def test_vllm_033_sources_each_to_its_tier() -> None:
                                queries=1600), 2.0))
     assert m.summary()["stream"]["hit_blocks_by_tier"] == {"gpu": 20, "host": 10, "disk": 4, "external": 3}
     hr = m.hit_rate
-    assert (hr.hits, hr.lookups, hr.host_hits, hr.disk_hits) == (37, 100, 10, 4)
+    assert (hr.hits, hr.lookups, hr.host_hits, hr.disk_hits, hr.external_hits) == (37, 100, 10, 4, 3)
+    # each tier its share: GPU is the device's alone, p2p and external_unspecified are outside the engine
+    assert (hr.gpu, hr.host, hr.disk, hr.external) == pytest.approx((0.20, 0.10, 0.04, 0.03))
     assert m.summary()["stream"]["unknown_labels"] == {}
+
+
+def test_vllm_labels_precreated_at_zero_add_no_share() -> None:
+    """vLLM creates every source at 0 on every server: a server without disk or p2p shows GPU and host only."""
+    m = TierModel()
+    m.apply(_metrics(vllm_page({}, queries=0), 1.0))
+    m.apply(_metrics(vllm_page({"device": 320, "host": 160}, queries=1600), 2.0))
+    hr = m.hit_rate
+    assert (hr.disk, hr.external, hr.window_disk, hr.window_external) == (None, None, None, None)
+    assert (hr.gpu, hr.host) == pytest.approx((0.2, 0.1))
 
 
 def test_vllm_pre_release_spellings_are_read() -> None:

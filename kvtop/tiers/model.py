@@ -307,12 +307,13 @@ class TierModel:
         return (st.hits, st.lookups, self._host_hits, m.offloaded_blocks, m.onboarded_blocks, m.evicted_gpu_blocks,
                 m.evicted_host_blocks, rq.completed, rq.failed, rq.prompt_tokens, rq.output_tokens, st.ctx_tokens,
                 st.gen_tokens, m.disk_prefetched_blocks, m.disk_onboarded_blocks, m.disk_offloaded_blocks,
-                self._disk_hits)
+                *self._lower_hits())
 
-    @property
-    def _disk_hits(self) -> int:
-        """Hits the disk tier served, warm-up excluded, where the engine says it (else 0)."""
-        return self.hits_by_tier.get("disk", 0)
+    def _lower_hits(self) -> tuple[int, int]:
+        """Hits the disk served, and hits from outside this engine (vLLM's p2p and external_unspecified, SGLang's
+        EXTERNAL, labels kvtop does not know), warm-up excluded, where the engine says it (else 0)."""
+        by = self.hits_by_tier
+        return by.get("disk", 0), by.get("external", 0) + by.get("unknown", 0)
 
     def _window_base(self) -> tuple[float, tuple[int, ...]] | None:
         return self._window.base(self.now)
@@ -415,31 +416,40 @@ class TierModel:
     def hit_rate(self) -> HitRate:
         hits, lookups = self.stats_fold.hits, self.stats_fold.lookups
         host_hits = min(self._host_hits, hits)
-        by_tier = self.hits_by_tier
-        # the disk's share where the engine says which tier served each hit and has a disk tier
-        disk_known = "disk" in by_tier
-        disk_hits = by_tier.get("disk", 0)
+        # the disk's share where the engine says which tier served each hit and has a disk tier (vLLM pre-creates
+        # its disk label at 0 on every server: a share of 0 is shown only where there is a disk tier); the share
+        # from outside the engine (p2p, a remote store) only once it served any. GPU is then what none of them did.
+        disk_hits, ext_hits = self._lower_hits()
+        disk_known = disk_hits > 0 or self.disk is not None and "disk" in self.hits_by_tier
+        ext_known = ext_hits > 0
         disk_part = min(disk_hits, hits - host_hits)
-        cumulative = gpu = host = disk = None
+        ext_part = min(ext_hits, hits - host_hits - disk_part)
+        cumulative = gpu = host = disk = ext = None
         if lookups > 0:
             cumulative = hits / lookups
             host = host_hits / lookups
             disk = disk_part / lookups if disk_known else None
-            gpu = cumulative - host - (disk or 0.0)
-        window = wgpu = whost = wdisk = None
+            ext = ext_part / lookups if ext_known else None
+            gpu = cumulative - host - (disk or 0.0) - (ext or 0.0)
+        window = wgpu = whost = wdisk = wext = None
         base = self._window_base()
         if base is not None:
-            dh, dl, dhh = hits - base[1][0], lookups - base[1][1], self._host_hits - base[1][2]
+            b = base[1]
+            dh, dl, dhh = hits - b[0], lookups - b[1], self._host_hits - b[2]
             if dl > 0:
                 window = dh / dl
-                host_part = min(max(dhh, 0), max(dh, 0))
+                left = max(dh, 0)
+                host_part = min(max(dhh, 0), left)
                 whost = host_part / dl
+                left -= host_part
                 if disk_known:
-                    ddh = disk_hits - base[1][16] if len(base[1]) > 16 else 0
-                    wdisk = min(max(ddh, 0), max(dh - host_part, 0)) / dl
-                wgpu = window - whost - (wdisk or 0.0)
+                    ddh = min(max(disk_hits - (b[16] if len(b) > 16 else disk_hits), 0), left)
+                    wdisk, left = ddh / dl, left - ddh
+                if ext_known:
+                    wext = min(max(ext_hits - (b[17] if len(b) > 17 else ext_hits), 0), left) / dl
+                wgpu = window - whost - (wdisk or 0.0) - (wext or 0.0)
         return HitRate(cumulative, window, gpu, host, wgpu, whost, hits, lookups, self._host_hits, disk, wdisk,
-                       disk_hits)
+                       disk_hits, ext, wext, ext_hits)
 
     @property
     def rates(self) -> Rates:

@@ -125,6 +125,11 @@ class HitRate:
     disk: float | None = None
     window_disk: float | None = None
     disk_hits: int = 0
+    # served from outside this engine (vLLM's p2p and external_unspecified, SGLang's EXTERNAL, a label kvtop does
+    # not know), where the engine says so; None until any was
+    external: float | None = None
+    window_external: float | None = None
+    external_hits: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -55,7 +55,8 @@ def summary_of(m: Any, live: Mapping[str, Any]) -> dict[str, Any]:
         "hit_rate": {"cumulative": hr.cumulative, "gpu": hr.gpu, "host": hr.host, "window": hr.window,
                      "window_gpu": hr.window_gpu, "window_host": hr.window_host, "hits": hr.hits,
                      "lookups": hr.lookups, "host_hits": hr.host_hits, "disk": hr.disk, "window_disk": hr.window_disk,
-                     "disk_hits": hr.disk_hits,
+                     "disk_hits": hr.disk_hits, "external": hr.external, "window_external": hr.window_external,
+                     "external_hits": hr.external_hits,
                      # the share of lookups each tier served, where the stats say it per cache level (V2)
                      "by_tier": {t: n / hr.lookups for t, n in hits_by_tier.items()} if hr.lookups else {},
                      "warmup_lookups": live["warm_lookups"], "warmup_hits": live["warm_hits"]},

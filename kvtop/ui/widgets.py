@@ -1157,22 +1157,28 @@ class HitRatePanel(Panel):
         win = f"{d.window_s:.0f} s" if d.window_s else "window"
         gap = "  " if width >= 40 else " "
 
-        # a third share where the engine says which tier served each hit and has a disk tier (HitRate.disk)
+        # more shares where the engine says which tier served each hit: the disk's where it has a disk tier
+        # (HitRate.disk), outside the engine's once any hit came from there (HitRate.external: p2p, a remote store)
         disk = h.disk is not None or h.window_disk is not None
-        if disk and width < 56:
+        ext = getattr(h, "external", None) is not None or getattr(h, "window_external", None) is not None
+        if (disk or ext) and width < 44 + 13 * (disk + ext):
             gap = " "
 
         def row(label: str, total: float | None, gpu: float | None, host: float | None,
-                on_disk: float | None = None) -> Line:
+                on_disk: float | None = None, outside: float | None = None) -> Line:
             parts: list[Any] = [(f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG), gap, ("GPU", S_GPU), " ",
                                 (_pad(fmt.pct(gpu), 6), S_GPU), gap, ("host", S_HOST), " ",
                                 (_pad(fmt.pct(host), 6), S_HOST)]
             if disk:
                 parts += [gap, ("disk", S_DISK), " ", (_pad(fmt.pct(on_disk), 6), S_DISK)]
+            if ext:
+                parts += [(f"{gap}ext ", S_DIM), _pad(fmt.pct(outside), 6)]
             return line_of(*parts)
 
         if height == 1:
             tail = [" ", ("disk", S_DISK), " ", (fmt.pct(h.window_disk, digits=0), S_DISK)] if disk else []
+            if ext:
+                tail += [(" ext ", S_DIM), fmt.pct(h.window_external, digits=0)]
             return _lines([line_of(("hit ", "bold"), (fmt.pct(h.window), S_FIG), " ", ("GPU", S_GPU), " ",
                                     (fmt.pct(h.window_gpu, digits=0), S_GPU), " ", ("host", S_HOST), " ",
                                     (fmt.pct(h.window_host, digits=0), S_HOST), *tail, (" total ", S_DIM),
@@ -1184,8 +1190,8 @@ class HitRatePanel(Panel):
             big = big_figure(fmt.pct(h.window, unknown="--%", digits=0))
             label = [f"  over {win}", "  blocks reused /", "  blocks looked up"]
             lines += [line_of((b, S_FIG), (lab, S_DIM)) for b, lab in zip(big, label)]
-        lines += [row(win, h.window, h.window_gpu, h.window_host, h.window_disk),
-                  row("total", h.cumulative, h.gpu, h.host, h.disk)]
+        lines += [row(win, h.window, h.window_gpu, h.window_host, h.window_disk, getattr(h, "window_external", None)),
+                  row("total", h.cumulative, h.gpu, h.host, h.disk, getattr(h, "external", None))]
         curve_lines: list[Line] = []
         if d.what_if is not None and height >= 3:
             # Before the sparkline: where the panel has one line to spare (80x24), the curve gets it.
