@@ -291,17 +291,21 @@ async def test_the_hit_rate_and_moves_panels_split_the_disk(tmp_path: Any) -> No
         lines.append(encode(make("stats", rec, src, 1001.0 + i)))
     path = tmp_path / "disk.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    session = session_from_recording(path, started_at=1000.0)
-    app = build_app(session, Settings(), run_session=False)
-    async with app.run_test(size=(160, 48)) as pilot:
-        await pilot.pause()
-        hit = app.screen.query_one(HitRatePanel).text()
-        moves = app.screen.query_one(MovesPanel).text()
+    shown = {}
+    for size in ((160, 48), (80, 24)):
+        app = build_app(session_from_recording(path, started_at=1000.0), Settings(), run_session=False)
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            shown[size] = (app.screen.query_one(HitRatePanel).text(), app.screen.query_one(MovesPanel).text())
+    hit, moves = shown[160, 48]
     total = next(line for line in hit.splitlines() if line.strip().startswith("total"))
     # 50% reused: 30% from the GPU, none from the host, 20% from the disk (2 of 10 blocks)
     assert total.split() == ["total", "50.0%", "GPU", "30.0%", "host", "0.0%", "disk", "20.0%"], total
     row = next(line for line in moves.splitlines() if line.strip().startswith("disk"))
     assert row.split() == ["disk", "→host", "4.00", "→GPU", "0", "in", "0"], row
+    # 80x24: the same shares in whole percents under the tiers' initials, never cut short
+    total = next(line for line in shown[80, 24][0].splitlines() if line.strip().startswith("total"))
+    assert total.split() == ["total", "50.0%", "G", "30%", "h", "0%", "d", "20%"], total
 
 
 def test_the_headless_text_summary_says_the_disk_moves_and_preemptions() -> None:

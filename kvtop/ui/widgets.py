@@ -1161,19 +1161,30 @@ class HitRatePanel(Panel):
         # (HitRate.disk), outside the engine's once any hit came from there (HitRate.external: p2p, a remote store)
         disk = h.disk is not None or h.window_disk is not None
         ext = getattr(h, "external", None) is not None or getattr(h, "window_external", None) is not None
-        if (disk or ext) and width < 44 + 13 * (disk + ext):
-            gap = " "
+        # With more than two shares the row may not fit: one-space gaps, then whole percents and the tiers'
+        # initials (in their colours), rather than a row cut short (a 36-cell panel at 80x24 holds GPU, host,
+        # disk as "G 30% h 0% d 20%")
+        full = ("GPU", "host", "disk", "ext")
+        Mode = tuple[str, tuple[str, ...], int]   # the gap, the tiers' names, the digits
 
         def row(label: str, total: float | None, gpu: float | None, host: float | None,
-                on_disk: float | None = None, outside: float | None = None) -> Line:
-            parts: list[Any] = [(f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG), gap, ("GPU", S_GPU), " ",
-                                (_pad(fmt.pct(gpu), 6), S_GPU), gap, ("host", S_HOST), " ",
-                                (_pad(fmt.pct(host), 6), S_HOST)]
-            if disk:
-                parts += [gap, ("disk", S_DISK), " ", (_pad(fmt.pct(on_disk), 6), S_DISK)]
-            if ext:
-                parts += [(f"{gap}ext ", S_DIM), _pad(fmt.pct(outside), 6)]
+                on_disk: float | None = None, outside: float | None = None, mode: Mode = (gap, full, 1)) -> Line:
+            sep, names, digits = mode
+            parts: list[Any] = [(f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG)]
+            for tier, value, style, shown in ((0, gpu, S_GPU, True), (1, host, S_HOST, True),
+                                              (2, on_disk, S_DISK, disk), (3, outside, S_DIM, ext)):
+                if shown:   # each tier's name and share in its colour (kvtop/palette.py)
+                    parts += [sep, (names[tier], style), " ",
+                              (_pad(fmt.pct(value, digits=digits), 4 + 2 * digits), style)]
             return line_of(*parts)
+
+        mode: Mode = (gap, full, 1)
+        if disk or ext:
+            for candidate in ((gap, full, 1), (" ", full, 1), (" ", full, 0), (" ", ("G", "h", "d", "x"), 0)):
+                mode = candidate
+                if cells(row("total", h.cumulative, h.gpu, h.host, h.disk, getattr(h, "external", None),
+                             mode)) <= width:
+                    break
 
         if height == 1:
             tail = [" ", ("disk", S_DISK), " ", (fmt.pct(h.window_disk, digits=0), S_DISK)] if disk else []
@@ -1190,8 +1201,9 @@ class HitRatePanel(Panel):
             big = big_figure(fmt.pct(h.window, unknown="--%", digits=0))
             label = [f"  over {win}", "  blocks reused /", "  blocks looked up"]
             lines += [line_of((b, S_FIG), (lab, S_DIM)) for b, lab in zip(big, label)]
-        lines += [row(win, h.window, h.window_gpu, h.window_host, h.window_disk, getattr(h, "window_external", None)),
-                  row("total", h.cumulative, h.gpu, h.host, h.disk, getattr(h, "external", None))]
+        lines += [row(win, h.window, h.window_gpu, h.window_host, h.window_disk, getattr(h, "window_external", None),
+                      mode),
+                  row("total", h.cumulative, h.gpu, h.host, h.disk, getattr(h, "external", None), mode)]
         curve_lines: list[Line] = []
         if d.what_if is not None and height >= 3:
             # Before the sparkline: where the panel has one line to spare (80x24), the curve gets it.
