@@ -306,6 +306,9 @@ async def test_the_hit_rate_and_moves_panels_split_the_disk(tmp_path: Any) -> No
     # 80x24: the same shares in whole percents under the tiers' initials, never cut short
     total = next(line for line in shown[80, 24][0].splitlines() if line.strip().startswith("total"))
     assert total.split() == ["total", "50.0%", "G", "30%", "h", "0%", "d", "20%"], total
+    # and the moves panel's 4 lines keep the disk row: the two evict rows share one there
+    rows = [line.split()[:2] for line in shown[80, 24][1].splitlines() if line.strip()]
+    assert rows == [["offload", "GPU→host"], ["onboard", "host→GPU"], ["evict", "GPU"], ["disk", "→host"]], rows
 
 
 def test_the_headless_text_summary_says_the_disk_moves_and_preemptions() -> None:

@@ -1300,7 +1300,15 @@ class MovesPanel(Panel):
         lines: list[Line] = []
         # Two rows a move where the panel has them (200x60): its sparkline twice as tall
         tall = 2 if height >= 2 * len(self.ROWS) + 1 else 1
+        disk = getattr(d.moves, "disk", False)
         for i, (verb, src, dst, rate_attr, total_attr, style) in enumerate(self.ROWS):
+            if disk and height < 5 and i == 2:
+                # 4 lines and a disk row to show (80x24): the two evict rows as one, without their sparklines
+                lines.append(line_of(("evict   ", "bold"), ("GPU", S_GPU), " ", (rate("evicted_gpu_per_s"), S_FIG),
+                                      "  ", ("host", S_HOST), " ", (rate("evicted_host_per_s"), S_FIG)))
+                continue
+            if disk and height < 5 and i == 3:
+                continue
             where = [(src, tier_style(src))] + ([("→", S_DIM), (dst, tier_style(dst))] if dst else [])
             pad = 9 - len(src) - (len(dst) + 1 if dst else 0)
             parts: list[Any] = [(f"{verb:<8}", "bold"), *where, " " * pad, (_pad(rate(rate_attr), 7), S_FIG)]
@@ -1315,12 +1323,13 @@ class MovesPanel(Panel):
             # the chart's upper rows above the row of figures, aligned with its bottom row
             lines += [line_of((" " * (base - 9 * show_total + 1), ""), (row, style)) for row in chart[:-1]]
             lines.append(line_of(*parts))
-        if getattr(d.moves, "disk", False):
+        if disk:
             # the disk tier's moves (Moves.disk_*), one row: disk -> host (a prefetch), disk -> GPU, and into the
             # disk; before the link row, which a 5-line panel then has no room for
-            lines.append(line_of(("disk    ", "bold"), ("→host ", S_DIM), (rate("disk_prefetched_per_s"), S_FIG),
-                                  ("  →GPU ", S_DIM), (rate("disk_onboarded_per_s"), S_FIG),
-                                  ("  in ", S_DIM), (rate("disk_offloaded_per_s"), S_FIG)))
+            lines.append(line_of(("disk    ", "bold"), ("disk", S_DISK), ("→", S_DIM), ("host", S_HOST), " ",
+                                  (rate("disk_prefetched_per_s"), S_FIG), ("  →", S_DIM), ("GPU", S_GPU), " ",
+                                  (rate("disk_onboarded_per_s"), S_FIG), ("  in ", S_DIM),
+                                  (rate("disk_offloaded_per_s"), S_FIG)))
         if height >= len(lines) + 1:
             r = d.rates
             lines.append(line_of(("link    ", "bold"), ("→", S_DIM), ("host", S_HOST), " ",
