@@ -25,9 +25,15 @@ What each number means (exactly; trtllm-kv.md sections 1, 2, 6 and 8 say why):
   block that is the target of a new offload is dropped from the host tier, whatever its block object becomes).
   Newer TensorRT-LLM stats (``kvCacheIterationStats``: ``iterOffloadBlocks``, ``iterOnboardBlocks``,
   ``iterHostDroppedBlocks``) are used instead when present: they also count the offloads no event shows.
+- The disk tier's moves (``Moves.disk_*``): disk -> host, disk -> GPU and into the disk, from the engine's own
+  counters where it has them (TensorRT-LLM V2's ``iterDiskPrefetchBlocks``, Dynamo KVBM's), else the stream's
+  disk stores and GPU stores of blocks it holds on disk only (docs/engine-counts.md).
 - Hit rate: from the stats counters ``reusedBlocks`` / ``missedBlocks`` (cumulative in the engine, so diffed),
-  warm-up excluded. Host hits are onboards (every onboard is a reused block served from host memory); GPU hits
-  are the rest. Both are fractions of all block lookups, so ``gpu + host == cumulative``.
+  warm-up excluded. Host hits are onboards (every onboard is a reused block served from host memory), or the
+  host level's reused blocks where the V2 lifecycles give them per level; GPU hits are the rest. Both are
+  fractions of all block lookups, so ``gpu + host == cumulative``. Where the engine says which tier served each
+  hit and has a disk tier, or a hit came from outside it (vLLM's p2p, a remote store), those are shares of their
+  own (``disk``, ``external``), and ``gpu + host + disk + external == cumulative``.
 
 Warm-up: the first ``warmup_requests`` finished requests are warm-up. The finished count is the larger of the sum
 of the stats' ``numCompletedRequests`` (per iteration) and the number of ``request`` records: either source alone
