@@ -355,15 +355,33 @@ class _Stored(Struct, tag="BlockStored", tag_field="type", forbid_unknown_fields
     lora_id: _extra = UNSET
     medium: str | None = None
     lora_name: _extra = UNSET
-    extra_keys: list[Any] | None | UnsetType = UNSET
+    extra_keys: Raw | UnsetType = UNSET       # dropped whatever it holds (EVENT_FIELDS)
     group_idx: _small | None | UnsetType = UNSET
-    lookahead_token_ids: Raw | UnsetType = UNSET
+    kv_cache_spec_kind: _extra = UNSET
+    kv_cache_spec_sliding_window: _extra = UNSET
+    locality: _extra = UNSET
+    ownership: _extra = UNSET
+    session_id: Raw | UnsetType = UNSET       # dropped
+    cache_salt: Raw | UnsetType = UNSET       # dropped
+    lookahead_token_ids: Raw | UnsetType = UNSET   # dropped
 
 
 class _Removed(Struct, tag="BlockRemoved", tag_field="type", forbid_unknown_fields=True):
     block_hashes: list[_u64]
     medium: str | None = None
     group_idx: _small | None | UnsetType = UNSET
+    kv_cache_spec_kind: _extra = UNSET
+    kv_cache_spec_sliding_window: _extra = UNSET
+    locality: _extra = UNSET
+    ownership: _extra = UNSET
+    session_id: Raw | UnsetType = UNSET
+    cache_salt: Raw | UnsetType = UNSET
+
+
+# the scalars both paths keep verbatim (EVENT_FIELDS "kept"), in vLLM's field order
+_KEPT_STORED = ("lora_id", "lora_name", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+                "locality", "ownership")
+_KEPT_REMOVED = ("group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality", "ownership")
 
 
 class _Cleared(Struct, tag="AllBlocksCleared", tag_field="type", forbid_unknown_fields=True):
@@ -409,8 +427,10 @@ def _decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[s
             if len(e.block_hashes) > _MAX_HASHES:
                 return None
             d: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": e.block_hashes, "medium": e.medium}
-            if e.group_idx is not UNSET:
-                d["group_idx"] = e.group_idx
+            for name in _KEPT_REMOVED:
+                value = getattr(e, name)
+                if value is not UNSET:
+                    d[name] = value
         elif cls is _Stored:
             if len(e.block_hashes) > _MAX_HASHES:
                 return None
@@ -420,15 +440,10 @@ def _decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[s
                 n = _token_count(e.token_ids)
                 if n is not None:
                     d["num_tokens"] = n
-            # the scalars the checking path keeps, in vLLM's field order
-            if e.lora_id is not UNSET:
-                d["lora_id"] = e.lora_id
-            if e.lora_name is not UNSET:
-                d["lora_name"] = e.lora_name
-            if e.extra_keys is None:
-                d["extra_keys"] = None
-            if e.group_idx is not UNSET:
-                d["group_idx"] = e.group_idx
+            for name in _KEPT_STORED:
+                value = getattr(e, name)
+                if value is not UNSET:
+                    d[name] = value
         else:
             d = {"type": "AllBlocksCleared"}
         append(d)
