@@ -1326,7 +1326,7 @@ class MovesPanel(Panel):
         if disk:
             # the disk tier's moves (Moves.disk_*), one row: disk -> host (a prefetch), disk -> GPU, and into the
             # disk; before the link row, which a 5-line panel then has no room for
-            lines.append(line_of(("disk    ", "bold"), ("disk", S_DISK), ("→", S_DIM), ("host", S_HOST), " ",
+            lines.append(line_of(("disk    ", "bold"), ("→", S_DIM), ("host", S_HOST), " ",
                                   (rate("disk_prefetched_per_s"), S_FIG), ("  →", S_DIM), ("GPU", S_GPU), " ",
                                   (rate("disk_onboarded_per_s"), S_FIG), ("  in ", S_DIM),
                                   (rate("disk_offloaded_per_s"), S_FIG)))
