@@ -116,6 +116,8 @@ def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, a
         # its figures, rounded, and its basis cut to 160 characters (a summary stays ~1 KB)
         "verdict": {tier: _verdict_summary(v.to_json()) for tier, v in snap.verdict.items()},
     }
+    if mv.left_said or mv.left_inferred:
+        data["left"] = {"said": mv.left_said, "inferred": mv.left_inferred}
     if stream:
         data["stream"] = {k: stream[k] for k in ("lost_batches", "replayed_batches", "publisher_restarts",
                                                  "bad_events", "unknown_removals", "seq_jumps", "lag_s",

@@ -67,6 +67,8 @@ import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 from kvtop.records import MAX_BLOCKS, MAX_MAGNITUDE
+from kvtop.tiers.departures import add as add_reason
+from kvtop.tiers.departures import nonzero, reason_of
 from kvtop.tiers.state import Latency, TierState
 
 if TYPE_CHECKING:
@@ -129,6 +131,8 @@ _SEQ_LIMIT = 1 << 63  # seq is signed on the wire (vLLM packs it so, and -1 ends
 # jump only when the stream goes on from it (a batch then says ``"resync": true``); the fold refuses it otherwise.
 MAX_SEQ_JUMP = 1 << 24
 
+# The tiers below each one: a block leaving a tier while one of them holds its hash was offloaded (departures.py)
+_LOWER = {"gpu": ("host", "disk", "external"), "host": ("disk", "external"), "disk": ("external",), "external": ()}
 # medium (case-folded) -> kvtop tier. shared/engines-kv-events.md section 5.
 MEDIUM_TIERS: dict[str, str] = {
     "gpu": "gpu",
@@ -509,6 +513,21 @@ def _said_latency(said: Any) -> Latency:
                    min(count, MAX_BLOCKS))
 
 
+def _reasons_in(raw: Any) -> dict[str, dict[str, int]]:
+    """``{tier: {reason: count}}`` from another kvtop's summary, anything else in it left out."""
+    out: dict[str, dict[str, int]] = {}
+    if not isinstance(raw, Mapping):
+        return out
+    for tier, per in list(raw.items())[:8]:
+        if isinstance(tier, str) and isinstance(per, Mapping):
+            for reason, n in list(per.items())[:16]:
+                v = _count(n)
+                r = reason_of(reason)
+                if v and r:
+                    add_reason(out, tier[:20], r, v)
+    return out
+
+
 class _Counter:
     """A cumulative engine counter turned into kvtop's deltas (a counter going back = the engine restarted)."""
 
@@ -565,6 +584,10 @@ class StreamFold:
         self.removed = dict.fromkeys(TIERS, 0)
         self.onboarded_from = {"host": 0, "disk": 0, "external": 0}
         self.clears = 0
+        # why blocks left each tier (kvtop/tiers/departures.py): said by a BlockRemoved ``reason`` or an
+        # AllBlocksCleared; else inferred: offloaded when a lower tier holds the hash, evicted when none does
+        self.left_said: dict[str, dict[str, int]] = {}
+        self.left_inferred: dict[str, dict[str, int]] = {t: {"evicted": 0, "offloaded": 0} for t in TIERS}
         # metrics
         self.metrics_engine: str | None = None
         self.metrics_scrapes = 0
@@ -692,6 +715,9 @@ class StreamFold:
             if etype == "AllBlocksCleared":
                 # vLLM's reset_prefix_cache, SGLang's flush_cache, a worker restart: nothing is cached any more.
                 # Like Dynamo's router, every tier of this source is dropped; the fold is exact from here on.
+                for tname, tlive in self.live.items():
+                    if tlive:
+                        add_reason(self.left_said, tname, "cleared", len(tlive))
                 self._clear_all()
                 self.clears += 1
                 self.since_attach = False
@@ -743,6 +769,9 @@ class StreamFold:
                 if len(live) > self.live_cap[tier]:
                     self._forget(tier, live)
             else:
+                said = reason_of(ev.get("reason")) if "reason" in ev else None
+                below = _LOWER[tier]
+                gone = offloaded = 0
                 for h in hashes:
                     key = h if g == 0 else (g, h)
                     n = live.get(key) if h.__class__ is int else None
@@ -756,10 +785,23 @@ class StreamFold:
                         continue
                     del live[key]
                     self.removed[tier] += 1
+                    gone += 1
+                    if said is None:
+                        for t in below:
+                            if key in self.live[t]:
+                                offloaded += 1
+                                break
                     if tier == "gpu":
                         m.evicted[0] += 1
                     elif tier == "host":
                         m.evicted[1] += 1
+                if gone:
+                    if said is not None:
+                        add_reason(self.left_said, tier, said, gone)
+                    else:
+                        inferred = self.left_inferred[tier]
+                        inferred["offloaded"] += offloaded
+                        inferred["evicted"] += gone - offloaded
 
     # ------------------------------------------------------------------------------------------ metrics
 
@@ -1064,6 +1106,16 @@ class StreamFold:
         return {k: _nonnegative(rates.get(k), MAX_MAGNITUDE) for k in SUMMARY_TOKEN_RATES}
 
     # ------------------------------------------------------------------------------------------ read side
+
+    def left_reasons(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+        """Why blocks left each tier since attach: (said by the engine, inferred by kvtop), zeros left out; from an
+        agent's summary where one feeds this source (none from an agent that does not send them)."""
+        if self.summary is not None:
+            left = self.summary.get("left")
+            if not isinstance(left, Mapping):
+                return {}, {}
+            return _reasons_in(left.get("said")), _reasons_in(left.get("inferred"))
+        return nonzero(self.left_said), nonzero(self.left_inferred)
 
     @property
     def events_seen(self) -> bool:

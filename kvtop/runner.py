@@ -449,6 +449,11 @@ def format_summary(s: dict[str, Any]) -> str:
     pre = s.get("preemptions") or {}
     if pre.get("suspended") or pre.get("resumed"):  # TensorRT-LLM V2's iterSuspendedRequests / iterResumedRequests
         lines.append(f"preemptions: suspended {_n(pre.get('suspended', 0))}, resumed {_n(pre.get('resumed', 0))}")
+    from kvtop.tiers.departures import describe as describe_left
+
+    left = describe_left(mv.get("left_said") or {}, mv.get("left_inferred") or {})
+    if left:
+        lines.append(f"left: {left}")
     st = s.get("stream")
     if st and not st.get("batches") and st.get("summaries"):  # a fleet's agent: its summaries, not the batches
         lines.append(f"stream: {_n(st['summaries'])} summaries from an agent, {_n(st.get('summaries_lost', 0))} lost")

@@ -125,6 +125,11 @@ class _StateCollector(Collector):
         evicted = CounterMetricFamily(f"{NAMESPACE}_kv_evicted_blocks",
                                       "Cached blocks dropped from a tier (tier=gpu: dropped, not offloaded)",
                                       labels=[*LABELS, "tier"])
+        left = CounterMetricFamily(f"{NAMESPACE}_kv_left_blocks",
+                                   "Blocks that left a tier, by reason (evicted, offloaded, released, cleared); "
+                                   "basis=engine where the engine's events say why, inferred where kvtop worked it "
+                                   "out (vLLM's and SGLang's BlockRemoved carry no reason)",
+                                   labels=[*LABELS, "tier", "reason", "basis"])
         approx = GaugeMetricFamily(f"{NAMESPACE}_kv_counts_approximate",
                                    "1 while block counts folded from events may be off (dropped events, attach "
                                    "mid-stream, unknown hashes)", labels=list(LABELS))
@@ -191,6 +196,14 @@ class _StateCollector(Collector):
                 v = _number(_get(mv, f"evicted_{tier}_blocks"))
                 if v is not None:
                     evicted.add_metric([*lv, tier], v)
+            for basis, attr in (("engine", "left_said"), ("inferred", "left_inferred")):
+                per_tier = _get(mv, attr)
+                if isinstance(per_tier, Mapping):
+                    for tier, per in per_tier.items():
+                        for reason, n in (per.items() if isinstance(per, Mapping) else ()):
+                            v = _number(n)
+                            if v is not None:
+                                left.add_metric([*lv, str(tier), str(reason), basis], v)
             flag = _get(model, "counts_approximate")
             if isinstance(flag, bool):
                 approx.add_metric(lv, 1.0 if flag else 0.0)
@@ -228,8 +241,8 @@ class _StateCollector(Collector):
                 v = _number(value)
                 if v is not None:
                     host_mem[k].add_metric(lv, v)
-        return [*g.values(), hit, *moved.values(), disk_moved, evicted, approx, dropped, bad, block, *gpu_mem.values(),
-                *host_mem.values(), verdict, says]
+        return [*g.values(), hit, *moved.values(), disk_moved, evicted, left, approx, dropped, bad, block,
+                *gpu_mem.values(), *host_mem.values(), verdict, says]
 
 
 class PrometheusExporter:

@@ -81,6 +81,7 @@ import kvtop.tiers.capacity as _capacity
 import kvtop.tiers.summary as _summary
 from kvtop.records import Record, RecordError, parse_engine_dict
 from kvtop.tiers.common import Ledger, _Bad, _describe
+from kvtop.tiers.departures import trtllm_said
 from kvtop.tiers.events import GPU, HOST, EventFold
 from kvtop.tiers.meta import MetaFold
 from kvtop.tiers.requests import RequestFold
@@ -410,8 +411,9 @@ class TierModel:
         return self._moves()
 
     def _moves(self, disk_flag: bool = True) -> Moves:
-        """``moves``; ``disk_flag=False`` leaves ``Moves.disk`` False rather than read the disk tier (the rate
-        window's samples, taken while records fold, read only the counts: ~6% of a busy recording's fold)."""
+        """``moves``; ``disk_flag=False`` leaves ``Moves.disk`` False rather than read the disk tier, and leaves out
+        why blocks left (the rate window's samples, taken while records fold, read only the counts: ~6% of a busy
+        recording's fold)."""
         ev, st, sf = self.event_fold, self.stats_fold, self.stream_fold
         # the disk tier's moves: the engine's own counters (TensorRT-LLM V2 stats or Prometheus, Dynamo KVBM) where
         # it has them, else the stream's disk stores and the GPU stores of blocks held on disk only
@@ -420,11 +422,23 @@ class TierModel:
         if not st.disk_moves_seen and sf is not None:
             onboarded, offloaded = sf.onboarded_from["disk"], sf.stored["disk"]
         disk = bool(prefetched or onboarded or offloaded) or (disk_flag and self.disk is not None)
+        said: dict[str, dict[str, int]] | None = None
+        inferred: dict[str, dict[str, int]] = {}
+        if disk_flag and sf is not None and (sf.batches or sf.summary is not None):
+            # the engines' common stream: its removals say the tier, and only sometimes why (kv_stream.py)
+            said, inferred = sf.left_reasons()
         if st.moves_seen:
-            return Moves(st.offloaded, st.onboarded, ev.evicted[GPU], st.host_dropped or ev.evicted[HOST],
-                         ev.evicted_unknown, "stats", prefetched, onboarded, offloaded, disk)
+            host = st.host_dropped or ev.evicted[HOST]
+            if said is None and disk_flag:
+                said = trtllm_said(st.offloaded, ev.evicted[GPU], host, ev.evicted_unknown)
+            return Moves(st.offloaded, st.onboarded, ev.evicted[GPU], host, ev.evicted_unknown, "stats",
+                         disk_prefetched_blocks=prefetched, disk_onboarded_blocks=onboarded,
+                         disk_offloaded_blocks=offloaded, disk=disk, left_said=said or {}, left_inferred=inferred)
+        if said is None and disk_flag:
+            said = trtllm_said(ev.offloaded, ev.evicted[GPU], ev.evicted[HOST], ev.evicted_unknown)
         return Moves(ev.offloaded, ev.onboarded, ev.evicted[GPU], ev.evicted[HOST], ev.evicted_unknown, "events",
-                     prefetched, onboarded, offloaded, disk)
+                     disk_prefetched_blocks=prefetched, disk_onboarded_blocks=onboarded,
+                     disk_offloaded_blocks=offloaded, disk=disk, left_said=said or {}, left_inferred=inferred)
 
     @property
     def hit_rate(self) -> HitRate:

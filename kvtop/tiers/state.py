@@ -101,6 +101,10 @@ class Moves:
     disk_onboarded_blocks: int = 0
     disk_offloaded_blocks: int = 0
     disk: bool = False
+    # Why blocks left their tier, {tier: {reason: blocks}} (kvtop/tiers/departures.py): as the engine's events say
+    # it, and as kvtop inferred it where they do not (vLLM's and SGLang's BlockRemoved carry no reason)
+    left_said: dict[str, dict[str, int]] = field(default_factory=dict)
+    left_inferred: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

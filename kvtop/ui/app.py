@@ -42,6 +42,7 @@ from kvtop.occupancy import occupancy
 from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
 from kvtop.sources.replay import SEEK_S, STEP_S, speed_text
 from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
+from kvtop.tiers.departures import describe as describe_left
 from kvtop.tiers.snapshot import reading
 from kvtop.ui import format as fmt
 from kvtop.ui.themes import (
@@ -547,7 +548,8 @@ class KvtopApp(App[int]):
         self._panels["hit"].show(HitData(snap.hit_rate, hit_history, snap.window_s, self._what_if(live, snap)))
         moves = snap.moves
         self._panels["moves"].show(MovesData(rates, moves, moves_history,
-                                             known=moves.source != "events" or q.events_seen))
+                                             known=moves.source != "events" or q.events_seen,
+                                             left=describe_left(moves.left_said, moves.left_inferred)))
         self._panels["requests"].show(self._requests(live, snap, rates, view))
         self._panels["prio"].show(self._priorities(snap, gpu, host))
         self._panels["memory"].show(self._memory(snap, host, view))

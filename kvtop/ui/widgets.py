@@ -1265,6 +1265,9 @@ class MovesData:
     moves: Any                      # kvtop.tiers.Moves
     history: tuple[tuple[float, ...], ...]  # (offload, onboard, evict GPU, evict host) per step
     known: bool = True              # False: moves come from KV events and none were seen (shown as "?", not 0)
+    # why blocks left their tier since start, each count marked "engine" (its events say it) or "inferred"
+    # (kvtop/tiers/departures.py describe); None: none left
+    left: str | None = None
 
 
 class MovesPanel(Panel):
@@ -1336,6 +1339,8 @@ class MovesPanel(Panel):
                                   (fmt.nbytes(r.offloaded_bytes_per_s) + "/s", S_FIG), ("  →", S_DIM),
                                   ("GPU", S_GPU), " ",
                                   (fmt.nbytes(r.onboarded_bytes_per_s) + "/s", S_FIG)))
+        if height >= 6 and d.left:
+            lines.append(_fit(line_of(("left    ", "bold"), (d.left, S_DIM)), width))
         return _lines(lines, width, height)
 
 
