@@ -776,9 +776,16 @@ class StreamFold:
                     key = h if g == 0 else (g, h)
                     n = live.get(key) if h.__class__ is int else None
                     if not n:
+                        # a hash announced before kvtop attached (or never): it left this tier all the same
                         self.unknown_removals += 1
                         if tier in ("gpu", "host"):
                             m.evicted_unknown += 1
+                        gone += 1
+                        if said is None and h.__class__ is int:
+                            for t in below:
+                                if key in self.live[t]:
+                                    offloaded += 1
+                                    break
                         continue
                     if n > 1:
                         live[key] = n - 1
