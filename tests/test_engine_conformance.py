@@ -152,7 +152,6 @@ def test_the_corpus_has_every_engine() -> None:
     assert {"trtllm/1.2", "trtllm/main", "vllm/0.33.0", "vllm/0.11.0", "sglang/0.5.23", "dynamo/1.6.1"} <= names
 
 
-@pytest.mark.slow
 async def test_folder_reads_as_the_engine_says(folder: Path) -> None:
     expect = json.loads((folder / "expect.json").read_text())
     summary = await (_run_zmq(folder) if (folder / "frames.json").exists() else _run_http(folder))
