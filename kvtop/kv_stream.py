@@ -588,6 +588,8 @@ class StreamFold:
         # AllBlocksCleared; else inferred: offloaded when a lower tier holds the hash, evicted when none does
         self.left_said: dict[str, dict[str, int]] = {}
         self.left_inferred: dict[str, dict[str, int]] = {t: {"evicted": 0, "offloaded": 0} for t in TIERS}
+        # each tier's lower tiers' live sets (the same dict objects for the fold's life: _clear_all clears them)
+        self._below = {t: tuple(self.live[lower] for lower in _LOWER[t]) for t in TIERS}
         # metrics
         self.metrics_engine: str | None = None
         self.metrics_scrapes = 0
@@ -770,45 +772,46 @@ class StreamFold:
                     self._forget(tier, live)
             else:
                 said = reason_of(ev.get("reason")) if "reason" in ev else None
-                below = _LOWER[tier]
-                gone = offloaded = 0
+                removed_before, unknown_before = self.removed[tier], self.unknown_removals
                 for h in hashes:
                     key = h if g == 0 else (g, h)
                     n = live.get(key) if h.__class__ is int else None
                     if not n:
-                        # a hash announced before kvtop attached (or never): it left this tier all the same
                         self.unknown_removals += 1
                         if tier in ("gpu", "host"):
                             m.evicted_unknown += 1
-                        gone += 1
-                        if said is None and h.__class__ is int:
-                            for t in below:
-                                if key in self.live[t]:
-                                    offloaded += 1
-                                    break
                         continue
                     if n > 1:
                         live[key] = n - 1
                         continue
                     del live[key]
                     self.removed[tier] += 1
-                    gone += 1
-                    if said is None:
-                        for t in below:
-                            if key in self.live[t]:
-                                offloaded += 1
-                                break
                     if tier == "gpu":
                         m.evicted[0] += 1
                     elif tier == "host":
                         m.evicted[1] += 1
-                if gone:
-                    if said is not None:
-                        add_reason(self.left_said, tier, said, gone)
-                    else:
-                        inferred = self.left_inferred[tier]
-                        inferred["offloaded"] += offloaded
-                        inferred["evicted"] += gone - offloaded
+                # Why they left, counted per event (no work per hash: the hot path above is as it was). A removal
+                # of a hash kvtop never saw left its (stated) tier all the same.
+                gone = self.removed[tier] - removed_before + self.unknown_removals - unknown_before
+                if not gone:
+                    continue
+                if said is not None:
+                    add_reason(self.left_said, tier, said, gone)
+                    continue
+                # offloaded: the gone hashes a lower tier holds (set operations in C, only where a lower tier
+                # holds anything: none without offloading)
+                held: set[Any] | None = None
+                for lv in self._below[tier]:
+                    if lv:
+                        both = lv.keys() & (hashes if g == 0 else [(g, h) for h in hashes])
+                        held = both if held is None else held | both
+                if held:
+                    # less those still held in this tier (refcounted): not gone. ``keys() & set`` walks the smaller
+                    # of the two (``held -= live.keys()`` would walk every live block of the tier)
+                    offloaded = len(held) - len(live.keys() & held)
+                    self.left_inferred[tier]["offloaded"] += offloaded
+                    gone -= offloaded
+                self.left_inferred[tier]["evicted"] += gone
 
     # ------------------------------------------------------------------------------------------ metrics
 
