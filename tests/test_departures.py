@@ -97,3 +97,23 @@ def test_prometheus_has_the_reasons_with_their_basis() -> None:
                for f in text_string_to_metric_families(text) if f.name == "kvtop_kv_left_blocks"
                for s in f.samples if s.name.endswith("_total")}
     assert samples == {("gpu", "offloaded", "inferred"): 1.0, ("gpu", "evicted", "inferred"): 1.0}
+
+
+def test_an_agent_summary_carries_the_reasons_to_a_remote_dashboard() -> None:
+    """``kvtop agent`` sends its source's reasons in its summary (``left``); the dashboard that folds the summary
+    shows them as the agent's fold had them, said and inferred apart; a summary without them shows none."""
+    from kvtop.agent import summary_data
+
+    m = TierModel()
+    m.apply(_batch(0, [stored([1, 2], medium="GPU"), stored([1], medium="CPU"), removed([1, 2], medium="GPU"),
+                       cleared()]))
+    data = summary_data(m, seq=0, interval_s=1.0, agent="a")
+    assert data["left"] == {"said": {"host": {"cleared": 1}},
+                            "inferred": {"gpu": {"offloaded": 1, "evicted": 1}}}
+    remote = TierModel()
+    remote.apply(Record(kind="summary", data=data, source=SRC, time=100.0))
+    assert remote.moves.left_said == {"host": {"cleared": 1}}
+    assert remote.moves.left_inferred == {"gpu": {"offloaded": 1, "evicted": 1}}
+    old = TierModel()
+    old.apply(Record(kind="summary", data={k: v for k, v in data.items() if k != "left"}, source=SRC, time=100.0))
+    assert (old.moves.left_said, old.moves.left_inferred) == ({}, {})

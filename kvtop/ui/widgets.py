@@ -1856,7 +1856,9 @@ HELP_TEXT = """\
   cache, half, this one (the run's own since start), 2x and 4x, estimated from
   the blocks it moved and dropped; opt: the best any policy could do here.
 [b]Moves[/]  offload GPU→host on eviction, onboard host→GPU on reuse, evict:
-  dropped from a tier.
+  dropped from a tier. left: why blocks left each tier (evicted, offloaded,
+  released, cleared), "(engine)" where its events say so, "(inferred)" where
+  kvtop worked it out (vLLM's and SGLang's removals give no reason).
 [b]Requests[/]  failed N: the last error is under the counts, in the event log
   and at the top of this help.
 [b]Header[/]  PAUSED: the screen froze, the engine goes on. FINISHED: no more
