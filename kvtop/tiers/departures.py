@@ -3,8 +3,10 @@ request), cleared (the engine dropped everything); said by the engine where its 
 
 What each engine's events say (read from their own source; docs/engines.md has the table):
 
-- TensorRT-LLM 1.0-1.2 and main (``tensorrt_llm/_utils.py`` ``KVCacheEventSerializer``; C++
-  ``kvCacheManager.cpp``): ``removed`` carries only ``block_hashes``, but TensorRT-LLM emits it only when a block
+- TensorRT-LLM 1.0-1.2 and main (``tensorrt_llm/_utils.py`` ``KVCacheEventSerializer``, read at NVIDIA/TensorRT-LLM
+  ed53795b: ``_removed_to_json`` writes ``{"type": "removed", "block_hashes"}``, ``_updated_to_json`` the
+  ``cache_level`` and ``priority`` diffs; C++ ``kvCacheManager.cpp``, where ``enqueueRemovedEvent`` is called from
+  ``freeChildren`` only): ``removed`` carries only ``block_hashes``, but TensorRT-LLM emits it only when a block
   leaves the reuse tree (``freeChildren`` of an eviction victim), never when a request releases it (released
   blocks stay cached), and an offload is its own event (``updated`` ``cache_level`` 0 -> 1) before the eviction that
   causes it. So the event type says why: ``removed`` = evicted (from the tier the fold holds the block in),
