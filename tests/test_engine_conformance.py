@@ -149,7 +149,8 @@ def folder(request: pytest.FixtureRequest) -> Iterator[Path]:
 def test_the_corpus_has_every_engine() -> None:
     """At least TensorRT-LLM 1.x and main, two vLLM releases, SGLang and Dynamo (issue 23, item 8)."""
     names = {f"{p.parent.name}/{p.name}" for p in FOLDERS}
-    assert {"trtllm/1.2", "trtllm/main", "vllm/0.33.0", "vllm/0.11.0", "sglang/0.5.23", "dynamo/1.6.1"} <= names
+    assert {"trtllm/1.2", "trtllm/1.3", "trtllm/main", "vllm/0.33.0", "vllm/0.11.0", "sglang/0.5.23",
+            "dynamo/1.6.1"} <= names
 
 
 async def test_folder_reads_as_the_engine_says(folder: Path) -> None:
