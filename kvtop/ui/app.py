@@ -34,7 +34,7 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widgets import Footer, Input
 from textual.worker import Worker
 
 from kvtop.fleet import FleetRow, combine, source_row, source_status
@@ -45,6 +45,7 @@ from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
 from kvtop.tiers.departures import describe as describe_left
 from kvtop.tiers.snapshot import reading
 from kvtop.ui import format as fmt
+from kvtop.ui.table import TableState, arrange, cursor_index
 from kvtop.ui.themes import (
     DEFAULT_THEME,
     PREFERRED_ORDER,
@@ -73,6 +74,8 @@ from kvtop.ui.widgets import (
     RequestData,
     RequestPanel,
     SourcesPanel,
+    TableHeaderClicked,
+    TableRowClicked,
     TierData,
     TierPanel,
     VerdictLine,
@@ -170,6 +173,27 @@ def _changed(snap: TierSnapshot, shown: TierSnapshot | None) -> bool:
     return snap is not shown or not isinstance(snap, TierSnapshot)
 
 
+class FilterInput(Input):
+    """The filter's line (``/``): what is typed filters the table as it is typed; Enter keeps it, Escape clears it
+    (either way the line goes and the keys are the dashboard's again)."""
+
+    BINDINGS: ClassVar = [Binding("escape", "cancel", "Clear filter", show=False)]
+    can_focus = False   # until it is opened: the keys are the dashboard's (a focused input would take them)
+
+    class Closed(Message):
+        def __init__(self, value: str, kept: bool):
+            super().__init__()
+            self.value = value
+            self.kept = kept
+
+    def action_cancel(self) -> None:
+        self.post_message(self.Closed("", kept=False))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.post_message(self.Closed(event.value, kept=True))
+
+
 class Column(Vertical):
     """A column of panels that its panels cover whole (#left, #right, the bottom dock): Textual paints it as blank
     lines without styling them (``BLANK``), since the compositor renders every widget under a repaint, and the
@@ -191,6 +215,8 @@ class DashboardScreen(Screen[None]):
         with Column(id="bottom"):  # docked widgets on one edge overlap: the log and the keys share one dock
             # Full width under both columns (its columns need ~110 cells); shown only with 2+ sources (-fleet).
             yield SourcesPanel(id="sources")
+            yield FilterInput(placeholder="filter: type part of a name, Enter keeps it, Esc clears it",
+                              id="filter", compact=True)
             yield EventLog(id="events")
             yield Footer(compact=True)
             yield KeyHints(id="keys")
@@ -253,6 +279,14 @@ class KvtopApp(App[int]):
         Binding("t", "cycle_theme", "Theme"),
         Binding("e", "toggle_events", "Events"),
         Binding("s", "next_source", "Source"),
+        # The tables (the sources table; the requests view with R): sort, filter, move, open. Not the arrows,
+        # +/-, home/end or p: the replay player's.
+        Binding("o", "sort_next", "Sort", show=False),
+        Binding("O", "sort_reverse", "Reverse", show=False),
+        Binding("slash", "filter", "Filter", key_display="/", show=False),
+        Binding("j", "cursor(1)", "Down", show=False),
+        Binding("k", "cursor(-1)", "Up", show=False),
+        Binding("enter", "open_row", "Open", show=False),
         Binding("question_mark", "help", "Help", key_display="?"),
     ]
 
@@ -301,6 +335,19 @@ class KvtopApp(App[int]):
             super().__init__()
             self.refresh_s = refresh_s
 
+    class TableSorted(Message):
+        def __init__(self, table: str, column: str | None, descending: bool):
+            super().__init__()
+            self.table = table
+            self.column = column
+            self.descending = descending
+
+    class TableFiltered(Message):
+        def __init__(self, table: str, text: str):
+            super().__init__()
+            self.table = table
+            self.text = text
+
     def __init__(self, session: Any, settings: ScreenSettings | None = None, *, run_session: bool = True):
         super().__init__()
         self.session: DashboardSession = for_dashboard(session)
@@ -338,6 +385,10 @@ class KvtopApp(App[int]):
         self._fleet_key: tuple[Any, ...] | None = None
         self._fleet_at = float("-inf")
         self._fleet_shown = False
+        self.sources_table = TableState()   # the sources table's sort, filter and cursor (kvtop/ui/table.py)
+        self._fleet_all: list[FleetRow] = []        # every source's row, in the session's order
+        self._fleet_arranged: list[FleetRow] = []   # ...as the table shows them: filtered, sorted
+        self._fleet_selected = 0                    # the index in _fleet_all of the source the big panels show
         self._whatif_key: tuple[Any, ...] | None = None
         self._verdict_key: tuple[Any, ...] | None = None   # the verdict line's, once a second (_verdict)
         self._verdict_lines: tuple[VerdictLine, ...] = ()
@@ -662,15 +713,33 @@ class KvtopApp(App[int]):
         if key == self._fleet_key and t - self._fleet_at < self.fleet_refresh_s:
             # Between full reads only the selected row follows its model, at the refresh rate, so that it agrees
             # with the big panels that show the same source.
-            panel = self._panels["sources"]
             k, model = sources[selected]
-            if self._fleet_row(k, model, statuses[selected]) is not panel.data.rows[selected]:
-                rows = [cache[k][2] for k, _ in sources]
-                panel.show(FleetData(tuple(rows), combine(rows), selected))
+            if self._fleet_row(k, model, statuses[selected]) is not self._fleet_all[selected]:
+                self._fleet_all = [cache[k][2] for k, _ in sources]
+                self._show_fleet()
             return
         self._fleet_key, self._fleet_at = key, t
-        rows = [self._fleet_row(k, model, st) for (k, model), st in zip(sources, statuses)]
-        self._panels["sources"].show(FleetData(tuple(rows), combine(rows), selected))
+        self._fleet_all = [self._fleet_row(k, model, st) for (k, model), st in zip(sources, statuses)]
+        self._fleet_selected = selected
+        self._show_fleet()
+
+    def _show_fleet(self, top: bool = False) -> None:
+        """The sources table from the rows last read: filtered and sorted as the table is (kvtop/ui/table.py),
+        the source the big panels show and the cursor located in it. Also on a sort, filter or cursor key, paused
+        or not (the rows are those on screen; nothing is read)."""
+        rows = self._fleet_all
+        if not rows:
+            return
+        state = self.sources_table
+        shown = self._fleet_arranged = arrange(rows, state, SourcesPanel.SORT_VALUES, SourcesPanel.row_text)
+        keys = [r.key for r in shown]
+        own = rows[self._fleet_selected % len(rows)].key
+        if top and keys:   # sorted afresh: the top of the table is what is wanted (the highest hit rate...)
+            state.cursor = keys[0]
+        cursor = cursor_index(keys, state, own)
+        selected = next((i for i, r in enumerate(shown) if r.key == own), -1)
+        self._panels["sources"].show(FleetData(tuple(shown), combine(rows), selected, cursor, state.sort,
+                                               state.descending, state.filter, len(rows)))
 
     @staticmethod
     def _own_key(view: SessionView) -> str:
@@ -1059,7 +1128,130 @@ class KvtopApp(App[int]):
         if len(sources) <= 1:
             self.notify("only one source is attached", timeout=2)
             return
-        self.source_index = (self.source_index + 1) % len(sources)
+        shown = self._fleet_arranged if self._fleet_shown else []
+        if shown and len(shown) < len(sources) or self.sources_table.sort is not None:
+            # the next row down the table as it is sorted and filtered (the cursor goes with it)
+            own = sources[self.source_index % len(sources)][0]
+            keys = [r.key for r in shown]
+            at = keys.index(own) + 1 if own in keys else 0
+            if keys:
+                self._show_source(keys[at % len(keys)])
+            return
+        self._select_source((self.source_index + 1) % len(sources))
+
+    def _show_source(self, key: str) -> bool:
+        """The big panels show source ``key`` (a row of the sources table); False if it is not attached."""
+        index = next((i for i, (k, _) in enumerate(self._sources()) if k == key), None)
+        if index is None:
+            return False
+        self._select_source(index)
+        return True
+
+    # -- the tables: sort (o, O, a click on a header), filter (/), cursor (j, k, a click), open (Enter) --
+
+    def _table(self) -> str | None:
+        """The table the table keys act on: the sources table while it is shown, else None."""
+        return "sources" if self._fleet_shown and self._fleet_all else None
+
+    def _no_table(self) -> None:
+        self.notify("no table on screen: the sources table shows with 2+ sources", timeout=3)
+
+    def _table_changed(self, table: str, top: bool = False) -> None:
+        if table == "sources":
+            self._show_fleet(top)
+
+    def action_sort_next(self) -> None:
+        table = self._table()
+        if table is None:
+            return self._no_table()
+        state = self.sources_table
+        state.sort_next(SourcesPanel.SORT_ORDER, SourcesPanel.TEXT_COLUMNS)
+        self._sorted(table, state)
+
+    def action_sort_reverse(self) -> None:
+        table = self._table()
+        if table is None:
+            return self._no_table()
+        state = self.sources_table
+        if state.sort is None:
+            state.sort_next(SourcesPanel.SORT_ORDER, SourcesPanel.TEXT_COLUMNS)
+        state.reverse()
+        self._sorted(table, state)
+
+    def _sorted(self, table: str, state: TableState) -> None:
+        self._table_changed(table, top=True)
+        self.post_message(self.TableSorted(table, state.sort, state.descending))
+
+    def on_table_header_clicked(self, message: TableHeaderClicked) -> None:
+        state = self.sources_table
+        state.sort_by(message.column, SourcesPanel.TEXT_COLUMNS)
+        self._sorted(message.table, state)
+
+    def on_table_row_clicked(self, message: TableRowClicked) -> None:
+        self.sources_table.cursor = message.key
+        if message.chain >= 2:
+            self._show_source(message.key)
+        else:
+            self._table_changed(message.table)
+
+    def action_cursor(self, step: int) -> None:
+        table = self._table()
+        if table is None:
+            return self._no_table()
+        rows = self._fleet_arranged
+        if not rows:
+            return
+        state = self.sources_table
+        own = self._fleet_all[self._fleet_selected % len(self._fleet_all)].key
+        keys = [r.key for r in rows]
+        at = cursor_index(keys, state, own)
+        state.cursor = keys[min(max(at + step, 0), len(keys) - 1)]
+        self._table_changed(table)
+
+    def action_open_row(self) -> None:
+        table = self._table()
+        if table is None:
+            return self._no_table()
+        rows = self._fleet_arranged
+        if not rows:
+            return
+        own = self._fleet_all[self._fleet_selected % len(self._fleet_all)].key
+        key = rows[cursor_index([r.key for r in rows], self.sources_table, own)].key
+        self._show_source(key)
+
+    def action_filter(self) -> None:
+        table = self._table()
+        if table is None:
+            return self._no_table()
+        field = self.query_one(FilterInput)
+        field.value = self.sources_table.filter
+        field.add_class("-open")
+        field.can_focus = True
+        field.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if isinstance(event.input, FilterInput) and event.input.has_class("-open"):
+            self._filter(event.value)
+
+    def on_filter_input_closed(self, message: FilterInput.Closed) -> None:
+        field = self.query_one(FilterInput)
+        field.remove_class("-open")
+        field.blur()
+        field.can_focus = False
+        self._filter(message.value)
+        table = self._table() or "sources"
+        self.post_message(self.TableFiltered(table, self.sources_table.filter))
+
+    def _filter(self, text: str) -> None:
+        state = self.sources_table
+        if state.filter != text:
+            state.filter = text
+            self._table_changed("sources")
+
+    def _select_source(self, index: int) -> None:
+        sources = self._sources()
+        self.source_index = index
+        self.sources_table.cursor = sources[index][0]
         self._hist_key = None
         self._fleet_key = None
         self._force = True

@@ -25,11 +25,13 @@ from typing import Any, ClassVar
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style as RichStyle
+from textual import events
 from textual.app import ComposeResult
 from textual.cache import FIFOCache
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.geometry import Region
+from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.strip import Strip
@@ -1410,23 +1412,108 @@ class PriorityPanel(Panel):
 
 @frozen
 class FleetData:
-    rows: tuple[Any, ...]           # kvtop.fleet.FleetRow per source with data, in the order `s` steps through
-    total: Any                      # kvtop.fleet.FleetRow: the aggregate ("all")
-    selected: int                   # the row the big panels show
+    rows: tuple[Any, ...]           # kvtop.fleet.FleetRow per source shown (filtered, sorted: kvtop/ui/table.py)
+    total: Any                      # kvtop.fleet.FleetRow: the aggregate ("all"), over every source
+    selected: int                   # the row the big panels show (-1: the filter hides it)
+    cursor: int = -1                # the cursor's row (j/k, a click; Enter opens it), -1: none
+    sort: str | None = None         # the column sorted by (SourcesPanel.COLUMNS' names, "key"), None: arrival
+    descending: bool = True
+    filter: str = ""                # the filter's text ("/"), "" for none
+    of: int = 0                     # sources in all, before the filter (0: as many as rows)
 
 
 STATUS_STYLE = {"online": S_OK, "ok": S_OK, "offline": S_WARN, "disconnected": S_ERR, "error": S_ERR,
                 "failed": S_ERR}
+S_CURSOR = "reverse"   # the cursor's row (j/k, a click), over the row's own colours
+ARROW = {True: "▼", False: "▲"}  # the sorted column's header: descending, ascending
 
 
-class SourcesPanel(Panel):
+class TableRowClicked(Message):
+    """A table's row was clicked (``chain`` 2: a double click, which opens it)."""
+
+    def __init__(self, table: str, key: str, chain: int = 1):
+        super().__init__()
+        self.table = table
+        self.key = key
+        self.chain = chain
+
+
+class TableHeaderClicked(Message):
+    """A table's column header was clicked: sort by it (again: the other way)."""
+
+    def __init__(self, table: str, column: str):
+        super().__init__()
+        self.table = table
+        self.column = column
+
+
+class ClickableTable(Panel):
+    """A panel whose lines are a table: ``build`` notes where its header's columns and its rows are
+    (``_clicks_at``), and a click there posts TableHeaderClicked or TableRowClicked for the app to act on."""
+
+    TABLE = ""
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None):
+        super().__init__(id=id, classes=classes)
+        self._header_at: int | None = None                   # the header's line in build()'s lines
+        self._columns_at: list[tuple[int, int, str]] = []    # (first cell, past-last cell, column) on that line
+        self._rows_at: dict[int, str] = {}                   # line -> the row's key
+        self._top = 0                                        # the first row in the window (_top_row)
+
+    def _top_row(self, focus: int, shown: int, n: int) -> int:
+        """The first row of the window of ``shown`` rows out of ``n``: the last one, moved only as far as it takes
+        to keep the ``focus`` row (the cursor) in it, so that a click does not scroll the row clicked away."""
+        top = self._top
+        if focus < top:
+            top = focus
+        elif focus >= top + shown:
+            top = focus - shown + 1
+        self._top = top = min(max(top, 0), max(n - shown, 0))
+        return top
+
+    def _clicks_at(self, header: int | None, columns: list[tuple[int, int, str]], rows: dict[int, str]) -> None:
+        self._header_at, self._columns_at, self._rows_at = header, columns, rows
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:   # the border
+            return
+        x, y = offset.x - 1, offset.y   # the one-cell margin every line starts with (Panel._build_lines)
+        if y == self._header_at:
+            column = next((c for x0, x1, c in self._columns_at if x0 <= x < x1), None)
+            if column is not None:
+                self.post_message(TableHeaderClicked(self.TABLE, column))
+        elif (key := self._rows_at.get(y)) is not None:
+            self.post_message(TableRowClicked(self.TABLE, key, getattr(event, "chain", 1)))
+
+
+def _header_cells(cols: Sequence[tuple[str, int, str]], sort: str | None, descending: bool, start: int
+                  ) -> tuple[list[tuple[str, str]], list[tuple[int, int, str]]]:
+    """A table's header parts after its first column (which ends at cell ``start``), each cell's span for
+    clicks; the sorted column's separator is its arrow (so the columns keep their widths)."""
+    parts: list[tuple[str, str]] = []
+    spans: list[tuple[int, int, str]] = []
+    x = start
+    for h, w, what in cols:
+        sep = ARROW[descending] if what == sort else " "
+        text = h.ljust(w - 1) if what == "status" else _pad(h, w)
+        parts.append((sep + text, "bold $primary" if what == sort else S_DIM))
+        spans.append((x, x + 1 + len(text), what))
+        x += 1 + len(text)
+    return parts, spans
+
+
+class SourcesPanel(ClickableTable):
     """Every attached source side by side, one row each, and the fleet's aggregate row ("all").
 
     Shown only while two or more sources have sent data (the screen's ``-fleet`` class). Columns drop right to
-    left by ``DROP`` order where the panel is narrow; the selected source (``s``) is marked and bold. More
-    sources than lines: a window of rows around the selected one, and how many are left out.
+    left by ``DROP`` order where the panel is narrow; the source the big panels show is marked ▶, the cursor's row
+    (j/k, a click; Enter opens it) in reverse. The rows come sorted and filtered (kvtop/ui/table.py): the sorted
+    column's header has its arrow, the title the filter. More sources than lines: a window of rows around the
+    cursor, and how many are left out.
     """
 
+    TABLE = "sources"
     # (header, width, cell) in display order; cells are read off a kvtop.fleet.FleetRow.
     COLUMNS: ClassVar[tuple[tuple[str, int, str], ...]] = (
         ("status", 12, "status"), ("GPU use/cch/cap", 17, "gpu"), ("host cch/cap", 13, "host"),
@@ -1440,6 +1527,23 @@ class SourcesPanel(Panel):
             "host")
     KEY_MIN, KEY_MAX = 10, 24
     SUBTITLE = "all: sums · hit = hits / lookups · TTFT p99 = max of the sources'"
+    # What each column sorts by (a FleetRow's figure; None is unknown and goes last), and the order the sort key
+    # (o) steps through them: the hit rate first, so one key sorts a fleet by it.
+    SORT_VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {
+        "key": lambda r: r.key, "status": lambda r: r.status, "gpu": lambda r: r.gpu_in_use,
+        "host": lambda r: r.host_cached, "disk": lambda r: r.disk_cached if r.has_disk else None,
+        "hit_window": lambda r: r.hit_window, "hit_cumulative": lambda r: r.hit_cumulative,
+        "offloaded_per_s": lambda r: r.offloaded_per_s, "onboarded_per_s": lambda r: r.onboarded_per_s,
+        "requests_per_s": lambda r: r.requests_per_s, "ttft": lambda r: r.ttft_p99_s}
+    SORT_ORDER = ("hit_window", "hit_cumulative", "ttft", "requests_per_s", "gpu", "host", "disk",
+                  "offloaded_per_s", "onboarded_per_s", "status", "key")
+    TEXT_COLUMNS = ("key", "status")
+    NAMES: ClassVar[dict[str, str]] = {"key": "source", **{what: h for h, _, what in (*COLUMNS, DISK_COLUMN)}}
+
+    @staticmethod
+    def row_text(row: Any) -> str:
+        """What the filter looks in: the source's key and its status."""
+        return f"{row.key} {row.status or ''}"
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -1449,7 +1553,12 @@ class SourcesPanel(Panel):
     def show(self, data: Any) -> bool:
         changed = super().show(data)
         if changed:
-            title = f"Sources · {len(data.rows)}"
+            of = data.of or len(data.rows)
+            title = f"Sources · {fmt.count(of)}"
+            if data.filter:
+                title = f"Sources · {fmt.count(len(data.rows))} of {fmt.count(of)} · /{fmt.clean(data.filter, 30)}"
+            if data.sort is not None:
+                title += f" · by {self.NAMES.get(data.sort, data.sort)} {ARROW[data.descending]}"
             if self.border_title != title:  # a title change repaints the whole panel: only when it changed
                 self.border_title = title
             self._set_state("warn" if any(r.status in ("offline", "disconnected", "error", "failed")
@@ -1488,7 +1597,7 @@ class SourcesPanel(Panel):
         return cols
 
     def _row(self, row: Any, cols: list[tuple[str, int, str]], key_w: int, mark: str, key_style: str,
-             status: tuple[str, str] | None = None) -> Line:
+             status: tuple[str, str] | None = None, cursor: bool = False) -> Line:
         label = row.label  # the source's name (kvtop agent --run), else its key
         key = label if len(label) <= key_w else "…" + label[-(key_w - 1):]
         parts: list[Any] = [(mark, "bold $primary"), (key.ljust(key_w), key_style)]
@@ -1498,6 +1607,9 @@ class SourcesPanel(Panel):
                 parts += [" ", (text.ljust(w - 1), style)]
             else:
                 parts += [" ", (_pad(text, w), style)]
+        if cursor:
+            parts = [(p, S_CURSOR) if isinstance(p, str) else (p[0], f"{p[1]} {S_CURSOR}" if p[1] else S_CURSOR)
+                     for p in parts]
         return line_of(*parts)
 
     def build(self) -> Line | list[Line]:
@@ -1508,6 +1620,7 @@ class SourcesPanel(Panel):
         n = len(d.rows)
         t = d.total
         if height == 1:
+            self._clicks_at(None, [], {})
             sel = d.rows[d.selected] if 0 <= d.selected < n else None
             return _fit(line_of((f"{n} sources ", "bold"), ("all hit ", S_DIM), (fmt.pct(t.hit_window, digits=0),
                                  S_FIG), ("/", S_DIM), (fmt.pct(t.hit_cumulative, digits=0), S_FIG),
@@ -1516,30 +1629,37 @@ class SourcesPanel(Panel):
         key_w = min(max([self.KEY_MIN, *(len(r.label) for r in d.rows)]), self.KEY_MAX)
         cols = self._columns(width, key_w, show_status=any(r.status for r in d.rows),
                              show_disk=any(r.has_disk for r in d.rows))
-        header = line_of(("  " + "source".ljust(key_w), S_DIM),
-                         *[(" " + (h.ljust(w - 1) if what == "status" else _pad(h, w)), S_DIM)
-                           for h, w, what in cols])
+        head, spans = _header_cells(cols, d.sort, d.descending, 2 + key_w)
+        key_head = (ARROW[d.descending] if d.sort == "key" else " ") + " " + "source".ljust(key_w)
+        header = line_of((key_head, "bold $primary" if d.sort == "key" else S_DIM), *head)
         room = max(height - 2, 0)  # the header and the "all" row
         start, stop = 0, n
         more = ""
+        focus = d.cursor if 0 <= d.cursor < n else d.selected
         if n > room:
-            # One line says how many are left out, where there are lines for more than the selected source.
+            # One line says how many are left out, where there are lines for more than the cursor's source.
             shown = room - 1 if room > 2 else room
-            start = min(max(d.selected - shown // 2, 0), max(n - shown, 0))
+            start = self._top_row(focus, shown, n)
             stop = start + shown
-            more = f"… {n - shown} more sources (s: next)" if shown < room else ""
+            more = f"… {n - shown:,} more sources (j/k: move)" if shown < room else ""
         lines: list[Line] = [header]
+        rows_at: dict[int, str] = {}
         for i in range(start, stop):
             selected = i == d.selected
+            rows_at[len(lines)] = d.rows[i].key
             lines.append(self._row(d.rows[i], cols, key_w, "▶ " if selected else "  ",
-                                   "bold $primary" if selected else "bold"))
+                                   "bold $primary" if selected else "bold", cursor=i == d.cursor))
+        if not n and d.filter:
+            lines.append(styled(f"  no source matches /{fmt.clean(d.filter, 40)} (/ then Enter: clear)", S_DIM))
         if more and room:
             lines.append(styled("  " + more, S_DIM))
         # Offline sources are left out of the aggregate: its status cell says how many it counts.
-        counted = ("", S_DIM) if t.sources == n else (f"{t.sources} of {n}", S_WARN)
-        if t.sources != n and not any(what == "status" for _, _, what in cols):
-            t = replace(t, key=f"all {t.sources}/{n}")  # no status column to say it in
+        of = d.of or n
+        counted = ("", S_DIM) if t.sources == of else (f"{t.sources} of {of}", S_WARN)
+        if t.sources != of and not any(what == "status" for _, _, what in cols):
+            t = replace(t, key=f"all {t.sources}/{of}")  # no status column to say it in
         lines.append(self._row(t, cols, key_w, "Σ ", "bold", counted))
+        self._clicks_at(0, [(0, 2 + key_w, "key"), *spans], rows_at)
         return _lines(lines, width, height)
 
 
@@ -1912,4 +2032,4 @@ __all__ = ["EventLog", "KeyHints", "GpuMemoryRow",
            "HeaderBar", "HeaderData", "HelpScreen", "HitData",
            "HitRatePanel", "MemoryData", "MemoryPanel", "MovesData", "MovesPanel", "Panel", "PriorityData",
            "PriorityPanel", "RequestData", "RequestPanel", "FleetData", "SourcesPanel", "TierData", "TierPanel",
-           "WhatIfData", "tier_label", "what_if_data"]
+           "WhatIfData", "tier_label", "what_if_data", "ClickableTable", "TableHeaderClicked", "TableRowClicked"]

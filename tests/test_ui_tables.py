@@ -1,0 +1,267 @@
+"""Tables an operator can work with (issue 24, item 2): the sources table sorts by any column (o, O, a click on its
+header), filters with / (Enter keeps, Escape clears), moves its cursor (j/k, a click) and opens a row (Enter, a
+double click) into the big panels. Each flow through Textual's pilot, checked against the sources' own figures."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from textual.message import Message
+
+from kvtop.records import SourceId, make
+from kvtop.session import Session
+from kvtop.ui.app import KvtopApp, build_app
+from kvtop.ui.table import TableState, arrange, cursor_index
+from kvtop.ui.widgets import SourcesPanel, TierPanel
+
+pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
+
+T0 = 1764430000.0
+N = 12
+
+
+class Settings:
+    refresh = 0.25
+    theme = "dark"
+    duration = None
+
+
+class Messages:
+    def __init__(self) -> None:
+        self.seen: list[Message] = []
+
+    def __call__(self, message: Message) -> None:
+        self.seen.append(message)
+
+    def of(self, kind: type[Message]) -> list[Any]:
+        return [m for m in self.seen if isinstance(m, kind)]
+
+
+def _stats(it: int, free: int, reused: int, missed: int) -> dict[str, Any]:
+    return {"iter": it, "numActiveRequests": 1, "numQueuedRequests": 0, "numCompletedRequests": 0,
+            "kvCacheStats": {"maxNumBlocks": 100, "freeNumBlocks": free, "usedNumBlocks": 100 - free,
+                             "tokensPerBlock": 32, "allocTotalBlocks": reused + missed, "allocNewBlocks": missed,
+                             "reusedBlocks": reused, "missedBlocks": missed}}
+
+
+def fleet(n: int = N, seed: int = 7) -> tuple[Session, dict[str, float | None]]:
+    """``n`` sources named node-00 .. in arrival order, each with its own hit rate (hits / 100 lookups, shuffled;
+    the last source looked nothing up: no hit rate) and its own GPU use (free blocks 99 - i)."""
+    rates = list(range(5, 5 + 7 * n, 7))
+    random.Random(seed).shuffle(rates)
+    ids = [SourceId(f"node-{i:02d}", 0, "r") for i in range(n)]
+    session = Session(source=ids[0])
+    hit: dict[str, float | None] = {}
+    for i, src in enumerate(ids):
+        looked = i != n - 1
+        session.emit(make("kv_event", {"event_id": 0, "data": {"type": "created",
+                                                               "num_blocks_per_cache_level": [100, 50]},
+                                       "window_size": 4096}, src, T0))
+        reused = rates[i] if looked else 0
+        session.emit(make("stats", _stats(0, 99 - i, 0, 0), src, T0))
+        session.emit(make("stats", _stats(1, 99 - i, reused, 100 - reused if looked else 0), src, T0 + 2))
+        hit[src.key()] = reused / 100 if looked else None
+    return session, hit
+
+
+def _panel(app: KvtopApp) -> SourcesPanel:
+    return app.screen.query_one(SourcesPanel)
+
+
+def _keys(app: KvtopApp) -> list[str]:
+    return [r.key for r in _panel(app).data.rows]
+
+
+def _shown_source(app: KvtopApp) -> str:
+    return str(app.screen.query_one("#header").data.source_label).split(" ", 1)[1]
+
+
+# ------------------------------------------------------------------------------------------------ pure rules
+
+def test_arrange_sorts_unknown_last_either_way_and_keeps_ties_in_order() -> None:
+    rows = [("a", 3), ("b", None), ("c", 5), ("d", 3), ("e", 1)]
+    values = {"v": lambda r: r[1], "key": lambda r: r[0]}
+    state = TableState()
+    assert arrange(rows, state, values, lambda r: r[0]) == rows   # no sort: their own order
+    state.sort_by("v")
+    assert [r[0] for r in arrange(rows, state, values, lambda r: r[0])] == ["c", "a", "d", "e", "b"]
+    state.sort_by("v")   # again: the other way, the unknown one still last, the tie still a before d
+    assert [r[0] for r in arrange(rows, state, values, lambda r: r[0])] == ["e", "a", "d", "c", "b"]
+    state.sort_by("key", text_columns=("key",))   # a name: A to Z first
+    assert [r[0] for r in arrange(rows, state, values, lambda r: r[0])] == ["a", "b", "c", "d", "e"]
+    state.filter = "  C "
+    assert arrange(rows, state, values, lambda r: r[0].upper()) == [("c", 5)]
+
+
+def test_the_sort_key_steps_through_the_columns_then_back_to_arrival_order() -> None:
+    state = TableState()
+    seen = []
+    for _ in range(4):
+        state.sort_next(("hit", "ttft", "key"), text_columns=("key",))
+        seen.append((state.sort, state.descending))
+    assert seen == [("hit", True), ("ttft", True), ("key", False), (None, True)]
+    assert state.to_text() == ""
+    state.sort_by("ttft")
+    state.reverse()
+    assert state.to_text() == "ttft"
+    other = TableState()
+    assert other.from_text("-hit", ("hit",)) and (other.sort, other.descending) == ("hit", True)
+    assert not other.from_text("nope", ("hit",)) and other.sort == "hit"
+
+
+def test_the_cursor_stays_on_its_row_and_falls_back_when_it_is_filtered_out() -> None:
+    state = TableState(cursor="b")
+    assert cursor_index(["a", "b", "c"], state) == 1
+    assert cursor_index(["c", "b", "a"], state) == 1
+    assert cursor_index(["a", "c"], state, fallback="c") == 1
+    assert cursor_index(["a", "c"], state) == 0
+    assert cursor_index([], state) == -1
+
+
+# ------------------------------------------------------------------------------------------------ the app
+
+async def test_o_sorts_the_sources_by_hit_rate_highest_first_and_O_reverses() -> None:
+    session, hit = fleet()
+    hook = Messages()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        await pilot.pause()
+        assert _keys(app) == [f"node-{i:02d}/0/r" for i in range(N)]   # arrival order until sorted
+        await pilot.press("o")
+        await pilot.pause()
+        keys = _keys(app)
+        known = sorted((k for k in hit if hit[k] is not None), key=lambda k: -hit[k])  # type: ignore[operator]
+        assert keys == [*known, f"node-{N - 1:02d}/0/r"]     # highest first, no hit rate last
+        assert keys[0] == max(known, key=lambda k: hit[k])  # type: ignore[arg-type,return-value]
+        assert [r.hit_window for r in _panel(app).data.rows[:3]] == pytest.approx(
+            [hit[k] for k in keys[:3]])
+        lines = _panel(app).text().splitlines()
+        assert "▼hit win" in lines[0]
+        assert keys[0] in lines[1] and f"{100 * hit[keys[0]]:.1f}%" in lines[1]  # type: ignore[operator]
+        assert "by hit win ▼" in str(_panel(app).border_title)
+        await pilot.press("O")
+        await pilot.pause()
+        keys = _keys(app)
+        assert keys == [*reversed(known), f"node-{N - 1:02d}/0/r"]
+        assert "▲hit win" in _panel(app).text().splitlines()[0]
+    assert [(m.column, m.descending) for m in hook.of(KvtopApp.TableSorted)] == [("hit_window", True),
+                                                                                ("hit_window", False)]
+
+
+async def test_clicking_a_header_sorts_by_it_and_again_reverses() -> None:
+    session, _ = fleet()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        panel = _panel(app)
+        header = panel.text().splitlines()[0]
+        x = header.index("GPU use/cch/cap")
+        # the panel's region: its border (1 cell) then each line as text() has it (margin included)
+        await pilot.click(SourcesPanel, offset=(1 + x + 2, 1))
+        await pilot.pause()
+        gpu = [r.gpu_in_use for r in panel.data.rows]
+        assert gpu == sorted(gpu, reverse=True) and gpu[0] == 1 + N - 1   # node-11 uses 12 blocks
+        await pilot.click(SourcesPanel, offset=(1 + x + 2, 1))
+        await pilot.pause()
+        assert [r.gpu_in_use for r in panel.data.rows] == sorted(gpu)
+        await pilot.click(SourcesPanel, offset=(3, 1))   # "source": by name
+        await pilot.pause()
+        assert _keys(app) == sorted(_keys(app)) and panel.data.sort == "key"
+
+
+async def test_slash_filters_to_one_source_and_enter_opens_it() -> None:
+    session, _ = fleet()
+    hook = Messages()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        await pilot.pause()
+        assert _shown_source(app) == "node-00/0/r"
+        await pilot.press("slash", *"de-07", "enter")
+        await pilot.pause()
+        assert _keys(app) == ["node-07/0/r"]
+        assert "1 of 12 · /de-07" in str(_panel(app).border_title)
+        assert not app.screen.query_one("#filter").display     # the line went; the keys are the dashboard's
+        await pilot.press("enter")
+        await pilot.pause()
+        assert _shown_source(app) == "node-07/0/r"
+        gpu = app.screen.query_one("#tier-gpu", TierPanel).data.state
+        assert gpu == session.models["node-07/0/r"].gpu and gpu.in_use_blocks == 8
+        assert _panel(app).data.selected == 0
+        await pilot.press("slash", "escape")
+        await pilot.pause()
+        assert len(_keys(app)) == N and _panel(app).data.filter == ""
+        await pilot.press("slash", *"zzz", "enter")
+        await pilot.pause()
+        assert _keys(app) == [] and "no source matches /zzz" in _panel(app).text()
+    assert [m.text for m in hook.of(KvtopApp.TableFiltered)] == ["de-07", "", "zzz"]
+    assert [m.source for m in hook.of(KvtopApp.SourceChanged)] == ["node-07/0/r"]
+
+
+async def test_j_k_move_the_cursor_and_enter_opens_its_row() -> None:
+    session, _ = fleet()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert _panel(app).data.cursor == 0
+        await pilot.press("j", "j", "j", "k")
+        await pilot.pause()
+        assert _panel(app).data.cursor == 2
+        assert _shown_source(app) == "node-00/0/r"   # moving is not opening
+        await pilot.press("enter")
+        await pilot.pause()
+        assert _shown_source(app) == "node-02/0/r"
+        assert app.screen.query_one("#tier-gpu", TierPanel).data.state.in_use_blocks == 3
+        # sorted afresh, the cursor goes to the top row; the source shown keeps its mark wherever it went
+        await pilot.press("o")
+        await pilot.pause()
+        d = _panel(app).data
+        assert d.cursor == 0 and d.rows[d.selected].key == "node-02/0/r"
+        for _ in range(N + 3):   # past the end: it stops on the last row
+            await pilot.press("j")
+        await pilot.pause()
+        d = _panel(app).data
+        assert d.cursor == N - 1 and d.rows[-1].hit_window is None
+
+
+async def test_a_click_selects_a_row_and_a_double_click_opens_it() -> None:
+    session, _ = fleet()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        lines = _panel(app).text().splitlines()
+        y = next(i for i, ln in enumerate(lines) if "node-03/0/r" in ln)
+        await pilot.click(SourcesPanel, offset=(6, 1 + y))
+        await pilot.pause()
+        d = _panel(app).data
+        assert d.rows[d.cursor].key == "node-03/0/r" and _shown_source(app) == "node-00/0/r"
+        await pilot.click(SourcesPanel, offset=(6, 1 + y), times=2)
+        await pilot.pause()
+        assert _shown_source(app) == "node-03/0/r"
+
+
+async def test_s_steps_down_the_table_as_it_is_sorted() -> None:
+    session, hit = fleet()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("o")
+        await pilot.pause()
+        order = _keys(app)
+        await pilot.press("s")
+        await pilot.pause()
+        # node-00 (the one shown) is somewhere down the sorted table: s shows the row after it
+        assert _shown_source(app) == order[order.index("node-00/0/r") + 1]
+
+
+async def test_table_keys_without_a_table_say_so() -> None:
+    from recordings import session_from_recording
+
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("o", "slash", "j")
+        await pilot.pause()
+        assert any("no table on screen" in str(n.message) for n in app._notifications)
+        assert not app.screen.query_one("#filter").display
