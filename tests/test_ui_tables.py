@@ -118,6 +118,7 @@ def test_the_cursor_stays_on_its_row_and_falls_back_when_it_is_filtered_out() ->
     assert cursor_index(["a", "c"], state, fallback="c") == 1
     assert cursor_index(["a", "c"], state) == 0
     assert cursor_index([], state) == -1
+    assert cursor_index(["c", "b"], TableState(), fallback="b") == 0   # no cursor row: the top one
 
 
 # ------------------------------------------------------------------------------------------------ the app
@@ -265,3 +266,26 @@ async def test_table_keys_without_a_table_say_so() -> None:
         await pilot.pause()
         assert any("no table on screen" in str(n.message) for n in app._notifications)
         assert not app.screen.query_one("#filter").display
+
+
+async def test_a_table_sorted_before_its_figures_came_keeps_the_cursor_on_its_top_row() -> None:
+    """Sorted by hit rate while no source had one yet (the first second of a fleet), the top row was just the first
+    source; when the figures came the cursor must be on the new top row (the highest), not follow that source down."""
+    ids = [SourceId(f"node-{i:02d}", 0, "r") for i in range(N)]
+    session = Session(source=ids[0])
+    for src in ids:
+        session.emit(make("stats", _stats(0, 90, 0, 0), src, T0))
+    app = build_app(session, Settings(), run_session=False)
+    app.fleet_refresh_s = 0.0
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("o")
+        await pilot.pause()
+        assert all(r.hit_window is None for r in _panel(app).data.rows)
+        for i, src in enumerate(ids):
+            session.emit(make("stats", _stats(1, 90, 10 + 7 * i, 90 - 7 * i), src, T0 + 2))
+        app.refresh_view()
+        await pilot.pause()
+        d = _panel(app).data
+        assert d.rows[0].key == f"node-{N - 1:02d}/0/r" and d.cursor == 0
+        assert f"node-{N - 1:02d}/0/r" in _panel(app).text().splitlines()[1]

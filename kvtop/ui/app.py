@@ -734,8 +734,8 @@ class KvtopApp(App[int]):
         shown = self._fleet_arranged = arrange(rows, state, SourcesPanel.SORT_VALUES, SourcesPanel.row_text)
         keys = [r.key for r in shown]
         own = rows[self._fleet_selected % len(rows)].key
-        if top and keys:   # sorted afresh: the top of the table is what is wanted (the highest hit rate...)
-            state.cursor = keys[0]
+        if top:   # sorted afresh: the top of the table is what is wanted (the highest hit rate...), as it changes
+            state.cursor = None
         cursor = cursor_index(keys, state, own)
         selected = next((i for i, r in enumerate(shown) if r.key == own), -1)
         self._panels["sources"].show(FleetData(tuple(shown), combine(rows), selected, cursor, state.sort,
@@ -1225,18 +1225,20 @@ class KvtopApp(App[int]):
             return self._no_table()
         field = self.query_one(FilterInput)
         field.value = self.sources_table.filter
-        field.add_class("-open")
+        field.display = True   # set on the widget, not by a class: the focus below needs it shown now
         field.can_focus = True
-        field.focus()
+        # Focused now, not after the keys already queued (Widget.focus waits its turn): a name typed fast after
+        # "/" (tmux send-keys, a paste) went to the dashboard's bindings and the filter got nothing.
+        self.screen.set_focus(field)
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        if isinstance(event.input, FilterInput) and event.input.has_class("-open"):
+        if isinstance(event.input, FilterInput) and event.input.display:
             self._filter(event.value)
 
     def on_filter_input_closed(self, message: FilterInput.Closed) -> None:
         field = self.query_one(FilterInput)
-        field.remove_class("-open")
-        field.blur()
+        field.display = False
+        self.screen.set_focus(None)
         field.can_focus = False
         self._filter(message.value)
         table = self._table() or "sources"

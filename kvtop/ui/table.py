@@ -10,8 +10,10 @@ handed (``arrange``) before a panel draws them, so the rules are the same in bot
   slowest request), names A to Z. Sorting by the column already sorted reverses it.
 - Filtering: a case-insensitive substring of the row's text (a source's key and status; a request's id, state
   and error).
-- The cursor is a row's key, not its position, so it stays on its row when the rows are sorted again; a row the
-  filter hides gives the cursor to the first row shown.
+- The cursor is a row's key, not its position, so it stays on its row as the figures move the rows; a row the
+  filter hides gives the cursor to the first row shown. A table sorted afresh has no cursor row: the cursor is on
+  its first row, whichever that is as the figures change (sorted before every source had a hit rate, the top row
+  was a source with none, and the cursor kept it as it sank).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class TableState:
     sort: str | None = None       # the column sorted by (a panel's column name), None: the rows' own order
     descending: bool = True
     filter: str = ""
-    cursor: str | None = None     # the key of the row the cursor is on
+    cursor: str | None = None     # the key of the row the cursor is on, None: the first row
 
     def sort_by(self, column: str, text_columns: Sequence[str] = ()) -> None:
         """Sort by ``column``: in its first direction, or the other way when it is already the sort column."""
@@ -93,10 +95,13 @@ def arrange(rows: Sequence[R], state: TableState, values: Mapping[str, Callable[
 
 
 def cursor_index(keys: Sequence[str], state: TableState, fallback: str | None = None) -> int:
-    """Where the cursor is among the rows shown (their ``keys``): its own row, else ``fallback``'s (the source the
+    """Where the cursor is among the rows shown (their ``keys``): no cursor (a table just sorted) is the first row,
+    whatever row that is now; its own row; else, where the filter hides it, ``fallback``'s (the source the
     dashboard shows), else the first row; -1 when no row is shown."""
     if not keys:
         return -1
+    if state.cursor is None:
+        return 0
     for key in (state.cursor, fallback):
         if key is not None:
             try:
