@@ -289,3 +289,111 @@ async def test_a_table_sorted_before_its_figures_came_keeps_the_cursor_on_its_to
         d = _panel(app).data
         assert d.rows[0].key == f"node-{N - 1:02d}/0/r" and d.cursor == 0
         assert f"node-{N - 1:02d}/0/r" in _panel(app).text().splitlines()[1]
+
+
+# ------------------------------------------------------------------------------------------------ requests view
+
+def _request(i: int) -> dict[str, Any]:
+    """Request i: TTFT (37 i mod 101) ms, 2 + i % 5 reused blocks of which i % 3 from the host; every 10th failed."""
+    if i % 10 == 9:
+        return {"request_id": i, "ok": False, "prompt_tokens": 100 + i, "priority": 20,
+                "error": f"TimeoutError: request {i} took too long\x1b[2J"}
+    return {"request_id": i, "ok": True, "prompt_tokens": 100 + i, "output_tokens": 8,
+            "ttft_s": (37 * i % 101) / 1000, "e2e_s": 0.5 + i / 100, "reused_blocks": 2 + i % 5,
+            "host_hit_blocks": i % 3, "priority": 35 if i % 2 else 80}
+
+
+def requests_session(n: int = 40) -> Session:
+    src = SourceId("node-a", 0, "r")
+    session = Session(source=src)
+    session.emit(make("stats", _stats(0, 90, 0, 0), src, T0))
+    for i in range(n):
+        session.emit(make("request", _request(i), src, T0 + 1 + i * 0.1))
+    running = [{"id": 900 + k, "stage": stage, "reusedBlocksPerRequest": 3, "numGeneratedTokens": k}
+               for k, stage in enumerate(("CONTEXT_IN_PROGRESS", "GENERATION_IN_PROGRESS", "GENERATION_COMPLETE"))]
+    session.emit(make("stats", {**_stats(1, 90, 0, 0), "requestStats": running}, src, T0 + 6))
+    return session
+
+
+def test_the_snapshot_carries_recent_and_in_flight_requests() -> None:
+    from kvtop.tiers import TierModel
+    from kvtop.tiers.requests import RECENT_REQUESTS
+
+    session = requests_session()
+    req = session.model.snapshot().requests
+    assert [r.key for r in req.running] == ["900", "901"]          # the completed one is left to its record
+    assert [r.state for r in req.running] == ["prefill", "decode"] and req.running[0].reused_blocks == 3
+    assert len(req.recent) == 40 and req.recent[-1].key == "39"
+    seven = next(r for r in req.recent if r.key == "7")
+    assert (seven.reused_blocks, seven.host_blocks, seven.gpu_blocks, seven.disk_blocks) == (4, 1, 3, 0)
+    assert seven.ttft_s == pytest.approx(0.057) and seven.priority == 35 and seven.state == "done"
+    nine = next(r for r in req.recent if r.key == "9")
+    assert nine.state == "failed" and nine.error.startswith("TimeoutError") and nine.ttft_s is None
+    # bounded: the newest RECENT_REQUESTS
+    m = TierModel()
+    for i in range(RECENT_REQUESTS + 10):
+        m.apply(make("request", _request(i), SourceId("a", 0, "r"), T0 + i))
+    recent = m.snapshot().requests.recent
+    assert len(recent) == RECENT_REQUESTS and recent[0].key == "10" and recent[-1].key == str(RECENT_REQUESTS + 9)
+    # a bad requestStats is a bad record that names what was wrong, and changes nothing
+    m.apply(make("stats", {"iter": 1, "requestStats": [{"id": None, "stage": "QUEUED"}]}, SourceId("a", 0, "r"),
+                 T0 + 1000))
+    snap = m.snapshot()
+    assert snap.bad_records == 1 and "requestStats[0].id" in snap.last_bad_reason and snap.requests.running == ()
+
+
+async def test_R_shows_the_requests_in_flight_then_newest_first_and_back() -> None:
+    hook = Messages()
+    app = build_app(requests_session(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
+        await pilot.pause()
+        await pilot.press("R")
+        await pilot.pause()
+        from kvtop.ui.widgets import RequestsTable
+
+        table = app.screen.query_one(RequestsTable)
+        assert app.screen.has_class("-reqs") and table.display
+        assert not app.screen.query_one("#left").display
+        assert [r.key for r in table.data.rows][:5] == ["900", "901", "39", "38", "37"]
+        lines = table.text().splitlines()
+        assert lines[0].split()[:4] == ["request", "state", "prompt", "reused"]
+        row = next(ln for ln in lines if ln.split()[0] == "37").split()
+        # id, state, prompt, reused, GPU, host, disk, TTFT, e2e, priority: 2 + 37 % 5 reused, 37 % 3 from the host
+        assert row == ["37", "done", "137", "4", "3", "1", "0", "56", "ms", "870", "ms", "35"]
+        failed = next(ln for ln in lines if ln.split()[0] == "39")
+        assert "failed" in failed and "TimeoutError: request 39" in failed and "\x1b" not in failed
+        assert next(ln for ln in lines if ln.split()[0] == "900").split()[:4] == ["900", "prefill", "?", "3"]
+        await pilot.press("R")
+        await pilot.pause()
+        assert not app.screen.has_class("-reqs") and app.screen.query_one("#left").display
+    assert [m.shown for m in hook.of(KvtopApp.RequestsToggled)] == [True, False]
+
+
+async def test_the_requests_view_sorts_filters_and_opens_a_row() -> None:
+    from kvtop.ui.widgets import RequestsTable
+
+    app = build_app(requests_session(), Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("R", "o")
+        await pilot.pause()
+        table = app.screen.query_one(RequestsTable)
+        rows = table.data.rows
+        ttfts = [(37 * i % 101) / 1000 for i in range(40) if i % 10 != 9]
+        assert rows[0].ttft_s == pytest.approx(max(ttfts)) and rows[0].key == str(
+            max((i for i in range(40) if i % 10 != 9), key=lambda i: 37 * i % 101))
+        assert [r.ttft_s for r in rows[:len(ttfts)]] == pytest.approx(sorted(ttfts, reverse=True))
+        assert all(r.ttft_s is None for r in rows[len(ttfts):])   # failed and in flight: no TTFT, last
+        assert "by TTFT ▼" in str(table.border_title)
+        # a click on the "host" header: most host blocks first
+        header = table.text().splitlines()[0]
+        await pilot.click(RequestsTable, offset=(1 + header.index("host") + 1, 1))
+        await pilot.pause()
+        assert table.data.sort == "host" and table.data.rows[0].host_blocks == 2
+        await pilot.press("slash", *"timeout", "enter")
+        await pilot.pause()
+        assert [r.key for r in table.data.rows] == ["39", "29", "19", "9"]   # no host figure: newest first
+        await pilot.press("j", "enter")
+        await pilot.pause()
+        said = [str(n.message) for n in app._notifications]
+        assert any(s.startswith("request 29: failed") and "TimeoutError: request 29" in s for s in said)

@@ -578,7 +578,8 @@ class TierModel:
 
     @property
     def requests(self) -> Requests:
-        req = self.request_fold.requests(self.now, self.window_s, self.stats_fold.in_flight)
+        req = self.request_fold.requests(self.now, self.window_s, self.stats_fold.in_flight,
+                                         self.stats_fold.running)
         said = None if self.stream_fold is None else self.stream_fold.said_ttft()
         if said is not None:
             # a source known by a kvtop agent's summaries: percentiles do not travel as totals, the agent's own do

@@ -195,6 +195,26 @@ class Latency:
                 "p99": None if self.p99_s is None else self.p99_s * 1000.0}
 
 
+@frozen(slots=True)
+class RequestRow:
+    """One request as the requests view shows it: finished (a ``request`` record: done or failed) or in flight
+    (the engine's ``requestStats``: queued, prefill, decode). None is unknown."""
+
+    key: str                          # its id as text (the driver's or the server's; the engine's in flight)
+    state: str                        # "done", "failed", "queued", "prefill", "decode", "paused"
+    t: float | None                   # when it finished (model time); None in flight
+    prompt_tokens: int | None
+    output_tokens: int | None
+    reused_blocks: int | None         # prompt blocks reused, from whichever tier
+    gpu_blocks: int | None            # ...of them found on the GPU
+    host_blocks: int | None           # ...onboarded from host memory
+    disk_blocks: int | None           # ...loaded from disk
+    ttft_s: float | None
+    e2e_s: float | None
+    priority: int | None
+    error: str | None
+
+
 @frozen
 class Requests:
     completed: int = 0
@@ -211,6 +231,10 @@ class Requests:
     # TTFT by where each request's prefix came from (kvtop.tiers.requests.PREFIX_SOURCES), the classes with
     # requests: (source, since start, over the window)
     ttft_by_source: tuple[tuple[str, Latency, Latency], ...] = ()
+    # The requests view's rows: the last RECENT_REQUESTS finished (newest last), and the engine's in flight
+    # (its requestStats, where it sends them: enable_iter_req_stats)
+    recent: tuple[RequestRow, ...] = ()
+    running: tuple[RequestRow, ...] = ()
 
     def ttft_by_source_json(self) -> dict[str, dict[str, Any]]:
         """``requests.ttft_ms_by_source`` of the JSON summary: per class, count and p50 / p99 in ms since the

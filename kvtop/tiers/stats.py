@@ -13,10 +13,11 @@ Knows no other fold: the model says whether a record is warm-up and how many byt
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from kvtop.records import MAX_BLOCKS, MAX_MAGNITUDE
 from kvtop.tiers.common import _Bad, _count, _describe, _number, _required_count
+from kvtop.tiers.state import RequestRow
 from kvtop.tiers.verdict import IterationFit
 
 # The counts read off each stats record, with the path a bad one is named by (built once, not per record).
@@ -96,6 +97,7 @@ class StatsFold:
         self.warm_level_tokens = 0
         self.completed = 0                      # numCompletedRequests, summed
         self.in_flight: int | None = None
+        self.running: tuple[RequestRow, ...] = ()  # the last requestStats' requests in flight (requests view)
         self.ctx_tokens = 0
         self.gen_tokens = 0
         self.gpu_mem_usage: int | None = None
@@ -172,6 +174,7 @@ class StatsFold:
             gen_reqs = ifb.get("numGenRequests")
             if gen_reqs is not None and (gen_reqs.__class__ is not int or gen_reqs < 0):
                 gen_reqs = _count(gen_reqs, "inflightBatchingStats.numGenRequests")
+        running = self._running(d["requestStats"]) if "requestStats" in d else None
 
         # An engine restart: iter or a cumulative counter went backwards. The new values are then the deltas.
         last = self._last_kv
@@ -301,6 +304,37 @@ class StatsFold:
             self.gpu_mem_usage = gpu_mem
         if pinned is not None:
             self.pinned_mem_usage = pinned
+        if running is not None:
+            self.running = running
+
+    # TensorRT-LLM's request stages (requestStats[].stage) as the requests view names them
+    STAGES: ClassVar[dict[str, str]] = {"QUEUED": "queued", "CONTEXT_IN_PROGRESS": "prefill",
+                                        "GENERATION_IN_PROGRESS": "decode", "ENCODER_IN_PROGRESS": "encode"}
+
+    def _running(self, entries: Any) -> tuple[RequestRow, ...]:
+        """The requests in flight of one iteration's ``requestStats`` (enable_iter_req_stats): id, stage, reused
+        blocks (the engine does not say from which tier). Those that completed this iteration are left out: their
+        ``request`` record says the rest. Checked whole before anything changes."""
+        if not isinstance(entries, list):
+            raise _Bad("requestStats", f"must be a list, got {_describe(entries)}")
+        out = []
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise _Bad(f"requestStats[{i}]", f"must be an object, got {_describe(e)}")
+            rid = e.get("id")
+            if isinstance(rid, bool) or not isinstance(rid, (int, str)):
+                raise _Bad(f"requestStats[{i}].id", f"must be an integer or a string, got {_describe(rid)}")
+            stage = e.get("stage")
+            if not isinstance(stage, str):
+                raise _Bad(f"requestStats[{i}].stage", f"must be a string, got {_describe(stage)}")
+            reused = _count(e.get("reusedBlocksPerRequest"), f"requestStats[{i}].reusedBlocksPerRequest")
+            generated = _count(e.get("numGeneratedTokens"), f"requestStats[{i}].numGeneratedTokens")
+            if stage == "GENERATION_COMPLETE":
+                continue
+            state = "paused" if e.get("paused") is True else self.STAGES.get(stage, stage.lower()[:12])
+            out.append(RequestRow(str(rid)[:64], state, None, None, generated, reused, None, None, None, None, None,
+                                  None, None))
+        return tuple(out)
 
     def _kv_iteration(self, d: dict[str, Any], has_kv: bool) -> tuple[dict[str, int] | None, str | None,
                                                                       list[str] | None, list[int] | None]:

@@ -73,6 +73,8 @@ from kvtop.ui.widgets import (
     PriorityPanel,
     RequestData,
     RequestPanel,
+    RequestsData,
+    RequestsTable,
     SourcesPanel,
     TableHeaderClicked,
     TableRowClicked,
@@ -229,6 +231,7 @@ class DashboardScreen(Screen[None]):
             yield MovesPanel(id="moves")
             yield RequestPanel(id="requests")
             yield MemoryPanel(id="memory")
+        yield RequestsTable(id="requests-view")   # R: in both columns' place (the screen's -reqs class)
 
     def _set_layout_classes(self, mode: str) -> None:
         # -xl is the wide layout and more (kvtop.tcss): both classes, so every wide rule still applies.
@@ -287,6 +290,7 @@ class KvtopApp(App[int]):
         Binding("j", "cursor(1)", "Down", show=False),
         Binding("k", "cursor(-1)", "Up", show=False),
         Binding("enter", "open_row", "Open", show=False),
+        Binding("R", "toggle_requests", "Requests", show=False),
         Binding("question_mark", "help", "Help", key_display="?"),
     ]
 
@@ -334,6 +338,11 @@ class KvtopApp(App[int]):
         def __init__(self, refresh_s: float):
             super().__init__()
             self.refresh_s = refresh_s
+
+    class RequestsToggled(Message):
+        def __init__(self, shown: bool):
+            super().__init__()
+            self.shown = shown
 
     class TableSorted(Message):
         def __init__(self, table: str, column: str | None, descending: bool):
@@ -389,6 +398,11 @@ class KvtopApp(App[int]):
         self._fleet_all: list[FleetRow] = []        # every source's row, in the session's order
         self._fleet_arranged: list[FleetRow] = []   # ...as the table shows them: filtered, sorted
         self._fleet_selected = 0                    # the index in _fleet_all of the source the big panels show
+        self.requests_view = False                  # R: the requests view in the panels' place
+        self.requests_table = TableState()
+        self._req_seen: tuple[Any, Any] = ((), ())  # the snapshot's (running, recent) the rows were made from
+        self._req_all: list[Any] = []               # in flight, then finished newest first
+        self._req_arranged: list[Any] = []
         self._whatif_key: tuple[Any, ...] | None = None
         self._verdict_key: tuple[Any, ...] | None = None   # the verdict line's, once a second (_verdict)
         self._verdict_lines: tuple[VerdictLine, ...] = ()
@@ -604,6 +618,7 @@ class KvtopApp(App[int]):
         self._panels["requests"].show(self._requests(live, snap, rates, view))
         self._panels["prio"].show(self._priorities(snap, gpu, host))
         self._panels["memory"].show(self._memory(snap, host, view))
+        self._show_requests()
         self.shown_data_time = snap.now
         self.refreshes += 1
         self.last_refresh_cost_s = time.perf_counter() - t0
@@ -1150,31 +1165,49 @@ class KvtopApp(App[int]):
     # -- the tables: sort (o, O, a click on a header), filter (/), cursor (j, k, a click), open (Enter) --
 
     def _table(self) -> str | None:
-        """The table the table keys act on: the sources table while it is shown, else None."""
+        """The table the table keys act on: the requests view while it is shown, else the sources table while it
+        is shown, else None."""
+        if self.requests_view:
+            return "requests"
         return "sources" if self._fleet_shown and self._fleet_all else None
 
+    def _spec(self, table: str) -> tuple[TableState, type[SourcesPanel] | type[RequestsTable], list[Any]]:
+        """A table's state, its panel's class (columns, sort values, filter text) and its rows as shown."""
+        if table == "requests":
+            return self.requests_table, RequestsTable, self._req_arranged
+        return self.sources_table, SourcesPanel, self._fleet_arranged
+
+    def _own_row(self, table: str) -> str | None:
+        """The row the cursor falls back to: the source the big panels show (the requests view: none)."""
+        if table == "sources" and self._fleet_all:
+            return self._fleet_all[self._fleet_selected % len(self._fleet_all)].key
+        return None
+
     def _no_table(self) -> None:
-        self.notify("no table on screen: the sources table shows with 2+ sources", timeout=3)
+        self.notify("no table on screen: the sources table shows with 2+ sources, R shows the requests",
+                    timeout=3)
 
     def _table_changed(self, table: str, top: bool = False) -> None:
         if table == "sources":
             self._show_fleet(top)
+        else:
+            self._show_requests(top)
 
     def action_sort_next(self) -> None:
         table = self._table()
         if table is None:
             return self._no_table()
-        state = self.sources_table
-        state.sort_next(SourcesPanel.SORT_ORDER, SourcesPanel.TEXT_COLUMNS)
+        state, panel, _ = self._spec(table)
+        state.sort_next(panel.SORT_ORDER, panel.TEXT_COLUMNS)
         self._sorted(table, state)
 
     def action_sort_reverse(self) -> None:
         table = self._table()
         if table is None:
             return self._no_table()
-        state = self.sources_table
+        state, panel, _ = self._spec(table)
         if state.sort is None:
-            state.sort_next(SourcesPanel.SORT_ORDER, SourcesPanel.TEXT_COLUMNS)
+            state.sort_next(panel.SORT_ORDER, panel.TEXT_COLUMNS)
         state.reverse()
         self._sorted(table, state)
 
@@ -1183,28 +1216,26 @@ class KvtopApp(App[int]):
         self.post_message(self.TableSorted(table, state.sort, state.descending))
 
     def on_table_header_clicked(self, message: TableHeaderClicked) -> None:
-        state = self.sources_table
-        state.sort_by(message.column, SourcesPanel.TEXT_COLUMNS)
+        state, panel, _ = self._spec(message.table)
+        state.sort_by(message.column, panel.TEXT_COLUMNS)
         self._sorted(message.table, state)
 
     def on_table_row_clicked(self, message: TableRowClicked) -> None:
-        self.sources_table.cursor = message.key
+        state, _, _ = self._spec(message.table)
+        state.cursor = message.key
+        self._table_changed(message.table)
         if message.chain >= 2:
-            self._show_source(message.key)
-        else:
-            self._table_changed(message.table)
+            self._open(message.table, message.key)
 
     def action_cursor(self, step: int) -> None:
         table = self._table()
         if table is None:
             return self._no_table()
-        rows = self._fleet_arranged
+        state, _, rows = self._spec(table)
         if not rows:
             return
-        state = self.sources_table
-        own = self._fleet_all[self._fleet_selected % len(self._fleet_all)].key
         keys = [r.key for r in rows]
-        at = cursor_index(keys, state, own)
+        at = cursor_index(keys, state, self._own_row(table))
         state.cursor = keys[min(max(at + step, 0), len(keys) - 1)]
         self._table_changed(table)
 
@@ -1212,19 +1243,32 @@ class KvtopApp(App[int]):
         table = self._table()
         if table is None:
             return self._no_table()
-        rows = self._fleet_arranged
-        if not rows:
+        state, _, rows = self._spec(table)
+        if rows:
+            self._open(table, rows[cursor_index([r.key for r in rows], state, self._own_row(table))].key)
+
+    def _open(self, table: str, key: str) -> None:
+        """Enter on a row: a source is shown in the big panels; a request's whole row is said in a toast."""
+        if table == "sources":
+            self._show_source(key)
             return
-        own = self._fleet_all[self._fleet_selected % len(self._fleet_all)].key
-        key = rows[cursor_index([r.key for r in rows], self.sources_table, own)].key
-        self._show_source(key)
+        row = next((r for r in self._req_arranged if r.key == key), None)
+        if row is None:
+            return
+        said = (f"request {fmt.clean(row.key, 64)}: {row.state}, prompt {fmt.count(row.prompt_tokens)} tokens, "
+                f"reused {fmt.count(row.reused_blocks)} blocks (GPU {fmt.count(row.gpu_blocks)}, host "
+                f"{fmt.count(row.host_blocks)}, disk {fmt.count(row.disk_blocks)}), TTFT {fmt.seconds_ms(row.ttft_s)}"
+                f", e2e {fmt.seconds_ms(row.e2e_s)}, priority {fmt.count(row.priority)}")
+        if row.error:
+            said += f"; error: {fmt.clean(row.error, 600)}"
+        self.notify(said, severity="error" if row.state == "failed" else "information", timeout=10)
 
     def action_filter(self) -> None:
         table = self._table()
         if table is None:
             return self._no_table()
         field = self.query_one(FilterInput)
-        field.value = self.sources_table.filter
+        field.value = self._spec(table)[0].filter
         field.display = True   # set on the widget, not by a class: the focus below needs it shown now
         field.can_focus = True
         # Focused now, not after the keys already queued (Widget.focus waits its turn): a name typed fast after
@@ -1241,14 +1285,54 @@ class KvtopApp(App[int]):
         self.screen.set_focus(None)
         field.can_focus = False
         self._filter(message.value)
-        table = self._table() or "sources"
-        self.post_message(self.TableFiltered(table, self.sources_table.filter))
+        table = self._table()
+        if table is not None:
+            self.post_message(self.TableFiltered(table, self._spec(table)[0].filter))
 
     def _filter(self, text: str) -> None:
-        state = self.sources_table
+        table = self._table()
+        if table is None:
+            return
+        state = self._spec(table)[0]
         if state.filter != text:
             state.filter = text
-            self._table_changed("sources")
+            self._table_changed(table)
+
+    def action_toggle_requests(self) -> None:
+        """R: the requests view in the place of the panels, or the panels again."""
+        self.requests_view = not self.requests_view
+        if self._dashboard is not None:
+            self._dashboard.set_class(self.requests_view, "-reqs")
+        if self.requests_view:
+            self._show_requests()
+        self.post_message(self.RequestsToggled(self.requests_view))
+
+    def _show_requests(self, top: bool = False) -> None:
+        """The requests view from the shown snapshot: the engine's in flight, then the finished newest first,
+        filtered and sorted (kvtop/ui/table.py)."""
+        if not self.requests_view or self._dashboard is None:
+            return
+        snap = self._shown if self._shown is not None else reading(self.current_model()[1])
+        req = snap.requests
+        running, recent = getattr(req, "running", ()), getattr(req, "recent", ())
+        if running is not self._req_seen[0] or recent is not self._req_seen[1]:
+            self._req_seen = (running, recent)
+            self._req_all = [*running, *reversed(recent)]
+        rows = self._req_all
+        state = self.requests_table
+        shown = self._req_arranged = arrange(rows, state, RequestsTable.SORT_VALUES, RequestsTable.row_text)
+        if top:
+            state.cursor = None
+        view = self._view
+        in_flight = view.in_flight if view is not None and view.in_flight is not None else req.in_flight
+        note = ""
+        if not running and in_flight:
+            note = (f"{fmt.count(in_flight)} in flight, not listed: the engine sends no per-request stats "
+                    "(TensorRT-LLM: enable_iter_req_stats)")
+        key = self.current_model()[0] or (self._own_key(view) if view is not None else "")
+        self._dashboard.query_one(RequestsTable).show(RequestsData(
+            tuple(shown), cursor_index([r.key for r in shown], state), state.sort, state.descending, state.filter,
+            len(rows), fmt.clean(key, 40), note))
 
     def _select_source(self, index: int) -> None:
         sources = self._sources()
