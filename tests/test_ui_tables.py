@@ -397,3 +397,82 @@ async def test_the_requests_view_sorts_filters_and_opens_a_row() -> None:
         await pilot.pause()
         said = [str(n.message) for n in app._notifications]
         assert any(s.startswith("request 29: failed") and "TimeoutError: request 29" in s for s in said)
+
+
+# ------------------------------------------------------------------------------------------------ remembered
+
+class FileSettings(Settings):
+    def __init__(self, path: Any) -> None:
+        self.config_file = str(path)
+
+
+async def test_the_theme_and_layout_chosen_are_remembered_in_the_settings_file(tmp_path: Any) -> None:
+    import tomllib
+
+    from kvtop.settings import load_settings
+
+    path = tmp_path / "kvtop" / "kvtop.toml"
+    path.parent.mkdir()
+    path.write_text("# my settings\nrefresh = 0.5  # half a second\nmodel = \"Qwen/Qwen3-8B\"\n\n[ui]\nmine = 3\n")
+    session, hit = fleet()
+    app = build_app(session, FileSettings(path), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("t", "e", "o", "O", "R", "o")
+        await pilot.pause()
+        assert app.remember_problem is None
+    data = tomllib.loads(path.read_text())
+    assert data == {"refresh": 0.5, "model": "Qwen/Qwen3-8B", "theme": "light",
+                    "ui": {"mine": 3, "events": False, "view": "requests", "sources_sort": "hit_window",
+                           "requests_sort": "-ttft"}}
+    assert path.read_text().startswith("# my settings\nrefresh = 0.5  # half a second\n")   # lines kept
+    assert load_settings(config_path=path, environ={}).theme == "light"   # the [ui] table is the dashboard's
+    # ...and the next dashboard opens as this one was left
+    again = build_app(session, FileSettings(path), run_session=False)
+    async with again.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert again.screen.has_class("-reqs") and not again.show_events
+        assert (again.sources_table.sort, again.sources_table.descending) == ("hit_window", False)
+        assert (again.requests_table.sort, again.requests_table.descending) == ("ttft", True)
+        await pilot.press("R")
+        await pilot.pause()
+        lowest = min((k for k in hit if hit[k] is not None), key=lambda k: hit[k])  # type: ignore[arg-type,return-value]
+        assert _keys(again)[0] == lowest
+
+
+async def test_a_settings_file_that_cannot_be_written_is_said_and_the_dashboard_goes_on(tmp_path: Any) -> None:
+    blocker = tmp_path / "config"
+    blocker.write_text("a file where the config folder should be")
+    path = blocker / "kvtop" / "kvtop.toml"   # its folder cannot be made (as root too)
+    app = build_app(fleet()[0], FileSettings(path), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("e", "e", "o")
+        await pilot.pause()
+        assert app.remember_problem is not None and "cannot save to" in app.remember_problem
+        log = [ln.text for ln in app.screen.query_one("#events").lines]
+        assert any(t.startswith("not remembered: settings file: cannot save to") for t in log)
+        toasts = [str(n.message) for n in app._notifications if "cannot remember" in str(n.message)]
+        assert len(toasts) == 1   # one toast per reason, however often it fails
+        assert app.show_events and app.sources_table.sort == "hit_window"   # the choices themselves took effect
+    assert blocker.read_text().startswith("a file where")
+    # a missing config folder is made
+    deep = tmp_path / "new" / "kvtop" / "kvtop.toml"
+    app = build_app(fleet()[0], FileSettings(deep), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("R")
+        await pilot.pause()
+    assert 'view = "requests"' in deep.read_text()
+
+
+async def test_choices_the_dashboard_cannot_use_are_said_and_the_rest_used(tmp_path: Any) -> None:
+    path = tmp_path / "kvtop.toml"
+    path.write_text('refresh = 0.5\n[ui]\nview = "sideways"\nsources_sort = "-nope"\nevents = false\n')
+    app = build_app(fleet()[0], FileSettings(path), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        log = [ln.text for ln in app.screen.query_one("#events").lines]
+        assert any("[ui] view = 'sideways' (dashboard or requests): ignored" in t for t in log)
+        assert any("[ui] sources_sort = '-nope'" in t for t in log)
+        assert not app.show_events and not app.screen.has_class("-reqs") and app.sources_table.sort is None

@@ -40,6 +40,7 @@ from textual.worker import Worker
 from kvtop.fleet import FleetRow, combine, source_row, source_status
 from kvtop.occupancy import occupancy
 from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
+from kvtop.settings import SettingsError, remember_choices, ui_choices
 from kvtop.sources.replay import SEEK_S, STEP_S, speed_text
 from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
 from kvtop.tiers.departures import describe as describe_left
@@ -366,6 +367,12 @@ class KvtopApp(App[int]):
         self.duration_s = None if settings is None else settings.duration
         self.theme_names: list[str] = []
         self._theme_errors: list[str] = []
+        self._theme_paths: dict[str, str] = {}   # a theme loaded from a file: its name -> the path given
+        self._theme_seen: str | None = None
+        # The settings file the theme and layout choices are remembered in (kvtop.settings.remember_choices);
+        # None (a test's or an embedder's settings): nothing is remembered.
+        self.config_file: str | None = getattr(settings, "config_file", None)
+        self.remember_problem: str | None = None   # why the last choice could not be remembered, None: it was
         self._register_themes(settings.theme if settings is not None and settings.theme else DEFAULT_THEME)
         self.source_index = 0
         self.refreshes = 0              # refreshes that read the model (not paused)
@@ -439,6 +446,7 @@ class KvtopApp(App[int]):
                 if theme.name not in self.theme_names:
                     self.theme_names.append(theme.name)
                 name = theme.name
+                self._theme_paths[name] = wanted
         if name not in self.available_themes:
             self._theme_errors.append(f"theme {wanted!r} not found (have {', '.join(self.theme_names)})")
             name = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
@@ -492,6 +500,10 @@ class KvtopApp(App[int]):
         self._feed_log(view)  # the session's earlier lines first, so the log reads in time order
         for err in self._theme_errors:
             self.note("warn", err)
+        self._restore_choices()
+        self._theme_seen = self.theme
+        with contextlib.suppress(AttributeError):   # t's theme, or one picked in the palette, is remembered
+            self.theme_changed_signal.subscribe(self, self._theme_changed)
         meta = view.meta
         what = " ".join(str(x) for x in (meta.get("engine"), meta.get("model")) if x)
         self.note("info", f"kvtop dashboard{' on ' + what if what else ''}: refresh {self.refresh_s:g} s, "
@@ -1125,6 +1137,64 @@ class KvtopApp(App[int]):
         self.post_message(self.WindowReset())
         self.refresh_view()
 
+    # -- the choices remembered in the settings file --
+
+    def _restore_choices(self) -> None:
+        """The layout last chosen (the settings file's [ui] table): the event log, the requests view, the tables'
+        sorts. What cannot be read or used is said in the log, and the rest is used."""
+        if not self.config_file:
+            return
+        try:
+            ui = ui_choices(self.config_file)
+        except SettingsError as exc:
+            self.note("warn", f"{exc}: the dashboard's last choices are not restored")
+            return
+        bad: list[str] = []
+        events = ui.get("events")
+        if isinstance(events, bool):
+            self.show_events = events
+        elif events is not None:
+            bad.append(f"events = {fmt.clean(repr(events), 30)} (true or false)")
+        view = ui.get("view")
+        if view == "requests":
+            self.action_toggle_requests(remember=False)
+        elif view not in (None, "dashboard"):
+            bad.append(f"view = {fmt.clean(repr(view), 30)} (dashboard or requests)")
+        for table in ("sources", "requests"):
+            text = ui.get(f"{table}_sort")
+            if text is None:
+                continue
+            state, panel, _ = self._spec(table)
+            if not isinstance(text, str) or not state.from_text(text, tuple(panel.SORT_VALUES)):
+                bad.append(f"{table}_sort = {fmt.clean(repr(text), 30)} (one of {', '.join(panel.SORT_VALUES)}, "
+                           "- first for descending)")
+        for what in bad:
+            self.note("warn", f"settings file {self.config_file} [ui] {what}: ignored")
+
+    def _theme_changed(self, _theme: Any) -> None:
+        if self.theme != self._theme_seen:   # not the start's own theme, published late
+            self._theme_seen = self.theme
+            self._remember(theme=True)
+
+    def _remember(self, theme: bool = False) -> None:
+        """Remember the layout (and with ``theme``, the theme) in the settings file; a file or folder that cannot
+        be written is said in the log and a toast (once per reason), and the dashboard goes on."""
+        if not self.config_file or self._dashboard is None:
+            return
+        ui = {"events": bool(self.show_events), "view": "requests" if self.requests_view else "dashboard",
+              "sources_sort": self.sources_table.to_text(), "requests_sort": self.requests_table.to_text()}
+        settings = {"theme": self._theme_paths.get(self.theme, self.theme)} if theme else {}
+        try:
+            remember_choices(self.config_file, settings, ui)
+        except SettingsError as exc:
+            problem = str(exc)
+            self.note("warn", f"not remembered: {problem}")
+            if problem != self.remember_problem:
+                self.notify(f"kvtop cannot remember this choice: {problem}", severity="warning", timeout=8)
+            self.remember_problem = problem
+        else:
+            self.remember_problem = None
+
     def action_cycle_theme(self) -> None:
         names = [n for n in PREFERRED_ORDER if n in self.theme_names] + \
                 [n for n in self.theme_names if n not in PREFERRED_ORDER]
@@ -1137,6 +1207,7 @@ class KvtopApp(App[int]):
     def action_toggle_events(self) -> None:
         self.show_events = not self.show_events
         self.post_message(self.EventsToggled(self.show_events))
+        self._remember()
 
     def action_next_source(self) -> None:
         sources = self._sources()
@@ -1214,6 +1285,7 @@ class KvtopApp(App[int]):
     def _sorted(self, table: str, state: TableState) -> None:
         self._table_changed(table, top=True)
         self.post_message(self.TableSorted(table, state.sort, state.descending))
+        self._remember()
 
     def on_table_header_clicked(self, message: TableHeaderClicked) -> None:
         state, panel, _ = self._spec(message.table)
@@ -1298,7 +1370,7 @@ class KvtopApp(App[int]):
             state.filter = text
             self._table_changed(table)
 
-    def action_toggle_requests(self) -> None:
+    def action_toggle_requests(self, remember: bool = True) -> None:
         """R: the requests view in the place of the panels, or the panels again."""
         self.requests_view = not self.requests_view
         if self._dashboard is not None:
@@ -1306,6 +1378,8 @@ class KvtopApp(App[int]):
         if self.requests_view:
             self._show_requests()
         self.post_message(self.RequestsToggled(self.requests_view))
+        if remember:
+            self._remember()
 
     def _show_requests(self, top: bool = False) -> None:
         """The requests view from the shown snapshot: the engine's in flight, then the finished newest first,

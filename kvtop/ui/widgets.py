@@ -1734,7 +1734,7 @@ class RequestsTable(ClickableTable):
             return (fmt.clean(row.error or "", 200), S_ERR)
         value = {"prompt": row.prompt_tokens, "reused": row.reused_blocks, "gpu": row.gpu_blocks,
                  "host": row.host_blocks, "disk": row.disk_blocks}[what]
-        return (fmt.count(value), S_IN_USE if what == "gpu" else S_CACHED if what in ("host", "disk") else S_FIG)
+        return (fmt.count(value), {"gpu": S_GPU, "host": S_HOST, "disk": S_DISK}.get(what, S_FIG))
 
     def build(self) -> Line | list[Line]:
         d: RequestsData | None = self.data
