@@ -368,9 +368,10 @@ def remember_choices(path: str | Path, settings: dict[str, Any], ui: dict[str, A
         text = target.read_text(encoding="utf-8") if target.exists() else ""
     except (OSError, UnicodeDecodeError) as exc:
         raise SettingsError("settings file", f"cannot read {target}: {getattr(exc, 'strerror', None) or exc}") from None
-    assert tomllib is not None or not text
+    if tomllib is None:
+        raise SettingsError("settings file", "remembering the dashboard's choices needs Python 3.11+ (tomllib)")
     try:
-        before = tomllib.loads(text) if tomllib is not None else {}
+        before: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError("settings file", f"{target} is not valid TOML ({exc}): left as it is") from None
     where = "kvtop" if isinstance(before.get("kvtop"), dict) else None
@@ -382,7 +383,7 @@ def remember_choices(path: str | Path, settings: dict[str, Any], ui: dict[str, A
     (expected.setdefault("kvtop", {}) if where else expected).update(settings)
     existing = expected.get(UI_TABLE)
     expected[UI_TABLE] = {**(existing if isinstance(existing, dict) else {}), **ui}
-    if tomllib is not None and tomllib.loads(new_text) != expected:
+    if tomllib.loads(new_text) != expected:
         raise SettingsError("settings file", f"{target}: cannot remember the dashboard's choices without changing "
                                              "other settings (a key spread over several lines?): left as it is")
     try:
