@@ -1495,8 +1495,14 @@ def _header_cells(cols: Sequence[tuple[str, int, str]], sort: str | None, descen
     spans: list[tuple[int, int, str]] = []
     x = start
     for h, w, what in cols:
-        sep = ARROW[descending] if what == sort else " "
-        text = h.ljust(w - 1) if what == "status" else h.ljust(w) if what in ("state", "error") else _pad(h, w)
+        left = what in ("status", "state", "error")
+        sep = " "
+        if what == sort:   # the arrow beside the header's words, in its padding where there is room
+            if len(h) < w - (what == "status"):
+                h = h + ARROW[descending] if left else ARROW[descending] + h
+            else:
+                sep = ARROW[descending]
+        text = h.ljust(w - 1) if what == "status" else h.ljust(w) if left else _pad(h, w)
         parts.append((sep + text, "bold $primary" if what == sort else S_DIM))
         spans.append((x, x + 1 + len(text), what))
         x += 1 + len(text)
@@ -2070,6 +2076,17 @@ HELP_TEXT = """\
   [b]e[/] event log     [b]s[/] next source (when several are attached)
   [b]+ -[/] refresh more / less often (0.1 to 5 s)
   [b]?[/] this help     [b]ctrl+p[/] commands (screenshot: into the working dir)
+  [b]R[/] requests view: recent and in-flight requests, one row each
+
+[b]Tables[/]  the sources table (2+ sources) and the requests view (R)
+  [b]o[/] sort: the next column (sources: hit rate first; requests: TTFT)
+  [b]O[/] the other way     [b]click a header[/] sort by it (again: reverse)
+  [b]/[/] filter: type part of a name (id, status, error), [b]Enter[/] keeps it,
+    [b]Esc[/] clears it     [b]j[/] / [b]k[/] cursor down / up     [b]click[/] a row: cursor
+  [b]Enter[/] open the cursor's row (a source: the big panels show it; a
+    request: its whole row)   [b]double click[/] a row: open it
+  Theme, event log, requests view and sorts are remembered in the settings
+  file ([ui] table of ~/.config/kvtop/kvtop.toml, or --config / KVTOP_CONFIG).
 
 [b]Replay[/]  (kvtop replay FILE) the header's REPLAY badge: place / length, speed
   [b]p[/] pause / play the replay itself   [b]+ -[/] speed x0.25 .. x64, max
