@@ -476,3 +476,21 @@ async def test_choices_the_dashboard_cannot_use_are_said_and_the_rest_used(tmp_p
         assert any("[ui] view = 'sideways' (dashboard or requests): ignored" in t for t in log)
         assert any("[ui] sources_sort = '-nope'" in t for t in log)
         assert not app.show_events and not app.screen.has_class("-reqs") and app.sources_table.sort is None
+
+
+async def test_the_palette_has_the_requests_view_and_the_tables_commands() -> None:
+    from textual.command import CommandPalette
+
+    app = build_app(fleet()[0], Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert {"Requests view", "Sort table", "Filter table"} <= set(titles)
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        assert isinstance(app.screen, CommandPalette)
+        await pilot.press(*"requests view")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert app.requests_view and app.screen.has_class("-reqs")

@@ -1490,6 +1490,12 @@ class KvtopApp(App[int]):
         yield SystemCommand("Next theme", "Cycle dark, light, high-contrast", self.action_cycle_theme)
         yield SystemCommand("Event log", "Show or hide the event log", self.action_toggle_events)
         yield SystemCommand("Help", "Keys and what each number means", self.action_help)
+        yield SystemCommand("Requests view", "Recent and in-flight requests, one row each (R)",
+                            self.action_toggle_requests)
+        if self._table() is not None:
+            yield SystemCommand("Sort table", "Sort the table by its next column (o; O reverses)",
+                                self.action_sort_next)
+            yield SystemCommand("Filter table", "Show the rows that hold what you type (/)", self.action_filter)
         if len(self._sources()) > 1:
             yield SystemCommand("Next source", "Show the next attached source", self.action_next_source)
 
