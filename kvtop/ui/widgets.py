@@ -2079,14 +2079,13 @@ HELP_TEXT = """\
   [b]R[/] requests view: recent and in-flight requests, one row each
 
 [b]Tables[/]  the sources table (2+ sources) and the requests view (R)
-  [b]o[/] sort: the next column (sources: hit rate first; requests: TTFT)
+  [b]o[/] sort by the next column (sources: hit rate first; requests: TTFT)
   [b]O[/] the other way     [b]click a header[/] sort by it (again: reverse)
-  [b]/[/] filter: type part of a name (id, status, error), [b]Enter[/] keeps it,
-    [b]Esc[/] clears it     [b]j[/] / [b]k[/] cursor down / up     [b]click[/] a row: cursor
-  [b]Enter[/] open the cursor's row (a source: the big panels show it; a
-    request: its whole row)   [b]double click[/] a row: open it
+  [b]/[/] filter as you type (a name, status, id, error): [b]Enter[/] keeps, [b]Esc[/] clears
+  [b]j[/] [b]k[/] cursor down, up   [b]click[/] a row: cursor   [b]Enter[/] or [b]double click[/]: open
+    it (a source: the big panels show it; a request: its whole row)
   Theme, event log, requests view and sorts are remembered in the settings
-  file ([ui] table of ~/.config/kvtop/kvtop.toml, or --config / KVTOP_CONFIG).
+  file (its \[ui] table; ~/.config/kvtop/kvtop.toml, --config, KVTOP_CONFIG).
 
 [b]Replay[/]  (kvtop replay FILE) the header's REPLAY badge: place / length, speed
   [b]p[/] pause / play the replay itself   [b]+ -[/] speed x0.25 .. x64, max
@@ -2159,7 +2158,9 @@ class HelpScreen(ModalScreen[None]):
             yield Static(text, id="help-text")
 
     def on_mount(self) -> None:
-        self.query_one("#help-scroll").focus()
+        scroll = self.query_one("#help-scroll")
+        scroll.border_subtitle = HELP_HINT
+        scroll.focus()
 
     def action_dismiss(self, result: None = None) -> Any:
         return self.dismiss(result)
