@@ -2085,7 +2085,7 @@ HELP_TEXT = """\
   [b]j[/] [b]k[/] cursor down, up   [b]click[/] a row: cursor   [b]Enter[/] or [b]double click[/]: open
     it (a source: the big panels show it; a request: its whole row)
   Theme, event log, requests view and sorts are remembered in the settings
-  file (its \[ui] table; ~/.config/kvtop/kvtop.toml, --config, KVTOP_CONFIG).
+  file (its \\[ui] table; ~/.config/kvtop/kvtop.toml, --config, KVTOP_CONFIG).
 
 [b]Replay[/]  (kvtop replay FILE) the header's REPLAY badge: place / length, speed
   [b]p[/] pause / play the replay itself   [b]+ -[/] speed x0.25 .. x64, max
