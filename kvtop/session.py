@@ -16,6 +16,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
@@ -78,6 +79,10 @@ class SessionView:
     started_at: float | None            # epoch seconds the run started
     source_key: str | None              # the session's own source (SourceId.key()), None where it has none
     player: Any = None                  # a replay's player (kvtop.sources.replay.ReplayPlayer), None live
+    # the workload driver's requests in flight, by id: (monotonic time submitted, prompt tokens, priority); a
+    # read-only window onto the driver's own (the requests view reads it only while it is shown)
+    requests_in_flight: Mapping[int, tuple[float, int, int | None]] = field(
+        default_factory=lambda: MappingProxyType({}))
 
 
 @runtime_checkable
@@ -134,6 +139,7 @@ class Session:
         self.publisher: Any = None  # the --publish sink, likewise
         self.driver: Any = None
         self.player: Any = None     # a replay's player (kvtop/sources/replay.py ReplayPlayer): the screen drives it
+        self._running_proxy: tuple[dict[int, Any], Mapping[int, Any]] | None = None  # _running_view's
         self._producers: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._stoppers: list[Callable[[], None]] = []
         self._closers: list[Callable[[], None]] = []
@@ -524,7 +530,17 @@ class Session:
             problems=tuple(p for p in problems.snapshot() if p.active) if len(problems) else (),
             stale_sources=len(self.stale_sources()),
             in_flight=None if self.driver is None else self.requests_in_flight,
-            started_at=self.started_at, source_key=self.source.key(), player=self.player)
+            started_at=self.started_at, source_key=self.source.key(), player=self.player,
+            requests_in_flight=self._running_view())
+
+    def _running_view(self) -> Mapping[int, tuple[float, int, int | None]]:
+        running = getattr(self.driver, "running", None)
+        if not isinstance(running, dict):
+            return MappingProxyType({})
+        view = self._running_proxy
+        if view is None or view[0] is not running:
+            view = self._running_proxy = (running, MappingProxyType(running))
+        return view[1]
 
     def reset_window(self) -> None:
         for model in {id(m): m for m in [self.model, *self.models.values()]}.values():

@@ -494,3 +494,42 @@ async def test_the_palette_has_the_requests_view_and_the_tables_commands() -> No
         await pilot.press("enter")
         await pilot.pause(0.1)
         assert app.requests_view and app.screen.has_class("-reqs")
+
+
+@pytest.mark.slow
+async def test_a_driven_runs_requests_view_lists_its_requests_in_flight_then_done() -> None:
+    """kvtop's own run (the simulator, driven at 4 in flight): the view lists the driver's requests in flight (its
+    ids, its prompt lengths) above the finished ones, and a request leaves the first list for the second."""
+    import asyncio
+    import time
+
+    from kvtop import runner
+    from kvtop.settings import load_settings
+    from kvtop.ui.widgets import RequestsTable
+
+    settings = load_settings({"engine": "sim", "concurrency": "4", "duration": "60"}, environ={})
+    session = runner.build_session(settings, sample_gpu=False)
+    app = build_app(session, Settings())
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("R")
+        table = app.screen.query_one(RequestsTable)
+        deadline = time.monotonic() + 60
+        seen_running: set[str] = set()
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+            rows = table.data.rows if table.data is not None else ()
+            running = [r for r in rows if r.state == "running"]
+            done = {r.key for r in rows if r.state == "done"}
+            driver = session.driver.running
+            for r in running:
+                seen_running.add(r.key)
+                if int(r.key) in driver:   # the table is a refresh old: a request may have finished since
+                    assert r.prompt_tokens == driver[int(r.key)][1]
+            assert not {r.key for r in running} & done
+            if len(done) >= 8 and seen_running & done:
+                break
+        else:
+            raise AssertionError(f"no request went from in flight to done: {seen_running}, {table.text()}")
+        assert 1 <= len([r for r in table.data.rows if r.state == "running"]) <= 4
+        assert table.data.rows[0].state == "running"   # in flight first
+        await pilot.press("q")

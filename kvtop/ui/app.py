@@ -45,6 +45,7 @@ from kvtop.sources.replay import SEEK_S, STEP_S, speed_text
 from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
 from kvtop.tiers.departures import describe as describe_left
 from kvtop.tiers.snapshot import reading
+from kvtop.tiers.state import RequestRow
 from kvtop.ui import format as fmt
 from kvtop.ui.table import TableState, arrange, cursor_index
 from kvtop.ui.themes import (
@@ -1389,7 +1390,12 @@ class KvtopApp(App[int]):
         snap = self._shown if self._shown is not None else reading(self.current_model()[1])
         req = snap.requests
         running, recent = getattr(req, "running", ()), getattr(req, "recent", ())
-        if running is not self._req_seen[0] or recent is not self._req_seen[1]:
+        view = self._view
+        flight = view.requests_in_flight if view is not None else {}
+        if flight:   # the workload driver's own requests in flight (their ids are those their records will have)
+            running = tuple(RequestRow(str(k), "running", None, prompt, None, None, None, None, None, None, None,
+                                       prio, None) for k, (_t, prompt, prio) in sorted(flight.items()))
+        if running != self._req_seen[0] or recent is not self._req_seen[1]:
             self._req_seen = (running, recent)
             self._req_all = [*running, *reversed(recent)]
         rows = self._req_all
@@ -1397,7 +1403,6 @@ class KvtopApp(App[int]):
         shown = self._req_arranged = arrange(rows, state, RequestsTable.SORT_VALUES, RequestsTable.row_text)
         if top:
             state.cursor = None
-        view = self._view
         in_flight = view.in_flight if view is not None and view.in_flight is not None else req.in_flight
         note = ""
         if not running and in_flight:

@@ -2153,8 +2153,7 @@ class HelpScreen(ModalScreen[None]):
             text = Content.assemble(("Last error", "bold $error"), f" ({self.failed} failed): ",
                                     fmt.clean(self.last_error, limit=600), "\n\n", text)
         # Scrollable: at 80x24 the help is taller than the screen.
-        with VerticalScroll(id="help-scroll") as scroll:
-            scroll.border_subtitle = HELP_HINT
+        with VerticalScroll(id="help-scroll"):
             yield Static(text, id="help-text")
 
     def on_mount(self) -> None:
