@@ -81,8 +81,7 @@ class SessionView:
     player: Any = None                  # a replay's player (kvtop.sources.replay.ReplayPlayer), None live
     # the workload driver's requests in flight, by id: (monotonic time submitted, prompt tokens, priority); a
     # read-only window onto the driver's own (the requests view reads it only while it is shown)
-    requests_in_flight: Mapping[int, tuple[float, int, int | None]] = field(
-        default_factory=lambda: MappingProxyType({}))
+    requests_in_flight: Mapping[int, tuple[float, int, int | None]] = field(default_factory=dict)
 
 
 @runtime_checkable
