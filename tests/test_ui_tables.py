@@ -262,9 +262,9 @@ async def test_table_keys_without_a_table_say_so() -> None:
     app = build_app(session_from_recording(), Settings(), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        await pilot.press("o", "slash", "j")
+        await pilot.press("o", "slash", "j", "enter")
         await pilot.pause()
-        assert any("no table on screen" in str(n.message) for n in app._notifications)
+        assert sum("no table on screen" in str(n.message) for n in app._notifications) == 2   # o and /
         assert not app.screen.query_one("#filter").display
 
 

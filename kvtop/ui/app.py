@@ -1302,8 +1302,8 @@ class KvtopApp(App[int]):
 
     def action_cursor(self, step: int) -> None:
         table = self._table()
-        if table is None:
-            return self._no_table()
+        if table is None:   # quietly: j, k and Enter are keys a hand hits by chance
+            return
         state, _, rows = self._spec(table)
         if not rows:
             return
@@ -1315,7 +1315,7 @@ class KvtopApp(App[int]):
     def action_open_row(self) -> None:
         table = self._table()
         if table is None:
-            return self._no_table()
+            return
         state, _, rows = self._spec(table)
         if rows:
             self._open(table, rows[cursor_index([r.key for r in rows], state, self._own_row(table))].key)

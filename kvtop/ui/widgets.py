@@ -1685,8 +1685,8 @@ class RequestsData:
 
 class RequestsTable(ClickableTable):
     """The requests view (R): recent and in-flight requests, one row each, sorted and filtered as the sources table
-    is. Finished ones from the ``request`` records (the last RECENT_REQUESTS), in flight from the engine's
-    ``requestStats`` where it sends them (TensorRT-LLM's enable_iter_req_stats)."""
+    is. Finished ones from the ``request`` records (the last RECENT_REQUESTS), in flight from the workload driver
+    of a driven run, else from the engine's ``requestStats`` where it sends them (enable_iter_req_stats)."""
 
     TABLE = "requests"
     KEY_W = 10
