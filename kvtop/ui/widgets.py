@@ -1636,7 +1636,9 @@ class SourcesPanel(ClickableTable):
         cols = self._columns(width, key_w, show_status=any(r.status for r in d.rows),
                              show_disk=any(r.has_disk for r in d.rows))
         head, spans = _header_cells(cols, d.sort, d.descending, 2 + key_w)
-        key_head = (ARROW[d.descending] if d.sort == "key" else " ") + " " + "source".ljust(key_w)
+        # the filter where the title is not drawn (80x24 has the table without its border): in the key's header
+        label = "source" if not d.filter else fmt.clean("/" + d.filter, key_w)
+        key_head = (ARROW[d.descending] if d.sort == "key" else " ") + " " + label.ljust(key_w)
         header = line_of((key_head, "bold $primary" if d.sort == "key" else S_DIM), *head)
         room = max(height - 2, 0)  # the header and the "all" row
         start, stop = 0, n
@@ -1694,7 +1696,7 @@ class RequestsTable(ClickableTable):
         ("state", 8, "state"), ("prompt", 7, "prompt"), ("reused", 7, "reused"), ("GPU", 6, "gpu"),
         ("host", 6, "host"), ("disk", 6, "disk"), ("TTFT", 9, "ttft"), ("e2e", 9, "e2e"), ("prio", 5, "priority"),
         ("error", 6, "error"))
-    DROP = ("disk", "priority", "reused", "e2e", "host", "prompt")
+    DROP = ("disk", "priority", "reused", "e2e", "host", "prompt", "gpu", "error")
     SORT_VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {
         "key": lambda r: (0, int(r.key), "") if r.key.isdigit() else (1, 0, r.key), "state": lambda r: r.state,
         "prompt": lambda r: r.prompt_tokens, "reused": lambda r: r.reused_blocks, "gpu": lambda r: r.gpu_blocks,
