@@ -533,3 +533,26 @@ async def test_a_driven_runs_requests_view_lists_its_requests_in_flight_then_don
         assert 1 <= len([r for r in table.data.rows if r.state == "running"]) <= 4
         assert table.data.rows[0].state == "running"   # in flight first
         await pilot.press("q")
+
+
+async def test_small_screens_keep_the_tables_sort_and_filter_in_view() -> None:
+    """80x24 draws the sources table without its title: the filter is in the key's header; 40x12 keeps the
+    requests view's sorted column whole."""
+    from recordings import fleet_session, session_from_recording
+
+    from kvtop.ui.widgets import RequestsTable
+
+    app = build_app(fleet_session(), Settings(), run_session=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        await pilot.press("slash", *"chat", "enter")
+        await pilot.pause()
+        header = _panel(app).text().splitlines()[0]
+        assert header.split()[0] == "/chat" and len(_panel(app).data.rows) == 2
+    app = build_app(session_from_recording(), Settings(), run_session=False)
+    async with app.run_test(size=(40, 12)) as pilot:
+        await pilot.pause()
+        await pilot.press("R", "o")
+        await pilot.pause()
+        header = app.screen.query_one(RequestsTable).text().splitlines()[0]
+        assert "▼TTFT" in header and "…" not in header and len(header) <= 40
