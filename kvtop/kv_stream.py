@@ -296,8 +296,7 @@ def decode_payload(payload: bytes, *, topic: str = "", seq: int = 0) -> Batch:
     if FAST_DECODE:
         typed = _decode_typed(payload)
         if typed is not None:
-            ts, rank, events = typed
-            return Batch(topic, seq, ts, rank, events)
+            return Batch(topic, seq, typed[0], typed[1], typed[2])
     import msgpack
 
     try:
@@ -426,8 +425,7 @@ def _decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[s
     out: list[dict[str, Any]] = []
     append = out.append
     for e in events:
-        cls = e.__class__
-        if cls is _Removed:
+        if isinstance(e, _Removed):     # exact classes (msgspec Structs, no subclasses): a C-level check
             if len(e.block_hashes) > _MAX_HASHES:
                 return None
             d: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": e.block_hashes, "medium": e.medium}
@@ -435,7 +433,7 @@ def _decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[s
                 value = getattr(e, name)
                 if value is not UNSET:
                     d[name] = value
-        elif cls is _Stored:
+        elif isinstance(e, _Stored):
             if len(e.block_hashes) > _MAX_HASHES:
                 return None
             d = {"type": "BlockStored", "block_hashes": e.block_hashes, "medium": e.medium,

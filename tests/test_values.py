@@ -57,9 +57,10 @@ def _outcome(make: Any, *args: Any, **kwargs: Any) -> str:
 
 def test_the_classes_are_found() -> None:
     names = {c.__name__ for c in CLASSES}
-    # @frozen: state 11, widgets 12, snapshot, fleet, occupancy, session, verdict 1 each; @mutable: Settings,
-    # Problem, EngineChoice, LogLine, TableState; engines: @frozen GpuPool, @mutable ReplayResult and sweep._Plan
-    assert len(CLASSES) == 36
+    # @frozen: state 11, widgets 13 (the replay's badge), snapshot, fleet, occupancy, session, verdict 1 each;
+    # @mutable: Settings, Problem, EngineChoice, LogLine, TableState; engines: @frozen GpuPool, @mutable
+    # ReplayResult and sweep._Plan
+    assert len(CLASSES) == 37
     assert {"TierState", "Quality", "Requests", "TierSnapshot", "SessionView", "HeaderData", "FleetRow", "Settings",
             "Problem", "LogLine", "EngineChoice", "GpuPool", "ReplayResult", "_Plan", "TierVerdict",
             "VerdictLine"} <= names
