@@ -1,5 +1,6 @@
-"""``sweep.host_curve`` alone (the LRU replay at the largest host size, then the smaller sizes' counts), this tree
-against a baseline tree, in one process, alternated; or its instruction count under callgrind.
+"""``sweep.host_curve`` alone (kvtop/engines/sim/sweep/one_pass.py: the LRU replay at the largest host size, then the
+smaller sizes' counts), this tree against a baseline tree, in one process, alternated; or its instruction count
+under callgrind.
 
     PYTHONHASHSEED=0 nice -n 5 /work/venv/bin/python bench/bench_host_curve.py --baseline /tmp/base-14d --repeat 9
     PYTHONHASHSEED=0 nice -n 5 /work/venv/bin/python bench/bench_host_curve.py --callgrind [--tree DIR]

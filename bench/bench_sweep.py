@@ -111,9 +111,10 @@ def main() -> None:
     a = ap.parse_args()
     if not TRACE.exists():
         raise SystemExit(f"trace not found: {TRACE} (set KVTOP_TRACE)")
-    if a.baseline is not None and not (a.baseline / "kvtop" / "engines" / "sim" / "sweep.py").is_file():
+    sim = None if a.baseline is None else a.baseline / "kvtop" / "engines" / "sim"
+    if sim is not None and not ((sim / "sweep.py").is_file() or (sim / "sweep" / "__init__.py").is_file()):
         raise SystemExit(f"--baseline {a.baseline}: not a kvtop checkout with the one-pass sweep "
-                         "(kvtop/engines/sim/sweep.py missing)")
+                         "(kvtop/engines/sim/sweep/ or sweep.py missing)")
     load_start = load()
     peer_cmd, peer_env = peer_command(a.peer_wheels)
     if shutil.which("c++") is None:

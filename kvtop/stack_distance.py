@@ -7,9 +7,10 @@ use them without loading the simulator.
 
 - ``host_hits_at``: the host hits a host tier of each size would have had, from each onboard's place in the host
   FIFO (``host_hits_python``, or ``host_hits_numpy`` from ``NUMPY_FROM_ONBOARDS`` onboards;
-  tests/test_sim_sweep_fast.py holds both to one Fenwick-tree pass per size).
+  tests/test_sim_sweep_fast.py holds both to one Fenwick-tree pass per size, tests/oracles/host_hits.py).
 - ``min_hits_at``: Belady's MIN for every cache size in one pass of the priority stack cut into levels
-  (``next_uses``, ``min_levels``; the argument is in sweep.py's "Belady, every size in one pass").
+  (``next_uses``, ``min_levels``; the argument is in kvtop/engines/sim/sweep/belady.py's "Belady, every size in one
+  pass").
 """
 
 from __future__ import annotations

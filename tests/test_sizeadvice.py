@@ -43,7 +43,7 @@ def _live(requests: list[TraceRequest], host: int = HOST, **kw: Any) -> tuple[Si
         for ev in bm.take_events():
             fold.apply_kv_event(ev)
 
-    sweep._replay(bm, requests, after_add=drain)
+    sweep.replay_trace(bm, requests, after_add=drain)
     drain()
     return fold, bm
 

@@ -1,14 +1,24 @@
-"""The hit-rate-only trace replay of ``BlockManager``, specialised: the same blocks evicted, offloaded, onboarded and
-reused, request by request, with only what a hit-rate sweep reads kept.
+"""An accelerator: the block manager's hit-rate-only trace replay, specialised. The same blocks evicted, offloaded,
+onboarded and reused, request by request, with only what a hit-rate sweep reads kept.
 
-``sweep._replay`` drives TensorRT-LLM's block manager (``block_manager.BlockManager``, the ground truth) through a
-trace one request at a time: ``add_sequence``, ``store_context_blocks``, ``add_tokens``, ``remove_sequence``. In
-that use most of what the manager carries is never read: every block has the default priority 35 and no duration
-(no retention), events are off, nothing else runs beside the request, so every block the request does not hold is
-free, and the host tier's blocks are all free. ``replay`` below takes the same steps in the same order, on state
-held the cheapest way CPython allows for that case (profile of the Mooncake trace, 16 sizes: 43% of the general
-replay was ``_take_free_blocks``, 25% cutting prompts into keys and walking the tree; 1.9M blocks at 32 tokens a
-block):
+- Reference: ``sweep.replay_trace`` over TensorRT-LLM's block manager (``block_manager.BlockManager``, the ground
+  truth), each onboard noted as tests/oracles/block_manager_replay.py's ``DistanceRecorder`` notes it.
+- The test that holds them equal: tests/test_sim_sweep_fast.py, ``test_hit_replay_is_the_block_manager_replay``
+  (hypothesis, randomized traces: tiny pools, host tiers of 0 to 3 blocks, repeated prompts, partial blocks, prompts
+  longer than their hash ids, the batches on and off at every block size) and
+  ``test_hit_replay_is_the_block_manager_replay_on_the_shipped_slice``: counters, each onboard's (distance, offload
+  counts) and where each request's onboards start, exactly.
+- The measurement that pays for it: BENCHMARKS.md, "Host-cache sweeps" (the 01:50 UTC run of 2026-12-02): the
+  Mooncake trace's replay, 16 host sizes, 0.77 -> ~0.15 s at 512 tokens a block and 4.4 -> ~1.5 s at 32; the
+  first cut (aeb335f) 0.77 -> 0.26 s.
+
+``sweep.replay_trace`` drives the block manager through a trace one request at a time: ``add_sequence``,
+``store_context_blocks``, ``add_tokens``, ``remove_sequence``. In that use most of what the manager carries is never
+read: every block has the default priority 35 and no duration (no retention), events are off, nothing else runs
+beside the request, so every block the request does not hold is free, and the host tier's blocks are all free.
+``replay`` below takes the same steps in the same order, on state held the cheapest way CPython allows for that
+case (profile of the Mooncake trace, 16 sizes: 43% of the general replay was ``_take_free_blocks``, 25% cutting
+prompts into keys and walking the tree; 1.9M blocks at 32 tokens a block):
 
 - blocks are ints, their fields lists indexed by block (tier, key, parent, children, offload count);
 - one free queue per tier (one priority: TensorRT-LLM's 101 queues reduce to the 35 one), a deque of entries
@@ -33,11 +43,7 @@ an onboard (one less: so with one host block the onboard's victim is not offload
   and the interned children indexed by (node, first id), ordered by insertion; the general scan read all the
   root's thousands of children once per request.
 
-Each step below names the ``BlockManager`` method it stands for. tests/test_sim_sweep_fast.py holds ``replay`` to
-``sweep._replay`` over ``BlockManager`` (``sweep._DistanceRecorder``) exactly: counters, each onboard's
-(distance, offload counts) and where each request's onboards start, on randomized traces (tiny pools, host tiers of
-0 to 3 blocks, repeated prompts, partial blocks, prompts longer than their hash ids, the batches on and off at
-every block size) and on the shipped Mooncake slice.
+Each step below names the ``BlockManager`` method it stands for.
 """
 
 from __future__ import annotations
@@ -78,7 +84,7 @@ class ReplayResult:
 class _Tokens:
     """A request's token sequence from its last whole trace block on (``start`` is that block's position): the
     runs of ``TraceRequest.prompt_runs`` from there (the block, the last trace block cut to the prompt, or the
-    prompt's unique tail), then the run of generated ids ``sweep._replay`` feeds (``GENERATED_TOKEN_BASE``, +1,
+    prompt's unique tail), then the run of generated ids ``sweep.replay_trace`` feeds (``GENERATED_TOKEN_BASE``, +1,
     ...). Every key that is not inside a whole trace block lies here."""
 
     __slots__ = ("whole", "start", "runs")
@@ -224,8 +230,9 @@ class _Keys:
 
 def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: int, tokens_per_block: int,
            record_onboards: bool = False) -> ReplayResult:
-    """``sweep._replay`` of a ``BlockManager(primary_blocks, host_blocks, tokens_per_block)`` (a
-    ``sweep._DistanceRecorder`` with ``record_onboards``), its counters and onboards (see the module docstring)."""
+    """``sweep.replay_trace`` of a ``BlockManager(primary_blocks, host_blocks, tokens_per_block)`` (noting each
+    onboard as tests/oracles/block_manager_replay.py does, with ``record_onboards``), its counters and onboards (see
+    the module docstring)."""
     if primary_blocks <= 0 or host_blocks < 0 or tokens_per_block <= 0:
         raise ValueError(f"replay: expected primary_blocks > 0, host_blocks >= 0, tokens_per_block > 0, got "
                          f"{primary_blocks}, {host_blocks}, {tokens_per_block}")
