@@ -163,30 +163,88 @@ class Session:
                              f"({last:.0f}): a clock that jumped?")
 
     def emit(self, record: Record, *, to_sinks: bool = True) -> None:
-        """Fold one record and fan it out. Never raises: a sink that fails is logged and kept. ``to_sinks=False``:
-        the fold alone (a replay folding again what its sinks had: ``fold_many``)."""
-        key = record.source.key()
-        model = self.models.get(key)
-        if model is None and len(self.models) >= self.max_sources:
-            self.refused_sources += 1
-            if len(self._refused_keys) < 64:
-                self._refused_keys.add(key)
-            self.problems.report("source.refused", f"more than {self.max_sources:,} sources: records of new "
-                                 f"sources are dropped ({self.refused_sources:,} so far, e.g. {clean(key, 80)}); "
-                                 "raise --max-sources if the fleet is that large", lost=True)
-            return
-        self.records += 1
-        if self._own_meta:
-            self._own_meta = False
-        else:
-            self.records_in += 1
-        if record.kind == "meta":
-            self.meta.update(record.data)
-        if self.stale.heard(key, record.kind):
-            self._unstale(key)
+        """Fold one record and fan it out: ``emit_many`` of one record (one copy of the steps). Never raises: a sink
+        that fails is logged and kept. ``to_sinks=False``: the fold alone (a replay folding again what its sinks
+        had: ``fold_many``)."""
+        self._emit_all((record,), to_sinks)
+
+    def emit_many(self, records: Iterable[Record], *, to_sinks: bool = True) -> None:
+        """``emit`` each of ``records`` in turn (a replay's burst of due records): the same steps (one copy of them),
+        with the session's parts looked up once a burst, not once a record."""
+        self._emit_all(records, to_sinks)
+
+    def _emit_all(self, records: Iterable[Record], to_sinks: bool) -> None:
+        """What ``emit`` and ``emit_many`` do (positional: a call by keyword costs ``emit`` ~1% of its instructions,
+        BENCHMARKS.md "Session.emit as emit_many of one")."""
+        models, stale, own, whatif = self.models, self.stale, self.model, self.whatif
+        sinks = self.sinks if to_sinks else ()
+        last_source: Any = None
+        key = ""
+        for record in records:
+            source = record.source
+            if source is not last_source:  # decode hands out one SourceId per source: its key, once a run
+                key = source.key()
+                last_source = source
+            model = models.get(key)
+            kind = record.kind
+            if model is None or self._own_key is None:
+                # A new source, or any while the session's own model is not taken yet (the first record with data
+                # may take it). Taking a model before the counts and the meta below changes nothing they read: it
+                # writes self.meta only where a source heard from by meta alone is taken by a record with data,
+                # which adds no meta of its own.
+                if model is None and len(models) >= self.max_sources:
+                    self._refuse(key)
+                    continue
+                model = self._take_model(key, model, record)
+            self.records += 1
+            if self._own_meta:
+                self._own_meta = False
+            else:
+                self.records_in += 1
+            if kind == "meta":
+                self.meta.update(record.data)
+            if stale.enabled and stale.heard(key, kind):  # heard() does nothing while the clock is off
+                self._unstale(key)
+            bad = model.bad_records
+            last, t = model.now, record.time
+            if last is not None and t.__class__ is float and abs(t - last) > MAX_TIME_JUMP_S:  # decode makes floats
+                # Legal times (1970-2100) but a day or more from this source's last: a clock stepped, or a writer
+                # that mixes units. Folded (the fold never goes back in time), and said, since rates will be off.
+                self._time_jump(key, kind, t, last)
+            model.apply(record)
+            if kind == "summary":
+                self._index_agent(key, model.agent)
+            if model.bad_records != bad:
+                self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
+            if model is own:
+                try:
+                    if kind == "kv_event":  # the what-if hands the size advice its part (hooks)
+                        whatif.apply_kv_event(record.data)
+                    elif kind == "stats":
+                        whatif.apply_stats(record.data)
+                except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold
+                    self.note("warn", f"what-if skipped a record: {exc}")
+            for sink in sinks:
+                try:
+                    sink(record)
+                except Exception as exc:  # a broken sink must not stop the fold or the other sinks
+                    self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
+
+    def _refuse(self, key: str) -> None:
+        """A record of a new source past ``max_sources``: dropped, counted and said."""
+        self.refused_sources += 1
+        if len(self._refused_keys) < 64:
+            self._refused_keys.add(key)
+        self.problems.report("source.refused", f"more than {self.max_sources:,} sources: records of new "
+                             f"sources are dropped ({self.refused_sources:,} so far, e.g. {clean(key, 80)}); "
+                             "raise --max-sources if the fleet is that large", lost=True)
+
+    def _take_model(self, key: str, model: TierModel | None, record: Record) -> TierModel:
+        """The model a record of ``key`` folds into while the session's own source is not taken, or the source is
+        new: the session's own source, or else the first source with data, is folded into self.model (a source
+        heard from by meta alone so far hands the meta it sent to self.model as it is taken); any other new source
+        gets a model of its own."""
         if self._own_key is None and (key == self.source.key() or record.kind != "meta"):
-            # The session's own source, or else the first source with data, is folded into self.model; a source
-            # heard from by meta alone so far hands the meta it sent to self.model as it is taken.
             if model is not None:
                 said = dict(model.meta)
                 model = self.model
@@ -200,82 +258,7 @@ class Session:
         elif model is None:
             model = TierModel(warmup_requests=self.warmup_requests)
             self.models[key] = model
-        bad = model.bad_records
-        last, t = model.now, record.time
-        if last is not None and t.__class__ is float and abs(t - last) > MAX_TIME_JUMP_S:  # decode makes floats
-            # Legal times (1970-2100) but a day or more from this source's last: a clock stepped, or a writer
-            # that mixes units. Folded (the fold never goes back in time), and said, since rates will be off.
-            self._time_jump(key, record.kind, t, last)
-        model.apply(record)
-        if record.kind == "summary":
-            self._index_agent(key, model.agent)
-        if model.bad_records != bad:
-            self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
-        if model is self.model:
-            try:
-                if record.kind == "kv_event":  # the what-if hands the size advice its part (hooks)
-                    self.whatif.apply_kv_event(record.data)
-                elif record.kind == "stats":
-                    self.whatif.apply_stats(record.data)
-            except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold
-                self.note("warn", f"what-if skipped a record: {exc}")
-        for sink in self.sinks if to_sinks else ():
-            try:
-                sink(record)
-            except Exception as exc:  # a broken sink must not stop the fold or the other sinks
-                self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
-
-    def emit_many(self, records: Iterable[Record], *, to_sinks: bool = True) -> None:
-        """``emit`` each of ``records`` in turn (a replay's burst of due records): the same folds, checks and sinks
-        in the same order, with the session's parts looked up once a burst, not once a record. A record of a source
-        this session has no model for yet (its first, or one refused) goes through ``emit`` itself."""
-        models, stale, own = self.models, self.stale, self.model
-        sinks = self.sinks if to_sinks else []
-        whatif_kv, whatif_stats = self.whatif.apply_kv_event, self.whatif.apply_stats  # (+ the size advice's hooks)
-        last_source: Any = None
-        key = ""
-        for record in records:
-            source = record.source
-            if source is not last_source:  # decode hands out one SourceId per source: its key, once a run
-                key = source.key()
-                last_source = source
-            model = models.get(key)
-            if model is None or (self._own_key is None and record.kind != "meta"):
-                # a new source, or the first record with data (it may take self.model)
-                self.emit(record, to_sinks=to_sinks)
-                continue
-            self.records += 1
-            if self._own_meta:
-                self._own_meta = False
-            else:
-                self.records_in += 1
-            kind = record.kind
-            if kind == "meta":
-                self.meta.update(record.data)
-            if stale.enabled and stale.heard(key, kind):  # heard() does nothing while the clock is off
-                self._unstale(key)
-            bad = model.bad_records
-            last, t = model.now, record.time
-            if last is not None and t.__class__ is float and abs(t - last) > MAX_TIME_JUMP_S:
-                self._time_jump(key, kind, t, last)
-            model.apply(record)
-            if kind == "summary":
-                self._index_agent(key, model.agent)
-            if model.bad_records != bad:
-                self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
-            if model is own:
-                try:
-                    if kind == "kv_event":
-                        whatif_kv(record.data)
-                    elif kind == "stats":
-                        whatif_stats(record.data)
-                except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold
-                    self.note("warn", f"what-if skipped a record: {exc}")
-            for sink in sinks:
-                try:
-                    sink(record)
-                except Exception as exc:  # a broken sink must not stop the fold or the other sinks
-                    self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
+        return model
 
     def fold_many(self, records: Iterable[Record]) -> None:
         """``emit_many`` without the sinks: records the sinks had once, folded again after ``reset_fold``."""
