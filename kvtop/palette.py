@@ -15,7 +15,7 @@ common colour-vision deficiencies (blue / orange / purple, never red against gre
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from kvtop.values import frozen
 
 TIERS = ("gpu", "host", "disk")
 STATES = ("in-use", "cached", "empty")
@@ -25,7 +25,7 @@ GLYPHS = {"in-use": "█", "cached": "▓", "empty": "░"}
 OTHER_TIER = "other"
 
 
-@dataclass(frozen=True)
+@frozen  # kvtop.values: no code compiled at import (replay's first screen defines it)
 class TierColours:
     """One tier's colour and its two shades."""
 

@@ -19,7 +19,7 @@ from kvtop.values import frozen, mutable
 MODULES = ("kvtop.tiers.state", "kvtop.tiers.snapshot", "kvtop.tiers.verdict", "kvtop.ui.widgets", "kvtop.fleet",
            "kvtop.occupancy", "kvtop.session", "kvtop.settings", "kvtop.problems", "kvtop.runner",
            "kvtop.engines.sizing", "kvtop.engines.sim.sweep.replay_accel", "kvtop.engines.sim.sweep.belady",
-           "kvtop.ui.table")
+           "kvtop.ui.table", "kvtop.palette")
 
 
 def _frozen_classes() -> list[type]:
@@ -58,13 +58,13 @@ def _outcome(make: Any, *args: Any, **kwargs: Any) -> str:
 
 def test_the_classes_are_found() -> None:
     names = {c.__name__ for c in CLASSES}
-    # @frozen: state 11, widgets 13 (the replay's badge), snapshot, fleet, occupancy, session, verdict 1 each;
-    # @mutable: Settings, Problem, EngineChoice, LogLine, TableState; engines: @frozen GpuPool, @mutable
+    # @frozen: state 11, widgets 13 (the replay's badge), snapshot, fleet, occupancy, session, verdict, palette 1
+    # each; @mutable: Settings, Problem, EngineChoice, LogLine, TableState; engines: @frozen GpuPool, @mutable
     # ReplayResult and sweep.belady.Plan
-    assert len(CLASSES) == 37
+    assert len(CLASSES) == 38
     assert {"TierState", "Quality", "Requests", "TierSnapshot", "SessionView", "HeaderData", "FleetRow", "Settings",
             "Problem", "LogLine", "EngineChoice", "GpuPool", "ReplayResult", "Plan", "TierVerdict",
-            "VerdictLine"} <= names
+            "VerdictLine", "ReplayBadge", "TierColours"} <= names
     assert sum(not c.__dataclass_params__.frozen for c in CLASSES) == 7
 
 
