@@ -49,7 +49,7 @@ Each step below names the ``BlockManager`` method it stands for.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import field
 from itertools import chain
 
@@ -221,6 +221,26 @@ class _Keys:
         k = self.interned.get(runs)
         return self.intern(runs) if k is None else k
 
+    def of_request(self, tr: TraceRequest, with_kv: int, add_full: int) -> tuple[list[int], list[int], int | None]:
+        """A request's keys: its full blocks' for the first ``with_kv`` tokens, those ``add_sequence`` looks up (the
+        first ``add_full`` full ones, then the partial block of the first ``input_length - 1`` tokens, if any), and
+        the partial last block's of the first ``with_kv`` tokens (None when they fill their blocks)."""
+        tpb = self.tpb
+        if tpb == TRACE_BLOCK_TOKENS:
+            full, add_last, last = self.of_request_whole(tr, with_kv)
+            add_keys = full[:add_full]
+            if add_last is not None:
+                add_keys.append(add_last)
+            return full, add_keys, last
+        length = tr.input_length
+        tokens = _Tokens(tr)
+        full = self.full(tr, tokens, with_kv // tpb)
+        add_keys = full[:add_full]
+        if (length - 1) % tpb:
+            add_keys.append(self.of_runs(tokens.slice(add_full * tpb, length - 1)))
+        last = self.of_runs(tokens.slice(len(full) * tpb, with_kv)) if with_kv % tpb else None
+        return full, add_keys, last
+
     def intern(self, runs: tuple[tuple[int, int], ...]) -> int:
         """A new interned key for these tokens (not interned yet)."""
         k = self.interned[runs] = _INTERNED_BASE + len(self.runs)
@@ -228,38 +248,11 @@ class _Keys:
         return k
 
 
-def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: int, tokens_per_block: int,
-           record_onboards: bool = False) -> ReplayResult:
-    """``sweep.replay_trace`` of a ``BlockManager(primary_blocks, host_blocks, tokens_per_block)`` (noting each
-    onboard as tests/oracles/block_manager_replay.py does, with ``record_onboards``), its counters and onboards (see
-    the module docstring)."""
-    if primary_blocks <= 0 or host_blocks < 0 or tokens_per_block <= 0:
-        raise ValueError(f"replay: expected primary_blocks > 0, host_blocks >= 0, tokens_per_block > 0, got "
-                         f"{primary_blocks}, {host_blocks}, {tokens_per_block}")
-    tpb, P, H = tokens_per_block, primary_blocks, host_blocks
-    root = P + H
-    shift = root.bit_length()
-    mask = (1 << shift) - 1
-    # 0 on the GPU; on the host the offload count at its offload, or -1 for a host block holding no offloaded data
-    # (the host blocks at the start, an onboard's victim): one list for the tier and the count, one write an offload
-    on_host = [0] * P + [-1] * H + [0]
-    key: list[int | None] = [None] * (root + 1)      # None: no key yet (the general manager's empty key)
-    prev = [_NO_BLOCK] * (root + 1)                  # parent in the reuse tree, -1 when out of it
-    kids: list[int | dict[int, int] | None] = [None] * (root + 1)  # children: see child() below
-    inserted = [0] * (root + 1)                      # the store call that last put it under its parent
-    claimed = [0] * (root + 1)                       # entries of the block below this are stale
-    # Entries of epoch 0: the GPU blocks, then the host blocks, in id order (_EvictionPolicy's first pushes).
-    gpu_queue = deque(range(P))
-    host_queue = deque(range(P, P + H))
-    keys_of = _Keys(tpb)
-    by_first: dict[tuple[int, int], list[int]] = {}  # (node, first token) -> interned-key children, in order
-    out = ReplayResult()
-    onboards = out.onboards
-    starts = out.request_starts
-    epoch = 1
-    offloaded = onboarded = reused = missed = 0
-    stores_done = [0]  # store calls so far: a child's ``inserted``
-    batch_from = BATCH_FROM if TRACE_BLOCK_TOKENS // tpb >= BATCH_FROM_BLOCKS_PER_TRACE_BLOCK else 1 << 62
+def _take_steps(gpu_queue: deque[int], host_queue: deque[int], key: list[int | None], prev: list[int],
+                kids: list[int | dict[int, int] | None], claimed: list[int], on_host: list[int], mask: int, H: int,
+                batch_from: int, free_children: Callable[[int], None], remove_child: Callable[[int, int], None]
+                ) -> Callable[[int, bool, list[int], int, int], int]:
+    """``_take_free_blocks``, over ``replay``'s state: returns ``take``."""
 
     def take(n: int, offload: bool, into: list[int], offloaded: int, epoch_bits: int,
              gpu_pop=gpu_queue.popleft, host_pop=host_queue.popleft, host_push=host_queue.append,
@@ -372,6 +365,18 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
                     prev[b] = -1
         into.extend(targets)
         return offloaded + len(keyed)
+
+    return take
+
+
+def _tree_steps(key: list[int | None], prev: list[int], kids: list[int | dict[int, int] | None], inserted: list[int],
+                by_first: dict[tuple[int, int], list[int]], keys_of: _Keys, root: int, batch_from: int) -> tuple[
+                    Callable[[int], None], Callable[[int, int], None], Callable[[int], None],
+                    Callable[[int, int], int | None], Callable[[list[int], list[int], int, int], int]]:
+    """The reuse tree's steps over ``replay``'s state (``_Block``'s children, ``freeChildren``, ``_find_matching``'s
+    partial scan, ``_store_blocks``): returns ``free_children``, ``remove_child``, ``detach``, ``partial_match`` and
+    ``store``."""
+    stores_done = [0]  # store calls so far: a child's ``inserted``
 
     # A node's children (``_Block.children``): None, the only child's id, or a dict by key in insertion order (two or
     # more at some point; never empty). A single child is compared by its own key, as _Block.child does.
@@ -525,6 +530,46 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
             search = b
         return tree_prefix
 
+    return free_children, remove_child, detach, partial_match, store
+
+
+def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: int, tokens_per_block: int,
+           record_onboards: bool = False) -> ReplayResult:
+    """``sweep.replay_trace`` of a ``BlockManager(primary_blocks, host_blocks, tokens_per_block)`` (noting each
+    onboard as tests/oracles/block_manager_replay.py does, with ``record_onboards``), its counters and onboards (see
+    the module docstring)."""
+    if primary_blocks <= 0 or host_blocks < 0 or tokens_per_block <= 0:
+        raise ValueError(f"replay: expected primary_blocks > 0, host_blocks >= 0, tokens_per_block > 0, got "
+                         f"{primary_blocks}, {host_blocks}, {tokens_per_block}")
+    tpb, P, H = tokens_per_block, primary_blocks, host_blocks
+    root = P + H
+    shift = root.bit_length()
+    mask = (1 << shift) - 1
+    # 0 on the GPU; on the host the offload count at its offload, or -1 for a host block holding no offloaded data
+    # (the host blocks at the start, an onboard's victim): one list for the tier and the count, one write an offload
+    on_host = [0] * P + [-1] * H + [0]
+    key: list[int | None] = [None] * (root + 1)      # None: no key yet (the general manager's empty key)
+    prev = [_NO_BLOCK] * (root + 1)                  # parent in the reuse tree, -1 when out of it
+    kids: list[int | dict[int, int] | None] = [None] * (root + 1)  # children: see child() below
+    inserted = [0] * (root + 1)                      # the store call that last put it under its parent
+    claimed = [0] * (root + 1)                       # entries of the block below this are stale
+    # Entries of epoch 0: the GPU blocks, then the host blocks, in id order (_EvictionPolicy's first pushes).
+    gpu_queue = deque(range(P))
+    host_queue = deque(range(P, P + H))
+    keys_of = _Keys(tpb)
+    by_first: dict[tuple[int, int], list[int]] = {}  # (node, first token) -> interned-key children, in order
+    out = ReplayResult()
+    onboards = out.onboards
+    starts = out.request_starts
+    epoch = 1
+    offloaded = onboarded = reused = missed = 0
+    batch_from = BATCH_FROM if TRACE_BLOCK_TOKENS // tpb >= BATCH_FROM_BLOCKS_PER_TRACE_BLOCK else 1 << 62
+    free_children, remove_child, detach, partial_match, store = _tree_steps(key, prev, kids, inserted, by_first,
+                                                                            keys_of, root, batch_from)
+    take = _take_steps(gpu_queue, host_queue, key, prev, kids, claimed, on_host, mask, H, batch_from, free_children,
+                       remove_child)
+    request_keys = keys_of.of_request
+
     offload_any = H > 0
     for tr in requests:
         length, generated = tr.input_length, tr.output_length
@@ -539,18 +584,7 @@ def replay(requests: Sequence[TraceRequest], primary_blocks: int, host_blocks: i
             starts.append(len(onboards))
         with_kv = length + generated - 1  # the last generated token has no KV (remove_sequence's final token)
         add_full = (length - 1) // tpb  # addSequence keys the first length - 1 tokens: full blocks, then the rest
-        if tpb == TRACE_BLOCK_TOKENS:
-            full, add_last, last = keys_of.of_request_whole(tr, with_kv)
-            add_keys = full[:add_full]
-            if add_last is not None:
-                add_keys.append(add_last)
-        else:
-            tokens = _Tokens(tr)
-            full = keys_of.full(tr, tokens, with_kv // tpb)
-            add_keys = full[:add_full]
-            if (length - 1) % tpb:
-                add_keys.append(keys_of.of_runs(tokens.slice(add_full * tpb, length - 1)))
-            last = keys_of.of_runs(tokens.slice(len(full) * tpb, with_kv)) if with_kv % tpb else None
+        full, add_keys, last = request_keys(tr, with_kv, add_full)
         num_blocks = -(-length // tpb)
         blocks: list[int] = []
         # addSequence: walk the tree while blocks match (stop at the first miss or partial match)
