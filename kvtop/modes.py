@@ -48,7 +48,7 @@ def run_dashboard(session: Any, settings: Any) -> int:
     # run; a cycle made during the run is collected as before.
     from kvtop.ui.themes import theme_problem
 
-    problem = theme_problem(settings.theme) if settings.theme else None
+    problem = theme_problem(settings.theme) if settings is not None and settings.theme else None
     if problem is not None:
         from kvtop.settings import SettingsError
 
@@ -58,7 +58,7 @@ def run_dashboard(session: Any, settings: Any) -> int:
     try:
         from kvtop.ui.app import build_app
 
-        app = build_app(session, settings)
+        app = build_app(session, settings, config_file=getattr(settings, "config_file", None))
         gc.freeze()
     finally:
         if collecting:

@@ -31,7 +31,7 @@ def test_the_dashboard_runs_with_start_up_frozen_and_collection_on(monkeypatch: 
 
     seen: dict[str, Any] = {}
 
-    def build_app(session: Any, settings: Any) -> _FakeApp:
+    def build_app(session: Any, settings: Any, **_: Any) -> _FakeApp:
         seen["collecting_while_built"] = gc.isenabled()
         return _FakeApp(seen)
 
@@ -50,7 +50,7 @@ def test_the_dashboard_runs_with_start_up_frozen_and_collection_on(monkeypatch: 
 def test_a_failing_build_leaves_collection_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
     import kvtop.ui.app as ui_app
 
-    def build_app(session: Any, settings: Any) -> Any:
+    def build_app(session: Any, settings: Any, **_: Any) -> Any:
         raise RuntimeError("no screen")
 
     monkeypatch.setattr(ui_app, "build_app", build_app)

@@ -415,7 +415,7 @@ async def test_the_theme_and_layout_chosen_are_remembered_in_the_settings_file(t
     path.parent.mkdir()
     path.write_text("# my settings\nrefresh = 0.5  # half a second\nmodel = \"Qwen/Qwen3-8B\"\n\n[ui]\nmine = 3\n")
     session, hit = fleet()
-    app = build_app(session, FileSettings(path), run_session=False)
+    app = build_app(session, FileSettings(path), run_session=False, config_file=str(path))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("t", "e", "o", "O", "R", "o")
@@ -428,7 +428,7 @@ async def test_the_theme_and_layout_chosen_are_remembered_in_the_settings_file(t
     assert path.read_text().startswith("# my settings\nrefresh = 0.5  # half a second\n")   # lines kept
     assert load_settings(config_path=path, environ={}).theme == "light"   # the [ui] table is the dashboard's
     # ...and the next dashboard opens as this one was left
-    again = build_app(session, FileSettings(path), run_session=False)
+    again = build_app(session, FileSettings(path), run_session=False, config_file=str(path))
     async with again.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         assert again.screen.has_class("-reqs") and not again.show_events
@@ -444,7 +444,7 @@ async def test_a_settings_file_that_cannot_be_written_is_said_and_the_dashboard_
     blocker = tmp_path / "config"
     blocker.write_text("a file where the config folder should be")
     path = blocker / "kvtop" / "kvtop.toml"   # its folder cannot be made (as root too)
-    app = build_app(fleet()[0], FileSettings(path), run_session=False)
+    app = build_app(fleet()[0], FileSettings(path), run_session=False, config_file=str(path))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("e", "e", "o")
@@ -458,7 +458,7 @@ async def test_a_settings_file_that_cannot_be_written_is_said_and_the_dashboard_
     assert blocker.read_text().startswith("a file where")
     # a missing config folder is made
     deep = tmp_path / "new" / "kvtop" / "kvtop.toml"
-    app = build_app(fleet()[0], FileSettings(deep), run_session=False)
+    app = build_app(fleet()[0], FileSettings(deep), run_session=False, config_file=str(deep))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("R")
@@ -469,7 +469,7 @@ async def test_a_settings_file_that_cannot_be_written_is_said_and_the_dashboard_
 async def test_choices_the_dashboard_cannot_use_are_said_and_the_rest_used(tmp_path: Any) -> None:
     path = tmp_path / "kvtop.toml"
     path.write_text('refresh = 0.5\n[ui]\nview = "sideways"\nsources_sort = "-nope"\nevents = false\n')
-    app = build_app(fleet()[0], FileSettings(path), run_session=False)
+    app = build_app(fleet()[0], FileSettings(path), run_session=False, config_file=str(path))
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         log = [ln.text for ln in app.screen.query_one("#events").lines]

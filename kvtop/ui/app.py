@@ -359,7 +359,8 @@ class KvtopApp(App[int]):
             self.table = table
             self.text = text
 
-    def __init__(self, session: Any, settings: ScreenSettings | None = None, *, run_session: bool = True):
+    def __init__(self, session: Any, settings: ScreenSettings | None = None, *, run_session: bool = True,
+                 config_file: str | None = None):
         super().__init__()
         self.session: DashboardSession = for_dashboard(session)
         self.settings = settings
@@ -372,7 +373,7 @@ class KvtopApp(App[int]):
         self._theme_seen: str | None = None
         # The settings file the theme and layout choices are remembered in (kvtop.settings.remember_choices);
         # None (a test's or an embedder's settings): nothing is remembered.
-        self.config_file: str | None = getattr(settings, "config_file", None)
+        self.config_file = config_file
         self.remember_problem: str | None = None   # why the last choice could not be remembered, None: it was
         self._register_themes(settings.theme if settings is not None and settings.theme else DEFAULT_THEME)
         self.source_index = 0
@@ -1389,7 +1390,7 @@ class KvtopApp(App[int]):
             return
         snap = self._shown if self._shown is not None else reading(self.current_model()[1])
         req = snap.requests
-        running, recent = getattr(req, "running", ()), getattr(req, "recent", ())
+        running, recent = req.running, req.recent
         view = self._view
         flight = view.requests_in_flight if view is not None else {}
         if flight:   # the workload driver's own requests in flight (their ids are those their records will have)
@@ -1505,11 +1506,13 @@ class KvtopApp(App[int]):
             yield SystemCommand("Next source", "Show the next attached source", self.action_next_source)
 
 
-def build_app(session: Any, settings: ScreenSettings | None = None, *, run_session: bool = True) -> KvtopApp:
+def build_app(session: Any, settings: ScreenSettings | None = None, *, run_session: bool = True,
+              config_file: str | None = None) -> KvtopApp:
     """The dashboard for ``session`` (a Session, or any object with its read side: kvtop.session.for_dashboard).
     ``settings`` gives ``refresh`` (s), ``theme`` (a name or a .toml path) and ``duration`` (s, stops the
-    session); ``run_session=False`` shows a session that is already folded without running its producers."""
-    return KvtopApp(session, settings, run_session=run_session)
+    session); ``run_session=False`` shows a session that is already folded without running its producers;
+    ``config_file``: the settings file the screen's theme and layout choices are remembered in (None: not)."""
+    return KvtopApp(session, settings, run_session=run_session, config_file=config_file)
 
 
 __all__ = ["DEFAULT_REFRESH_S", "DashboardScreen", "KvtopApp", "ScreenSettings", "build_app", "layout_for",

@@ -1162,7 +1162,7 @@ class HitRatePanel(Panel):
         # more shares where the engine says which tier served each hit: the disk's where it has a disk tier
         # (HitRate.disk), outside the engine's once any hit came from there (HitRate.external: p2p, a remote store)
         disk = h.disk is not None or h.window_disk is not None
-        ext = getattr(h, "external", None) is not None or getattr(h, "window_external", None) is not None
+        ext = h.external is not None or h.window_external is not None
         # With more than two shares the row may not fit: one-space gaps, then whole percents and the tiers'
         # initials (in their colours), rather than a row cut short (a 36-cell panel at 80x24 holds GPU, host,
         # disk as "G 30% h 0% d 20%")
@@ -1184,7 +1184,7 @@ class HitRatePanel(Panel):
         if disk or ext:
             for candidate in ((gap, full, 1), (" ", full, 1), (" ", full, 0), (" ", ("G", "h", "d", "x"), 0)):
                 mode = candidate
-                if cells(row("total", h.cumulative, h.gpu, h.host, h.disk, getattr(h, "external", None),
+                if cells(row("total", h.cumulative, h.gpu, h.host, h.disk, h.external,
                              mode)) <= width:
                     break
 
@@ -1203,9 +1203,9 @@ class HitRatePanel(Panel):
             big = big_figure(fmt.pct(h.window, unknown="--%", digits=0))
             label = [f"  over {win}", "  blocks reused /", "  blocks looked up"]
             lines += [line_of((b, S_FIG), (lab, S_DIM)) for b, lab in zip(big, label)]
-        lines += [row(win, h.window, h.window_gpu, h.window_host, h.window_disk, getattr(h, "window_external", None),
+        lines += [row(win, h.window, h.window_gpu, h.window_host, h.window_disk, h.window_external,
                       mode),
-                  row("total", h.cumulative, h.gpu, h.host, h.disk, getattr(h, "external", None), mode)]
+                  row("total", h.cumulative, h.gpu, h.host, h.disk, h.external, mode)]
         curve_lines: list[Line] = []
         if d.what_if is not None and height >= 3:
             # Before the sparkline: where the panel has one line to spare (80x24), the curve gets it.
@@ -1305,7 +1305,7 @@ class MovesPanel(Panel):
         lines: list[Line] = []
         # Two rows a move where the panel has them (200x60): its sparkline twice as tall
         tall = 2 if height >= 2 * len(self.ROWS) + 1 else 1
-        disk = getattr(d.moves, "disk", False)
+        disk = d.moves.disk
         for i, (verb, src, dst, rate_attr, total_attr, style) in enumerate(self.ROWS):
             if disk and height < 5 and i == 2:
                 # 4 lines and a disk row to show (80x24): the two evict rows as one, without their sparklines
@@ -1484,7 +1484,8 @@ class ClickableTable(Panel):
             if column is not None:
                 self.post_message(TableHeaderClicked(self.TABLE, column))
         elif (key := self._rows_at.get(y)) is not None:
-            self.post_message(TableRowClicked(self.TABLE, key, getattr(event, "chain", 1)))
+            chain = getattr(event, "chain", 1)  # may lack: a Click's chain (2: double) is Textual 0.86+
+            self.post_message(TableRowClicked(self.TABLE, key, chain))
 
 
 def _header_cells(cols: Sequence[tuple[str, int, str]], sort: str | None, descending: bool, start: int
