@@ -162,7 +162,7 @@ class RowStrip(Strip):
 
     __slots__ = ()
 
-    def __init__(self, segments: list[Segment], cell_length: int) -> None:  # noqa: super().__init__ makes them all
+    def __init__(self, segments: list[Segment], cell_length: int) -> None:  # not super().__init__: it makes them all
         self._segments = segments   # the caller's new list, never changed after (Strip copies whatever it is given)
         self._cell_length = cell_length
         self._render_cache = None
