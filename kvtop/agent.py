@@ -230,16 +230,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str]) -> int:
-    from kvtop.attach import _float, build_attach_session
+    from kvtop import options
+    from kvtop.attach import build_attach_session
     from kvtop.mqtt_wire import MqttUrlError, parse_mqtt_url
     from kvtop.session import fold_repeats
     from kvtop.sinks.mqtt import MqttPublisher
 
     a = _parser().parse_args(list(argv))
-    interval = _float("--interval", a.interval)
+    interval = options.nonneg_float("--interval", a.interval)
     if not 0.05 <= interval <= 60:
         raise SettingsError("--interval", f"must be 0.05-60 seconds, got {a.interval!r}")
-    duration = _float("--duration", a.duration) if a.duration is not None else None
+    duration = options.nonneg_float("--duration", a.duration) if a.duration is not None else None
     run = a.run or socket.gethostname()
     try:
         url = parse_mqtt_url(a.mqtt, password_file=a.mqtt_password_file)
@@ -254,7 +255,7 @@ def main(argv: Sequence[str]) -> int:
     session.add_producer("agent", agent.run)
     # A recording ends: so does the agent (a live source runs until --duration or a signal).
     until = ("replay",) if "replay" in session.producer_names else ()
-    from kvtop.modes import _print_problems, _run_reporting
+    from kvtop.modes import print_problems, run_reporting
     from kvtop.problems import EXIT_INTERRUPTED, EXIT_TERMINATED
 
     terminated: list[int] = []
@@ -264,7 +265,7 @@ def main(argv: Sequence[str]) -> int:
         # last summaries and the "offline" it says after them.
         sending = asyncio.ensure_future(pub.run())
         try:
-            await _run_reporting(session, duration, until, terminated)  # problems to stderr, like headless
+            await run_reporting(session, duration, until, terminated)  # problems to stderr, like headless
         finally:
             agent.publish_once()   # what the fold holds at the end: the replay's last records too
             pub.stop()             # flushes, then says "offline"
@@ -284,7 +285,7 @@ def main(argv: Sequence[str]) -> int:
     if unsent:
         session.problems.report("mqtt-publish.unsent", f"{unsent:,} record(s) never reached {url.display()}: the "
                                 "broker could not be reached before the end", count=unsent, lost=True)
-    _print_problems(session.problems.take_lines(final=True))
+    print_problems(session.problems.take_lines(final=True))
     errors = fold_repeats([text for _, level, text in session.log if level in ("warn", "error")])
     result = {"sources": agent.published_keys(), "summaries": agent.published, "rounds": agent.seq,
               "mqtt_published": pub.published, "mqtt_dropped": pub.dropped, "mqtt_unsent": unsent,

@@ -47,16 +47,6 @@ def _parser(command: str) -> argparse.ArgumentParser:
     return p
 
 
-def _float(option: str, text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise SettingsError(option, f"expected a number, got {text!r}") from None
-    if value < 0 or value != value:
-        raise SettingsError(option, f"must be >= 0, got {text!r}")
-    return value
-
-
 def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: str | None = None,
                          password_file: str | None = None, interval_s: float = 0.5,
                          warmup_requests: int = 0, max_gap_s: float | None = MAX_GAP_S,
@@ -148,16 +138,6 @@ def _log_only(session: Session) -> Callable[[str, str], None]:
     return on_error
 
 
-def _int(option: str, text: str, minimum: int) -> int:
-    try:
-        value = int(float(text))
-    except (ValueError, OverflowError):
-        raise SettingsError(option, f"expected a whole number, got {text!r}") from None
-    if value < minimum:
-        raise SettingsError(option, f"must be >= {minimum}, got {text!r}")
-    return value
-
-
 def main(command: str, argv: Sequence[str]) -> int:
     from kvtop import runner
 
@@ -174,15 +154,15 @@ def main(command: str, argv: Sequence[str]) -> int:
     except runner.RunError as exc:
         raise SettingsError("--record", str(exc).removeprefix("--record: ")) from None
     target = a.url if command == "attach" else a.file
-    interval = _float("--interval", a.interval) if command == "attach" and a.interval else 0.5
-    max_gap = _float("--max-gap", a.max_gap) if a.max_gap is not None else MAX_GAP_S
+    interval = options.nonneg_float("--interval", a.interval) if command == "attach" and a.interval else 0.5
+    max_gap = options.nonneg_float("--max-gap", a.max_gap) if a.max_gap is not None else MAX_GAP_S
     session = build_attach_session(target, command=command, speed=speed,
                                    run=getattr(a, "run", None), password_file=getattr(a, "mqtt_password_file", None),
                                    interval_s=interval or 0.5, warmup_requests=settings.warmup_requests,
                                    max_gap_s=max_gap or None,
-                                   max_line_bytes=_int("--max-line-bytes", a.max_line_bytes, 1024)
+                                   max_line_bytes=options.whole_number("--max-line-bytes", a.max_line_bytes, 1024)
                                    if a.max_line_bytes is not None else MAX_LINE_BYTES,
-                                   max_sources=_int("--max-sources", a.max_sources, 1)
+                                   max_sources=options.whole_number("--max-sources", a.max_sources, 1)
                                    if a.max_sources is not None else MAX_SOURCES,
                                    hold_at_end=not headless)
     try:

@@ -68,7 +68,7 @@ def run_dashboard(session: Any, settings: Any) -> int:
         gc.unfreeze()
     runner.finish_problems(session)
     # The screen is gone: what went wrong stays visible in the shell, one line per kind.
-    _print_problems([f"{p.kind} x{p.count:,}: {p.message}" for p in session.problems.snapshot()])
+    print_problems([f"{p.kind} x{p.count:,}: {p.message}" for p in session.problems.snapshot()])
     code = app.return_code
     # q after a run that never got data (or lost some) is still that run's status: 3 or 4, as headless.
     return int(code) if code else session.problems.exit_status(session.records_in)
@@ -81,12 +81,12 @@ def run_headless(session: Any, duration_s: float, as_json: bool) -> int:
 PROBLEM_LINES_S = 0.25  # how often a headless run prints the problem lines that came due
 
 
-def _print_problems(lines: list[str]) -> None:
+def print_problems(lines: list[str]) -> None:
     for line in lines:
         print(f"kvtop: {line}", file=sys.stderr, flush=True)
 
 
-async def _run_reporting(session: Any, duration_s: float | None, until_done: tuple[str, ...],
+async def run_reporting(session: Any, duration_s: float | None, until_done: tuple[str, ...],
                          terminated: list[int] | None = None) -> None:
     """``session.run`` with its problems printed to stderr as they happen (rate-limited by the registry).
 
@@ -98,7 +98,7 @@ async def _run_reporting(session: Any, duration_s: float | None, until_done: tup
     async def pump() -> None:
         while True:
             await asyncio.sleep(PROBLEM_LINES_S)
-            _print_problems(session.tick())
+            print_problems(session.tick())
 
     def on_sigterm() -> None:
         if terminated is not None:
@@ -134,15 +134,15 @@ def run_headless_until(session: Any, duration_s: float | None, as_json: bool,
     interrupted = False
     terminated: list[int] = []
     try:
-        asyncio.run(_run_reporting(session, duration_s, until_done, terminated))
+        asyncio.run(run_reporting(session, duration_s, until_done, terminated))
     except KeyboardInterrupt:
         interrupted = True
         session.stop()
     held = _hold_sigterm(terminated)
     try:
         runner.finish_problems(session)
-        _print_problems(session.tick())
-        _print_problems(session.problems.take_lines(final=True))
+        print_problems(session.tick())
+        print_problems(session.problems.take_lines(final=True))
         summary = runner.summary(session)
         print(json.dumps(summary) if as_json else runner.format_summary(summary), flush=True)
     finally:

@@ -139,6 +139,29 @@ def converted(ns: argparse.Namespace, names: Iterable[str], defaults: Mapping[st
     return {name: getattr(s, name) for name in names}
 
 
+def nonneg_float(option: str, text: str) -> float:
+    """An option's number >= 0 (``--interval 0.5``); a SettingsError naming the option otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(option, f"expected a number, got {text!r}") from None
+    if value < 0 or value != value:
+        raise SettingsError(option, f"must be >= 0, got {text!r}")
+    return value
+
+
+def whole_number(option: str, text: str, minimum: int) -> int:
+    """An option's whole number >= ``minimum`` (``--max-sources 64``, ``1e3`` taken as 1000)."""
+    try:
+        value = int(float(text))
+    except (ValueError, OverflowError):
+        raise SettingsError(option, f"expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise SettingsError(option, f"must be >= {minimum}, got {text!r}")
+    return value
+
+
 __all__ = ["AGENT_SETTINGS", "ATTACH_ONLY_SETTINGS", "ATTACH_SETTINGS", "ESTIMATE_SETTINGS", "OptionParser",
            "SIM_SETTINGS", "SuggestingParser",
-           "add_config_option", "add_settings", "converted", "given", "option_name", "shown"]
+           "add_config_option", "add_settings", "converted", "given", "nonneg_float", "option_name", "shown",
+           "whole_number"]

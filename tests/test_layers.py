@@ -301,6 +301,34 @@ def test_no_reader_reads_the_folds_internals() -> None:
     assert bad == {}
 
 
+def _private_imports(tree: ast.AST) -> list[str]:
+    """``from kvtop.x import _name`` (or ``from . import _name``): a module taking another module's private name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "kvtop"):
+            found += [f"line {node.lineno}: {'.' * node.level}{node.module or ''} import {alias.name}"
+                      for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """Issue 25: ten modules took names another kept private (agent.py the attach command's ``_float`` and the
+    headless mode's ``_run_reporting``, the recorder ``records._default``, the MQTT subscriber ``mqtt_wire._level``,
+    five tier folds ``tiers.common._Bad`` and its checks, the sweep and the token check the block manager's
+    ``_Block`` and ``_MIN_ID``): a name another module needs is public where it is defined. Importing a public
+    name under a private alias (``import x as _x``) is the importer's own business."""
+    assert _private_imports(ast.parse("from kvtop.attach import _float, main\nfrom . import _x\n"
+                                      "from kvtop.y import z as _z\nfrom os import _exit\n"
+                                      "from kvtop import __version__\n")) == [
+        "line 1: kvtop.attach import _float", "line 2: . import _x"]
+    bad = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        hits = _private_imports(ast.parse(path.read_text(), str(path)))
+        if hits:
+            bad[_module_name(path)] = hits
+    assert bad == {}
+
+
 # The fold is a package of small folds (kvtop/tiers/): each owns its state and knows no other fold; the model
 # (kvtop/tiers/model.py) composes them, and its read side (capacity.py, summary.py, snapshot.py) reads them.
 SMALL_FOLDS = ("kvtop.tiers.events", "kvtop.tiers.stats", "kvtop.tiers.requests", "kvtop.tiers.meta")

@@ -42,7 +42,7 @@ from typing import Any
 
 from kvtop.engines.inputs import TRACE_BLOCK_TOKENS, TraceRequest
 from kvtop.engines.sim import hit_replay
-from kvtop.engines.sim.block_manager import BlockManager, TokenRuns, _Block
+from kvtop.engines.sim.block_manager import BlockManager, KVCacheBlock, TokenRuns
 from kvtop.engines.sim.core import GENERATED_TOKEN_BASE
 from kvtop.stack_distance import NUMPY_FROM_ONBOARDS
 from kvtop.stack_distance import host_hits_numpy as _host_hits_numpy
@@ -125,7 +125,7 @@ class _DistanceRecorder(BlockManager):
         self.request_starts.append(len(self.onboards))  # the onboards happen inside add_sequence
         return super().add_sequence(request_id, token_ids, retention)
 
-    def _onboard(self, block: _Block) -> None:
+    def _onboard(self, block: KVCacheBlock) -> None:
         if self.onboard_blocks and not block.primary:
             now = self.offloaded_blocks
             self.onboards.append((now - block.offload_seq, block.offload_seq, now))
