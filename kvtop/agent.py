@@ -231,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     from kvtop import options
-    from kvtop.attach import build_attach_session
+    from kvtop.compose import build_attach_session
     from kvtop.mqtt_wire import MqttUrlError, parse_mqtt_url
     from kvtop.session import fold_repeats
     from kvtop.sinks.mqtt import MqttPublisher

@@ -6,17 +6,13 @@ or a recording (``FILE.jsonl``)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 
 from kvtop import options
-from kvtop.records import MAX_LINE_BYTES, RecordError, SourceId
-from kvtop.session import MAX_SOURCES, Session
+from kvtop.compose import MAX_GAP_S, build_attach_session
+from kvtop.records import MAX_LINE_BYTES
+from kvtop.session import MAX_SOURCES
 from kvtop.settings import SettingsError, load_settings
-from kvtop.textsafe import clean
-
-# replay: an idle stretch of a recording (a pause overnight, a clock that jumped) lasts at most 10 s on screen.
-MAX_GAP_S = 10.0
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
@@ -47,99 +43,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
     return p
 
 
-def build_attach_session(target: str, *, command: str, speed: float = 1.0, run: str | None = None,
-                         password_file: str | None = None, interval_s: float = 0.5,
-                         warmup_requests: int = 0, max_gap_s: float | None = MAX_GAP_S,
-                         max_line_bytes: int = MAX_LINE_BYTES, max_sources: int = MAX_SOURCES,
-                         hold_at_end: bool = False) -> Session:
-    """A session whose only producer is the remote source; sinks are added by the caller. A recording's is a
-    player (``session.player``); ``hold_at_end``: it waits at the end for a seek back (the dashboard's)."""
-    # No meta of its own: the first source with data becomes session.model, and its meta names its engine.
-    session = Session(source=SourceId(host=target, rank=0, run=run or ""), warmup_requests=warmup_requests,
-                      meta={"attached_to": clean(target)}, max_sources=max_sources)
-    lowered = target.lower()
-    if command == "attach" and lowered.startswith(("zmq://", "vllm://", "sglang://")):
-        from kvtop.sources.kv_events_zmq import ZmqUrlError, attach_stream
-
-        try:
-            attach_stream(session, target, run=run, interval_s=max(interval_s, 0.5))
-        except ZmqUrlError as exc:
-            raise SettingsError("URL", str(exc)) from None
-        return session
-    if command == "replay" or (not lowered.startswith(("mqtt://", "mqtts://", "http://", "https://"))):
-        path = Path(target)
-        if not path.exists():
-            raise SettingsError("FILE", f"no such recording: {clean(target)}")
-        if path.is_dir():
-            raise SettingsError("FILE", f"{clean(target)} is a directory, not a recording (a .jsonl file)")
-        from kvtop.sources.replay import ReplayPlayer
-
-        bad: list[RecordError] = []
-        name = clean(path.name, 80)
-
-        def on_bad(err: RecordError) -> None:
-            bad.append(err)  # the fold never sees a bad line; the log names it, with its line number
-            session.problems.report("replay.bad_line", f"{name}: {err} ({len(bad):,} bad line(s) so far)",
-                                    lost=True)
-
-        def on_end(n: int) -> None:
-            if n == 0 and player.generation == 0:
-                session.problems.report("replay.no_records", f"{name}: no records"
-                                        + (f" ({len(bad):,} bad lines: not a kvtop recording?)" if bad
-                                           else " (empty file)"))
-            session.note("info", f"replay of {name} finished"
-                         + (f" ({len(bad)} bad lines skipped)" if bad else ""))
-
-        # The dashboard drives it (pause, seek, speed) and it waits at the end for a seek back; headless, it ends
-        # the run at the recording's end.
-        player = ReplayPlayer(path, session.emit_many, speed=speed, on_error=on_bad, max_gap_s=max_gap_s,
-                              max_line_bytes=max_line_bytes, restart=session.reset_fold,
-                              refold_many=session.fold_many, on_end=on_end, hold_at_end=hold_at_end)
-
-        async def run_replay() -> None:
-            await player.run()
-
-        session.player = player
-        session.meta["attached_to"] = str(path)
-        session.add_producer("replay", run_replay, player.stop)
-        return session
-    if lowered.startswith(("mqtt://", "mqtts://")):
-        from kvtop.sources.mqtt import MqttUrlError, subscriber_from_url
-
-        try:
-            sub = subscriber_from_url(target, session.emit, password_file=password_file, run=run,
-                                      on_status=session.on_source_status, on_error=_log_only(session),
-                                      problems=session.problems)
-        except MqttUrlError as exc:
-            raise SettingsError("URL", str(exc)) from None
-        sub.max_payload_bytes = max_line_bytes
-        session.meta["attached_to"] = clean(sub.url.display()) if hasattr(sub.url, "display") else "mqtt"
-        session.stale.enabled = True  # remote sources: one that stops sending without a last will goes stale
-        session.add_producer("mqtt", sub.run, sub.stop)
-        return session
-    from kvtop.sources.trtllm_serve import serve_source_from_url
-
-    try:
-        src = serve_source_from_url(target, session.emit, interval_s=interval_s, run=run,
-                                    on_status=session.on_source_status, on_error=_log_only(session),
-                                    problems=session.problems)
-    except ValueError as exc:
-        raise SettingsError("URL", str(exc)) from None
-    session.add_producer("trtllm-serve", src.run, src.stop)
-    return session
 
 
-def _log_only(session: Session) -> Callable[[str, str], None]:
-    """on_error for sources that report their problems themselves: the event log only, no second problem."""
-
-    def on_error(name: str, message: str) -> None:
-        session.note("warn", f"{name}: {message}")
-
-    return on_error
 
 
 def main(command: str, argv: Sequence[str]) -> int:
-    from kvtop import runner
+    from kvtop import compose
 
     a = _parser(command).parse_args(list(argv))
     settings = load_settings(options.given(a, options.ATTACH_SETTINGS), config_path=a.config)
@@ -150,8 +59,8 @@ def main(command: str, argv: Sequence[str]) -> int:
     if command == "replay" and headless and a.speed is None:
         speed = 0.0   # a headless replay is a summary: as fast as it can, unless --speed says otherwise
     try:
-        runner.check_record(settings)  # before anything connects or reads
-    except runner.RunError as exc:
+        compose.check_record(settings)  # before anything connects or reads
+    except compose.RunError as exc:
         raise SettingsError("--record", str(exc).removeprefix("--record: ")) from None
     target = a.url if command == "attach" else a.file
     interval = options.nonneg_float("--interval", a.interval) if command == "attach" and a.interval else 0.5
@@ -166,19 +75,19 @@ def main(command: str, argv: Sequence[str]) -> int:
                                    if a.max_sources is not None else MAX_SOURCES,
                                    hold_at_end=not headless)
     try:
-        runner.add_sinks(session, settings)
-    except runner.RunError as exc:
+        compose.add_sinks(session, settings)
+    except compose.RunError as exc:
         # "--record: cannot write ...": the option is named once ("--record: --record: ..." and "sink: ..." were not)
         option, _, problem = str(exc).partition(": ")
         raise SettingsError(option, problem) from None
     if headless:
         from kvtop.modes import run_headless_until
 
-        until = ("replay",) if "replay" in [n for n, _ in session._producers] else ()
+        until = ("replay",) if "replay" in session.producer_names else ()
         return run_headless_until(session, settings.duration, settings.json, until)
     from kvtop.modes import run_dashboard
 
     return run_dashboard(session, settings)
 
 
-__all__ = ["build_attach_session", "main"]
+__all__ = ["main"]

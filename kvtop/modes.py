@@ -39,7 +39,7 @@ def headless_wanted(settings: Any, stdout: Any = None) -> bool:
 def run_dashboard(session: Any, settings: Any) -> int:
     """The dashboard until q (0, or 3 / 4 as a headless run) or Ctrl-C (130); a crash inside it is Textual's
     traceback and status 1."""
-    from kvtop import runner
+    from kvtop.compose import finish_problems
 
     # The garbage collector and what start-up leaves behind (measured, dev box, the busy replay for 30 s): importing
     # Textual and building the app make ~37,000 objects and no garbage, yet trigger ~90 collections (~14 ms of
@@ -66,7 +66,7 @@ def run_dashboard(session: Any, settings: Any) -> int:
     finally:
         gc.set_threshold(*threshold)
         gc.unfreeze()
-    runner.finish_problems(session)
+    finish_problems(session)
     # The screen is gone: what went wrong stays visible in the shell, one line per kind.
     print_problems([f"{p.kind} x{p.count:,}: {p.message}" for p in session.problems.snapshot()])
     code = app.return_code
@@ -128,8 +128,9 @@ def run_headless_until(session: Any, duration_s: float | None, as_json: bool,
     and lost none (kvtop.problems: 0, 3 no data, 4 lost data, 130 interrupted by SIGINT, 143 by SIGTERM). Either
     signal ends the run with its summary; a SIGTERM while the summary is being made is held until it is printed.
     """
-    from kvtop import runner
+    from kvtop.compose import finish_problems
     from kvtop.problems import EXIT_INTERRUPTED, EXIT_TERMINATED
+    from kvtop.run_summary import format_summary, summary
 
     interrupted = False
     terminated: list[int] = []
@@ -140,11 +141,11 @@ def run_headless_until(session: Any, duration_s: float | None, as_json: bool,
         session.stop()
     held = _hold_sigterm(terminated)
     try:
-        runner.finish_problems(session)
+        finish_problems(session)
         print_problems(session.tick())
         print_problems(session.problems.take_lines(final=True))
-        summary = runner.summary(session)
-        print(json.dumps(summary) if as_json else runner.format_summary(summary), flush=True)
+        said = summary(session)
+        print(json.dumps(said) if as_json else format_summary(said), flush=True)
     finally:
         if held is not None:
             signal.signal(signal.SIGTERM, held)
@@ -165,4 +166,4 @@ def _hold_sigterm(terminated: list[int]) -> Any:
     return held if held is not None else signal.SIG_DFL  # None: a handler not set from Python
 
 
-__all__ = ["headless_wanted", "run_dashboard", "run_headless", "run_headless_until"]
+__all__ = ["headless_wanted", "print_problems", "run_dashboard", "run_headless", "run_headless_until", "run_reporting"]

@@ -551,7 +551,7 @@ def test_replay_up_to_its_first_screen_loads_none_of_the_other_modes() -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     loaded = result["modules"]
     # The probe saw the dashboard and the replay running: the deferred modules were not just never reached.
-    assert {"kvtop.ui.app", "kvtop.ui.widgets", "kvtop.sources.replay", "kvtop.runner"} <= set(loaded)
+    assert {"kvtop.ui.app", "kvtop.ui.widgets", "kvtop.sources.replay", "kvtop.compose"} <= set(loaded)
     assert result["records_in"] > 0
     assert [m for m in loaded if _under(m, DEFERRED_FROM_REPLAY) and m not in PRICING] == []
     # The dataclasses replay's first screen defines are @frozen / @mutable (kvtop/values.py), which compile

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from recordings import BUSY_RECORDING, session_from_recording
 
-from kvtop.attach import build_attach_session
+from kvtop.compose import build_attach_session
 from kvtop.records import Record, read_jsonl
 from kvtop.tiers import TierModel
 from kvtop.ui.app import DEFAULT_REFRESH_S, REFRESH_STEPS, KvtopApp, build_app
