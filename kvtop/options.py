@@ -63,6 +63,18 @@ class OptionParser(SuggestingParser):
         raise SettingsError(self.prog, self.with_hint(message))
 
 
+class UsageError(Exception):
+    """A command line that is not kvtop's: kvtop.cli prints it as one line, ``kvtop: ...``, and exits 2."""
+
+
+class UsageParser(SuggestingParser):
+    """The parser of ``kvtop [options]`` and ``kvtop sim``: an error is a UsageError, ``kvtop: ...`` (the other
+    commands' OptionParser names the command in it)."""
+
+    def error(self, message: str) -> Any:  # one clear line, not argparse's usage dump + exit
+        raise UsageError(self.with_hint(message))
+
+
 def _field(name: str) -> Any:
     for f in Settings.option_fields():
         if f.name == name:
@@ -162,6 +174,6 @@ def whole_number(option: str, text: str, minimum: int) -> int:
 
 
 __all__ = ["AGENT_SETTINGS", "ATTACH_ONLY_SETTINGS", "ATTACH_SETTINGS", "ESTIMATE_SETTINGS", "OptionParser",
-           "SIM_SETTINGS", "SuggestingParser",
+           "SIM_SETTINGS", "SuggestingParser", "UsageError", "UsageParser",
            "add_config_option", "add_settings", "converted", "given", "nonneg_float", "option_name", "shown",
            "whole_number"]

@@ -275,7 +275,7 @@ def test_replay_caps_gaps_and_ms_records_do_not_stall(tmp_path: Path) -> None:
 
 def test_a_bad_record_is_counted_and_rendered_in_every_mode() -> None:
     """1e308 where a count belongs: the fold never sees it, the summary and stderr say so."""
-    from kvtop.cli import run_headless_until
+    from kvtop.modes import run_headless_until
     from kvtop.session import Session
 
     session = Session(meta={})

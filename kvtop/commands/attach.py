@@ -1,7 +1,7 @@
-"""``kvtop attach URL`` and ``kvtop replay FILE``: the same dashboard (or headless summary) on records that come
-from elsewhere: an MQTT broker (``mqtt://``, ``mqtts://``), a running ``trtllm-serve`` (``http://host:port``), the
-KV event stream of vLLM, SGLang or Dynamo (``zmq://``, ``vllm://``, ``sglang://``: kvtop/sources/kv_events_zmq.py),
-or a recording (``FILE.jsonl``)."""
+"""``kvtop attach URL`` (and ``kvtop replay FILE``, kvtop/commands/replay.py: this command on a recording): the
+same dashboard (or headless summary) on records that come from elsewhere: an MQTT broker (``mqtt://``,
+``mqtts://``), a running ``trtllm-serve`` (``http://host:port``), the KV event stream of vLLM, SGLang or Dynamo
+(``zmq://``, ``vllm://``, ``sglang://``: kvtop/sources/kv_events_zmq.py), or a recording (``FILE.jsonl``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from kvtop.session import MAX_SOURCES
 from kvtop.settings import SettingsError, load_settings
 
 
-def _parser(command: str) -> argparse.ArgumentParser:
+def parser(command: str = "attach") -> argparse.ArgumentParser:
+    """``kvtop attach``'s options (``command="replay"``: ``kvtop replay``'s, a FILE for the URL)."""
     p = options.OptionParser(prog=f"kvtop {command}")
     if command == "attach":
         p.add_argument("url", help="mqtt://[user@]host[:port]/prefix, mqtts://..., http://host:port (trtllm-serve), "
@@ -43,14 +44,17 @@ def _parser(command: str) -> argparse.ArgumentParser:
     return p
 
 
+def main(argv: Sequence[str]) -> int:
+    """``kvtop attach URL [options]``."""
+    return run("attach", argv)
 
 
-
-
-def main(command: str, argv: Sequence[str]) -> int:
+def run(command: str, argv: Sequence[str]) -> int:
+    """``kvtop attach`` or ``kvtop replay`` (``command``) with ``argv``: the session, its sinks, then the
+    dashboard or headless."""
     from kvtop import compose
 
-    a = _parser(command).parse_args(list(argv))
+    a = parser(command).parse_args(list(argv))
     settings = load_settings(options.given(a, options.ATTACH_SETTINGS), config_path=a.config)
     speed = options.converted(a, ("speed",))["speed"]
     from kvtop.modes import headless_wanted
@@ -90,4 +94,4 @@ def main(command: str, argv: Sequence[str]) -> int:
     return run_dashboard(session, settings)
 
 
-__all__ = ["main"]
+__all__ = ["main", "parser", "run"]

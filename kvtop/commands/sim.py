@@ -1,101 +1,31 @@
-"""kvtop's command line: parses options into settings and hands them to the right runner.
-
-    kvtop [options]                   drive a workload through an engine and watch its KV cache tiers
-    kvtop sim --trace FILE ...        replay a Mooncake trace on the simulator as fast as possible (sweeps)
-    kvtop attach URL                  watch a run elsewhere: mqtt://, http://host:port, zmq://, vllm://, FILE.jsonl
-    kvtop replay FILE [--speed X]     replay a recording
-    kvtop agent URL --mqtt mqtt://... fold a local source, publish per-source summaries (fleets)
-    kvtop estimate ...                reload vs recompute arithmetic for a model on a GPU
-    kvtop calibrate ...               measure this machine's GPU into a profile
-    kvtop report RUN.jsonl ... -o DIR charts and a summary page from recordings
-
-A bad option prints one line naming it and exits 2; nothing prints a traceback for bad input.
-"""
+"""``kvtop sim --trace FILE ...``: replay a Mooncake trace on the simulator as fast as possible, one replay per host
+cache size (a sweep), with the block manager alone (``--hit-rate-only``, ``--one-pass``) or the engine's timing,
+and the offline optimum beside it (``--belady``)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from kvtop import DISTRIBUTION, __version__, options
-from kvtop.problems import EXIT_INTERRUPTED, EXIT_USAGE
-from kvtop.settings import Settings, SettingsError, load_settings
-
-# kvtop.modes (asyncio: ~35 ms of a ~130 ms start-up on the dev box) is imported where a run needs it, not for
-# `kvtop sim`; run_headless_until stays importable from here for callers of kvtop.cli.
-
-
-def __getattr__(name: str) -> Any:
-    if name == "run_headless_until":
-        from kvtop.modes import run_headless_until
-
-        return run_headless_until
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-SUBCOMMANDS = ("sim", "attach", "replay", "agent", "estimate", "calibrate", "report", "run")
-
-
-class UsageError(Exception):
-    pass
-
-
-class _Parser(options.SuggestingParser):
-    def error(self, message: str) -> Any:  # one clear line, not argparse's usage dump + exit
-        raise UsageError(self.with_hint(message))
-
-
-def _add_run_options(p: argparse.ArgumentParser) -> None:
-    """Every Settings field becomes --field-name (defaults stay None so that file and environment layers show)."""
-    options.add_settings(p)
-    p.add_argument("--gpu-cache", dest="gpu_cache", default=None, metavar="TOKENS|FRACTION",
-                   help="GPU KV cache: a token count (131072) or a fraction of free GPU memory (0.9)")
-    options.add_config_option(p)
-    p.add_argument("--show-settings", action="store_true", help="print every setting and where it came from")
-
-
-def _cli_values(ns: argparse.Namespace) -> dict[str, Any]:
-    values = options.given(ns)
-    gpu_cache = getattr(ns, "gpu_cache", None)
-    if gpu_cache is not None:
-        text = str(gpu_cache).strip()
-        try:
-            number = float(text)
-        except ValueError:
-            raise SettingsError("--gpu-cache", f"expected a token count or a fraction, got {text!r}") from None
-        if 0 < number < 1:
-            values["gpu_cache_fraction"] = number
-            values["gpu_cache_tokens"] = "none"
-        elif number >= 1 and number == int(number):
-            values["gpu_cache_tokens"] = int(number)
-        else:
-            raise SettingsError("--gpu-cache", f"expected a token count >= 1 or a fraction in (0, 1), got {text!r}")
-    return values
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kvtop", description="top for the KV cache tiers of LLM inference engines (TensorRT-LLM)",
-                formatter_class=argparse.RawDescriptionHelpFormatter,
-                epilog="other commands (each with --help):\n" + __doc__.split("\n\n")[1].rstrip())
-    p.add_argument("--version", action="version", version=f"kvtop {__version__} ({DISTRIBUTION})")
-    _add_run_options(p)
-    return p
-
+from kvtop import DISTRIBUTION, options
+from kvtop.settings import SettingsError
 
 SIM_DEFAULTS = {"max_batch_size": 256}
+
+
 # --jobs by default: the CPUs kvtop may run on, at most this many forked replays at once. Memory is not the limit (a
 # timed replay of the Mooncake trace peaks at ~36 MB resident): a shared login node's 64 cores are not all taken by
 # one sweep unless asked
 SIM_DEFAULT_MAX_JOBS = 8
 
 
-def _sim_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kvtop sim", description="replay a Mooncake trace on the simulator, as fast as possible")
+def parser() -> argparse.ArgumentParser:
+    p = options.UsageParser(prog="kvtop sim",
+                            description="replay a Mooncake trace on the simulator, as fast as possible")
     # The settings it shares with a driven run, declared from Settings; a trace replay batches up to 256 requests.
     options.add_settings(p, options.SIM_SETTINGS, defaults=SIM_DEFAULTS, required=("trace",), help={
         "trace": "Mooncake-format JSONL trace (512-token hash blocks)", "json": "print {\"runs\": [...]} as JSON",
@@ -167,13 +97,14 @@ def _check_machine_size(size: int, text: str) -> None:
         raise SettingsError("--host-cache", f"{text.strip()[:40]} is more than 64 TiB, which no machine holds")
 
 
-def cmd_sim(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str]) -> int:
+    """``kvtop sim --trace FILE ...``: a Mooncake trace on the simulator, one replay per host cache size."""
     from kvtop.engines.gpus import resolve_gpu
     from kvtop.engines.models import resolve_model
     from kvtop.engines.sizing import format_bytes, primary_blocks, secondary_blocks
     from kvtop.workload.trace import TraceError, read_trace
 
-    a = _sim_parser().parse_args(list(argv))
+    a = parser().parse_args(list(argv))
     vars(a).update(options.converted(a, options.SIM_SETTINGS, SIM_DEFAULTS))  # validated as Settings validates
     if a.plot:
         from kvtop.report.report import matplotlib_missing
@@ -414,103 +345,5 @@ def _sim_hit_rates(a: argparse.Namespace, requests: list[Any], model: Any, gpu: 
     return 0
 
 
-def cmd_run(argv: Sequence[str]) -> int:
-    ns = build_parser().parse_args(list(argv))  # first: --help and --version need nothing else
-    settings = load_settings(_cli_values(ns), config_path=ns.config)
-    from kvtop import runner
-
-    if ns.show_settings:
-        from kvtop.mqtt_wire import redact_url
-        from kvtop.textsafe import clean
-
-        kinds = {f.name: f.metadata.get("kind") for f in Settings.option_fields()}
-        for name, value, origin in settings.describe():
-            # A URL may carry a password (kvtop refuses one in --publish, but a config file may hold any URL).
-            said = redact_url(value) if isinstance(value, str) and "://" in value else options.shown(value, kinds[name])
-            print(clean(f"{name:32} {said:24} {origin}", None))
-        return 0
-    try:
-        session = runner.build_session(settings)
-    except runner.RunError as exc:
-        print(f"kvtop: {exc}", file=sys.stderr)
-        return 2
-    from kvtop.modes import headless_wanted
-
-    if headless_wanted(settings):
-        from kvtop.modes import run_headless
-
-        return run_headless(session, settings.duration if settings.duration is not None else 30.0, settings.json)
-    from kvtop.modes import run_dashboard
-
-    return run_dashboard(session, settings)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    command = args[0] if args and args[0] in SUBCOMMANDS else "run"
-    rest = args[1:] if args and args[0] in SUBCOMMANDS else args
-    try:
-        if command == "run" and args and not args[0].startswith("-"):
-            # the driven run takes no positional argument: a first word is a command, misspelled or unknown
-            raise UsageError(_unknown_command(args[0]))
-        if command == "sim":
-            return cmd_sim(rest)
-        if command in ("attach", "replay"):
-            from kvtop import attach
-
-            return attach.main(command, rest)
-        if command == "agent":
-            from kvtop import agent
-
-            return agent.main(rest)
-        if command == "estimate":
-            from kvtop import estimate
-
-            return estimate.main(rest)
-        if command == "calibrate":
-            from kvtop import calibrate
-
-            return calibrate.main(rest)
-        if command == "report":
-            from kvtop.report import report
-
-            return report.main(rest)
-        return cmd_run(rest)
-    except (UsageError, SettingsError) as exc:
-        from kvtop.textsafe import clean
-
-        # an option's value may be a file name with an escape sequence in it (a trace's, a recording's); a
-        # subcommand's parser names itself ("kvtop attach: ..."), once
-        text = clean(str(exc), 2000)
-        print(text if text.startswith("kvtop ") else f"kvtop: {text}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        return _broken_pipe()
-
-
-def _unknown_command(word: str) -> str:
-    from kvtop.suggest import did_you_mean
-    from kvtop.textsafe import clean
-
-    shown = clean(word, 80)
-    hint = (f" (a recording? kvtop replay {shown})" if word.endswith(".jsonl")
-            else did_you_mean(word, SUBCOMMANDS, quote=True))
-    return f"unknown command {shown!r}{hint}; commands: {', '.join(SUBCOMMANDS)} (kvtop --help)"
-
-
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a program whose reader went away
-
-
-def _broken_pipe() -> int:
-    """``kvtop ... | head``: the reader left. One line, not a traceback (nor a second one at exit, when Python
-    flushes stdout again: it is pointed at /dev/null first)."""
-    import os
-
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    with contextlib.suppress(OSError, ValueError):
-        print("kvtop: output closed (broken pipe)", file=sys.stderr)
-    return EXIT_BROKEN_PIPE
+__all__ = ["MAX_SWEEP_POINTS", "SIM_DEFAULTS", "SIM_DEFAULT_MAX_JOBS", "VERDICT_BASIS", "main", "parser",
+           "sweep_verdict"]
