@@ -139,40 +139,26 @@ def check_record(settings: Settings) -> None:
 def add_sinks(session: Session, settings: Settings) -> None:
     """--record, --publish and --prometheus-port, wherever the records come from."""
     if settings.record:
-        from kvtop.sinks.recorder import Recorder
-
         check_record(settings)
-
         try:
-            recorder = Recorder(settings.record, problems=session.problems)
+            add_recorder(session, settings.record)
         except OSError as exc:
             raise RunError(f"--record: cannot write {settings.record}: {exc.strerror or exc}") from None
-        session.recorder = recorder
-        session.add_sink(recorder.write, recorder.close)
     if settings.publish:
         from kvtop.mqtt_wire import MqttUrlError
-        from kvtop.sinks import mqtt as mqtt_sink
 
         try:
-            publisher = mqtt_sink.publisher_from_url(settings.publish, source=session.source,
-                                                     password_file=settings.mqtt_password_file,
-                                                     on_status=session.on_source_status,
-                                                     problems=session.problems)
+            add_publisher(session, settings.publish, password_file=settings.mqtt_password_file,
+                          on_status=session.on_source_status)
         except MqttUrlError as exc:
             raise RunError(f"--publish: {exc}") from None
-        session.publisher = publisher
-        session.add_sink(publisher.publish, None)
-        session.add_producer("mqtt-publish", publisher.run, publisher.stop)
     if settings.prometheus_port is not None:
-        from kvtop.sinks.prometheus import PrometheusExporter
-
-        exporter = PrometheusExporter(lambda: dict(session.models) or session.model,
-                                      port=settings.prometheus_port, addr=settings.prometheus_addr)
         # A scrape reads the snapshots the session publishes (kvtop/tiers/snapshot.py), never the live fold: at the
         # refresh, or once a second at most often (a scrape comes every 15 s by Prometheus's default).
         session.publish_s = max(settings.refresh, 1.0)
         try:
-            exporter.start()
+            add_exporter(session, lambda: dict(session.models) or session.model, settings.prometheus_port,
+                         settings.prometheus_addr)
         except OSError as exc:
             raise RunError(f"--prometheus-port: cannot listen on {settings.prometheus_addr}:"
                            f"{settings.prometheus_port}: {exc.strerror or exc}") from None
@@ -182,7 +168,45 @@ def add_sinks(session: Session, settings: Settings) -> None:
             session.problems.report("prometheus.exposed", f"--prometheus-addr {settings.prometheus_addr}: /metrics "
                                     "is served beyond this machine, without authentication (model names, run "
                                     "names and load are readable by anyone who can reach the port)")
-        session.add_sink(exporter.observe, exporter.stop)
+
+
+def add_recorder(session: Session, path: str | os.PathLike[str], *, close: bool = True) -> Any:
+    """Every record the session folds appended to ``path`` (kvtop/sinks/recorder.py); ``close``: closed when the
+    session's run ends (else by the caller). OSError where the file cannot be opened."""
+    from kvtop.sinks.recorder import Recorder
+
+    recorder = Recorder(path, problems=session.problems)
+    session.recorder = recorder
+    session.add_sink(recorder.write, recorder.close if close else None)
+    return recorder
+
+
+def add_publisher(session: Session, url: str, *, password_file: str | os.PathLike[str] | None,
+                  on_status: Callable[[str, str], None], producer: bool = True) -> Any:
+    """Every record published on MQTT at ``url`` (kvtop/sinks/mqtt.py); ``producer``: its connection runs as one of
+    the session's producers (else beside the session, by the caller, which stops it). MqttUrlError for a bad URL."""
+    from kvtop.sinks import mqtt as mqtt_sink
+
+    publisher = mqtt_sink.publisher_from_url(url, source=session.source, password_file=password_file,
+                                             on_status=on_status, problems=session.problems)
+    session.publisher = publisher
+    session.add_sink(publisher.publish, None)
+    if producer:
+        session.add_producer("mqtt-publish", publisher.run, publisher.stop)
+    return publisher
+
+
+def add_exporter(session: Session, models: Callable[[], Any], port: int, addr: str, *,
+                 source: SourceId | None = None, close: bool = True) -> Any:
+    """/metrics served on ``addr:port`` (0: any free port, the exporter's ``port`` says which) from ``models()``'
+    published snapshots (kvtop/sinks/prometheus.py); ``close``: stopped when the session's run ends. OSError where
+    the port cannot be had, OverflowError for a number that is not a port."""
+    from kvtop.sinks.prometheus import PrometheusExporter
+
+    exporter = PrometheusExporter(models, port=port, addr=addr, source=source)
+    exporter.start()
+    session.add_sink(exporter.observe, exporter.stop if close else None)
+    return exporter
 
 
 def is_loopback(addr: str) -> bool:
@@ -249,5 +273,6 @@ def add_machine_samplers(session: Session, meta: dict[str, Any], interval_s: flo
     session.add_sampler("host", host.sample, interval_s)
 
 
-__all__ = ["MAX_GAP_S", "RunError", "add_machine_samplers", "add_sinks", "build_attach_session", "check_record",
+__all__ = ["MAX_GAP_S", "RunError", "add_exporter", "add_machine_samplers", "add_publisher", "add_recorder",
+           "add_sinks", "build_attach_session", "check_record",
            "engine_meta", "finish_problems", "is_loopback"]
