@@ -35,8 +35,12 @@ PACKAGE = REPO / "kvtop"
 
 FOLD = ("kvtop.tiers", "kvtop.kv_stream", "kvtop.occupancy", "kvtop.records")
 TOOLS = ("kvtop.estimate", "kvtop.calibrate")
+# The commands (kvtop/commands/, one module per subcommand) are the top: only the dispatch (kvtop.cli, and
+# ``python -m kvtop``) imports them. Under them, what every mode's session shares (kvtop.compose) and its summary.
+COMMANDS = ("kvtop.commands",)
+ABOVE_THE_COMMANDS = ("kvtop.cli", "kvtop.__main__")
 NOT_UNDER_THE_FOLD = ("kvtop.sources", "kvtop.sinks", "kvtop.ui", "kvtop.session", "kvtop.runner", "kvtop.cli",
-                      "kvtop.report", *TOOLS)
+                      "kvtop.report", "kvtop.compose", "kvtop.run_summary", *COMMANDS, *TOOLS)
 
 
 def _module_name(path: Path) -> str:
@@ -204,6 +208,26 @@ def test_the_fold_and_records_reach_no_source_sink_or_ui(module: str) -> None:
     assert sorted(m for m in reached if _under(m, NOT_UNDER_THE_FOLD)) == []
 
 
+def test_the_commands_are_the_top_and_each_has_a_main() -> None:
+    """Issue 25: the commands lived in four places (``kvtop sim`` inside cli.py, attach.py, agent.py, runner.py's
+    helpers that every mode called back). Each is a module of kvtop/commands/ with ``main(argv)``, one per word of
+    ``kvtop SUBCOMMAND`` (``run`` is ``kvtop [options]``), and nothing below the dispatch imports one."""
+    from kvtop.cli import SUBCOMMANDS
+
+    edges = graph()[0]
+    commands = {m for m in edges if _under(m, COMMANDS) and m != "kvtop.commands"}
+    assert {f"kvtop.commands.{word}" for word in SUBCOMMANDS} == commands
+    for name in sorted(commands):
+        tree = ast.parse((PACKAGE / "commands" / f"{name.rpartition('.')[2]}.py").read_text())
+        mains = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+        assert mains and mains[0].args.args[0].arg == "argv", f"{name} has no main(argv)"
+    below = {name: sorted(d for d in deps if _under(d, COMMANDS)) for name, deps in edges.items()
+             if not _under(name, (*COMMANDS, *ABOVE_THE_COMMANDS))}
+    assert {k: v for k, v in below.items() if v} == {}
+    # the dispatch reaches every command (a lazy import each, which the walk sees)
+    assert commands <= edges["kvtop.cli"]
+
+
 @pytest.mark.parametrize("tool", TOOLS)
 def test_the_tools_reach_no_fold_source_sink_ui_or_report(tool: str) -> None:
     """``kvtop estimate`` and ``kvtop calibrate`` are arithmetic and measurement over the engines' model shapes,
@@ -260,7 +284,7 @@ def test_a_fresh_interpreter_folding_records_loads_no_source_sink_or_ui() -> Non
 
 
 READERS = ("kvtop.ui", "kvtop.sinks", "kvtop.fleet", "kvtop.agent", "kvtop.runner", "kvtop.watcher", "kvtop.modes",
-           "kvtop.attach", "kvtop.cli")
+           "kvtop.compose", "kvtop.run_summary", "kvtop.cli", *COMMANDS)
 _MODEL_NAMES = {"model", "m", "live", "snap", "snapshot"}
 
 
