@@ -41,22 +41,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _command(name: str) -> Callable[[Sequence[str]], int]:
     """The command's ``main``, its module imported only when it runs (``kvtop sim`` loads no asyncio, no fold)."""
     if name == "sim":
-        from kvtop.commands import sim as command
-    elif name == "attach":
-        from kvtop.commands import attach as command
-    elif name == "replay":
-        from kvtop.commands import replay as command
-    elif name == "agent":
-        from kvtop.commands import agent as command
-    elif name == "estimate":
-        from kvtop.commands import estimate as command
-    elif name == "calibrate":
-        from kvtop.commands import calibrate as command
-    elif name == "report":
-        from kvtop.commands import report as command
-    else:
-        from kvtop.commands import run as command
-    return command.main
+        from kvtop.commands import sim
+        return sim.main
+    if name == "attach":
+        from kvtop.commands import attach
+        return attach.main
+    if name == "replay":
+        from kvtop.commands import replay
+        return replay.main
+    if name == "agent":
+        from kvtop.commands import agent
+        return agent.main
+    if name == "estimate":
+        from kvtop.commands import estimate
+        return estimate.main
+    if name == "calibrate":
+        from kvtop.commands import calibrate
+        return calibrate.main
+    if name == "report":
+        from kvtop.commands import report
+        return report.main
+    from kvtop.commands import run
+    return run.main
 
 
 def _unknown_command(word: str) -> str:
