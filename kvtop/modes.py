@@ -1,8 +1,8 @@
 """How a session is shown: the dashboard, or headless (problems on stderr as they happen, a summary at the end).
 
 Every command that ends in a session (``kvtop``, ``kvtop attach``, ``kvtop replay``) hands it to one of these, so
-the exit statuses and the problem lines are the same everywhere. A module of its own, below kvtop/cli.py and
-kvtop/attach.py, so that neither imports the other (tests/test_layers.py: no import cycles).
+the exit statuses and the problem lines are the same everywhere. A module of its own, below kvtop/commands/,
+so that no command imports another for it (tests/test_layers.py: no import cycles).
 """
 
 from __future__ import annotations

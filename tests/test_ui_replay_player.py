@@ -1,5 +1,5 @@
 """Pilot tests of the replay player (issue 24, item 1): p pauses the replay itself, seek, step and speed, driven
-through the dashboard's keys on ``kvtop replay``'s own session (kvtop.attach.build_attach_session), with numbers;
+through the dashboard's keys on ``kvtop replay``'s own session (kvtop.compose.build_attach_session), with numbers;
 and + / - changing the refresh interval of a live screen.
 
 Positions are recording seconds since its first record; after a seek (or a step) the session has folded exactly
