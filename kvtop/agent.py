@@ -92,6 +92,9 @@ def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, a
               "offloaded": mv.offloaded_blocks, "onboarded": mv.onboarded_blocks,
               "evicted_gpu": mv.evicted_gpu_blocks, "evicted_host": mv.evicted_host_blocks,
               "evicted_unknown": mv.evicted_unknown_blocks, "completed": req.completed, "failed": req.failed}
+    if mv.disk:  # the disk tier's moves (issue 23, item 3), where the engine has one
+        totals.update({"disk_prefetched": mv.disk_prefetched_blocks, "disk_onboarded": mv.disk_onboarded_blocks,
+                       "disk_offloaded": mv.disk_offloaded_blocks})
     requests_seen = req.completed + req.failed + req.warmup > 0
     stats_seen = snap.stats_schema is not None
     token_rates = {k: _round(getattr(rates, k)) if requests_seen else None for k in _REQUEST_TOKEN_RATES}
@@ -110,6 +113,8 @@ def summary_data(model: TierModel | TierSnapshot, seq: int, interval_s: float, a
         # its figures, rounded, and its basis cut to 160 characters (a summary stays ~1 KB)
         "verdict": {tier: _verdict_summary(v.to_json()) for tier, v in snap.verdict.items()},
     }
+    if mv.left_said or mv.left_inferred:
+        data["left"] = {"said": mv.left_said, "inferred": mv.left_inferred}
     if stream:
         data["stream"] = {k: stream[k] for k in ("lost_batches", "replayed_batches", "publisher_restarts",
                                                  "bad_events", "unknown_removals", "seq_jumps", "lag_s",

@@ -23,7 +23,8 @@ Records (what crosses a process boundary, design.md): one ``kv_batch`` record pe
 ``medium`` verbatim (a recording stays a bug report), with two changes: positional events become maps (same
 names), and ``token_ids`` is replaced by ``num_tokens`` (the tokens are the user's prompts, ~90% of a batch's
 bytes; kvtop's MQTT publisher leaves them out of TensorRT-LLM events for the same reason). Non-scalar fields kvtop
-does not read (``extra_keys``: multimodal hashes and cache salts) are dropped too.
+does not read (``extra_keys``: multimodal hashes and cache salts) are dropped too, and so are the user's session
+id and cache salt (``EVENT_FIELDS`` says, field by field, what is read, kept or dropped, and why).
 
 A new record kind rather than TensorRT-LLM's ``kv_event`` shape, because the two models of a tier differ: in
 TensorRT-LLM a block lives in one tier at a time (``updated`` moves it), while vLLM's and SGLang's offload tiers
@@ -66,6 +67,8 @@ import msgspec
 from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 from kvtop.records import MAX_BLOCKS, MAX_MAGNITUDE
+from kvtop.tiers.departures import add as add_reason
+from kvtop.tiers.departures import nonzero, reason_of
 from kvtop.tiers.state import Latency, TierState
 
 if TYPE_CHECKING:
@@ -93,8 +96,32 @@ _POSITIONAL = {
     "BlockRemoved": ("block_hashes", "medium", "group_idx"),
     "AllBlocksCleared": (),
 }
-# Token lists: the user's prompt; replaced by their count.
-_TOKEN_FIELDS = ("token_ids", "lookahead_token_ids")
+# Every field of the engines' BlockStored / BlockRemoved, and what kvtop does with it (read, kept in the record
+# unread, or dropped), on purpose: vLLM 0.33.0 / 0.34.0 vllm/distributed/kv_events.py, SGLang 0.5.23
+# sglang/srt/disaggregation/kv_events.py. A field no table names is kept when it is a scalar (a newer engine's).
+EVENT_FIELDS = {
+    "block_hashes": "read: the blocks",
+    "parent_block_hash": "kept, not read: the fold counts blocks per tier, not chains",
+    "token_ids": "dropped: the user's prompt (its length is kept as num_tokens)",
+    "block_size": "read: the tier's tokens per block",
+    "lora_id": "kept, not read (deprecated in vLLM 0.33 for lora_name)",
+    "medium": "read: the tier (MEDIUM_TIERS; vLLM's STORAGE is the disk)",
+    "lora_name": "kept, not read",
+    "extra_keys": "dropped: not a scalar (multimodal hashes, cache salts)",
+    "group_idx": "read: a block is (group, hash); every group's blocks come from one pool (vLLM's "
+                 "KVCacheCoordinator has one BlockPool), so a tier's blocks are summed over groups",
+    "kv_cache_spec_kind": "kept, not read: the groups share the pool cache_config_info sizes, whatever their kind",
+    "kv_cache_spec_sliding_window": "kept, not read (as kv_cache_spec_kind)",
+    "locality": "kept, not read: vLLM's own hit attribution maps STORAGE to disk whatever the locality "
+                "(vllm/v1/kv_offload/tiering/base.py), and so does kvtop",
+    "ownership": "kept, not read: the id of a secondary offloading tier (\"kvcr\"); a hash it announces again is "
+                 "refcounted like any repeated announcement",
+    "session_id": "dropped: names the user's session (vLLM 0.33, SGLang 0.5.23), read by nothing here",
+    "cache_salt": "dropped: the user's cache salt (SGLang 0.5.23); the hashes are namespaced by it already",
+    "lookahead_token_ids": "dropped: the user's tokens (vLLM 0.34)",
+}
+# Fields never kept in a record (see EVENT_FIELDS): the user's tokens, session and salt.
+_DROPPED_FIELDS = frozenset(k for k, why in EVENT_FIELDS.items() if why.startswith("dropped"))
 _MAX_EVENTS = 100_000  # one engine step's batch; a message claiming more is not a KV event batch
 _MAX_HASHES = 1_000_000
 _MAX_SMALL = 1 << 20  # ranks, block sizes, KV cache groups: small numbers; a larger one is not this format
@@ -104,6 +131,8 @@ _SEQ_LIMIT = 1 << 63  # seq is signed on the wire (vLLM packs it so, and -1 ends
 # jump only when the stream goes on from it (a batch then says ``"resync": true``); the fold refuses it otherwise.
 MAX_SEQ_JUMP = 1 << 24
 
+# The tiers below each one: a block leaving a tier while one of them holds its hash was offloaded (departures.py)
+_LOWER = {"gpu": ("host", "disk", "external"), "host": ("disk", "external"), "disk": ("external",), "external": ()}
 # medium (case-folded) -> kvtop tier. shared/engines-kv-events.md section 5.
 MEDIUM_TIERS: dict[str, str] = {
     "gpu": "gpu",
@@ -113,6 +142,24 @@ MEDIUM_TIERS: dict[str, str] = {
 }
 TIERS = ("gpu", "host", "disk", "external")
 _MEDIUM_TIER_CACHE: dict[str | None, str | None] = {None: "gpu", "GPU": "gpu", "CPU": "host"}
+
+# Hit-token counters' tier labels, per engine and version (docs/engines.md says where each was read):
+# vLLM's vllm:prompt_tokens_cached_by_source_total{source}: CacheHitSource (vllm/v1/metrics/cache_hit_source.py) in
+# every release that has the metric (0.32.0, 0.33.0, 0.34.0): device, host, p2p (another vLLM instance), disk,
+# external_unspecified; builds of the PR that added it (#56318) before it merged, its tests and benchmark
+# harnesses used cpu, mixed (a range served by more than one tier) and external.
+VLLM_SOURCES = {"device": "gpu", "host": "host", "disk": "disk", "p2p": "external",
+                "external_unspecified": "external", "cpu": "host", "mixed": "external", "external": "external"}
+# SGLang's sglang:cached_tokens_total{cache_source}: device, host, and the L3 storage as storage_<backend class>
+# (0.5.9-0.5.19: storage_HiCacheFile, storage_MooncakeStore, storage_unknown...) or storage (0.5.20-0.5.23); total
+# for a request without a per-tier breakdown (in 0.5.9 every hit of a server without HiCache: the GPU's; 0.5.16+
+# always break it down); before 0.5.9 no cache_source label at all (the GPU's, with the host's in it where HiCache
+# was on). Per request it is
+# either the breakdown or total (metrics_collector.py observe_one_finished_request), so summing every label counts
+# each cached token once.
+SGLANG_SOURCES = {"device": "gpu", "host": "host", "storage": "disk", "total": "gpu", "": "gpu"}
+UNKNOWN_TIER = "unknown"  # hits under a label kvtop does not know: counted as hits, and said (a problem)
+_MAX_UNKNOWN = 64         # distinct unknown labels or media kept by name; more are counted under "(more)"
 LAG_WINDOW_S = 10.0
 # Live blocks the fold keeps per tier while the tier's capacity is unknown (~90 MB; a 0.5B model on one H200 has
 # ~600k GPU blocks); with the capacity from /metrics, twice that (at least MIN, at most MAX)
@@ -234,7 +281,7 @@ def normalize_event(raw: Any, path: str = "event") -> dict[str, Any]:
     if group is not None and (group.__class__ is not int or not 0 <= group < _MAX_SMALL):
         raise WireError(f"{path}.group_idx", f"must be an integer in [0, {_MAX_SMALL}), got {_describe(group)}")
     for key, value in fields.items():
-        if key in out or key in _TOKEN_FIELDS or not isinstance(key, str):
+        if key in out or key in _DROPPED_FIELDS or not isinstance(key, str):
             continue
         if _scalar(value):
             out[key] = value
@@ -249,8 +296,7 @@ def decode_payload(payload: bytes, *, topic: str = "", seq: int = 0) -> Batch:
     if FAST_DECODE:
         typed = _decode_typed(payload)
         if typed is not None:
-            ts, rank, events = typed
-            return Batch(topic, seq, ts, rank, events)
+            return Batch(topic, seq, typed[0], typed[1], typed[2])
     import msgpack
 
     try:
@@ -312,15 +358,33 @@ class _Stored(Struct, tag="BlockStored", tag_field="type", forbid_unknown_fields
     lora_id: _extra = UNSET
     medium: str | None = None
     lora_name: _extra = UNSET
-    extra_keys: list[Any] | None | UnsetType = UNSET
+    extra_keys: Raw | UnsetType = UNSET       # dropped whatever it holds (EVENT_FIELDS)
     group_idx: _small | None | UnsetType = UNSET
-    lookahead_token_ids: Raw | UnsetType = UNSET
+    kv_cache_spec_kind: _extra = UNSET
+    kv_cache_spec_sliding_window: _extra = UNSET
+    locality: _extra = UNSET
+    ownership: _extra = UNSET
+    session_id: Raw | UnsetType = UNSET       # dropped
+    cache_salt: Raw | UnsetType = UNSET       # dropped
+    lookahead_token_ids: Raw | UnsetType = UNSET   # dropped
 
 
 class _Removed(Struct, tag="BlockRemoved", tag_field="type", forbid_unknown_fields=True):
     block_hashes: list[_u64]
     medium: str | None = None
     group_idx: _small | None | UnsetType = UNSET
+    kv_cache_spec_kind: _extra = UNSET
+    kv_cache_spec_sliding_window: _extra = UNSET
+    locality: _extra = UNSET
+    ownership: _extra = UNSET
+    session_id: Raw | UnsetType = UNSET
+    cache_salt: Raw | UnsetType = UNSET
+
+
+# the scalars both paths keep verbatim (EVENT_FIELDS "kept"), in vLLM's field order
+_KEPT_STORED = ("lora_id", "lora_name", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
+                "locality", "ownership")
+_KEPT_REMOVED = ("group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality", "ownership")
 
 
 class _Cleared(Struct, tag="AllBlocksCleared", tag_field="type", forbid_unknown_fields=True):
@@ -361,14 +425,15 @@ def _decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[s
     out: list[dict[str, Any]] = []
     append = out.append
     for e in events:
-        cls = e.__class__
-        if cls is _Removed:
+        if isinstance(e, _Removed):     # exact classes (msgspec Structs, no subclasses): a C-level check
             if len(e.block_hashes) > _MAX_HASHES:
                 return None
             d: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": e.block_hashes, "medium": e.medium}
-            if e.group_idx is not UNSET:
-                d["group_idx"] = e.group_idx
-        elif cls is _Stored:
+            for name in _KEPT_REMOVED:
+                value = getattr(e, name)
+                if value is not UNSET:
+                    d[name] = value
+        elif isinstance(e, _Stored):
             if len(e.block_hashes) > _MAX_HASHES:
                 return None
             d = {"type": "BlockStored", "block_hashes": e.block_hashes, "medium": e.medium,
@@ -377,15 +442,10 @@ def _decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[s
                 n = _token_count(e.token_ids)
                 if n is not None:
                     d["num_tokens"] = n
-            # the scalars the checking path keeps, in vLLM's field order
-            if e.lora_id is not UNSET:
-                d["lora_id"] = e.lora_id
-            if e.lora_name is not UNSET:
-                d["lora_name"] = e.lora_name
-            if e.extra_keys is None:
-                d["extra_keys"] = None
-            if e.group_idx is not UNSET:
-                d["group_idx"] = e.group_idx
+            for name in _KEPT_STORED:
+                value = getattr(e, name)
+                if value is not UNSET:
+                    d[name] = value
         else:
             d = {"type": "AllBlocksCleared"}
         append(d)
@@ -451,6 +511,21 @@ def _said_latency(said: Any) -> Latency:
                    min(count, MAX_BLOCKS))
 
 
+def _reasons_in(raw: Any) -> dict[str, dict[str, int]]:
+    """``{tier: {reason: count}}`` from another kvtop's summary, anything else in it left out."""
+    out: dict[str, dict[str, int]] = {}
+    if not isinstance(raw, Mapping):
+        return out
+    for tier, per in list(raw.items())[:8]:
+        if isinstance(tier, str) and isinstance(per, Mapping):
+            for reason, n in list(per.items())[:16]:
+                v = _count(n)
+                r = reason_of(reason)
+                if v and r:
+                    add_reason(out, tier[:20], r, v)
+    return out
+
+
 class _Counter:
     """A cumulative engine counter turned into kvtop's deltas (a counter going back = the engine restarted)."""
 
@@ -495,7 +570,8 @@ class StreamFold:
         self.max_lag_batches = 0
         self.duplicates = 0                       # stores of a hash already live (refcounted)
         self.unknown_removals = 0                 # removals of hashes stored before kvtop attached
-        self.unknown_media: dict[str, int] = {}
+        self.unknown_media: dict[str, int] = {}   # events under a medium kvtop does not know: skipped, said
+        self.unknown_labels: dict[str, int] = {}  # hit counters' tier labels kvtop does not know (scrapes seen)
         self.bad_events = 0
         self.since_attach = True
         # Live blocks kept per tier at most (memory: ~90 B a block): twice the tier's capacity once /metrics gives
@@ -506,6 +582,12 @@ class StreamFold:
         self.removed = dict.fromkeys(TIERS, 0)
         self.onboarded_from = {"host": 0, "disk": 0, "external": 0}
         self.clears = 0
+        # why blocks left each tier (kvtop/tiers/departures.py): said by a BlockRemoved ``reason`` or an
+        # AllBlocksCleared; else inferred: offloaded when a lower tier holds the hash, evicted when none does
+        self.left_said: dict[str, dict[str, int]] = {}
+        self.left_inferred: dict[str, dict[str, int]] = {t: {"evicted": 0, "offloaded": 0} for t in TIERS}
+        # each tier's lower tiers' live sets (the same dict objects for the fold's life: _clear_all clears them)
+        self._below = {t: tuple(self.live[lower] for lower in _LOWER[t]) for t in TIERS}
         # metrics
         self.metrics_engine: str | None = None
         self.metrics_scrapes = 0
@@ -633,6 +715,9 @@ class StreamFold:
             if etype == "AllBlocksCleared":
                 # vLLM's reset_prefix_cache, SGLang's flush_cache, a worker restart: nothing is cached any more.
                 # Like Dynamo's router, every tier of this source is dropped; the fold is exact from here on.
+                for tname, tlive in self.live.items():
+                    if tlive:
+                        add_reason(self.left_said, tname, "cleared", len(tlive))
                 self._clear_all()
                 self.clears += 1
                 self.since_attach = False
@@ -649,8 +734,7 @@ class StreamFold:
                 if medium.__class__ is str and len(tiers) < 64:
                     tiers[medium] = tier   # a medium's tier, remembered (the few spellings engines send)
             if tier is None:
-                name = str(medium)[:40]
-                self.unknown_media[name] = self.unknown_media.get(name, 0) + 1
+                self._unknown(self.unknown_media, str(medium)[:40])
                 continue
             group = ev.get("group_idx")
             g = group if group.__class__ is int else 0
@@ -677,12 +761,16 @@ class StreamFold:
                     elif tier == "gpu":
                         for lower in ("host", "disk", "external"):
                             if key in self.live[lower]:
-                                m.onboarded += 1
+                                # from the disk: a move of its own (the moves panel's disk row, Moves.disk_*)
+                                if lower != "disk":
+                                    m.onboarded += 1
                                 self.onboarded_from[lower] += 1
                                 break
                 if len(live) > self.live_cap[tier]:
                     self._forget(tier, live)
             else:
+                said = reason_of(ev.get("reason")) if "reason" in ev else None
+                removed_before, unknown_before = self.removed[tier], self.unknown_removals
                 for h in hashes:
                     key = h if g == 0 else (g, h)
                     n = live.get(key) if h.__class__ is int else None
@@ -700,6 +788,28 @@ class StreamFold:
                         m.evicted[0] += 1
                     elif tier == "host":
                         m.evicted[1] += 1
+                # Why they left, counted per event (no work per hash: the hot path above is as it was). A removal
+                # of a hash kvtop never saw left its (stated) tier all the same.
+                gone = self.removed[tier] - removed_before + self.unknown_removals - unknown_before
+                if not gone:
+                    continue
+                if said is not None:
+                    add_reason(self.left_said, tier, said, gone)
+                    continue
+                # offloaded: the gone hashes a lower tier holds (set operations in C, only where a lower tier
+                # holds anything: none without offloading)
+                held: set[Any] | None = None
+                for lv in self._below[tier]:
+                    if lv:
+                        both = lv.keys() & (hashes if g == 0 else [(g, h) for h in hashes])
+                        held = both if held is None else held | both
+                if held:
+                    # less those still held in this tier (refcounted): not gone. ``keys() & set`` walks the smaller
+                    # of the two (``held -= live.keys()`` would walk every live block of the tier)
+                    offloaded = len(held) - len(live.keys() & held)
+                    self.left_inferred[tier]["offloaded"] += offloaded
+                    gone -= offloaded
+                self.left_inferred[tier]["evicted"] += gone
 
     # ------------------------------------------------------------------------------------------ metrics
 
@@ -813,22 +923,18 @@ class StreamFold:
             lookups = total("sglang:prompt_tokens_total")
         if lookups is None:
             lookups = total("dynamo_frontend_input_sequence_tokens_sum")
-        hit_parts: dict[str, float | None] = {}
+        # counter key -> (tier, value): every label value the page has, each a tier kvtop knows or UNKNOWN_TIER
+        hit_parts: dict[str, tuple[str, float | None]] = {}
         if "vllm:prompt_tokens_cached_by_source_total" in by:
-            for src in ("device", "host", "disk", "p2p", "external_unspecified"):
-                hit_parts[f"vllm:{src}"] = total("vllm:prompt_tokens_cached_by_source_total", source=src)
+            self._label_parts(hit_parts, by, "vllm:prompt_tokens_cached_by_source_total", "source", VLLM_SOURCES)
         elif "sglang:cached_tokens_total" in by:
-            for src in ("device", "host", "storage", "total"):
-                hit_parts[f"sglang:{src}"] = total("sglang:cached_tokens_total", cache_source=src)
+            self._label_parts(hit_parts, by, "sglang:cached_tokens_total", "cache_source", SGLANG_SOURCES)
         elif "vllm:prefix_cache_hits_total" in by:
-            hit_parts["vllm:device"] = total("vllm:prefix_cache_hits_total")
+            hit_parts["vllm:device"] = ("gpu", total("vllm:prefix_cache_hits_total"))
         elif "dynamo_frontend_cached_tokens_sum" in by:
-            hit_parts["dynamo:device"] = total("dynamo_frontend_cached_tokens_sum")
-        tiers_of = {"device": "gpu", "host": "host", "disk": "disk", "storage": "disk", "p2p": "external",
-                    "external_unspecified": "external", "total": "gpu"}
-        for name, value in hit_parts.items():
+            hit_parts["dynamo:device"] = ("gpu", total("dynamo_frontend_cached_tokens_sum"))
+        for name, (tier, value) in hit_parts.items():
             d = self._delta(name, value)
-            tier = tiers_of[name.split(":", 1)[1]]
             self.hit_tokens[tier] = self.hit_tokens.get(tier, 0.0) + d
         self.lookup_tokens += self._delta("lookups", lookups)
         # --- moves from Dynamo KVBM (blocks): they win over the events' moves, like newer TensorRT-LLM's stats
@@ -843,11 +949,64 @@ class StreamFold:
             m.stats_fold.moves_seen = True
             m.stats_fold.offloaded = int(self.metric_moves["offloaded"])
             m.stats_fold.onboarded = int(self.metric_moves["onboarded"])
+        # KVBM's disk (G3) counters (Dynamo lib/runtime/src/metrics/prometheus_names.rs, kvbm: offload_blocks_h2d
+        # "from host to disk", offload_blocks_d2d "from device to disk (bypassing host memory)", onboard_blocks_d2d
+        # "from disk to device"; onboard_blocks_d2h, KVBM v2's disk -> host staging, PR #8845). Note the two
+        # "d2d": the offload one is device -> disk, the onboard one disk -> device.
+        disk = {name: self._kvbm(total, name) for name in (
+            "kvbm_offload_blocks_h2d", "kvbm_offload_blocks_d2d", "kvbm_onboard_blocks_d2d", "kvbm_onboard_blocks_d2h")}
+        if any(v is not None for v in disk.values()):
+            for name, v in disk.items():
+                self.metric_moves[name] = self.metric_moves.get(name, 0.0) + self._delta(name, v)
+            st = m.stats_fold
+            st.disk_moves_seen = True
+            st.disk_offloaded = int(self.metric_moves["kvbm_offload_blocks_h2d"]
+                                    + self.metric_moves["kvbm_offload_blocks_d2d"])
+            st.disk_onboarded = int(self.metric_moves["kvbm_onboard_blocks_d2d"])
+            st.disk_prefetched = int(self.metric_moves["kvbm_onboard_blocks_d2h"])
         for name in ("kvbm_host_cache_hit_rate", "kvbm_disk_cache_hit_rate", "vllm:kv_offload_cpu_cache_usage_perc"):
             v = total(name)
             if v is not None:
                 self.extra[name] = v
         self._write_hits()
+
+    def _label_parts(self, parts: dict[str, tuple[str, float | None]],
+                     by: Mapping[str, list[tuple[Mapping[str, Any], float]]], name: str, label: str,
+                     tiers: Mapping[str, str]) -> None:
+        """Every value of ``label`` the page has for counter ``name``, summed per value, with its tier; a value
+        kvtop does not know is a hit of UNKNOWN_TIER, named in ``unknown_labels`` (the session says it: a
+        problem, never a silent drop)."""
+        sums: dict[str, float] = {}
+        for labels, v in by.get(name, ()):
+            src = str(labels.get(label, ""))
+            sums[src] = sums.get(src, 0.0) + v
+        for src, v in sums.items():
+            tier = tiers.get(src)
+            if tier is None and tiers is SGLANG_SOURCES and src.startswith("storage_"):
+                tier = "disk"   # storage_<backend class> (SGLang 0.5.9-0.5.19)
+            if tier is None:
+                tier = UNKNOWN_TIER
+                self._unknown(self.unknown_labels, f'{name}{{{label}="{src[:40]}"}}')
+            parts[f"{name}{{{src}}}"] = (tier, v)
+
+    @staticmethod
+    def _unknown(seen: dict[str, int], name: str) -> None:
+        if name not in seen and len(seen) >= _MAX_UNKNOWN:
+            name = "(more)"
+        seen[name] = seen.get(name, 0) + 1
+
+    @property
+    def unknown_seen(self) -> int:
+        """How often a label or medium kvtop does not know came (scrapes with such a label, events with such a
+        medium): the session turns a change into a problem (kvtop/session.py)."""
+        return sum(self.unknown_labels.values()) + sum(self.unknown_media.values())
+
+    @staticmethod
+    def _kvbm(total: Any, name: str) -> float | None:
+        """A KVBM counter by its own name (no ``_total``) or with the ``_total`` prometheus_client's parser adds to
+        any counter it reads with a TYPE line."""
+        v = total(name)
+        return total(f"{name}_total") if v is None else v
 
     def _write_hits(self) -> None:
         """Hit tokens since attach -> the TierModel's block counters (hits, lookups, host hits)."""
@@ -894,7 +1053,7 @@ class StreamFold:
         m = self.model
         d: dict[str, int] = {}
         for key in ("hits", "lookups", "host_hits", "offloaded", "onboarded", "evicted_gpu", "evicted_host",
-                    "evicted_unknown", "completed", "failed"):
+                    "evicted_unknown", "completed", "failed", "disk_prefetched", "disk_onboarded", "disk_offloaded"):
             v = _count(totals.get(key))
             if v is None:
                 continue
@@ -919,6 +1078,12 @@ class StreamFold:
         ev.evicted_unknown += d.get("evicted_unknown", 0)
         m.request_fold.completed += d.get("completed", 0)
         m.request_fold.failed += d.get("failed", 0)
+        if any(k in totals for k in ("disk_prefetched", "disk_onboarded", "disk_offloaded")):
+            st = m.stats_fold  # the agent's disk moves: the engine's own counters, as there
+            st.disk_moves_seen = True
+            st.disk_prefetched += d.get("disk_prefetched", 0)
+            st.disk_onboarded += d.get("disk_onboarded", 0)
+            st.disk_offloaded += d.get("disk_offloaded", 0)
         if d.get("hits"):
             m.stats_fold.reuse_seen = True
         tpb = _count(data.get("tokens_per_block"))
@@ -949,6 +1114,16 @@ class StreamFold:
         return {k: _nonnegative(rates.get(k), MAX_MAGNITUDE) for k in SUMMARY_TOKEN_RATES}
 
     # ------------------------------------------------------------------------------------------ read side
+
+    def left_reasons(self) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+        """Why blocks left each tier since attach: (said by the engine, inferred by kvtop), zeros left out; from an
+        agent's summary where one feeds this source (none from an agent that does not send them)."""
+        if self.summary is not None:
+            left = self.summary.get("left")
+            if not isinstance(left, Mapping):
+                return {}, {}
+            return _reasons_in(left.get("said")), _reasons_in(left.get("inferred"))
+        return nonzero(self.left_said), nonzero(self.left_inferred)
 
     @property
     def events_seen(self) -> bool:
@@ -1035,6 +1210,7 @@ class StreamFold:
             "lag_s": lag_s, "lag_batches": lag_batches, "max_lag_s": self.max_lag_s,
             "max_lag_batches": self.max_lag_batches, "duplicates": self.duplicates,
             "unknown_removals": self.unknown_removals, "unknown_media": dict(self.unknown_media),
+            "unknown_labels": dict(self.unknown_labels),
             "bad_events": self.bad_events,
             "stored_blocks": dict(self.stored), "removed_blocks": dict(self.removed),
             "forgotten_blocks": dict(self.forgotten),

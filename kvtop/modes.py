@@ -46,6 +46,13 @@ def run_dashboard(session: Any, settings: Any) -> int:
     # CPU); and every full collection of the run then walks them again (4 in 30 s, 70 -> 22 ms with them frozen).
     # So none while the app is built, and what it built frozen (gc.freeze: never collected, never walked) for the
     # run; a cycle made during the run is collected as before.
+    from kvtop.ui.themes import theme_problem
+
+    problem = theme_problem(settings.theme) if settings.theme else None
+    if problem is not None:
+        from kvtop.settings import SettingsError
+
+        raise SettingsError("--theme", problem)   # exit 2, one line, before the screen takes the terminal
     collecting = gc.isenabled()
     gc.disable()
     try:

@@ -118,6 +118,19 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"moves: offloaded {_n(mv.get('offloaded_blocks', 0))}, onboarded {_n(mv.get('onboarded_blocks', 0))}"
                  f", evicted GPU {_n(mv.get('evicted_gpu_blocks', 0))}, evicted host "
                  f"{_n(mv.get('evicted_host_blocks', 0))}")
+    if mv.get("disk"):  # the engine has a disk tier: its moves, and its share of the hits where the engine says it
+        lines.append(f"disk: prefetched to host {_n(mv.get('disk_prefetched_blocks', 0))}, onboarded to GPU "
+                     f"{_n(mv.get('disk_onboarded_blocks', 0))}, offloaded to disk "
+                     f"{_n(mv.get('disk_offloaded_blocks', 0))}"
+                     + (f", hits {pct(hr['disk'])}" if hr.get("disk") is not None else ""))
+    pre = s.get("preemptions") or {}
+    if pre.get("suspended") or pre.get("resumed"):  # TensorRT-LLM V2's iterSuspendedRequests / iterResumedRequests
+        lines.append(f"preemptions: suspended {_n(pre.get('suspended', 0))}, resumed {_n(pre.get('resumed', 0))}")
+    from kvtop.tiers.departures import describe as describe_left
+
+    left = describe_left(mv.get("left_said") or {}, mv.get("left_inferred") or {})
+    if left:
+        lines.append(f"left: {left}")
     st = s.get("stream")
     if st and not st.get("batches") and st.get("summaries"):  # a fleet's agent: its summaries, not the batches
         lines.append(f"stream: {_n(st['summaries'])} summaries from an agent, {_n(st.get('summaries_lost', 0))} lost")

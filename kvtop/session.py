@@ -16,6 +16,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
@@ -78,6 +79,9 @@ class SessionView:
     started_at: float | None            # epoch seconds the run started
     source_key: str | None              # the session's own source (SourceId.key()), None where it has none
     player: Any = None                  # a replay's player (kvtop.sources.replay.ReplayPlayer), None live
+    # the workload driver's requests in flight, by id: (monotonic time submitted, prompt tokens, priority); a
+    # read-only window onto the driver's own (the requests view reads it only while it is shown)
+    requests_in_flight: Mapping[int, tuple[float, int, int | None]] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -134,6 +138,7 @@ class Session:
         self.publisher: Any = None  # the --publish sink, likewise
         self.driver: Any = None
         self.player: Any = None     # a replay's player (kvtop/sources/replay.py ReplayPlayer): the screen drives it
+        self._running_proxy: tuple[dict[int, Any], Mapping[int, Any]] | None = None  # _running_view's
         self._producers: list[tuple[str, Callable[[], Awaitable[None]]]] = []
         self._stoppers: list[Callable[[], None]] = []
         self._closers: list[Callable[[], None]] = []
@@ -144,6 +149,10 @@ class Session:
         self.publish_s: float | None = None
         self._health_due = 0.0   # monotonic time of the next tier-health check (tick)
         self._health_holding: set[str] = set()
+        # per source: unknown labels and media already said (kvtop/kv_stream.py StreamFold.unknown_seen)
+        self._unknown_seen: dict[str, int] = {}
+        self._unknown_labels_seen: dict[str, int] = {}
+        self._unknown_media_seen: dict[str, int] = {}
 
     # ------------------------------------------------------------------------------------------ records
 
@@ -412,10 +421,38 @@ class Session:
         if mono >= self._health_due:
             self._health_due = mono + HEALTH_EVERY_S
             self._check_tier_health()
+        self._check_unknown_labels()
         lines = self.problems.take_lines(now)
         for line in lines:
             self.log.append((time.time() if now is None else now, "warn", line))
         return lines
+
+    def _check_unknown_labels(self) -> None:
+        """A hit counter's tier label or an event's medium kvtop does not know (kvtop/kv_stream.py): a problem,
+        never a silent drop. Hits under an unknown label are still counted (their tier is "unknown"); events under
+        an unknown medium are skipped, so those are lost data. Read here, off the folding path: an int per source."""
+        for key, model in self.models.items():
+            sf = model.stream_fold
+            if sf is None:
+                continue
+            seen = sf.unknown_seen
+            last = self._unknown_seen.get(key, 0)
+            if seen == last:
+                continue
+            self._unknown_seen[key] = seen
+            labels, media = sf.unknown_labels, sf.unknown_media
+            if sum(labels.values()) > self._unknown_labels_seen.get(key, 0):
+                n = sum(labels.values()) - self._unknown_labels_seen.get(key, 0)
+                self._unknown_labels_seen[key] = sum(labels.values())
+                self.problems.report("engine.unknown_label", f"{clean(key, 80)}: tier label(s) kvtop does not "
+                                     f"know: {', '.join(sorted(labels)[:4])}; their hits are counted under "
+                                     "\"unknown\" (docs/engines.md lists the labels read)", count=n)
+            if sum(media.values()) > self._unknown_media_seen.get(key, 0):
+                n = sum(media.values()) - self._unknown_media_seen.get(key, 0)
+                self._unknown_media_seen[key] = sum(media.values())
+                self.problems.report("engine.unknown_medium", f"{clean(key, 80)}: {n:,} event(s) under a medium "
+                                     f"kvtop does not know ({', '.join(sorted(media)[:4])}) skipped",
+                                     count=n, lost=True)
 
     def _check_tier_health(self) -> None:
         """Tier-health alarms (kvtop/tiers/health.py) as problems: reported while they hold, resolved after."""
@@ -492,7 +529,17 @@ class Session:
             problems=tuple(p for p in problems.snapshot() if p.active) if len(problems) else (),
             stale_sources=len(self.stale_sources()),
             in_flight=None if self.driver is None else self.requests_in_flight,
-            started_at=self.started_at, source_key=self.source.key(), player=self.player)
+            started_at=self.started_at, source_key=self.source.key(), player=self.player,
+            requests_in_flight=self._running_view())
+
+    def _running_view(self) -> Mapping[int, tuple[float, int, int | None]]:
+        running = getattr(self.driver, "running", None)
+        if not isinstance(running, dict):
+            return MappingProxyType({})
+        view = self._running_proxy
+        if view is None or view[0] is not running:
+            view = self._running_proxy = (running, MappingProxyType(running))
+        return view[1]
 
     def reset_window(self) -> None:
         for model in {id(m): m for m in [self.model, *self.models.values()]}.values():

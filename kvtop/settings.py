@@ -7,8 +7,13 @@ the CLI prints that one line and exits 2, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import json
 import os
+import re
 import sys
+import tempfile
 from dataclasses import field, fields
 from pathlib import Path
 from typing import Any
@@ -113,6 +118,8 @@ class Settings:
     prometheus_addr: str = _opt("127.0.0.1", "address for the Prometheus server")
     run_name: str | None = _opt(None, "run name used in records and MQTT topics")
     origin: dict[str, str] = field(default_factory=dict, repr=False, metadata={"internal": True})
+    # The settings file read, or where one would be (the dashboard remembers its theme and layout there)
+    config_file: str | None = field(default=None, repr=False, metadata={"internal": True})
 
     @classmethod
     def option_fields(cls) -> list[Any]:
@@ -232,6 +239,7 @@ def load_settings(cli: dict[str, Any] | None = None, config_path: str | Path | N
     path = Path(config_path) if config_path else Path(env["KVTOP_CONFIG"]) if env.get("KVTOP_CONFIG") else None
     if path is None and default_config_path().exists():
         path = default_config_path()
+    s.config_file = str(path if path is not None else default_config_path())
     if path is not None:
         if tomllib is None:
             raise SettingsError("--config", "reading TOML needs Python 3.11+")
@@ -267,6 +275,7 @@ def _file_settings(path: Path) -> dict[str, Any]:
     except RecursionError:
         raise SettingsError("--config", f"{path} is not a settings file: it nests arrays or tables too "
                                         "deeply") from None
+    data = {k: v for k, v in data.items() if k != UI_TABLE}   # the dashboard's own choices (ui_choices)
     section = data.get("kvtop")
     if isinstance(section, dict):
         others = [key for key in data if key != "kvtop"]
@@ -279,3 +288,119 @@ def _file_settings(path: Path) -> dict[str, Any]:
             raise SettingsError("--config", f"{path}: a [{key[:40]}] table, which kvtop does not read: settings "
                                             "go at the top level (refresh = 0.5)")
     return data
+
+
+# ------------------------------------------------------------------------------------------------ remembered choices
+# The dashboard remembers what was chosen in it (the theme, the event log, the requests view, the tables' sorts) in
+# the settings file: the theme as the ``theme`` setting (where the file keeps its settings: the top level or its
+# [kvtop] table), the layout in a ``[ui]`` table of its own, which load_settings leaves to the dashboard. The file
+# is rewritten line by line (every other line, comment and key as it was), checked by reading it back (every key
+# the user had, unchanged), and replaced in one step (a temporary file beside it, then a rename), so a crash or a
+# full disk leaves the old file whole.
+
+UI_TABLE = "ui"
+_HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+
+
+def ui_choices(path: str | Path | None) -> dict[str, Any]:
+    """The ``[ui]`` table of the settings file at ``path`` ({} where there is no file or no table); a file that
+    cannot be read raises SettingsError naming it."""
+    if path is None or not Path(path).exists() or tomllib is None:
+        return {}
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError("--config", f"cannot read {path}: {exc}") from None
+    table = data.get(UI_TABLE)
+    return dict(table) if isinstance(table, dict) else {}
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    # a JSON string is a TOML basic string (\" \\ \n \uXXXX); non-ASCII kept as it is
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def _sections(lines: list[str]) -> dict[str | None, tuple[int, int]]:
+    """Each table's lines (start, end), the top level's under None (before the first header)."""
+    out: dict[str | None, tuple[int, int]] = {}
+    name: str | None = None
+    start = 0
+    for i, line in enumerate(lines):
+        m = _HEADER.match(line)
+        if m:
+            out.setdefault(name, (start, i))
+            name, start = m.group(1).strip().strip('"'), i + 1
+    out.setdefault(name, (start, len(lines)))
+    return out
+
+
+def _set_keys(lines: list[str], table: str | None, values: dict[str, Any]) -> list[str]:
+    for key, value in values.items():
+        spans = _sections(lines)
+        new = f"{key} = {_toml_value(value)}"
+        if table not in spans:
+            lines = [*lines, *([""] if lines and lines[-1].strip() else []), f"[{table}]", new]
+            continue
+        start, end = spans[table]
+        pattern = re.compile(rf"^\s*(\"?){re.escape(key)}\1\s*=")
+        at = next((i for i in range(start, end) if pattern.match(lines[i])), None)
+        if at is not None:
+            lines[at] = new
+            continue
+        last = end
+        while last > start and not lines[last - 1].strip():
+            last -= 1
+        lines.insert(last, new)
+    return lines
+
+
+def remember_choices(path: str | Path, settings: dict[str, Any], ui: dict[str, Any]) -> Path:
+    """Write ``settings`` (Settings fields, e.g. the theme) and ``ui`` (the ``[ui]`` table) into the settings file
+    at ``path``, keeping everything else in it; returns the file written. A file or folder that cannot be written,
+    or a file this cannot rewrite without changing another key, raises SettingsError saying so (nothing changed)."""
+    target = Path(path).expanduser()
+    try:
+        target = target.resolve()   # a symlinked dotfile: its target is rewritten, the link stays a link
+        text = target.read_text(encoding="utf-8") if target.exists() else ""
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SettingsError("settings file", f"cannot read {target}: {getattr(exc, 'strerror', None) or exc}") from None
+    if tomllib is None:
+        raise SettingsError("settings file", "remembering the dashboard's choices needs Python 3.11+ (tomllib)")
+    try:
+        before: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError("settings file", f"{target} is not valid TOML ({exc}): left as it is") from None
+    where = "kvtop" if isinstance(before.get("kvtop"), dict) else None
+    lines = text.splitlines()
+    lines = _set_keys(lines, where, settings)
+    lines = _set_keys(lines, UI_TABLE, ui)
+    new_text = "\n".join(lines) + "\n"
+    expected = copy.deepcopy(before)
+    (expected.setdefault("kvtop", {}) if where else expected).update(settings)
+    existing = expected.get(UI_TABLE)
+    expected[UI_TABLE] = {**(existing if isinstance(existing, dict) else {}), **ui}
+    if tomllib.loads(new_text) != expected:
+        raise SettingsError("settings file", f"{target}: cannot remember the dashboard's choices without changing "
+                                             "other settings (a key spread over several lines?): left as it is")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(new_text)
+                f.flush()
+                os.fsync(f.fileno())
+            if target.exists():
+                os.chmod(tmp, target.stat().st_mode & 0o7777)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as exc:
+        raise SettingsError("settings file", f"cannot save to {target}: {exc.strerror or exc}") from None
+    return target

@@ -173,6 +173,15 @@ def _fail_instead_of_hanging() -> Iterator[None]:
     faulthandler.cancel_dump_traceback_later()
 
 
+# ---------------------------------------------------------------------------------------------- settings file
+@pytest.fixture(autouse=True)
+def _private_config_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dashboard remembers its theme and layout in the settings file (kvtop.settings.remember_choices): no test,
+    nor a kvtop a test starts, may read or write the user's own ~/.config/kvtop (KVTOP_CONFIG unset too)."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "xdg-config"))
+    monkeypatch.delenv("KVTOP_CONFIG", raising=False)
+
+
 # ---------------------------------------------------------------------------------------------- dashboard clock
 @pytest.fixture
 def frozen_ui_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:

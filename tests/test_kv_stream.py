@@ -346,7 +346,7 @@ def test_fold_agrees_with_a_refcounted_reference(ops):
     counted exactly when a hash becomes live (store) or stops being live (remove)."""
     m = TierModel()
     ref: dict[str, dict[tuple[int, int], int]] = {t: {} for t in ("gpu", "host", "disk")}
-    offloads = onboards = evict_gpu = evict_host = unknown = 0
+    offloads = onboards = disk_onboards = evict_gpu = evict_host = unknown = 0
     for i, (etype, medium, hashes, group) in enumerate(ops):
         tier = tier_of(medium)
         if etype == "AllBlocksCleared":
@@ -361,8 +361,10 @@ def test_fold_agrees_with_a_refcounted_reference(ops):
                 ref[tier][key] = n + 1
                 if n == 0 and tier == "host":
                     offloads += 1
-                elif n == 0 and tier == "gpu" and (key in ref["host"] or key in ref["disk"]):
+                elif n == 0 and tier == "gpu" and key in ref["host"]:
                     onboards += 1
+                elif n == 0 and tier == "gpu" and key in ref["disk"]:
+                    disk_onboards += 1   # from the disk alone: the disk row's move, not a host onboard
         else:
             ev = removed(hashes, medium=medium, group_idx=group)
             for h in hashes:
@@ -383,6 +385,7 @@ def test_fold_agrees_with_a_refcounted_reference(ops):
         mv = m.moves
         assert (mv.offloaded_blocks, mv.onboarded_blocks, mv.evicted_gpu_blocks, mv.evicted_host_blocks,
                 mv.evicted_unknown_blocks) == (offloads, onboards, evict_gpu, evict_host, unknown)
+        assert mv.disk_onboarded_blocks == disk_onboards
         disk = m.disk
         assert (disk.cached_blocks if disk is not None else 0) == len(ref["disk"])
 

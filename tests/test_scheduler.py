@@ -16,14 +16,16 @@ from kvtop.engines.sim.core import SimEngineCore, SimRequest
 MODEL, GPU = resolve_model("Qwen/Qwen3-8B"), resolve_gpu("H200")
 
 
-def run(policy: str, stats: list[dict[str, Any]] | None = None) -> tuple[SimEngineCore, list[SimRequest]]:
+def run(policy: str, stats: list[dict[str, Any]] | None = None, max_input_len: int | None = None,
+        trtllm_version: str = "1.2") -> tuple[SimEngineCore, list[SimRequest]]:
     """8 requests at t=0, 64-token prompts sharing nothing (4 blocks of 16 tokens), 100 tokens each, a 40-block
     GPU pool. To finish, a request needs ceil(164 / 16) = 11 blocks: GUARANTEED_NO_EVICT runs 40 // 11 = 3 at once.
     MAX_UTILIZATION starts all 8 (32 blocks), their first decode step takes a block each (64 % 16 == 0: 40),
     and at 80 tokens the pool is out: it pauses requests from the end of the list."""
     bm = BlockManager(40, 0, 16)
     core = SimEngineCore(MODEL, GPU, bm, max_batch_size=16, max_num_tokens=4096, enable_iter_req_stats=True,
-                         capacity_scheduler_policy=policy)
+                         capacity_scheduler_policy=policy, max_input_len=max_input_len,
+                         trtllm_version=trtllm_version)
     done: list[SimRequest] = []
     for i in range(8):
         core.submit(SimRequest(i, [1000 * i + k for k in range(64)], 100, arrival_s=0.0, on_finish=done.append))
@@ -60,6 +62,38 @@ def test_max_utilization_admits_more_and_pauses_when_blocks_run_out() -> None:
     # outputs do not depend on the policy: every request generated its 100 tokens, the same ones
     by_id = {r.request_id: r.output_ids for r in run("GUARANTEED_NO_EVICT")[1]}
     assert all(len(r.output_ids) == 100 and r.output_ids == by_id[r.request_id] for r in done)
+
+
+@pytest.mark.parametrize("version", ["1.2", "1.3"])
+def test_a_paused_prompt_resumes_capped_at_max_input_len(version: str) -> None:
+    """TensorRT-LLM 1.x (the emulated 1.2 and 1.3): MAX_UTILIZATION pauses with ``req.pause(self.max_input_len)``
+    (py_executor.py ``_pause_requests``) and ``LlmRequest::pause`` keeps min(maxInputLen, prompt + generated)
+    tokens as the prompt. Uncapped, the 5 paused requests resume with their 64 prompt tokens and the 17 to 97 they
+    had generated; with max_input_len 72 every resumed prompt is 72 tokens, the generated tokens past it are
+    decoded again, so the pool runs out again: 10 pauses (one request 3 times) and 282 iterations against 5 and
+    183. The outputs are the same 100 tokens each (greedy decoding: a token dropped by the cap comes back)."""
+    capped, done = run("MAX_UTILIZATION", max_input_len=72, trtllm_version=version)
+    free, free_done = run("MAX_UTILIZATION", trtllm_version=version)
+    assert sorted(r.num_prompt_tokens for r in free_done if r.paused_count) == [81, 81, 97, 129, 161]
+    assert sorted((r.paused_count, r.num_prompt_tokens) for r in done if r.paused_count) == [
+        (1, 72), (1, 72), (2, 72), (3, 72), (3, 72)]
+    assert (capped.paused_total, capped.iteration) == (10, 282)
+    assert (free.paused_total, free.iteration) == (5, 183)
+    by_id = {r.request_id: r.output_ids for r in free_done}
+    assert all(len(r.output_ids) == 100 and r.output_ids == by_id[r.request_id] for r in done)
+    # a cap above every paused prompt changes nothing
+    same, _ = run("MAX_UTILIZATION", max_input_len=164, trtllm_version=version)
+    assert (same.paused_total, same.iteration, same.bm.reused_blocks, same.bm.missed_blocks) == (5, 183, 7, 64)
+
+
+def test_simllm_caps_a_paused_prompt_at_its_max_input_len() -> None:
+    """SimLLM takes TensorRT-LLM's ``max_input_len`` (default 1,024, as LlmArgs) down to the engine core."""
+    from kvtop.engines.sim.llm import SimLLM
+
+    assert SimLLM("Qwen/Qwen3-0.6B", speed=0)._core.max_input_len == 1024
+    assert SimLLM("Qwen/Qwen3-0.6B", speed=0, max_input_len=72)._core.max_input_len == 72
+    with pytest.raises(ValueError, match="max_input_len"):
+        run("MAX_UTILIZATION", max_input_len=0)
 
 
 def test_scheduling_remove_sequence_counts_blocks_no_one_else_holds() -> None:

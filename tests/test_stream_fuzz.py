@@ -201,12 +201,16 @@ def _decode_both(frames: list[bytes]) -> tuple[Any, Any]:
 # vLLM's own shapes, with and without each optional field: the typed path takes these (a fuzz of hostile messages
 # mostly exercises the fallback)
 _VLLM_EVENT = st.one_of(
-    st.builds(lambda h, p, n, g, lora, ek: {**stored(h, parent=p, tokens=n), "lora_name": lora,
-                                            **({} if g is None else {"group_idx": g}),
-                                            **({} if ek == "absent" else {"extra_keys": ek})},
+    st.builds(lambda h, p, n, g, lora, ek, loc: {**stored(h, parent=p, tokens=n), "lora_name": lora,
+                                                 **({} if g is None else {"group_idx": g}),
+                                                 **({} if ek == "absent" else {"extra_keys": ek}),
+                                                 # vLLM 0.34's newer fields (kv_cache_spec_kind, locality...)
+                                                 **({} if loc is None else {"locality": loc, "ownership": "kvcr",
+                                                                            "kv_cache_spec_kind": "full",
+                                                                            "session_id": "s-1"})},
               st.lists(st.integers(0, (1 << 64) - 1), max_size=5), st.one_of(st.none(), st.integers(0, 1 << 63)),
               st.integers(0, 70), st.one_of(st.none(), st.integers(0, 3)), st.one_of(st.none(), st.text(max_size=5)),
-              st.sampled_from(["absent", None, [["mm", 3]]])),
+              st.sampled_from(["absent", None, [["mm", 3]]]), st.sampled_from([None, "local", "remote"])),
     st.builds(lambda h, m: removed(h, medium=m), st.lists(st.integers(0, (1 << 64) - 1), max_size=5),
               st.sampled_from(["GPU", "CPU", None, "STORAGE"])),
     st.just(cleared()))

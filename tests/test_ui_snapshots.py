@@ -135,3 +135,16 @@ def test_paused(snap_compare) -> None:
     """Paused over a running engine: PAUSED (not an alarm colour), the frozen time, the key footer."""
     app = build_app(_session(), Settings("dark"), run_session=False)
     assert snap_compare(app, press=["p"], terminal_size=(120, 40))
+
+
+@pytest.mark.parametrize("size", ["120x40", "80x24"])
+def test_requests_view(snap_compare, size: str) -> None:
+    """R: the busy run's recent requests, sorted by TTFT (o), the slowest first."""
+    app = build_app(_session(), Settings("dark"), run_session=False)
+    assert snap_compare(app, press=["R", "o"], terminal_size=SIZES[size])
+
+
+def test_fleet_sorted_and_filtered(snap_compare) -> None:
+    """The sources table sorted by hit rate (o) and filtered to the chat run (/chat Enter)."""
+    app = build_app(fleet_session(), Settings("dark"), run_session=False)
+    assert snap_compare(app, press=["o", "slash", *"chat", "enter"], terminal_size=SIZES["120x40"])

@@ -102,3 +102,28 @@ async def test_the_start_parses_the_stylesheet_once_with_the_themes_colours(monk
         await pilot.pause()
         assert app.theme == "high-contrast" and len(reparses) == 1
         assert app.screen.styles.background == Color.parse("#000000")
+
+
+def test_a_typod_theme_stops_the_dashboard_before_it_starts_with_the_nearest_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 26: ``theme = "ligth"`` was a warning in the log of a dashboard drawn in the default theme; now exit 2
+    with one line (cli.main turns the SettingsError into it) before the screen takes the terminal."""
+    from kvtop import modes
+    from kvtop.settings import Settings, SettingsError
+    from kvtop.ui import app as app_module
+    from kvtop.ui.themes import theme_problem
+
+    assert theme_problem("dark") is None and theme_problem("nord") is None   # kvtop's, and Textual's own
+    problem = theme_problem("ligth")
+    assert problem is not None and problem.startswith("no theme 'ligth' (did you mean 'light'?)")
+    assert "dark, light, high-contrast" in problem
+    missing = tmp_path / "nope.toml"
+    assert theme_problem(str(missing)) == f"theme {missing}: cannot read it (No such file or directory)"
+
+    built = []
+    monkeypatch.setattr(app_module, "build_app", lambda *a, **k: built.append(a))
+    settings = Settings()
+    settings.set("theme", "ligth", "test")
+    with pytest.raises(SettingsError, match=r"^--theme: no theme 'ligth' \(did you mean 'light'\?\)"):
+        modes.run_dashboard(session=None, settings=settings)
+    assert built == []

@@ -18,7 +18,7 @@ from kvtop.values import frozen, mutable
 
 MODULES = ("kvtop.tiers.state", "kvtop.tiers.snapshot", "kvtop.tiers.verdict", "kvtop.ui.widgets", "kvtop.fleet",
            "kvtop.occupancy", "kvtop.session", "kvtop.settings", "kvtop.problems", "kvtop.runner",
-           "kvtop.engines.sizing", "kvtop.engines.sim.hit_replay", "kvtop.engines.sim.sweep")
+           "kvtop.engines.sizing", "kvtop.engines.sim.hit_replay", "kvtop.engines.sim.sweep", "kvtop.ui.table")
 
 
 def _frozen_classes() -> list[type]:
@@ -57,13 +57,14 @@ def _outcome(make: Any, *args: Any, **kwargs: Any) -> str:
 
 def test_the_classes_are_found() -> None:
     names = {c.__name__ for c in CLASSES}
-    # @frozen: state 10, widgets 11, snapshot, fleet, occupancy, session, verdict 1 each; @mutable: Settings,
-    # Problem, EngineChoice, LogLine; engines: @frozen GpuPool, @mutable ReplayResult and sweep._Plan
-    assert len(CLASSES) == 33
+    # @frozen: state 11, widgets 13 (the replay's badge), snapshot, fleet, occupancy, session, verdict 1 each;
+    # @mutable: Settings, Problem, EngineChoice, LogLine, TableState; engines: @frozen GpuPool, @mutable
+    # ReplayResult and sweep._Plan
+    assert len(CLASSES) == 37
     assert {"TierState", "Quality", "Requests", "TierSnapshot", "SessionView", "HeaderData", "FleetRow", "Settings",
             "Problem", "LogLine", "EngineChoice", "GpuPool", "ReplayResult", "_Plan", "TierVerdict",
             "VerdictLine"} <= names
-    assert sum(not c.__dataclass_params__.frozen for c in CLASSES) == 6
+    assert sum(not c.__dataclass_params__.frozen for c in CLASSES) == 7
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)

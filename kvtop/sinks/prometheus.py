@@ -31,7 +31,10 @@ NAMESPACE = "kvtop"
 LABELS = ("host", "rank", "run")
 TIERS = ("gpu", "host")
 BLOCK_STATES = ("capacity", "in_use", "cached", "free")
-HIT_SCOPES = ("cumulative", "window", "gpu", "host")
+HIT_SCOPES = ("cumulative", "window", "gpu", "host", "disk")  # disk: only where the engine says it (else absent)
+# the disk tier's moves (Moves.disk_*, issue 23 item 3): direction label -> the Moves field
+DISK_MOVES = (("to_host", "disk_prefetched_blocks"), ("to_gpu", "disk_onboarded_blocks"),
+              ("into_disk", "disk_offloaded_blocks"))
 # TTFT from ~5 ms (a cached prompt on an H200) to a minute (a long prompt queued behind a full batch); e2e up
 # to 5 minutes (long generations). 13 and 12 buckets: ~25 series per source, cheap for any Prometheus.
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -115,9 +118,18 @@ class _StateCollector(Collector):
         moved = {name: CounterMetricFamily(f"{NAMESPACE}_kv_{name}_blocks", doc, labels=list(LABELS))
                  for name, doc in (("offloaded", "Blocks moved GPU -> host (offload on evict)"),
                                    ("onboarded", "Blocks moved host -> GPU (onboard on reuse)"))}
+        disk_moved = CounterMetricFamily(f"{NAMESPACE}_kv_disk_moved_blocks",
+                                         "Blocks the disk tier moved, where the engine has one: direction=to_host "
+                                         "(a prefetch), to_gpu (an onboard from disk), into_disk (an offload to it)",
+                                         labels=[*LABELS, "direction"])
         evicted = CounterMetricFamily(f"{NAMESPACE}_kv_evicted_blocks",
                                       "Cached blocks dropped from a tier (tier=gpu: dropped, not offloaded)",
                                       labels=[*LABELS, "tier"])
+        left = CounterMetricFamily(f"{NAMESPACE}_kv_left_blocks",
+                                   "Blocks that left a tier, by reason (evicted, offloaded, released, cleared); "
+                                   "basis=engine where the engine's events say why, inferred where kvtop worked it "
+                                   "out (vLLM's and SGLang's BlockRemoved carry no reason)",
+                                   labels=[*LABELS, "tier", "reason", "basis"])
         approx = GaugeMetricFamily(f"{NAMESPACE}_kv_counts_approximate",
                                    "1 while block counts folded from events may be off (dropped events, attach "
                                    "mid-stream, unknown hashes)", labels=list(LABELS))
@@ -175,10 +187,23 @@ class _StateCollector(Collector):
                 v = _number(_get(mv, f"{name}_blocks"))
                 if v is not None:
                     moved[name].add_metric(lv, v)
+            if _get(mv, "disk") is True:
+                for direction, field in DISK_MOVES:
+                    v = _number(_get(mv, field))
+                    if v is not None:
+                        disk_moved.add_metric([*lv, direction], v)
             for tier in TIERS:
                 v = _number(_get(mv, f"evicted_{tier}_blocks"))
                 if v is not None:
                     evicted.add_metric([*lv, tier], v)
+            for basis, attr in (("engine", "left_said"), ("inferred", "left_inferred")):
+                per_tier = _get(mv, attr)
+                if isinstance(per_tier, Mapping):
+                    for tier, per in per_tier.items():
+                        for reason, n in (per.items() if isinstance(per, Mapping) else ()):
+                            v = _number(n)
+                            if v is not None:
+                                left.add_metric([*lv, str(tier), str(reason), basis], v)
             flag = _get(model, "counts_approximate")
             if isinstance(flag, bool):
                 approx.add_metric(lv, 1.0 if flag else 0.0)
@@ -216,8 +241,8 @@ class _StateCollector(Collector):
                 v = _number(value)
                 if v is not None:
                     host_mem[k].add_metric(lv, v)
-        return [*g.values(), hit, *moved.values(), evicted, approx, dropped, bad, block, *gpu_mem.values(),
-                *host_mem.values(), verdict, says]
+        return [*g.values(), hit, *moved.values(), disk_moved, evicted, left, approx, dropped, bad, block,
+                *gpu_mem.values(), *host_mem.values(), verdict, says]
 
 
 class PrometheusExporter:

@@ -22,6 +22,12 @@ What maps onto what (collector.py ``log_iteration_stats``):
   reaches one reader only (``/metrics`` or the collector), so these increases and the JSON stats' own per-iteration
   counters add up to every move, with no iteration counted twice.
 - ``trtllm_kv_cache_host_utilization`` (secondary used / max) is kept in the record (``prometheus``) as it is.
+- ``trtllm_kv_cache_disk_prefetch_blocks_total`` (the sum of the V2 manager's ``iterDiskPrefetchBlocks``: blocks
+  the disk prefetch moved from disk to host) and ``trtllm_prompt_cache_hit_tokens_total{cache_level,cache_tier}``
+  (the sum of ``iterCachedTokensByLevel``, per cache level, ``cache_tier`` naming it as ``kvCacheLevelTiers``
+  does): their increases since the previous scrape go in the record as those keys (and ``kvCacheLevelTiers``),
+  for the same reason as the byte counters. Read from TensorRT-LLM main's collector.py @ 050f80de (the names,
+  labels and docstrings; ``_log_cached_tokens_by_level`` creates one series per configured level).
 
 The result is a ``stats`` record whose data uses TensorRT-LLM's own key names for what it maps, plus
 ``"kvtopSource": "prometheus"``, so the TierModel folds it with the code that folds JSON stats and says on screen
@@ -46,6 +52,10 @@ PROMETHEUS_KEYS = {
     "trtllm_num_requests_running": "numActiveRequests",
     "trtllm_num_requests_waiting": "numQueuedRequests",
 }
+# Counters kept per label set (parse_samples keys them ``name{level,tier}``): the hit tokens per cache level
+BY_LEVEL = "trtllm_prompt_cache_hit_tokens_total"
+DISK_PREFETCH = "trtllm_kv_cache_disk_prefetch_blocks_total"
+_MAX_LEVELS = 8  # as many cache levels as kvtop/tiers/stats.py reads
 KEPT = ("trtllm_kv_cache_hit_rate", "trtllm_kv_cache_utilization", "trtllm_kv_cache_host_utilization",
         "trtllm_kv_cache_onboard_bytes_total", "trtllm_kv_cache_offload_bytes_total",
         "trtllm_num_requests_completed_total")
@@ -65,6 +75,9 @@ def parse_samples(text: str) -> dict[str, float]:
             if not math.isfinite(sample.value):
                 continue
             out[name] = out.get(name, 0.0) + sample.value
+            if name == BY_LEVEL:
+                key = f"{name}{{{sample.labels.get('cache_level', '')},{sample.labels.get('cache_tier', '')}}}"
+                out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
@@ -74,7 +87,7 @@ class PrometheusStats:
 
     def __init__(self) -> None:
         self._completed: float | None = None
-        self._moved: dict[str, float] = {}  # the last scrape's byte totals
+        self._moved: dict[str, float] = {}  # the last scrape's byte totals (and the other per-iteration sums)
         self.scrapes = 0
 
     def stats(self, samples: dict[str, float], *, counters: bool) -> dict[str, Any] | None:
@@ -113,8 +126,37 @@ class PrometheusStats:
             self._moved[name] = total
         if moves:
             top["kvtopPrometheusMoves"] = moves
+        prefetched = self._increase(DISK_PREFETCH, samples.get(DISK_PREFETCH))
+        if prefetched is not None:
+            top["iterDiskPrefetchBlocks"] = int(prefetched)
+        by_level: dict[int, tuple[str, float]] = {}
+        for key, total in samples.items():
+            if not key.startswith(BY_LEVEL + "{"):
+                continue
+            level, _, tier = key[len(BY_LEVEL) + 1:-1].partition(",")
+            if not level.isdigit() or int(level) >= _MAX_LEVELS:
+                continue  # not a cache level TensorRT-LLM writes (str(level) of a configured tier)
+            inc = self._increase(key, total)
+            if inc is not None:
+                by_level[int(level)] = (tier, inc)
+        if by_level:
+            levels = range(max(by_level) + 1)
+            top["iterCachedTokensByLevel"] = [int(by_level[i][1]) if i in by_level else 0 for i in levels]
+            top["kvCacheLevelTiers"] = [by_level[i][0] if i in by_level else "" for i in levels]
         top["prometheus"] = {k: samples[k] for k in KEPT if k in samples}
         return top
+
+
+    def _increase(self, name: str, total: float | None) -> float | None:
+        """A per-iteration sum's increase since the last scrape (None on the first: the baseline); a total that
+        went down is a restarted server, whose whole new total is the increase."""
+        if total is None:
+            return None
+        last = self._moved.get(name)
+        self._moved[name] = total
+        if last is None:
+            return None
+        return total - last if total >= last else total
 
 
 def stats_from_prometheus(text: str, state: PrometheusStats | None = None, *,

@@ -25,9 +25,15 @@ What each number means (exactly; trtllm-kv.md sections 1, 2, 6 and 8 say why):
   block that is the target of a new offload is dropped from the host tier, whatever its block object becomes).
   Newer TensorRT-LLM stats (``kvCacheIterationStats``: ``iterOffloadBlocks``, ``iterOnboardBlocks``,
   ``iterHostDroppedBlocks``) are used instead when present: they also count the offloads no event shows.
+- The disk tier's moves (``Moves.disk_*``): disk -> host, disk -> GPU and into the disk, from the engine's own
+  counters where it has them (TensorRT-LLM V2's ``iterDiskPrefetchBlocks``, Dynamo KVBM's), else the stream's
+  disk stores and GPU stores of blocks it holds on disk only (docs/engine-counts.md).
 - Hit rate: from the stats counters ``reusedBlocks`` / ``missedBlocks`` (cumulative in the engine, so diffed),
-  warm-up excluded. Host hits are onboards (every onboard is a reused block served from host memory); GPU hits
-  are the rest. Both are fractions of all block lookups, so ``gpu + host == cumulative``.
+  warm-up excluded. Host hits are onboards (every onboard is a reused block served from host memory), or the
+  host level's reused blocks where the V2 lifecycles give them per level; GPU hits are the rest. Both are
+  fractions of all block lookups, so ``gpu + host == cumulative``. Where the engine says which tier served each
+  hit and has a disk tier, or a hit came from outside it (vLLM's p2p, a remote store), those are shares of their
+  own (``disk``, ``external``), and ``gpu + host + disk + external == cumulative``.
 
 Warm-up: the first ``warmup_requests`` finished requests are warm-up. The finished count is the larger of the sum
 of the stats' ``numCompletedRequests`` (per iteration) and the number of ``request`` records: either source alone
@@ -75,6 +81,7 @@ import kvtop.tiers.capacity as _capacity
 import kvtop.tiers.summary as _summary
 from kvtop.records import Record, RecordError, parse_engine_dict
 from kvtop.tiers.common import Bad, Ledger, describe
+from kvtop.tiers.departures import trtllm_said
 from kvtop.tiers.events import GPU, HOST, EventFold
 from kvtop.tiers.meta import MetaFold
 from kvtop.tiers.requests import RequestFold
@@ -303,10 +310,20 @@ class TierModel:
             self._warming = self.event_fold.warming = done < self.warmup_requests
 
     def _counters(self) -> tuple[int, ...]:
-        m, st, rq = self.moves, self.stats_fold, self.request_fold
+        m, st, rq = self._moves(disk_flag=False), self.stats_fold, self.request_fold
         return (st.hits, st.lookups, self._host_hits, m.offloaded_blocks, m.onboarded_blocks, m.evicted_gpu_blocks,
                 m.evicted_host_blocks, rq.completed, rq.failed, rq.prompt_tokens, rq.output_tokens, st.ctx_tokens,
-                st.gen_tokens)
+                st.gen_tokens, m.disk_prefetched_blocks, m.disk_onboarded_blocks, m.disk_offloaded_blocks,
+                *self._lower_hits())
+
+    def _lower_hits(self) -> tuple[int, int]:
+        """Hits the disk served, and hits from outside this engine (vLLM's p2p and external_unspecified, SGLang's
+        EXTERNAL, labels kvtop does not know), warm-up excluded, where the engine says it (else 0)."""
+        st = self.stats_fold
+        if self.stream_fold is None and not st.level_hits and not st.level_tokens:
+            return 0, 0   # no engine said which tier served a hit (1.0-1.3 stats): no dict made per sample
+        by = self.hits_by_tier
+        return by.get("disk", 0), by.get("external", 0) + by.get("unknown", 0)
 
     def _window_base(self) -> tuple[float, tuple[int, ...]] | None:
         return self._window.base(self.now)
@@ -374,7 +391,7 @@ class TierModel:
         ``iter{Full,Partial}ReusedBlocksByLevel``, levels named by ``kvCacheLevelTiers``); else empty."""
         if self.stream_fold is not None and self.stream_fold.hit_tokens:
             return self.stream_fold.hits_by_tier()  # type: ignore[no-any-return]  # from the engine's /metrics
-        return self.stats_fold.hits_by_tier()
+        return self.stats_fold.hits_by_tier(self.tokens_per_block)
 
     @property
     def tiers(self) -> list[TierState]:
@@ -391,30 +408,78 @@ class TierModel:
 
     @property
     def moves(self) -> Moves:
-        ev = self.event_fold
-        if self.stats_fold.moves_seen:
-            return Moves(self.stats_fold.offloaded, self.stats_fold.onboarded, ev.evicted[GPU],
-                         self.stats_fold.host_dropped or ev.evicted[HOST], ev.evicted_unknown, "stats")
-        return Moves(ev.offloaded, ev.onboarded, ev.evicted[GPU], ev.evicted[HOST], ev.evicted_unknown, "events")
+        return self._moves()
+
+    def _moves(self, disk_flag: bool = True) -> Moves:
+        """``moves``; ``disk_flag=False`` leaves ``Moves.disk`` False rather than read the disk tier, and leaves out
+        why blocks left (the rate window's samples, taken while records fold, read only the counts: ~6% of a busy
+        recording's fold)."""
+        ev, st, sf = self.event_fold, self.stats_fold, self.stream_fold
+        # the disk tier's moves: the engine's own counters (TensorRT-LLM V2 stats or Prometheus, Dynamo KVBM) where
+        # it has them, else the stream's disk stores and the GPU stores of blocks held on disk only
+        prefetched = st.disk_prefetched
+        onboarded, offloaded = st.disk_onboarded, st.disk_offloaded
+        if not st.disk_moves_seen and sf is not None:
+            onboarded, offloaded = sf.onboarded_from["disk"], sf.stored["disk"]
+        disk = bool(prefetched or onboarded or offloaded) or (disk_flag and self.disk is not None)
+        said: dict[str, dict[str, int]] | None = None
+        inferred: dict[str, dict[str, int]] = {}
+        if disk_flag and sf is not None and (sf.batches or sf.summary is not None):
+            # the engines' common stream: its removals say the tier, and only sometimes why (kv_stream.py)
+            said, inferred = sf.left_reasons()
+        if st.moves_seen:
+            host = st.host_dropped or ev.evicted[HOST]
+            if said is None and disk_flag:
+                said = trtllm_said(st.offloaded, ev.evicted[GPU], host, ev.evicted_unknown)
+            return Moves(st.offloaded, st.onboarded, ev.evicted[GPU], host, ev.evicted_unknown, "stats",
+                         disk_prefetched_blocks=prefetched, disk_onboarded_blocks=onboarded,
+                         disk_offloaded_blocks=offloaded, disk=disk, left_said=said or {}, left_inferred=inferred)
+        if said is None and disk_flag:
+            said = trtllm_said(ev.offloaded, ev.evicted[GPU], ev.evicted[HOST], ev.evicted_unknown)
+        return Moves(ev.offloaded, ev.onboarded, ev.evicted[GPU], ev.evicted[HOST], ev.evicted_unknown, "events",
+                     disk_prefetched_blocks=prefetched, disk_onboarded_blocks=onboarded,
+                     disk_offloaded_blocks=offloaded, disk=disk, left_said=said or {}, left_inferred=inferred)
 
     @property
     def hit_rate(self) -> HitRate:
         hits, lookups = self.stats_fold.hits, self.stats_fold.lookups
         host_hits = min(self._host_hits, hits)
-        cumulative = gpu = host = None
+        # the disk's share where the engine says which tier served each hit and has a disk tier (vLLM pre-creates
+        # its disk label at 0 on every server: a share of 0 is shown only where there is a disk tier); the share
+        # from outside the engine (p2p, a remote store) only once it served any. GPU is then what none of them did.
+        disk_hits, ext_hits = self._lower_hits()
+        st = self.stats_fold
+        says = self.stream_fold is not None or bool(st.level_hits) or bool(st.level_tokens)
+        disk_known = disk_hits > 0 or (says and "disk" in self.hits_by_tier and self.disk is not None)
+        ext_known = ext_hits > 0
+        disk_part = min(disk_hits, hits - host_hits)
+        ext_part = min(ext_hits, hits - host_hits - disk_part)
+        cumulative = gpu = host = disk = ext = None
         if lookups > 0:
             cumulative = hits / lookups
             host = host_hits / lookups
-            gpu = cumulative - host
-        window = wgpu = whost = None
+            disk = disk_part / lookups if disk_known else None
+            ext = ext_part / lookups if ext_known else None
+            gpu = cumulative - host - (disk or 0.0) - (ext or 0.0)
+        window = wgpu = whost = wdisk = wext = None
         base = self._window_base()
         if base is not None:
-            dh, dl, dhh = hits - base[1][0], lookups - base[1][1], self._host_hits - base[1][2]
+            b = base[1]
+            dh, dl, dhh = hits - b[0], lookups - b[1], self._host_hits - b[2]
             if dl > 0:
                 window = dh / dl
-                whost = min(max(dhh, 0), max(dh, 0)) / dl
-                wgpu = window - whost
-        return HitRate(cumulative, window, gpu, host, wgpu, whost, hits, lookups, self._host_hits)
+                left = max(dh, 0)
+                host_part = min(max(dhh, 0), left)
+                whost = host_part / dl
+                left -= host_part
+                if disk_known:
+                    ddh = min(max(disk_hits - (b[16] if len(b) > 16 else disk_hits), 0), left)
+                    wdisk, left = ddh / dl, left - ddh
+                if ext_known:
+                    wext = min(max(ext_hits - (b[17] if len(b) > 17 else ext_hits), 0), left) / dl
+                wgpu = window - whost - (wdisk or 0.0) - (wext or 0.0)
+        return HitRate(cumulative, window, gpu, host, wgpu, whost, hits, lookups, self._host_hits, disk, wdisk,
+                       disk_hits, ext, wext, ext_hits)
 
     @property
     def rates(self) -> Rates:
@@ -433,7 +498,8 @@ class TierModel:
                     failed_per_s=r[8], prompt_tokens_per_s=r[9], output_tokens_per_s=r[10],
                     ctx_tokens_per_s=r[11], gen_tokens_per_s=r[12],
                     offloaded_bytes_per_s=None if bpb is None else r[3] * bpb,
-                    onboarded_bytes_per_s=None if bpb is None else r[4] * bpb)
+                    onboarded_bytes_per_s=None if bpb is None else r[4] * bpb,
+                    disk_prefetched_per_s=r[13], disk_onboarded_per_s=r[14], disk_offloaded_per_s=r[15])
         return out if said is None else dataclasses.replace(out, **said)
 
     def history_samples(self) -> list[Sample]:
@@ -512,7 +578,8 @@ class TierModel:
 
     @property
     def requests(self) -> Requests:
-        req = self.request_fold.requests(self.now, self.window_s, self.stats_fold.in_flight)
+        req = self.request_fold.requests(self.now, self.window_s, self.stats_fold.in_flight,
+                                         self.stats_fold.running)
         said = None if self.stream_fold is None else self.stream_fold.said_ttft()
         if said is not None:
             # a source known by a kvtop agent's summaries: percentiles do not travel as totals, the agent's own do

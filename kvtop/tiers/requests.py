@@ -9,12 +9,13 @@ hit rates. Knows no other fold: the model hands in the block size (to turn promp
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from kvtop.tiers.common import Bad, describe, nonneg_count, nonneg_number, priority_in_range
 from kvtop.tiers.latency import LatencyTrack
-from kvtop.tiers.state import HitRate, Requests
+from kvtop.tiers.state import HitRate, RequestRow, Requests
 from kvtop.tiers.verdict import TierEvidence
 
 _LatencyTrack = LatencyTrack   # its name before it had a module of its own (tests, bench/bench_latency_reads.py)
@@ -24,6 +25,9 @@ _LatencyTrack = LatencyTrack   # its name before it had a module of its own (tes
 # from disk, "host_hit" when any came from host memory, "gpu_hit" when blocks were reused and all from the GPU,
 # "miss" when none was reused (kvtop report, the dashboard's TTFT rows and the JSON summary use the same classes).
 PREFIX_SOURCES = ("gpu_hit", "host_hit", "disk_hit", "miss")
+# Finished requests the requests view keeps (a row each, ~200 bytes): the newest; the counts and percentiles above
+# cover them all.
+RECENT_REQUESTS = 500
 
 
 def _record_count(data: dict[str, Any], *keys: str) -> int | None:
@@ -72,6 +76,8 @@ class RequestFold:
         self.ttft_by_source = {s: LatencyTrack(latency_samples) for s in PREFIX_SOURCES}
         # the verdict's evidence (kvtop/tiers/verdict.py): per tier below the GPU, its hit requests
         self.tier_evidence = {"host": TierEvidence(), "disk": TierEvidence()}
+        self.recent: deque[RequestRow] = deque(maxlen=RECENT_REQUESTS)
+        self._recent_made: tuple[RequestRow, ...] | None = None   # tuple(recent) until the next record
 
     def apply(self, data: dict[str, Any], t: float) -> None:
         """One ``request`` record's data at time ``t``; validates everything before changing anything."""
@@ -101,6 +107,14 @@ class RequestFold:
             raise Bad("error", f"must be a string or null, got {describe(err)}")
 
         self.records += 1  # the model counts it into its warm-up state after this record
+        # The tiers of its reused blocks: the host's and the disk's as the record says (a record without disk
+        # blocks had none: prefix_source reads it so), the GPU's the rest; unknown where the host's is.
+        host = None if reused is None or onboarded is None else min(onboarded, reused)
+        disk = None if reused is None else min(from_disk or 0, reused)
+        gpu = None if host is None or disk is None or reused is None else max(reused - host - disk, 0)
+        self.recent.append(RequestRow(str(rid), "done" if ok else "failed", t, prompt, output, reused, gpu, host,
+                                      disk, ttft, e2e, prio, None if ok else (err or "failed")))
+        self._recent_made = None
         warm = self.records <= self.warmup_requests
         if ok:
             self.completed += 1
@@ -152,11 +166,16 @@ class RequestFold:
                                  host=onboarded / blocks, hits=reused, lookups=blocks, host_hits=onboarded)
         return out
 
-    def requests(self, now: float | None, window_s: float, in_flight: int | None) -> Requests:
-        """The counts and latencies, the windowed ones over ``[now - window_s, now]``."""
+    def requests(self, now: float | None, window_s: float, in_flight: int | None,
+                 running: tuple[RequestRow, ...] = ()) -> Requests:
+        """The counts and latencies, the windowed ones over ``[now - window_s, now]``; ``running``: the engine's
+        requests in flight (kvtop.tiers.stats)."""
         since = (now - window_s) if now is not None else float("-inf")
+        recent = self._recent_made
+        if recent is None:
+            recent = self._recent_made = tuple(self.recent)
         return Requests(self.completed, self.failed, self.warm_records, in_flight,
                         self.ttft.percentiles(), self.e2e.percentiles(), self.ttft.window(since),
                         self.e2e.window(since), self.prompt_tokens, self.output_tokens, self.last_error,
                         tuple((s, tr.percentiles(), tr.window(since))
-                              for s, tr in self.ttft_by_source.items() if tr.count))
+                              for s, tr in self.ttft_by_source.items() if tr.count), recent, running)

@@ -139,8 +139,9 @@ def history_points(samples: Sequence[Sample]) -> list[HistoryPoint]:
         d = [y - x for x, y in zip(a, b)]
         hit = d[0] / d[1] if d[1] > 0 else None
         host = min(max(d[2], 0), max(d[0], 0)) / d[1] if d[1] > 0 else None
+        disk = (d[13] / dt, d[14] / dt, d[15] / dt) if len(d) > 15 else (0.0, 0.0, 0.0)
         out.append(HistoryPoint(t1, hit, host, d[3] / dt, d[4] / dt, d[5] / dt, d[6] / dt, d[7] / dt,
-                                d[10] / dt))
+                                d[10] / dt, *disk))
     return out
 
 

@@ -93,6 +93,18 @@ class Moves:
     evicted_host_blocks: int = 0
     evicted_unknown_blocks: int = 0   # removed hashes the fold did not know (after dropped events)
     source: str = "events"            # "events" (1.0-1.2) or "stats" (newer kvCacheIterationStats)
+    # The disk tier's moves, where the engine reports them (``disk``: it does): disk -> host (TensorRT-LLM V2's
+    # iterDiskPrefetchBlocks, Dynamo KVBM's onboard_blocks_d2h), disk -> GPU (KVBM onboard_blocks_d2d; a GPU store
+    # of a block the stream holds on disk only), and into the disk (KVBM offload_blocks_h2d + _d2d; vLLM STORAGE /
+    # SGLang DISK stores)
+    disk_prefetched_blocks: int = 0
+    disk_onboarded_blocks: int = 0
+    disk_offloaded_blocks: int = 0
+    disk: bool = False
+    # Why blocks left their tier, {tier: {reason: blocks}} (kvtop/tiers/departures.py): as the engine's events say
+    # it, and as kvtop inferred it where they do not (vLLM's and SGLang's BlockRemoved carry no reason)
+    left_said: dict[str, dict[str, int]] = field(default_factory=dict)
+    left_inferred: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,6 +123,17 @@ class HitRate:
     hits: int = 0
     lookups: int = 0
     host_hits: int = 0
+    # the disk tier's share, where the engine says which tier served each hit (TensorRT-LLM V2 by cache level,
+    # vLLM's prompt_tokens_cached_by_source, SGLang's cached_tokens_total): then ``gpu`` is what neither lower
+    # tier served; None where the engine has no disk tier or does not say
+    disk: float | None = None
+    window_disk: float | None = None
+    disk_hits: int = 0
+    # served from outside this engine (vLLM's p2p and external_unspecified, SGLang's EXTERNAL, a label kvtop does
+    # not know), where the engine says so; None until any was
+    external: float | None = None
+    window_external: float | None = None
+    external_hits: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +158,9 @@ class Rates:
     gen_tokens_per_s: float | None = None     # engine-side, from the stats (numGenRequests, beam width 1)
     offloaded_bytes_per_s: float | None = None
     onboarded_bytes_per_s: float | None = None
+    disk_prefetched_per_s: float | None = None   # disk -> host
+    disk_onboarded_per_s: float | None = None    # disk -> GPU
+    disk_offloaded_per_s: float | None = None    # into the disk
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +179,9 @@ class HistoryPoint:
     evicted_host_per_s: float
     requests_per_s: float
     output_tokens_per_s: float
+    disk_prefetched_per_s: float = 0.0
+    disk_onboarded_per_s: float = 0.0
+    disk_offloaded_per_s: float = 0.0
 
 
 @frozen
@@ -164,6 +193,26 @@ class Latency:
     def to_json_ms(self) -> dict[str, float | None]:
         return {"p50": None if self.p50_s is None else self.p50_s * 1000.0,
                 "p99": None if self.p99_s is None else self.p99_s * 1000.0}
+
+
+@frozen(slots=True)
+class RequestRow:
+    """One request as the requests view shows it: finished (a ``request`` record: done or failed) or in flight
+    (the engine's ``requestStats``: queued, prefill, decode). None is unknown."""
+
+    key: str                          # its id as text (the driver's or the server's; the engine's in flight)
+    state: str                        # "done", "failed", "queued", "prefill", "decode", "paused"
+    t: float | None                   # when it finished (model time); None in flight
+    prompt_tokens: int | None
+    output_tokens: int | None
+    reused_blocks: int | None         # prompt blocks reused, from whichever tier
+    gpu_blocks: int | None            # ...of them found on the GPU
+    host_blocks: int | None           # ...onboarded from host memory
+    disk_blocks: int | None           # ...loaded from disk
+    ttft_s: float | None
+    e2e_s: float | None
+    priority: int | None
+    error: str | None
 
 
 @frozen
@@ -182,6 +231,10 @@ class Requests:
     # TTFT by where each request's prefix came from (kvtop.tiers.requests.PREFIX_SOURCES), the classes with
     # requests: (source, since start, over the window)
     ttft_by_source: tuple[tuple[str, Latency, Latency], ...] = ()
+    # The requests view's rows: the last RECENT_REQUESTS finished (newest last), and the engine's in flight
+    # (its requestStats, where it sends them: enable_iter_req_stats)
+    recent: tuple[RequestRow, ...] = ()
+    running: tuple[RequestRow, ...] = ()
 
     def ttft_by_source_json(self) -> dict[str, dict[str, Any]]:
         """``requests.ttft_ms_by_source`` of the JSON summary: per class, count and p50 / p99 in ms since the

@@ -13,10 +13,11 @@ Knows no other fold: the model says whether a record is warm-up and how many byt
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from kvtop.records import MAX_BLOCKS, MAX_MAGNITUDE
 from kvtop.tiers.common import Bad, describe, nonneg_count, nonneg_number, required_count
+from kvtop.tiers.state import RequestRow
 from kvtop.tiers.verdict import IterationFit
 
 # The counts read off each stats record, with the path a bad one is named by (built once, not per record).
@@ -36,6 +37,14 @@ _MOVE_POOL = (("iterOnboardBlocks", "primaryMaxNumBlocks"), ("iterOffloadBlocks"
               ("iterHostDroppedBlocks", "secondaryMaxNumBlocks"))
 _TOP_KEYS = ("iter", "numCompletedRequests", "numActiveRequests", "numQueuedRequests", "gpuMemUsage",
              "pinnedMemUsage")
+# The V2 manager's top-level counts of one iteration (tensorrt_llm/_torch/pyexecutor/kv_cache_stats.py,
+# ``append_kv_cache_iteration_stats``, TensorRT-LLM main @ a1510015): requests preempted (suspended) and resumed,
+# and blocks the disk prefetch moved from disk to host ("prefetch movement only, not reuse hits served from disk").
+_V2_TOP_KEYS = ("iterSuspendedRequests", "iterResumedRequests", "iterDiskPrefetchBlocks")
+_MAX_LEVELS = 8
+# cache-level tier names as TensorRT-LLM writes them (kvCacheLevelTiers; the collector's cache_tier label) -> kvtop's
+LEVEL_TIERS = {"gpu": "gpu", "gpu_mem": "gpu", "host": "host", "host_mem": "host", "cpu": "host", "disk": "disk"}
+_DEFAULT_LEVELS = ("gpu", "host", "disk")  # CacheTier's order (kv_cache_manager_v2 _common.py: GPU_MEM, HOST_MEM, DISK)
 
 
 def _iter_blocks(value: Any, path: str) -> int:
@@ -75,8 +84,20 @@ class StatsFold:
         self._prom_blocks = [0, 0]              # ...and the whole blocks already counted from them
         self.level_tiers: list[str] | None = None  # kvCacheLevelTiers (V2): the tier of each cache level
         self.level_hits: dict[int, int] = {}    # reused blocks per cache level (V2 lifecycles), warm-up excluded
+        # the V2 manager's top-level counts (kv_cache_stats.py): preemptions, disk -> host prefetch moves, and the
+        # prompt tokens each cache level served at admission (iterCachedTokensByLevel; trtllm-serve's
+        # trtllm_prompt_cache_hit_tokens_total{cache_level,cache_tier} carries the same, mapped to it)
+        self.suspended = 0
+        self.resumed = 0
+        self.disk_prefetched = 0                # disk -> host (iterDiskPrefetchBlocks; KVBM onboard_blocks_d2h)
+        self.disk_onboarded = 0                 # disk -> GPU (KVBM onboard_blocks_d2d)
+        self.disk_offloaded = 0                 # into the disk (KVBM offload_blocks_h2d + _d2d)
+        self.disk_moves_seen = False            # the engine counts disk moves itself (they win over the events')
+        self.level_tokens: dict[int, int] = {}  # cached prompt tokens per cache level, warm-up excluded
+        self.warm_level_tokens = 0
         self.completed = 0                      # numCompletedRequests, summed
         self.in_flight: int | None = None
+        self.running: tuple[RequestRow, ...] = ()  # the last requestStats' requests in flight (requests view)
         self.ctx_tokens = 0
         self.gen_tokens = 0
         self.gpu_mem_usage: int | None = None
@@ -133,6 +154,15 @@ class StatsFold:
                 v = nonneg_count(v, key)
             top.append(v)
         iteration, completed, active, queued, gpu_mem, pinned = top
+        # the V2 manager's top-level counts, only where the record has them (a 1.x record pays three lookups: the
+        # checks on every record were ~8% of a busy 1.2 recording's fold)
+        raw_v2 = (d.get("iterSuspendedRequests"), d.get("iterResumedRequests"), d.get("iterDiskPrefetchBlocks"))
+        v2_top = None if raw_v2 == (None, None, None) else [
+            _iter_blocks(v, key) for v, key in zip(raw_v2, _V2_TOP_KEYS)]
+        raw_tokens = d.get("iterCachedTokensByLevel")
+        level_tokens = None if raw_tokens is None else self._level_tokens(raw_tokens)
+        if level_tokens is not None and level_tiers is None:
+            level_tiers = self._level_tiers(d.get("kvCacheLevelTiers"))
         ifb = d.get("inflightBatchingStats")
         if ifb is not None and not isinstance(ifb, dict):
             raise Bad("inflightBatchingStats", f"must be an object, got {describe(ifb)}")
@@ -144,6 +174,7 @@ class StatsFold:
             gen_reqs = ifb.get("numGenRequests")
             if gen_reqs is not None and (gen_reqs.__class__ is not int or gen_reqs < 0):
                 gen_reqs = nonneg_count(gen_reqs, "inflightBatchingStats.numGenRequests")
+        running = self._running(d["requestStats"]) if "requestStats" in d else None
 
         # An engine restart: iter or a cumulative counter went backwards. The new values are then the deltas.
         last = self._last_kv
@@ -225,6 +256,18 @@ class StatsFold:
         if level_hits is not None and not was_warm:
             for i, n in enumerate(level_hits):
                 self.level_hits[i] = self.level_hits.get(i, 0) + n
+        if v2_top is not None:
+            self.suspended += v2_top[0]
+            self.resumed += v2_top[1]
+            if raw_v2[2] is not None:
+                self.disk_prefetched += v2_top[2]
+                self.disk_moves_seen = True
+        if level_tokens is not None:
+            if was_warm:
+                self.warm_level_tokens += sum(level_tokens)
+            else:
+                for i, n in enumerate(level_tokens):
+                    self.level_tokens[i] = self.level_tokens.get(i, 0) + n
         if it_iter is not None:
             self.it = it_iter
             if any(k in it_iter for k in ("iterOffloadBlocks", "iterOnboardBlocks", "iterHostDroppedBlocks")):
@@ -233,7 +276,11 @@ class StatsFold:
                 onb = it_iter.get("iterOnboardBlocks", 0)
                 self.onboarded += onb
                 self.host_dropped += it_iter.get("iterHostDroppedBlocks", 0)
-                # Host hits from the stats' own onboard counter: exact, and aligned with the hit counters.
+                # Host hits from the stats' own onboard counter: exact, and aligned with the hit counters; where the
+                # V2 lifecycles say the level each reused block was on, from that (an onboard also serves a resumed
+                # request or a disk hit, which are no host hits)
+                if level_hits is not None:
+                    onb = sum(n for i, n in enumerate(level_hits) if self.tier_of_level(i) == "host")
                 if was_warm:
                     self.warm_host_hits += onb
                 else:
@@ -257,6 +304,37 @@ class StatsFold:
             self.gpu_mem_usage = gpu_mem
         if pinned is not None:
             self.pinned_mem_usage = pinned
+        if running is not None:
+            self.running = running
+
+    # TensorRT-LLM's request stages (requestStats[].stage) as the requests view names them
+    STAGES: ClassVar[dict[str, str]] = {"QUEUED": "queued", "CONTEXT_IN_PROGRESS": "prefill",
+                                        "GENERATION_IN_PROGRESS": "decode", "ENCODER_IN_PROGRESS": "encode"}
+
+    def _running(self, entries: Any) -> tuple[RequestRow, ...]:
+        """The requests in flight of one iteration's ``requestStats`` (enable_iter_req_stats): id, stage, reused
+        blocks (the engine does not say from which tier). Those that completed this iteration are left out: their
+        ``request`` record says the rest. Checked whole before anything changes."""
+        if not isinstance(entries, list):
+            raise Bad("requestStats", f"must be a list, got {describe(entries)}")
+        out = []
+        for i, e in enumerate(entries):
+            if not isinstance(e, dict):
+                raise Bad(f"requestStats[{i}]", f"must be an object, got {describe(e)}")
+            rid = e.get("id")
+            if isinstance(rid, bool) or not isinstance(rid, (int, str)):
+                raise Bad(f"requestStats[{i}].id", f"must be an integer or a string, got {describe(rid)}")
+            stage = e.get("stage")
+            if not isinstance(stage, str):
+                raise Bad(f"requestStats[{i}].stage", f"must be a string, got {describe(stage)}")
+            reused = nonneg_count(e.get("reusedBlocksPerRequest"), f"requestStats[{i}].reusedBlocksPerRequest")
+            generated = nonneg_count(e.get("numGeneratedTokens"), f"requestStats[{i}].numGeneratedTokens")
+            if stage == "GENERATION_COMPLETE":
+                continue
+            state = "paused" if e.get("paused") is True else self.STAGES.get(stage, stage.lower()[:12])
+            out.append(RequestRow(str(rid)[:64], state, None, None, generated, reused, None, None, None, None, None,
+                                  None, None))
+        return tuple(out)
 
     def _kv_iteration(self, d: dict[str, Any], has_kv: bool) -> tuple[dict[str, int] | None, str | None,
                                                                       list[str] | None, list[int] | None]:
@@ -325,13 +403,33 @@ class StatsFold:
                 _sum_bounded(out[k], f"kvCacheIterationStatsByLifecycle.*.{k}")
             for i, n in enumerate(level_hits or ()):
                 _sum_bounded(n, f"kvCacheIterationStatsByLifecycle.*.iter*ReusedBlocksByLevel[{i}]")
-        tiers = d.get("kvCacheLevelTiers")
-        level_tiers: list[str] | None = None
-        if tiers is not None:
-            if not isinstance(tiers, list) or len(tiers) > 8 or not all(isinstance(t, str) for t in tiers):
-                raise Bad("kvCacheLevelTiers", f"must be a list of tier names, got {describe(tiers)}")
-            level_tiers = [t.lower() for t in tiers]
-        return out, "1.3+ V2", level_tiers, level_hits
+        return out, "1.3+ V2", self._level_tiers(d.get("kvCacheLevelTiers")), level_hits
+
+    @staticmethod
+    def _level_tiers(tiers: Any) -> list[str] | None:
+        """``kvCacheLevelTiers``: the tier of each cache level, lower-cased (None where the record has none)."""
+        if tiers is None:
+            return None
+        if not isinstance(tiers, list) or len(tiers) > _MAX_LEVELS or not all(isinstance(t, str) for t in tiers):
+            raise Bad("kvCacheLevelTiers", f"must be a list of tier names, got {describe(tiers)}")
+        return [t.lower() for t in tiers]
+
+    @staticmethod
+    def _level_tokens(raw: Any) -> list[int] | None:
+        """``iterCachedTokensByLevel``: the prompt tokens each cache level served to the requests admitted in this
+        iteration (at most _MAX_LEVELS levels, each count within the records' bound)."""
+        if raw is None:
+            return None
+        if not isinstance(raw, list) or len(raw) > _MAX_LEVELS:
+            raise Bad("iterCachedTokensByLevel", f"must be a list of token counts per cache level, got "
+                                                  f"{describe(raw)}")
+        out = []
+        for i, v in enumerate(raw):
+            n = required_count(v, f"iterCachedTokensByLevel[{i}]")
+            if n > MAX_MAGNITUDE:
+                raise Bad(f"iterCachedTokensByLevel[{i}]", f"{n:,} tokens in one iteration, more than 2^64")
+            out.append(n)
+        return out
 
     def _iteration_stats(self, raw: Any, name: str = "kvCacheIterationStats",
                          by_key: bool = False) -> dict[str, int] | None:
@@ -400,12 +498,39 @@ class StatsFold:
             return "prometheus" if self.shape is None else f"{self.shape} + prometheus"
         return self.shape
 
-    def hits_by_tier(self) -> dict[str, int]:
-        """Reused blocks per serving tier, warm-up excluded, where the stats say it (V2 lifecycles'
-        ``iter{Full,Partial}ReusedBlocksByLevel``, levels named by ``kvCacheLevelTiers``); else empty."""
-        names = self.level_tiers or ["gpu", "host", "disk"]
+    def tier_of_level(self, level: int) -> str:
+        """The kvtop tier of cache level ``level`` (named by ``kvCacheLevelTiers``, else CacheTier's order); a
+        name kvtop does not know stays as TensorRT-LLM wrote it."""
+        names = self.level_tiers or _DEFAULT_LEVELS
+        name = names[level] if level < len(names) else ""
+        if not name:  # no name for this level (trtllm-serve's cache_tier label is "" without the tier list)
+            return _DEFAULT_LEVELS[level] if level < len(_DEFAULT_LEVELS) else f"level{level}"
+        return LEVEL_TIERS.get(name, name)
+
+    def hits_by_tier(self, tokens_per_block: int | None = None) -> dict[str, int]:
+        """Reused blocks per serving tier, warm-up excluded, where the stats say it: V2 lifecycles'
+        ``iter{Full,Partial}ReusedBlocksByLevel``, else the prompt tokens each level served
+        (``iterCachedTokensByLevel``, or trtllm-serve's ``trtllm_prompt_cache_hit_tokens_total``) in whole blocks;
+        levels named by ``kvCacheLevelTiers``. Empty where the stats do not say it."""
         out: dict[str, int] = {}
-        for level, n in sorted(self.level_hits.items()):
-            name = names[level] if level < len(names) else f"level{level}"
+        if self.level_hits:
+            for level, n in sorted(self.level_hits.items()):
+                name = self.tier_of_level(level)
+                out[name] = out.get(name, 0) + n
+            return out
+        tpb = tokens_per_block or self.tokens_per_block
+        if self.level_tokens and tpb:
+            tokens: dict[str, int] = {}
+            for level, n in sorted(self.level_tokens.items()):
+                name = self.tier_of_level(level)
+                tokens[name] = tokens.get(name, 0) + n
+            out = {name: n // tpb for name, n in tokens.items()}
+        return out
+
+    def cached_tokens_by_tier(self) -> dict[str, int]:
+        """Prompt tokens each tier served at admission, warm-up excluded (``iterCachedTokensByLevel`` summed)."""
+        out: dict[str, int] = {}
+        for level, n in sorted(self.level_tokens.items()):
+            name = self.tier_of_level(level)
             out[name] = out.get(name, 0) + n
         return out

@@ -24,7 +24,11 @@ def live_reads(m: TierModel) -> dict[str, Any]:
     st = m.stats_fold
     return {"hits_by_tier": dict(m.hits_by_tier), "warm_lookups": st.warm_lookups, "warm_hits": st.warm_hits,
             "gpu_mem_usage": st.gpu_mem_usage, "pinned_mem_usage": st.pinned_mem_usage,
-            "stream": None if m.stream_fold is None else m.stream_fold.to_json()}
+            "stream": None if m.stream_fold is None else m.stream_fold.to_json(),
+            # TensorRT-LLM V2's top-level counts (kv_cache_stats.py): preemptions, and the prompt tokens each tier
+            # served at admission (iterCachedTokensByLevel / trtllm_prompt_cache_hit_tokens_total)
+            "preemptions": {"suspended": st.suspended, "resumed": st.resumed},
+            "cached_tokens_by_tier": st.cached_tokens_by_tier()}
 
 
 def summary_of(m: Any, live: Mapping[str, Any]) -> dict[str, Any]:
@@ -50,7 +54,9 @@ def summary_of(m: Any, live: Mapping[str, Any]) -> dict[str, Any]:
         "hits_by_tier": hits_by_tier,
         "hit_rate": {"cumulative": hr.cumulative, "gpu": hr.gpu, "host": hr.host, "window": hr.window,
                      "window_gpu": hr.window_gpu, "window_host": hr.window_host, "hits": hr.hits,
-                     "lookups": hr.lookups, "host_hits": hr.host_hits,
+                     "lookups": hr.lookups, "host_hits": hr.host_hits, "disk": hr.disk, "window_disk": hr.window_disk,
+                     "disk_hits": hr.disk_hits, "external": hr.external, "window_external": hr.window_external,
+                     "external_hits": hr.external_hits,
                      # the share of lookups each tier served, where the stats say it per cache level (V2)
                      "by_tier": {t: n / hr.lookups for t, n in hits_by_tier.items()} if hr.lookups else {},
                      "warmup_lookups": live["warm_lookups"], "warmup_hits": live["warm_hits"]},
@@ -59,6 +65,8 @@ def summary_of(m: Any, live: Mapping[str, Any]) -> dict[str, Any]:
                                  for p, v in sorted(m.hit_split_by_priority.items(),
                                                     key=lambda kv: -1 if kv[0] is None else kv[0])},
         "moves": m.moves.to_json(),
+        "preemptions": live["preemptions"],
+        "cached_tokens_by_tier": live["cached_tokens_by_tier"],
         "rates": m.rates.to_json(),
         "requests": {"completed": req.completed, "failed": req.failed, "warmup": req.warmup,
                      "in_flight": req.in_flight, "ttft_ms": req.ttft.to_json_ms(), "e2e_ms": req.e2e.to_json_ms(),

@@ -34,16 +34,20 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
-from textual.widgets import Footer
+from textual.widgets import Footer, Input
 from textual.worker import Worker
 
 from kvtop.fleet import FleetRow, combine, source_row, source_status
 from kvtop.occupancy import occupancy
 from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
+from kvtop.settings import SettingsError, remember_choices, ui_choices
 from kvtop.sources.replay import SEEK_S, STEP_S, speed_text
 from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
+from kvtop.tiers.departures import describe as describe_left
 from kvtop.tiers.snapshot import reading
+from kvtop.tiers.state import RequestRow
 from kvtop.ui import format as fmt
+from kvtop.ui.table import TableState, arrange, cursor_index
 from kvtop.ui.themes import (
     DEFAULT_THEME,
     PREFERRED_ORDER,
@@ -71,7 +75,11 @@ from kvtop.ui.widgets import (
     PriorityPanel,
     RequestData,
     RequestPanel,
+    RequestsData,
+    RequestsTable,
     SourcesPanel,
+    TableHeaderClicked,
+    TableRowClicked,
     TierData,
     TierPanel,
     VerdictLine,
@@ -169,6 +177,27 @@ def _changed(snap: TierSnapshot, shown: TierSnapshot | None) -> bool:
     return snap is not shown or not isinstance(snap, TierSnapshot)
 
 
+class FilterInput(Input):
+    """The filter's line (``/``): what is typed filters the table as it is typed; Enter keeps it, Escape clears it
+    (either way the line goes and the keys are the dashboard's again)."""
+
+    BINDINGS: ClassVar = [Binding("escape", "cancel", "Clear filter", show=False)]
+    can_focus = False   # until it is opened: the keys are the dashboard's (a focused input would take them)
+
+    class Closed(Message):
+        def __init__(self, value: str, kept: bool):
+            super().__init__()
+            self.value = value
+            self.kept = kept
+
+    def action_cancel(self) -> None:
+        self.post_message(self.Closed("", kept=False))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.post_message(self.Closed(event.value, kept=True))
+
+
 class Column(Vertical):
     """A column of panels that its panels cover whole (#left, #right, the bottom dock): Textual paints it as blank
     lines without styling them (``BLANK``), since the compositor renders every widget under a repaint, and the
@@ -190,6 +219,8 @@ class DashboardScreen(Screen[None]):
         with Column(id="bottom"):  # docked widgets on one edge overlap: the log and the keys share one dock
             # Full width under both columns (its columns need ~110 cells); shown only with 2+ sources (-fleet).
             yield SourcesPanel(id="sources")
+            yield FilterInput(placeholder="filter: type part of a name, Enter keeps it, Esc clears it",
+                              id="filter", compact=True)
             yield EventLog(id="events")
             yield Footer(compact=True)
             yield KeyHints(id="keys")
@@ -202,6 +233,7 @@ class DashboardScreen(Screen[None]):
             yield MovesPanel(id="moves")
             yield RequestPanel(id="requests")
             yield MemoryPanel(id="memory")
+        yield RequestsTable(id="requests-view")   # R: in both columns' place (the screen's -reqs class)
 
     def _set_layout_classes(self, mode: str) -> None:
         # -xl is the wide layout and more (kvtop.tcss): both classes, so every wide rule still applies.
@@ -252,6 +284,15 @@ class KvtopApp(App[int]):
         Binding("t", "cycle_theme", "Theme"),
         Binding("e", "toggle_events", "Events"),
         Binding("s", "next_source", "Source"),
+        # The tables (the sources table; the requests view with R): sort, filter, move, open. Not the arrows,
+        # +/-, home/end or p: the replay player's.
+        Binding("o", "sort_next", "Sort", show=False),
+        Binding("O", "sort_reverse", "Reverse", show=False),
+        Binding("slash", "filter", "Filter", key_display="/", show=False),
+        Binding("j", "cursor(1)", "Down", show=False),
+        Binding("k", "cursor(-1)", "Up", show=False),
+        Binding("enter", "open_row", "Open", show=False),
+        Binding("R", "toggle_requests", "Requests", show=False),
         Binding("question_mark", "help", "Help", key_display="?"),
     ]
 
@@ -300,6 +341,24 @@ class KvtopApp(App[int]):
             super().__init__()
             self.refresh_s = refresh_s
 
+    class RequestsToggled(Message):
+        def __init__(self, shown: bool):
+            super().__init__()
+            self.shown = shown
+
+    class TableSorted(Message):
+        def __init__(self, table: str, column: str | None, descending: bool):
+            super().__init__()
+            self.table = table
+            self.column = column
+            self.descending = descending
+
+    class TableFiltered(Message):
+        def __init__(self, table: str, text: str):
+            super().__init__()
+            self.table = table
+            self.text = text
+
     def __init__(self, session: Any, settings: ScreenSettings | None = None, *, run_session: bool = True):
         super().__init__()
         self.session: DashboardSession = for_dashboard(session)
@@ -309,6 +368,12 @@ class KvtopApp(App[int]):
         self.duration_s = None if settings is None else settings.duration
         self.theme_names: list[str] = []
         self._theme_errors: list[str] = []
+        self._theme_paths: dict[str, str] = {}   # a theme loaded from a file: its name -> the path given
+        self._theme_seen: str | None = None
+        # The settings file the theme and layout choices are remembered in (kvtop.settings.remember_choices);
+        # None (a test's or an embedder's settings): nothing is remembered.
+        self.config_file: str | None = getattr(settings, "config_file", None)
+        self.remember_problem: str | None = None   # why the last choice could not be remembered, None: it was
         self._register_themes(settings.theme if settings is not None and settings.theme else DEFAULT_THEME)
         self.source_index = 0
         self.refreshes = 0              # refreshes that read the model (not paused)
@@ -337,6 +402,15 @@ class KvtopApp(App[int]):
         self._fleet_key: tuple[Any, ...] | None = None
         self._fleet_at = float("-inf")
         self._fleet_shown = False
+        self.sources_table = TableState()   # the sources table's sort, filter and cursor (kvtop/ui/table.py)
+        self._fleet_all: list[FleetRow] = []        # every source's row, in the session's order
+        self._fleet_arranged: list[FleetRow] = []   # ...as the table shows them: filtered, sorted
+        self._fleet_selected = 0                    # the index in _fleet_all of the source the big panels show
+        self.requests_view = False                  # R: the requests view in the panels' place
+        self.requests_table = TableState()
+        self._req_seen: tuple[Any, Any] = ((), ())  # the snapshot's (running, recent) the rows were made from
+        self._req_all: list[Any] = []               # in flight, then finished newest first
+        self._req_arranged: list[Any] = []
         self._whatif_key: tuple[Any, ...] | None = None
         self._verdict_key: tuple[Any, ...] | None = None   # the verdict line's, once a second (_verdict)
         self._verdict_lines: tuple[VerdictLine, ...] = ()
@@ -373,6 +447,7 @@ class KvtopApp(App[int]):
                 if theme.name not in self.theme_names:
                     self.theme_names.append(theme.name)
                 name = theme.name
+                self._theme_paths[name] = wanted
         if name not in self.available_themes:
             self._theme_errors.append(f"theme {wanted!r} not found (have {', '.join(self.theme_names)})")
             name = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
@@ -426,6 +501,10 @@ class KvtopApp(App[int]):
         self._feed_log(view)  # the session's earlier lines first, so the log reads in time order
         for err in self._theme_errors:
             self.note("warn", err)
+        self._restore_choices()
+        self._theme_seen = self.theme
+        with contextlib.suppress(AttributeError):   # t's theme, or one picked in the palette, is remembered
+            self.theme_changed_signal.subscribe(self, self._theme_changed)
         meta = view.meta
         what = " ".join(str(x) for x in (meta.get("engine"), meta.get("model")) if x)
         self.note("info", f"kvtop dashboard{' on ' + what if what else ''}: refresh {self.refresh_s:g} s, "
@@ -547,10 +626,12 @@ class KvtopApp(App[int]):
         self._panels["hit"].show(HitData(snap.hit_rate, hit_history, snap.window_s, self._what_if(live, snap)))
         moves = snap.moves
         self._panels["moves"].show(MovesData(rates, moves, moves_history,
-                                             known=moves.source != "events" or q.events_seen))
+                                             known=moves.source != "events" or q.events_seen,
+                                             left=describe_left(moves.left_said, moves.left_inferred)))
         self._panels["requests"].show(self._requests(live, snap, rates, view))
         self._panels["prio"].show(self._priorities(snap, gpu, host))
         self._panels["memory"].show(self._memory(snap, host, view))
+        self._show_requests()
         self.shown_data_time = snap.now
         self.refreshes += 1
         self.last_refresh_cost_s = time.perf_counter() - t0
@@ -660,15 +741,33 @@ class KvtopApp(App[int]):
         if key == self._fleet_key and t - self._fleet_at < self.fleet_refresh_s:
             # Between full reads only the selected row follows its model, at the refresh rate, so that it agrees
             # with the big panels that show the same source.
-            panel = self._panels["sources"]
             k, model = sources[selected]
-            if self._fleet_row(k, model, statuses[selected]) is not panel.data.rows[selected]:
-                rows = [cache[k][2] for k, _ in sources]
-                panel.show(FleetData(tuple(rows), combine(rows), selected))
+            if self._fleet_row(k, model, statuses[selected]) is not self._fleet_all[selected]:
+                self._fleet_all = [cache[k][2] for k, _ in sources]
+                self._show_fleet()
             return
         self._fleet_key, self._fleet_at = key, t
-        rows = [self._fleet_row(k, model, st) for (k, model), st in zip(sources, statuses)]
-        self._panels["sources"].show(FleetData(tuple(rows), combine(rows), selected))
+        self._fleet_all = [self._fleet_row(k, model, st) for (k, model), st in zip(sources, statuses)]
+        self._fleet_selected = selected
+        self._show_fleet()
+
+    def _show_fleet(self, top: bool = False) -> None:
+        """The sources table from the rows last read: filtered and sorted as the table is (kvtop/ui/table.py),
+        the source the big panels show and the cursor located in it. Also on a sort, filter or cursor key, paused
+        or not (the rows are those on screen; nothing is read)."""
+        rows = self._fleet_all
+        if not rows:
+            return
+        state = self.sources_table
+        shown = self._fleet_arranged = arrange(rows, state, SourcesPanel.SORT_VALUES, SourcesPanel.row_text)
+        keys = [r.key for r in shown]
+        own = rows[self._fleet_selected % len(rows)].key
+        if top:   # sorted afresh: the top of the table is what is wanted (the highest hit rate...), as it changes
+            state.cursor = None
+        cursor = cursor_index(keys, state, own)
+        selected = next((i for i, r in enumerate(shown) if r.key == own), -1)
+        self._panels["sources"].show(FleetData(tuple(shown), combine(rows), selected, cursor, state.sort,
+                                               state.descending, state.filter, len(rows)))
 
     @staticmethod
     def _own_key(view: SessionView) -> str:
@@ -1039,6 +1138,64 @@ class KvtopApp(App[int]):
         self.post_message(self.WindowReset())
         self.refresh_view()
 
+    # -- the choices remembered in the settings file --
+
+    def _restore_choices(self) -> None:
+        """The layout last chosen (the settings file's [ui] table): the event log, the requests view, the tables'
+        sorts. What cannot be read or used is said in the log, and the rest is used."""
+        if not self.config_file:
+            return
+        try:
+            ui = ui_choices(self.config_file)
+        except SettingsError as exc:
+            self.note("warn", f"{exc}: the dashboard's last choices are not restored")
+            return
+        bad: list[str] = []
+        events = ui.get("events")
+        if isinstance(events, bool):
+            self.show_events = events
+        elif events is not None:
+            bad.append(f"events = {fmt.clean(repr(events), 30)} (true or false)")
+        view = ui.get("view")
+        if view == "requests":
+            self.action_toggle_requests(remember=False)
+        elif view not in (None, "dashboard"):
+            bad.append(f"view = {fmt.clean(repr(view), 30)} (dashboard or requests)")
+        for table in ("sources", "requests"):
+            text = ui.get(f"{table}_sort")
+            if text is None:
+                continue
+            state, panel, _ = self._spec(table)
+            if not isinstance(text, str) or not state.from_text(text, tuple(panel.SORT_VALUES)):
+                bad.append(f"{table}_sort = {fmt.clean(repr(text), 30)} (one of {', '.join(panel.SORT_VALUES)}, "
+                           "- first for descending)")
+        for what in bad:
+            self.note("warn", f"settings file {self.config_file} [ui] {what}: ignored")
+
+    def _theme_changed(self, _theme: Any) -> None:
+        if self.theme != self._theme_seen:   # not the start's own theme, published late
+            self._theme_seen = self.theme
+            self._remember(theme=True)
+
+    def _remember(self, theme: bool = False) -> None:
+        """Remember the layout (and with ``theme``, the theme) in the settings file; a file or folder that cannot
+        be written is said in the log and a toast (once per reason), and the dashboard goes on."""
+        if not self.config_file or self._dashboard is None:
+            return
+        ui = {"events": bool(self.show_events), "view": "requests" if self.requests_view else "dashboard",
+              "sources_sort": self.sources_table.to_text(), "requests_sort": self.requests_table.to_text()}
+        settings = {"theme": self._theme_paths.get(self.theme, self.theme)} if theme else {}
+        try:
+            remember_choices(self.config_file, settings, ui)
+        except SettingsError as exc:
+            problem = str(exc)
+            self.note("warn", f"not remembered: {problem}")
+            if problem != self.remember_problem:
+                self.notify(f"kvtop cannot remember this choice: {problem}", severity="warning", timeout=8)
+            self.remember_problem = problem
+        else:
+            self.remember_problem = None
+
     def action_cycle_theme(self) -> None:
         names = [n for n in PREFERRED_ORDER if n in self.theme_names] + \
                 [n for n in self.theme_names if n not in PREFERRED_ORDER]
@@ -1051,13 +1208,215 @@ class KvtopApp(App[int]):
     def action_toggle_events(self) -> None:
         self.show_events = not self.show_events
         self.post_message(self.EventsToggled(self.show_events))
+        self._remember()
 
     def action_next_source(self) -> None:
         sources = self._sources()
         if len(sources) <= 1:
             self.notify("only one source is attached", timeout=2)
             return
-        self.source_index = (self.source_index + 1) % len(sources)
+        shown = self._fleet_arranged if self._fleet_shown else []
+        if shown and len(shown) < len(sources) or self.sources_table.sort is not None:
+            # the next row down the table as it is sorted and filtered (the cursor goes with it)
+            own = sources[self.source_index % len(sources)][0]
+            keys = [r.key for r in shown]
+            at = keys.index(own) + 1 if own in keys else 0
+            if keys:
+                self._show_source(keys[at % len(keys)])
+            return
+        self._select_source((self.source_index + 1) % len(sources))
+
+    def _show_source(self, key: str) -> bool:
+        """The big panels show source ``key`` (a row of the sources table); False if it is not attached."""
+        index = next((i for i, (k, _) in enumerate(self._sources()) if k == key), None)
+        if index is None:
+            return False
+        self._select_source(index)
+        return True
+
+    # -- the tables: sort (o, O, a click on a header), filter (/), cursor (j, k, a click), open (Enter) --
+
+    def _table(self) -> str | None:
+        """The table the table keys act on: the requests view while it is shown, else the sources table while it
+        is shown, else None."""
+        if self.requests_view:
+            return "requests"
+        return "sources" if self._fleet_shown and self._fleet_all else None
+
+    def _spec(self, table: str) -> tuple[TableState, type[SourcesPanel] | type[RequestsTable], list[Any]]:
+        """A table's state, its panel's class (columns, sort values, filter text) and its rows as shown."""
+        if table == "requests":
+            return self.requests_table, RequestsTable, self._req_arranged
+        return self.sources_table, SourcesPanel, self._fleet_arranged
+
+    def _own_row(self, table: str) -> str | None:
+        """The row the cursor falls back to: the source the big panels show (the requests view: none)."""
+        if table == "sources" and self._fleet_all:
+            return self._fleet_all[self._fleet_selected % len(self._fleet_all)].key
+        return None
+
+    def _no_table(self) -> None:
+        self.notify("no table on screen: the sources table shows with 2+ sources, R shows the requests",
+                    timeout=3)
+
+    def _table_changed(self, table: str, top: bool = False) -> None:
+        if table == "sources":
+            self._show_fleet(top)
+        else:
+            self._show_requests(top)
+
+    def action_sort_next(self) -> None:
+        table = self._table()
+        if table is None:
+            return self._no_table()
+        state, panel, _ = self._spec(table)
+        state.sort_next(panel.SORT_ORDER, panel.TEXT_COLUMNS)
+        self._sorted(table, state)
+
+    def action_sort_reverse(self) -> None:
+        table = self._table()
+        if table is None:
+            return self._no_table()
+        state, panel, _ = self._spec(table)
+        if state.sort is None:
+            state.sort_next(panel.SORT_ORDER, panel.TEXT_COLUMNS)
+        state.reverse()
+        self._sorted(table, state)
+
+    def _sorted(self, table: str, state: TableState) -> None:
+        self._table_changed(table, top=True)
+        self.post_message(self.TableSorted(table, state.sort, state.descending))
+        self._remember()
+
+    def on_table_header_clicked(self, message: TableHeaderClicked) -> None:
+        state, panel, _ = self._spec(message.table)
+        state.sort_by(message.column, panel.TEXT_COLUMNS)
+        self._sorted(message.table, state)
+
+    def on_table_row_clicked(self, message: TableRowClicked) -> None:
+        state, _, _ = self._spec(message.table)
+        state.cursor = message.key
+        self._table_changed(message.table)
+        if message.chain >= 2:
+            self._open(message.table, message.key)
+
+    def action_cursor(self, step: int) -> None:
+        table = self._table()
+        if table is None:   # quietly: j, k and Enter are keys a hand hits by chance
+            return
+        state, _, rows = self._spec(table)
+        if not rows:
+            return
+        keys = [r.key for r in rows]
+        at = cursor_index(keys, state, self._own_row(table))
+        state.cursor = keys[min(max(at + step, 0), len(keys) - 1)]
+        self._table_changed(table)
+
+    def action_open_row(self) -> None:
+        table = self._table()
+        if table is None:
+            return
+        state, _, rows = self._spec(table)
+        if rows:
+            self._open(table, rows[cursor_index([r.key for r in rows], state, self._own_row(table))].key)
+
+    def _open(self, table: str, key: str) -> None:
+        """Enter on a row: a source is shown in the big panels; a request's whole row is said in a toast."""
+        if table == "sources":
+            self._show_source(key)
+            return
+        row = next((r for r in self._req_arranged if r.key == key), None)
+        if row is None:
+            return
+        said = (f"request {fmt.clean(row.key, 64)}: {row.state}, prompt {fmt.count(row.prompt_tokens)} tokens, "
+                f"reused {fmt.count(row.reused_blocks)} blocks (GPU {fmt.count(row.gpu_blocks)}, host "
+                f"{fmt.count(row.host_blocks)}, disk {fmt.count(row.disk_blocks)}), TTFT {fmt.seconds_ms(row.ttft_s)}"
+                f", e2e {fmt.seconds_ms(row.e2e_s)}, priority {fmt.count(row.priority)}")
+        if row.error:
+            said += f"; error: {fmt.clean(row.error, 600)}"
+        self.notify(said, severity="error" if row.state == "failed" else "information", timeout=10)
+
+    def action_filter(self) -> None:
+        table = self._table()
+        if table is None:
+            return self._no_table()
+        field = self.query_one(FilterInput)
+        field.value = self._spec(table)[0].filter
+        field.display = True   # set on the widget, not by a class: the focus below needs it shown now
+        field.can_focus = True
+        # Focused now, not after the keys already queued (Widget.focus waits its turn): a name typed fast after
+        # "/" (tmux send-keys, a paste) went to the dashboard's bindings and the filter got nothing.
+        self.screen.set_focus(field)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if isinstance(event.input, FilterInput) and event.input.display:
+            self._filter(event.value)
+
+    def on_filter_input_closed(self, message: FilterInput.Closed) -> None:
+        field = self.query_one(FilterInput)
+        field.display = False
+        self.screen.set_focus(None)
+        field.can_focus = False
+        self._filter(message.value)
+        table = self._table()
+        if table is not None:
+            self.post_message(self.TableFiltered(table, self._spec(table)[0].filter))
+
+    def _filter(self, text: str) -> None:
+        table = self._table()
+        if table is None:
+            return
+        state = self._spec(table)[0]
+        if state.filter != text:
+            state.filter = text
+            self._table_changed(table)
+
+    def action_toggle_requests(self, remember: bool = True) -> None:
+        """R: the requests view in the place of the panels, or the panels again."""
+        self.requests_view = not self.requests_view
+        if self._dashboard is not None:
+            self._dashboard.set_class(self.requests_view, "-reqs")
+        if self.requests_view:
+            self._show_requests()
+        self.post_message(self.RequestsToggled(self.requests_view))
+        if remember:
+            self._remember()
+
+    def _show_requests(self, top: bool = False) -> None:
+        """The requests view from the shown snapshot: the engine's in flight, then the finished newest first,
+        filtered and sorted (kvtop/ui/table.py)."""
+        if not self.requests_view or self._dashboard is None:
+            return
+        snap = self._shown if self._shown is not None else reading(self.current_model()[1])
+        req = snap.requests
+        running, recent = getattr(req, "running", ()), getattr(req, "recent", ())
+        view = self._view
+        flight = view.requests_in_flight if view is not None else {}
+        if flight:   # the workload driver's own requests in flight (their ids are those their records will have)
+            running = tuple(RequestRow(str(k), "running", None, prompt, None, None, None, None, None, None, None,
+                                       prio, None) for k, (_t, prompt, prio) in sorted(flight.items()))
+        if running != self._req_seen[0] or recent is not self._req_seen[1]:
+            self._req_seen = (running, recent)
+            self._req_all = [*running, *reversed(recent)]
+        rows = self._req_all
+        state = self.requests_table
+        shown = self._req_arranged = arrange(rows, state, RequestsTable.SORT_VALUES, RequestsTable.row_text)
+        if top:
+            state.cursor = None
+        in_flight = view.in_flight if view is not None and view.in_flight is not None else req.in_flight
+        note = ""
+        if not running and in_flight:
+            note = (f"{fmt.count(in_flight)} in flight, not listed: the engine sends no per-request stats "
+                    "(TensorRT-LLM: enable_iter_req_stats)")
+        key = self.current_model()[0] or (self._own_key(view) if view is not None else "")
+        self._dashboard.query_one(RequestsTable).show(RequestsData(
+            tuple(shown), cursor_index([r.key for r in shown], state), state.sort, state.descending, state.filter,
+            len(rows), fmt.clean(key, 40), note))
+
+    def _select_source(self, index: int) -> None:
+        sources = self._sources()
+        self.source_index = index
+        self.sources_table.cursor = sources[index][0]
         self._hist_key = None
         self._fleet_key = None
         self._force = True
@@ -1136,6 +1495,12 @@ class KvtopApp(App[int]):
         yield SystemCommand("Next theme", "Cycle dark, light, high-contrast", self.action_cycle_theme)
         yield SystemCommand("Event log", "Show or hide the event log", self.action_toggle_events)
         yield SystemCommand("Help", "Keys and what each number means", self.action_help)
+        yield SystemCommand("Requests view", "Recent and in-flight requests, one row each (R)",
+                            self.action_toggle_requests)
+        if self._table() is not None:
+            yield SystemCommand("Sort table", "Sort the table by its next column (o; O reverses)",
+                                self.action_sort_next)
+            yield SystemCommand("Filter table", "Show the rows that hold what you type (/)", self.action_filter)
         if len(self._sources()) > 1:
             yield SystemCommand("Next source", "Show the next attached source", self.action_next_source)
 

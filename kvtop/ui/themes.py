@@ -156,5 +156,28 @@ def load_themes(extra: list[Path | str] | None = None) -> tuple[list[Theme], lis
     return themes, errors
 
 
+def theme_problem(wanted: str) -> str | None:
+    """What is wrong with ``--theme`` / ``theme =`` before the dashboard starts (a name no shipped theme and no
+    Textual theme has, with the nearest names; a theme file that cannot be read), or None. A typo'd theme was a
+    warning in the event log of a dashboard in the default theme (issue 26)."""
+    from textual.theme import BUILTIN_THEMES
+
+    from kvtop.suggest import did_you_mean
+
+    if wanted.endswith(".toml") or "/" in wanted:
+        try:
+            load_theme(Path(wanted).expanduser())
+        except ThemeError as exc:
+            return str(exc)
+        return None
+    themes, _errors = load_themes()
+    ours = [t.name for t in themes]
+    if wanted in ours or wanted in BUILTIN_THEMES:
+        return None
+    return (f"no theme {wanted!r}{did_you_mean(wanted, [*ours, *BUILTIN_THEMES], quote=True)}: kvtop's are "
+            f"{', '.join(ours)}, or one of Textual's {len(BUILTIN_THEMES)} (ctrl+p lists them), or a theme file "
+            "(.toml)")
+
+
 __all__ = ["DEFAULT_THEME", "PREFERRED_ORDER", "ThemeError", "VARIABLE_DEFAULTS", "load_theme", "load_themes",
-           "theme_dirs", "tier_glyph", "tier_style", "tier_variables"]
+           "theme_dirs", "theme_problem", "tier_glyph", "tier_style", "tier_variables"]

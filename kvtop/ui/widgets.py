@@ -25,11 +25,13 @@ from typing import Any, ClassVar
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style as RichStyle
+from textual import events
 from textual.app import ComposeResult
 from textual.cache import FIFOCache
 from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.geometry import Region
+from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.strip import Strip
@@ -49,6 +51,7 @@ from kvtop.values import frozen, mutable
 # colour each in every panel, and in use / cached / empty are its shades and glyphs.
 S_GPU = tier_style("gpu")
 S_HOST = tier_style("host")
+S_DISK = tier_style("disk")
 S_FIG = "bold $kv-figure"
 S_DIM = "$kv-dim"
 S_SPARK = "$kv-spark"
@@ -1156,15 +1159,42 @@ class HitRatePanel(Panel):
         win = f"{d.window_s:.0f} s" if d.window_s else "window"
         gap = "  " if width >= 40 else " "
 
-        def row(label: str, total: float | None, gpu: float | None, host: float | None) -> Line:
-            return line_of((f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG), gap, ("GPU", S_GPU), " ",
-                            (_pad(fmt.pct(gpu), 6), S_GPU), gap, ("host", S_HOST), " ",
-                            (_pad(fmt.pct(host), 6), S_HOST))
+        # more shares where the engine says which tier served each hit: the disk's where it has a disk tier
+        # (HitRate.disk), outside the engine's once any hit came from there (HitRate.external: p2p, a remote store)
+        disk = h.disk is not None or h.window_disk is not None
+        ext = getattr(h, "external", None) is not None or getattr(h, "window_external", None) is not None
+        # With more than two shares the row may not fit: one-space gaps, then whole percents and the tiers'
+        # initials (in their colours), rather than a row cut short (a 36-cell panel at 80x24 holds GPU, host,
+        # disk as "G 30% h 0% d 20%")
+        full = ("GPU", "host", "disk", "ext")
+        Mode = tuple[str, tuple[str, ...], int]   # the gap, the tiers' names, the digits
+
+        def row(label: str, total: float | None, gpu: float | None, host: float | None,
+                on_disk: float | None = None, outside: float | None = None, mode: Mode = (gap, full, 1)) -> Line:
+            sep, names, digits = mode
+            parts: list[Any] = [(f"{label:<6}", S_DIM), (_pad(fmt.pct(total), 6), S_FIG)]
+            for tier, value, style, shown in ((0, gpu, S_GPU, True), (1, host, S_HOST, True),
+                                              (2, on_disk, S_DISK, disk), (3, outside, S_DIM, ext)):
+                if shown:   # each tier's name and share in its colour (kvtop/palette.py)
+                    parts += [sep, (names[tier], style), " ",
+                              (_pad(fmt.pct(value, digits=digits), 4 + 2 * digits), style)]
+            return line_of(*parts)
+
+        mode: Mode = (gap, full, 1)
+        if disk or ext:
+            for candidate in ((gap, full, 1), (" ", full, 1), (" ", full, 0), (" ", ("G", "h", "d", "x"), 0)):
+                mode = candidate
+                if cells(row("total", h.cumulative, h.gpu, h.host, h.disk, getattr(h, "external", None),
+                             mode)) <= width:
+                    break
 
         if height == 1:
+            tail = [" ", ("disk", S_DISK), " ", (fmt.pct(h.window_disk, digits=0), S_DISK)] if disk else []
+            if ext:
+                tail += [(" ext ", S_DIM), fmt.pct(h.window_external, digits=0)]
             return _lines([line_of(("hit ", "bold"), (fmt.pct(h.window), S_FIG), " ", ("GPU", S_GPU), " ",
                                     (fmt.pct(h.window_gpu, digits=0), S_GPU), " ", ("host", S_HOST), " ",
-                                    (fmt.pct(h.window_host, digits=0), S_HOST), (" total ", S_DIM),
+                                    (fmt.pct(h.window_host, digits=0), S_HOST), *tail, (" total ", S_DIM),
                                     fmt.pct(h.cumulative, digits=0))], width, height)
         lines: list[Line] = []
         if height >= 6:
@@ -1173,7 +1203,9 @@ class HitRatePanel(Panel):
             big = big_figure(fmt.pct(h.window, unknown="--%", digits=0))
             label = [f"  over {win}", "  blocks reused /", "  blocks looked up"]
             lines += [line_of((b, S_FIG), (lab, S_DIM)) for b, lab in zip(big, label)]
-        lines += [row(win, h.window, h.window_gpu, h.window_host), row("total", h.cumulative, h.gpu, h.host)]
+        lines += [row(win, h.window, h.window_gpu, h.window_host, h.window_disk, getattr(h, "window_external", None),
+                      mode),
+                  row("total", h.cumulative, h.gpu, h.host, h.disk, getattr(h, "external", None), mode)]
         curve_lines: list[Line] = []
         if d.what_if is not None and height >= 3:
             # Before the sparkline: where the panel has one line to spare (80x24), the curve gets it.
@@ -1233,8 +1265,11 @@ def _curve_rows(w: WhatIfData, width: int) -> tuple[list[tuple[str, str]], list[
 class MovesData:
     rates: Any                      # kvtop.tiers.Rates
     moves: Any                      # kvtop.tiers.Moves
-    history: tuple[tuple[float, float, float, float], ...]  # (offload, onboard, evict GPU, evict host) per step
+    history: tuple[tuple[float, ...], ...]  # (offload, onboard, evict GPU, evict host) per step
     known: bool = True              # False: moves come from KV events and none were seen (shown as "?", not 0)
+    # why blocks left their tier since start, each count marked "engine" (its events say it) or "inferred"
+    # (kvtop/tiers/departures.py describe); None: none left
+    left: str | None = None
 
 
 class MovesPanel(Panel):
@@ -1270,7 +1305,15 @@ class MovesPanel(Panel):
         lines: list[Line] = []
         # Two rows a move where the panel has them (200x60): its sparkline twice as tall
         tall = 2 if height >= 2 * len(self.ROWS) + 1 else 1
+        disk = getattr(d.moves, "disk", False)
         for i, (verb, src, dst, rate_attr, total_attr, style) in enumerate(self.ROWS):
+            if disk and height < 5 and i == 2:
+                # 4 lines and a disk row to show (80x24): the two evict rows as one, without their sparklines
+                lines.append(line_of(("evict   ", "bold"), ("GPU", S_GPU), " ", (rate("evicted_gpu_per_s"), S_FIG),
+                                      "  ", ("host", S_HOST), " ", (rate("evicted_host_per_s"), S_FIG)))
+                continue
+            if disk and height < 5 and i == 3:
+                continue
             where = [(src, tier_style(src))] + ([("→", S_DIM), (dst, tier_style(dst))] if dst else [])
             pad = 9 - len(src) - (len(dst) + 1 if dst else 0)
             parts: list[Any] = [(f"{verb:<8}", "bold"), *where, " " * pad, (_pad(rate(rate_attr), 7), S_FIG)]
@@ -1285,12 +1328,21 @@ class MovesPanel(Panel):
             # the chart's upper rows above the row of figures, aligned with its bottom row
             lines += [line_of((" " * (base - 9 * show_total + 1), ""), (row, style)) for row in chart[:-1]]
             lines.append(line_of(*parts))
-        if height >= 5:
+        if disk:
+            # the disk tier's moves (Moves.disk_*), one row: disk -> host (a prefetch), disk -> GPU, and into the
+            # disk; before the link row, which a 5-line panel then has no room for
+            lines.append(line_of(("disk    ", "bold"), ("→", S_DIM), ("host", S_HOST), " ",
+                                  (rate("disk_prefetched_per_s"), S_FIG), ("  →", S_DIM), ("GPU", S_GPU), " ",
+                                  (rate("disk_onboarded_per_s"), S_FIG), ("  in ", S_DIM),
+                                  (rate("disk_offloaded_per_s"), S_FIG)))
+        if height >= len(lines) + 1:
             r = d.rates
             lines.append(line_of(("link    ", "bold"), ("→", S_DIM), ("host", S_HOST), " ",
                                   (fmt.nbytes(r.offloaded_bytes_per_s) + "/s", S_FIG), ("  →", S_DIM),
                                   ("GPU", S_GPU), " ",
                                   (fmt.nbytes(r.onboarded_bytes_per_s) + "/s", S_FIG)))
+        if height >= 6 and d.left:
+            lines.append(_fit(line_of(("left    ", "bold"), (d.left, S_DIM)), width))
         return _lines(lines, width, height)
 
 
@@ -1360,23 +1412,114 @@ class PriorityPanel(Panel):
 
 @frozen
 class FleetData:
-    rows: tuple[Any, ...]           # kvtop.fleet.FleetRow per source with data, in the order `s` steps through
-    total: Any                      # kvtop.fleet.FleetRow: the aggregate ("all")
-    selected: int                   # the row the big panels show
+    rows: tuple[Any, ...]           # kvtop.fleet.FleetRow per source shown (filtered, sorted: kvtop/ui/table.py)
+    total: Any                      # kvtop.fleet.FleetRow: the aggregate ("all"), over every source
+    selected: int                   # the row the big panels show (-1: the filter hides it)
+    cursor: int = -1                # the cursor's row (j/k, a click; Enter opens it), -1: none
+    sort: str | None = None         # the column sorted by (SourcesPanel.COLUMNS' names, "key"), None: arrival
+    descending: bool = True
+    filter: str = ""                # the filter's text ("/"), "" for none
+    of: int = 0                     # sources in all, before the filter (0: as many as rows)
 
 
 STATUS_STYLE = {"online": S_OK, "ok": S_OK, "offline": S_WARN, "disconnected": S_ERR, "error": S_ERR,
                 "failed": S_ERR}
+S_CURSOR = "reverse"   # the cursor's row (j/k, a click), over the row's own colours
+ARROW = {True: "▼", False: "▲"}  # the sorted column's header: descending, ascending
 
 
-class SourcesPanel(Panel):
+class TableRowClicked(Message):
+    """A table's row was clicked (``chain`` 2: a double click, which opens it)."""
+
+    def __init__(self, table: str, key: str, chain: int = 1):
+        super().__init__()
+        self.table = table
+        self.key = key
+        self.chain = chain
+
+
+class TableHeaderClicked(Message):
+    """A table's column header was clicked: sort by it (again: the other way)."""
+
+    def __init__(self, table: str, column: str):
+        super().__init__()
+        self.table = table
+        self.column = column
+
+
+class ClickableTable(Panel):
+    """A panel whose lines are a table: ``build`` notes where its header's columns and its rows are
+    (``_clicks_at``), and a click there posts TableHeaderClicked or TableRowClicked for the app to act on."""
+
+    TABLE = ""
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None):
+        super().__init__(id=id, classes=classes)
+        self._header_at: int | None = None                   # the header's line in build()'s lines
+        self._columns_at: list[tuple[int, int, str]] = []    # (first cell, past-last cell, column) on that line
+        self._rows_at: dict[int, str] = {}                   # line -> the row's key
+        self._top = 0                                        # the first row in the window (_top_row)
+
+    def _top_row(self, focus: int, shown: int, n: int) -> int:
+        """The first row of the window of ``shown`` rows out of ``n``: the last one, moved only as far as it takes
+        to keep the ``focus`` row (the cursor) in it, so that a click does not scroll the row clicked away."""
+        top = self._top
+        if focus < top:
+            top = focus
+        elif focus >= top + shown:
+            top = focus - shown + 1
+        self._top = top = min(max(top, 0), max(n - shown, 0))
+        return top
+
+    def _clicks_at(self, header: int | None, columns: list[tuple[int, int, str]], rows: dict[int, str]) -> None:
+        self._header_at, self._columns_at, self._rows_at = header, columns, rows
+
+    def on_click(self, event: events.Click) -> None:
+        offset = event.get_content_offset(self)
+        if offset is None:   # the border
+            return
+        x, y = offset.x - 1, offset.y   # the one-cell margin every line starts with (Panel._build_lines)
+        if y == self._header_at:
+            column = next((c for x0, x1, c in self._columns_at if x0 <= x < x1), None)
+            if column is not None:
+                self.post_message(TableHeaderClicked(self.TABLE, column))
+        elif (key := self._rows_at.get(y)) is not None:
+            self.post_message(TableRowClicked(self.TABLE, key, getattr(event, "chain", 1)))
+
+
+def _header_cells(cols: Sequence[tuple[str, int, str]], sort: str | None, descending: bool, start: int
+                  ) -> tuple[list[tuple[str, str]], list[tuple[int, int, str]]]:
+    """A table's header parts after its first column (which ends at cell ``start``), each cell's span for
+    clicks; the sorted column's separator is its arrow (so the columns keep their widths)."""
+    parts: list[tuple[str, str]] = []
+    spans: list[tuple[int, int, str]] = []
+    x = start
+    for h, w, what in cols:
+        left = what in ("status", "state", "error")
+        sep = " "
+        if what == sort:   # the arrow beside the header's words, in its padding where there is room
+            if len(h) < w - (what == "status"):
+                h = h + ARROW[descending] if left else ARROW[descending] + h
+            else:
+                sep = ARROW[descending]
+        text = h.ljust(w - 1) if what == "status" else h.ljust(w) if left else _pad(h, w)
+        parts.append((sep + text, "bold $primary" if what == sort else S_DIM))
+        spans.append((x, x + 1 + len(text), what))
+        x += 1 + len(text)
+    return parts, spans
+
+
+class SourcesPanel(ClickableTable):
     """Every attached source side by side, one row each, and the fleet's aggregate row ("all").
 
     Shown only while two or more sources have sent data (the screen's ``-fleet`` class). Columns drop right to
-    left by ``DROP`` order where the panel is narrow; the selected source (``s``) is marked and bold. More
-    sources than lines: a window of rows around the selected one, and how many are left out.
+    left by ``DROP`` order where the panel is narrow; the source the big panels show is marked ▶, the cursor's row
+    (j/k, a click; Enter opens it) in reverse. The rows come sorted and filtered (kvtop/ui/table.py): the sorted
+    column's header has its arrow, the title the filter. More sources than lines: a window of rows around the
+    cursor, and how many are left out.
     """
 
+    TABLE = "sources"
     # (header, width, cell) in display order; cells are read off a kvtop.fleet.FleetRow.
     COLUMNS: ClassVar[tuple[tuple[str, int, str], ...]] = (
         ("status", 12, "status"), ("GPU use/cch/cap", 17, "gpu"), ("host cch/cap", 13, "host"),
@@ -1390,6 +1533,23 @@ class SourcesPanel(Panel):
             "host")
     KEY_MIN, KEY_MAX = 10, 24
     SUBTITLE = "all: sums · hit = hits / lookups · TTFT p99 = max of the sources'"
+    # What each column sorts by (a FleetRow's figure; None is unknown and goes last), and the order the sort key
+    # (o) steps through them: the hit rate first, so one key sorts a fleet by it.
+    SORT_VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {
+        "key": lambda r: r.key, "status": lambda r: r.status, "gpu": lambda r: r.gpu_in_use,
+        "host": lambda r: r.host_cached, "disk": lambda r: r.disk_cached if r.has_disk else None,
+        "hit_window": lambda r: r.hit_window, "hit_cumulative": lambda r: r.hit_cumulative,
+        "offloaded_per_s": lambda r: r.offloaded_per_s, "onboarded_per_s": lambda r: r.onboarded_per_s,
+        "requests_per_s": lambda r: r.requests_per_s, "ttft": lambda r: r.ttft_p99_s}
+    SORT_ORDER = ("hit_window", "hit_cumulative", "ttft", "requests_per_s", "gpu", "host", "disk",
+                  "offloaded_per_s", "onboarded_per_s", "status", "key")
+    TEXT_COLUMNS = ("key", "status")
+    NAMES: ClassVar[dict[str, str]] = {"key": "source", **{what: h for h, _, what in (*COLUMNS, DISK_COLUMN)}}
+
+    @staticmethod
+    def row_text(row: Any) -> str:
+        """What the filter looks in: the source's key and its status."""
+        return f"{row.key} {row.status or ''}"
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -1399,7 +1559,12 @@ class SourcesPanel(Panel):
     def show(self, data: Any) -> bool:
         changed = super().show(data)
         if changed:
-            title = f"Sources · {len(data.rows)}"
+            of = data.of or len(data.rows)
+            title = f"Sources · {fmt.count(of)}"
+            if data.filter:
+                title = f"Sources · {fmt.count(len(data.rows))} of {fmt.count(of)} · /{fmt.clean(data.filter, 30)}"
+            if data.sort is not None:
+                title += f" · by {self.NAMES.get(data.sort, data.sort)} {ARROW[data.descending]}"
             if self.border_title != title:  # a title change repaints the whole panel: only when it changed
                 self.border_title = title
             self._set_state("warn" if any(r.status in ("offline", "disconnected", "error", "failed")
@@ -1438,7 +1603,7 @@ class SourcesPanel(Panel):
         return cols
 
     def _row(self, row: Any, cols: list[tuple[str, int, str]], key_w: int, mark: str, key_style: str,
-             status: tuple[str, str] | None = None) -> Line:
+             status: tuple[str, str] | None = None, cursor: bool = False) -> Line:
         label = row.label  # the source's name (kvtop agent --run), else its key
         key = label if len(label) <= key_w else "…" + label[-(key_w - 1):]
         parts: list[Any] = [(mark, "bold $primary"), (key.ljust(key_w), key_style)]
@@ -1448,6 +1613,9 @@ class SourcesPanel(Panel):
                 parts += [" ", (text.ljust(w - 1), style)]
             else:
                 parts += [" ", (_pad(text, w), style)]
+        if cursor:
+            parts = [(p, S_CURSOR) if isinstance(p, str) else (p[0], f"{p[1]} {S_CURSOR}" if p[1] else S_CURSOR)
+                     for p in parts]
         return line_of(*parts)
 
     def build(self) -> Line | list[Line]:
@@ -1458,6 +1626,7 @@ class SourcesPanel(Panel):
         n = len(d.rows)
         t = d.total
         if height == 1:
+            self._clicks_at(None, [], {})
             sel = d.rows[d.selected] if 0 <= d.selected < n else None
             return _fit(line_of((f"{n} sources ", "bold"), ("all hit ", S_DIM), (fmt.pct(t.hit_window, digits=0),
                                  S_FIG), ("/", S_DIM), (fmt.pct(t.hit_cumulative, digits=0), S_FIG),
@@ -1466,30 +1635,159 @@ class SourcesPanel(Panel):
         key_w = min(max([self.KEY_MIN, *(len(r.label) for r in d.rows)]), self.KEY_MAX)
         cols = self._columns(width, key_w, show_status=any(r.status for r in d.rows),
                              show_disk=any(r.has_disk for r in d.rows))
-        header = line_of(("  " + "source".ljust(key_w), S_DIM),
-                         *[(" " + (h.ljust(w - 1) if what == "status" else _pad(h, w)), S_DIM)
-                           for h, w, what in cols])
+        head, spans = _header_cells(cols, d.sort, d.descending, 2 + key_w)
+        # the filter where the title is not drawn (80x24 has the table without its border): in the key's header
+        label = "source" if not d.filter else fmt.clean("/" + d.filter, key_w)
+        key_head = (ARROW[d.descending] if d.sort == "key" else " ") + " " + label.ljust(key_w)
+        header = line_of((key_head, "bold $primary" if d.sort == "key" else S_DIM), *head)
         room = max(height - 2, 0)  # the header and the "all" row
         start, stop = 0, n
         more = ""
+        focus = d.cursor if 0 <= d.cursor < n else d.selected
         if n > room:
-            # One line says how many are left out, where there are lines for more than the selected source.
+            # One line says how many are left out, where there are lines for more than the cursor's source.
             shown = room - 1 if room > 2 else room
-            start = min(max(d.selected - shown // 2, 0), max(n - shown, 0))
+            start = self._top_row(focus, shown, n)
             stop = start + shown
-            more = f"… {n - shown} more sources (s: next)" if shown < room else ""
+            more = f"… {n - shown:,} more sources (j/k: move)" if shown < room else ""
         lines: list[Line] = [header]
+        rows_at: dict[int, str] = {}
         for i in range(start, stop):
             selected = i == d.selected
+            rows_at[len(lines)] = d.rows[i].key
             lines.append(self._row(d.rows[i], cols, key_w, "▶ " if selected else "  ",
-                                   "bold $primary" if selected else "bold"))
+                                   "bold $primary" if selected else "bold", cursor=i == d.cursor))
+        if not n and d.filter:
+            lines.append(styled(f"  no source matches /{fmt.clean(d.filter, 40)} (/ then Enter: clear)", S_DIM))
         if more and room:
             lines.append(styled("  " + more, S_DIM))
         # Offline sources are left out of the aggregate: its status cell says how many it counts.
-        counted = ("", S_DIM) if t.sources == n else (f"{t.sources} of {n}", S_WARN)
-        if t.sources != n and not any(what == "status" for _, _, what in cols):
-            t = replace(t, key=f"all {t.sources}/{n}")  # no status column to say it in
+        of = d.of or n
+        counted = ("", S_DIM) if t.sources == of else (f"{t.sources} of {of}", S_WARN)
+        if t.sources != of and not any(what == "status" for _, _, what in cols):
+            t = replace(t, key=f"all {t.sources}/{of}")  # no status column to say it in
         lines.append(self._row(t, cols, key_w, "Σ ", "bold", counted))
+        self._clicks_at(0, [(0, 2 + key_w, "key"), *spans], rows_at)
+        return _lines(lines, width, height)
+
+
+# ------------------------------------------------------------------------------------------------ requests view
+
+@frozen
+class RequestsData:
+    rows: tuple[Any, ...]           # kvtop.tiers.state.RequestRow: in flight, then finished newest first (arranged)
+    cursor: int = -1
+    sort: str | None = None
+    descending: bool = True
+    filter: str = ""
+    of: int = 0                     # rows before the filter
+    source: str = ""                # whose requests (the source the big panels show)
+    note: str = ""                  # why no row is in flight where the engine says some are
+
+
+class RequestsTable(ClickableTable):
+    """The requests view (R): recent and in-flight requests, one row each, sorted and filtered as the sources table
+    is. Finished ones from the ``request`` records (the last RECENT_REQUESTS), in flight from the workload driver
+    of a driven run, else from the engine's ``requestStats`` where it sends them (enable_iter_req_stats)."""
+
+    TABLE = "requests"
+    KEY_W = 10
+    COLUMNS: ClassVar[tuple[tuple[str, int, str], ...]] = (
+        ("state", 8, "state"), ("prompt", 7, "prompt"), ("reused", 7, "reused"), ("GPU", 6, "gpu"),
+        ("host", 6, "host"), ("disk", 6, "disk"), ("TTFT", 9, "ttft"), ("e2e", 9, "e2e"), ("prio", 5, "priority"),
+        ("error", 6, "error"))
+    DROP = ("disk", "priority", "reused", "e2e", "host", "prompt", "gpu", "error")
+    SORT_VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {
+        "key": lambda r: (0, int(r.key), "") if r.key.isdigit() else (1, 0, r.key), "state": lambda r: r.state,
+        "prompt": lambda r: r.prompt_tokens, "reused": lambda r: r.reused_blocks, "gpu": lambda r: r.gpu_blocks,
+        "host": lambda r: r.host_blocks, "disk": lambda r: r.disk_blocks, "ttft": lambda r: r.ttft_s,
+        "e2e": lambda r: r.e2e_s, "priority": lambda r: r.priority, "error": lambda r: r.error}
+    SORT_ORDER = ("ttft", "e2e", "reused", "host", "gpu", "disk", "prompt", "priority", "state", "error", "key")
+    TEXT_COLUMNS = ("key", "state", "error")
+    NAMES: ClassVar[dict[str, str]] = {"key": "request", **{what: h for h, _, what in COLUMNS}}
+
+    @staticmethod
+    def row_text(row: Any) -> str:
+        """What the filter looks in: the request's id, its state and its error."""
+        return f"{row.key} {row.state} {row.error or ''}"
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.border_title = "Requests"
+        self.border_subtitle = "R: back · o/O sort · / filter · j/k move · Enter: details"
+
+    def show(self, data: Any) -> bool:
+        changed = super().show(data)
+        if changed:
+            title = f"Requests{' of ' + data.source if data.source else ''} · {fmt.count(data.of)}"
+            if data.filter:
+                title += f" · {fmt.count(len(data.rows))} match /{fmt.clean(data.filter, 30)}"
+            if data.sort is not None:
+                title += f" · by {self.NAMES.get(data.sort, data.sort)} {ARROW[data.descending]}"
+            if self.border_title != title:
+                self.border_title = title
+            self._set_state("warn" if any(r.state == "failed" for r in data.rows) else "ok")
+        return changed
+
+    @staticmethod
+    def _cell(row: Any, what: str) -> tuple[str, str]:
+        if what == "state":
+            style = S_ERR if row.state == "failed" else S_DIM if row.state == "done" else S_OK
+            return (row.state, style)
+        if what in ("ttft", "e2e"):
+            return (fmt.seconds_ms(getattr(row, f"{what}_s"), unknown="" if row.t is None else "?"), S_FIG)
+        if what == "priority":
+            return ("" if row.priority is None else str(row.priority), S_FIG)
+        if what == "error":
+            return (fmt.clean(row.error or "", 200), S_ERR)
+        value = {"prompt": row.prompt_tokens, "reused": row.reused_blocks, "gpu": row.gpu_blocks,
+                 "host": row.host_blocks, "disk": row.disk_blocks}[what]
+        return (fmt.count(value), {"gpu": S_GPU, "host": S_HOST, "disk": S_DISK}.get(what, S_FIG))
+
+    def build(self) -> Line | list[Line]:
+        d: RequestsData | None = self.data
+        width, height = self.inner
+        if d is None or height <= 0:
+            return BLANK
+        key_w = self.KEY_W
+        cols = list(self.COLUMNS)
+        drop = list(self.DROP)
+        while 2 + key_w + sum(w + 1 for _, w, _ in cols) > width and drop:
+            what = drop.pop(0)
+            cols = [c for c in cols if c[2] != what]
+        head, spans = _header_cells(cols, d.sort, d.descending, 2 + key_w)
+        key_head = (ARROW[d.descending] if d.sort == "key" else " ") + " " + "request".ljust(key_w)
+        lines: list[Line] = [line_of((key_head, "bold $primary" if d.sort == "key" else S_DIM), *head)]
+        n = len(d.rows)
+        room = max(height - 1, 0)
+        start, stop = 0, n
+        more = ""
+        if n > room:
+            shown = room - 1 if room > 1 else room
+            start = self._top_row(d.cursor if d.cursor >= 0 else 0, shown, n)
+            stop = start + shown
+            more = f"… {n - shown:,} more requests (j/k: move)" if shown < room else ""
+        rows_at: dict[int, str] = {}
+        for i in range(start, stop):
+            row = d.rows[i]
+            key = row.key if len(row.key) <= key_w else "…" + row.key[-(key_w - 1):]
+            parts: list[tuple[str, str]] = [("  ", ""), (key.ljust(key_w), "bold")]
+            for _, w, what in cols:
+                text, style = self._cell(row, what)
+                parts += [(" ", ""), (text.ljust(w) if what in ("state", "error") else _pad(text, w), style)]
+            if i == d.cursor:
+                parts = [(t, f"{st} {S_CURSOR}" if st else S_CURSOR) for t, st in parts]
+            rows_at[len(lines)] = row.key
+            lines.append(line_of(*parts))
+        if not n:
+            why = (f"no request matches /{fmt.clean(d.filter, 40)} (/ then Esc: clear)" if d.filter
+                   else "no requests yet: finished ones come from request records (a driven run, a recording)")
+            lines.append(styled("  " + why, S_DIM))
+        if d.note and (not n or not d.filter):
+            lines.append(styled("  " + d.note, S_DIM))
+        if more:
+            lines = lines[: height - 1] + [styled("  " + more, S_DIM)]
+        self._clicks_at(0, [(0, 2 + key_w, "key"), *spans], rows_at)
         return _lines(lines, width, height)
 
 
@@ -1780,6 +2078,16 @@ HELP_TEXT = """\
   [b]e[/] event log     [b]s[/] next source (when several are attached)
   [b]+ -[/] refresh more / less often (0.1 to 5 s)
   [b]?[/] this help     [b]ctrl+p[/] commands (screenshot: into the working dir)
+  [b]R[/] requests view: recent and in-flight requests, one row each
+
+[b]Tables[/]  the sources table (2+ sources) and the requests view (R)
+  [b]o[/] sort by the next column (sources: hit rate first; requests: TTFT)
+  [b]O[/] the other way     [b]click a header[/] sort by it (again: reverse)
+  [b]/[/] filter as you type (a name, status, id, error): [b]Enter[/] keeps, [b]Esc[/] clears
+  [b]j[/] [b]k[/] cursor down, up   [b]click[/] a row: cursor   [b]Enter[/] or [b]double click[/]: open
+    it (a source: the big panels show it; a request: its whole row)
+  Theme, event log, requests view and sorts are remembered in the settings
+  file (its \\[ui] table; ~/.config/kvtop/kvtop.toml, --config, KVTOP_CONFIG).
 
 [b]Replay[/]  (kvtop replay FILE) the header's REPLAY badge: place / length, speed
   [b]p[/] pause / play the replay itself   [b]+ -[/] speed x0.25 .. x64, max
@@ -1806,16 +2114,18 @@ HELP_TEXT = """\
   cache, half, this one (the run's own since start), 2x and 4x, estimated from
   the blocks it moved and dropped; opt: the best any policy could do here.
 [b]Moves[/]  offload GPU→host on eviction, onboard host→GPU on reuse, evict:
-  dropped from a tier.
+  dropped from a tier. left: why blocks left each tier (evicted, offloaded,
+  released, cleared), "(engine)" where its events say so, "(inferred)" where
+  kvtop worked it out (vLLM's and SGLang's removals give no reason).
 [b]Requests[/]  failed N: the last error is under the counts, in the event log
   and at the top of this help.
 [b]Header[/]  PAUSED: the screen froze, the engine goes on. FINISHED: no more
   data will come (replay end, --duration). [$warning]no data 8s[/]: data should come.
 [b]Sources[/]  (2+ attached) one row each, ▶ the one shown. [b]all[/]: sums of
   blocks and rates, hit = hits / lookups, TTFT p99 = max of the sources'.
-
-[dim]↑↓ scroll · esc or ? closes this help[/]
 """
+# On the help's border, so that it shows when the help is taller than the screen (at 120x40 since the replay's keys)
+HELP_HINT = "↑↓ scroll · esc or ? closes this help"
 
 
 class HelpScreen(ModalScreen[None]):
@@ -1849,7 +2159,9 @@ class HelpScreen(ModalScreen[None]):
             yield Static(text, id="help-text")
 
     def on_mount(self) -> None:
-        self.query_one("#help-scroll").focus()
+        scroll = self.query_one("#help-scroll")
+        scroll.border_subtitle = HELP_HINT
+        scroll.focus()
 
     def action_dismiss(self, result: None = None) -> Any:
         return self.dismiss(result)
@@ -1859,4 +2171,5 @@ __all__ = ["EventLog", "KeyHints", "GpuMemoryRow",
            "HeaderBar", "HeaderData", "HelpScreen", "HitData",
            "HitRatePanel", "MemoryData", "MemoryPanel", "MovesData", "MovesPanel", "Panel", "PriorityData",
            "PriorityPanel", "RequestData", "RequestPanel", "FleetData", "SourcesPanel", "TierData", "TierPanel",
-           "WhatIfData", "tier_label", "what_if_data"]
+           "WhatIfData", "tier_label", "what_if_data", "ClickableTable", "TableHeaderClicked", "TableRowClicked",
+           "RequestsData", "RequestsTable"]

@@ -60,6 +60,9 @@ class WorkloadDriver:
         self.sampling_factory = sampling_factory
         self.rng = random.Random(seed ^ 0x5EED)
         self.in_flight = 0
+        # the requests in flight, by id: (time.monotonic() at submission, prompt tokens, priority); the requests
+        # view lists them (kvtop.session.SessionView.requests_in_flight)
+        self.running: dict[int, tuple[float, int, int | None]] = {}
         self.submitted = 0
         # each submitted request's planned arrival, seconds after the run's start (open loop or a trace's times)
         self.planned_arrivals_s: list[float] = []
@@ -135,6 +138,7 @@ class WorkloadDriver:
 
     async def _one(self, item: WorkItem, seq: int) -> None:
         submitted = time.monotonic()
+        self.running[seq] = (submitted, len(item.prompt_ids), item.retention.priority)
         data: dict[str, Any] = {"request_id": seq, "ok": False, "prompt_tokens": len(item.prompt_ids),
                                 "priority": item.retention.priority, "label": item.label,
                                 "scenario": self.scenario.name}
@@ -168,6 +172,7 @@ class WorkloadDriver:
             self.failed += 1
         finally:
             self.in_flight -= 1
+            self.running.pop(seq, None)
             self._slot_freed.set()
         self.scenario.on_result(item, output_ids)
         self.emit(make("request", data, self.source))

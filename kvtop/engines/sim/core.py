@@ -20,7 +20,9 @@ Scheduling follows one of TensorRT-LLM's capacity policies (``CapacitySchedulerP
   request's KV is released for reuse (``removeSequence``), its generated tokens become part of its prompt
   (``LlmRequest::pause``), and it is scheduled again, prefill first, when its blocks fit: what is still cached
   is reused, the rest recomputed. So more requests run at once than GUARANTEED_NO_EVICT admits, at the cost of
-  recomputation when the pool runs out. A paused prompt is not capped at ``maxInputLen`` (docs/trtllm-kv.md 9.2).
+  recomputation when the pool runs out. On resumption the paused prompt is capped at ``max_input_len`` as the
+  emulated TensorRT-LLM caps it (``LlmRequest::pause(maxInputLen)``: 1.2 and 1.3, see ``PAUSE_CAPS_PROMPT``): the
+  generated tokens past the cap are dropped and generated again (docs/trtllm-kv.md 9.2).
 
 Both policies skip, for this iteration, a request about to start its first context chunk whose first block not
 in the reuse tree is one that a request scheduled before it in this pass (or a chunked context still running) is
@@ -61,6 +63,14 @@ GUARANTEED_NO_EVICT = "GUARANTEED_NO_EVICT"
 MAX_UTILIZATION = "MAX_UTILIZATION"
 CAPACITY_SCHEDULER_POLICIES = (GUARANTEED_NO_EVICT, MAX_UTILIZATION)
 # (tensorrt_llm/llmapi/llm_args.py CapacitySchedulerPolicy values; STATIC_BATCH is not simulated)
+
+# Whether the emulated TensorRT-LLM caps a paused request's prompt at max_input_len when it resumes. Both emulated
+# versions do: the PyTorch executor's V1 path calls ``req.pause(self.max_input_len)`` (py_executor.py
+# ``_pause_requests``, 1.x, and main's V1 path still does), whose C++ ``LlmRequest::pause(maxInputLen)``
+# (cpp/include/tensorrt_llm/batch_manager/llmRequest.h) sets ``newPromptLen = min(maxInputLen, mPromptLen +
+# getMaxNumGeneratedTokens())``. Only main's KV cache manager V2 recompute pause is uncapped
+# (``_UNBOUNDED_PAUSE_MAX_INPUT_LEN``, PR #15252, Jun 2026), and kvtop does not emulate V2.
+PAUSE_CAPS_PROMPT = {"1.2": True, "1.3": True}
 
 GENERATED_TOKEN_BASE = 1 << 30  # generated ids live in [2^30, 2^31): never a tokenizer id nor a trace token
 _GENERATED_TOKEN_MASK = GENERATED_TOKEN_BASE - 1
@@ -132,7 +142,10 @@ class SimEngineCore:
                  enable_iter_perf_stats: bool = True, enable_iter_req_stats: bool = False,
                  max_stats_len: int = 1000, gpu_mem_usage_bytes: int = 0, epoch_s: float = 0.0,
                  trtllm_version: str = "1.2", capacity_scheduler_policy: str = GUARANTEED_NO_EVICT,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, max_input_len: int | None = None):
+        """``max_input_len``: the cap a paused request's prompt gets on resumption where the emulated version caps it
+        (``PAUSE_CAPS_PROMPT``); None = none (a trace replay sets none: its prompts run past TensorRT-LLM's
+        default of 1,024, which the PyTorch backend admits, as it checks only ``max_seq_len``)."""
         if capacity_scheduler_policy not in CAPACITY_SCHEDULER_POLICIES:
             raise ValueError(f"capacity_scheduler_policy: must be one of {', '.join(CAPACITY_SCHEDULER_POLICIES)}, "
                              f"got {capacity_scheduler_policy!r}")
@@ -162,6 +175,10 @@ class SimEngineCore:
         if trtllm_version not in STATS_VERSIONS:
             raise ValueError(f"trtllm_version: must be one of {', '.join(STATS_VERSIONS)}, got {trtllm_version!r}")
         self.trtllm_version = trtllm_version
+        if max_input_len is not None and max_input_len <= 0:
+            raise ValueError(f"max_input_len: must be > 0, got {max_input_len}")
+        self.max_input_len = max_input_len
+        self._pause_cap = max_input_len if PAUSE_CAPS_PROMPT[trtllm_version] else None
         self._kv_iter = (IterationStatsV13(block_manager, model.kv_bytes_per_block(self.tpb))
                          if trtllm_version == "1.3" else None)
         self.now_s = 0.0
@@ -470,6 +487,15 @@ class SimEngineCore:
         out = req.output_ids
         self.bm.remove_sequence(req.request_id, final_tokens=out[-1:])
         base = req.prompt_ids
+        cap = self._pause_cap
+        if cap is not None and len(base) + len(out) > cap:
+            # LlmRequest::pause(maxInputLen): the prompt becomes the first min(maxInputLen, prompt + generated)
+            # tokens; the generated ones past it are dropped and decoded again (mMaxNewTokens grows by as many). A
+            # prompt that alone is longer than the cap loses its tail too (its remaining length is then not
+            # modelled: kvtop still stops at max_tokens generated tokens).
+            del out[max(0, cap - len(base)):]
+            if len(base) > cap:
+                base = list(base[:cap])  # a TokenRuns slice is a list too
         if isinstance(base, TokenRuns):
             req.kv_prompt = TokenRuns([*base.runs, *((t, 1) for t in out)])
         else:

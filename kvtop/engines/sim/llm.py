@@ -295,8 +295,13 @@ class SimLLM:
                  return_perf_metrics: bool = False, gpu: str | GpuProfile = "H200", speed: float = 1.0,
                  tokenizer: Tokenizer | str | None = None, max_stats_len: int = 1000, trtllm_version: str = "1.2",
                  scheduler_config: SchedulerConfig | None = None, tensor_parallel_size: int = 1,
-                 kv_event_token_ids: bool = False, pace_to_event_drains: bool = False, **unsupported: Any):
-        """``kv_event_token_ids`` (kvtop's own driven session, runner.build_sim_engine): a stored event's blocks
+                 kv_event_token_ids: bool = False, pace_to_event_drains: bool = False,
+                 max_input_len: int | None = 1024, **unsupported: Any):
+        """``max_input_len`` (TensorRT-LLM's LLM argument, default 1,024 as its BuildConfig / LlmArgs): where the
+        emulated version caps it (kvtop.engines.sim.core.PAUSE_CAPS_PROMPT), the most prompt a request paused by
+        MAX_UTILIZATION resumes with; None: no cap.
+
+        ``kv_event_token_ids`` (kvtop's own driven session, runner.build_sim_engine): a stored event's blocks
         carry their tokens as ``"token_ids": [ids]`` instead of TensorRT-LLM's token dicts, the form every reader
         of records puts them in (kvtop.compact.read_event), so that the ~32 dicts a block are never built only to
         be read back into ids; off, the events are TensorRT-LLM's as they are.
@@ -350,7 +355,7 @@ class SimLLM:
                                    gpu_mem_usage_bytes=gpu_mem, epoch_s=time.time(),
                                    trtllm_version=trtllm_version,
                                    capacity_scheduler_policy=self.capacity_scheduler_policy,
-                                   tensor_parallel_size=tensor_parallel_size)
+                                   tensor_parallel_size=tensor_parallel_size, max_input_len=max_input_len)
         self.trtllm_version = trtllm_version
         if isinstance(tokenizer, str) or tokenizer is None:
             self.tokenizer: Tokenizer = load_tokenizer(self.model.name, self.model.vocab_size,
