@@ -28,12 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def child(tree: str, trace: str, cap: float) -> None:
     sys.path.insert(0, tree)
-    from kvtop import cli, runner
+    from kvtop import runner
+    from kvtop.commands.run import build_parser, cli_values
+    from kvtop.settings import load_settings
 
     expected = sum(1 for line in Path(trace).read_text().splitlines() if line.strip())
-    ns = cli.build_parser().parse_args(["--engine", "sim", "--scenario", "trace", "--trace", trace, "--speed", "0",
+    ns = build_parser().parse_args(["--engine", "sim", "--scenario", "trace", "--trace", trace, "--speed", "0",
                                         "--trace-time-scale", "1000", "--headless", "--json"])
-    settings = cli.load_settings(cli._cli_values(ns), config_path=None)
+    settings = load_settings(cli_values(ns), config_path=None)
     session = runner.build_session(settings)
     answered = [0]
     last = [0.0]

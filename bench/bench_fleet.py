@@ -149,7 +149,7 @@ def fleet_child(url: str, first: int, count: int, rate: float, duration: float) 
 
 async def bench(port: int, sources: int, rate: float, duration: float, procs: int, broker_pid: int
                 ) -> dict[str, Any]:
-    from kvtop.attach import build_attach_session
+    from kvtop.compose import build_attach_session
     from kvtop.fleet import combine, source_row, source_status
 
     url = f"mqtt://127.0.0.1:{port}/bench"

@@ -63,7 +63,7 @@ def headless(rec: Path, seconds: int) -> None:
 
 
 async def seeks(long_rec: Path) -> None:
-    from kvtop.attach import build_attach_session
+    from kvtop.compose import build_attach_session
 
     session = build_attach_session(str(long_rec), command="replay", speed=0.0, hold_at_end=True, max_gap_s=None)
     player = session.player

@@ -38,12 +38,17 @@ from bench_attached import _ESCAPES, Terminal  # the same terminal (120x40) and 
 
 REPO = Path(__file__).resolve().parents[1]
 
-# What `kvtop replay FILE` imports before its first screen (kvtop/cli.py -> kvtop/attach.py -> runner, the replay
-# source, kvtop/modes.py -> kvtop/ui/app.py); the module count is printed so that a tree importing more shows it.
+# What `kvtop replay FILE` imports before its first screen (kvtop/cli.py -> kvtop/commands/attach.py -> compose, the
+# replay source, kvtop/modes.py -> kvtop/ui/app.py; before issue 25: kvtop/attach.py -> runner); the module count is
+# printed so that a tree importing more shows it.
 IMPORTS = """
-import sys, time, json
+import importlib.util, sys, time, json
 t = time.process_time()
-import kvtop.cli, kvtop.attach, kvtop.runner, kvtop.sources.replay, kvtop.modes, kvtop.ui.app
+import kvtop.cli, kvtop.sources.replay, kvtop.modes, kvtop.ui.app
+if importlib.util.find_spec("kvtop.commands") is not None:
+    import kvtop.commands.attach
+else:  # a tree from before kvtop/commands/
+    import kvtop.attach, kvtop.runner
 print(json.dumps({"cpu_s": time.process_time() - t, "modules": len(sys.modules), "kvtop": kvtop.__file__}))
 """
 

@@ -1,7 +1,7 @@
 """`kvtop calibrate`: measure this machine's GPU and host link into a GPU profile.
 
-    python -m kvtop.calibrate --model Qwen/Qwen3-8B --out profile.json [--quick]
-    python -m kvtop.calibrate --merge allreduce.json [--merge gemm-shapes.json] --profile profile.json --out tp.json
+    kvtop calibrate --model Qwen/Qwen3-8B --out profile.json [--quick]
+    kvtop calibrate --merge allreduce.json [--merge gemm-shapes.json] --profile profile.json --out tp.json
 
 Needs PyTorch with CUDA and an NVIDIA GPU; without either it says which is missing and exits non-zero (2: no
 PyTorch, 3: no usable GPU). Measures, with the same keys as `shared/anchors/h200-2026-11-29.json`:
@@ -49,7 +49,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtop import options
 from kvtop.engines.gpus import (
     COST_FIELDS,
     LINKS,
@@ -62,7 +61,7 @@ from kvtop.engines.gpus import (
 from kvtop.engines.models import ModelShape, read_json_object, resolve_model
 from kvtop.textsafe import clean
 
-__all__ = ["CalibrationUnavailable", "calibrate", "main", "run_calibrate"]
+__all__ = ["CalibrationUnavailable", "calibrate", "merge_probes", "run_calibrate"]
 
 _MIB = 1 << 20
 EXIT_NO_TORCH = 2
@@ -617,25 +616,6 @@ def run_calibrate(model: str = "Qwen/Qwen3-8B", out: str | Path = "gpu-profile.j
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`kvtop calibrate [--model M] [--out FILE] [--quick] [--device N] [--tokens-per-block N]`."""
-    ap = options.OptionParser(prog="kvtop calibrate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="Qwen/Qwen3-8B", help="model shape for the block size and prefill proxy")
-    ap.add_argument("--out", default="gpu-profile.json", help="profile JSON to write (default: gpu-profile.json)")
-    ap.add_argument("--quick", action="store_true", help="smaller sizes, one prompt length: under a minute")
-    ap.add_argument("--device", type=int, default=0, help="CUDA device index")
-    ap.add_argument("--tokens-per-block", type=int, default=32)
-    ap.add_argument("--merge", action="append", metavar="FILE",
-                    help="measure nothing: add a probe's JSON (bench/allreduce_probe.py, bench/gemm_shapes_probe.py) "
-                         "to the --profile and write it to --out (repeatable)")
-    ap.add_argument("--profile", default=None, help="with --merge: the profile to add to, a JSON file or a built-in "
-                                                     "GPU name (default: --out)")
-    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if a.merge:
-        return merge_probes(a.merge, a.profile or a.out, a.out)
-    return run_calibrate(a.model, a.out, a.quick, a.device, a.tokens_per_block)
-
-
 def merge_probes(files: Sequence[str], profile: str, out: str | Path) -> int:
     """`kvtop calibrate --merge FILE... --profile P --out OUT`: a multi-GPU probe's curve (all-reduce time by
     message size) or per-shape GEMM curves added to a profile, no GPU needed. 0, or 2 with one line on stderr
@@ -652,6 +632,3 @@ def merge_probes(files: Sequence[str], profile: str, out: str | Path) -> int:
     print(f"wrote {out}: {prof.name} with {', '.join(files)}")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -37,21 +37,18 @@ Why it differs:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
 from typing import Any
 
-from kvtop import options
 from kvtop.engines.gpus import GpuProfile, resolve_gpu
 from kvtop.engines.models import ModelShape, resolve_model
 from kvtop.engines.sim.cost import CostModel
 from kvtop.engines.sizing import DEFAULT_FREE_GPU_MEMORY_FRACTION, format_bytes, gpu_pool
 from kvtop.textsafe import clean, clean_lines
 
-__all__ = ["estimate", "main", "render_estimate", "run_estimate"]
+__all__ = ["ESTIMATE_DEFAULTS", "estimate", "render_estimate", "run_estimate"]
 
 DEFAULT_TOKENS_PER_BLOCK = 32  # KvCacheConfig.tokens_per_block default in TensorRT-LLM 1.2
 
@@ -297,28 +294,3 @@ def run_estimate(model: str, gpu: str, link: str | None = None, prompt_tokens: i
     # JSON escapes control characters itself; the text has the model's and the GPU profile's names in it
     print(json.dumps(result, indent=1) if as_json else clean_lines(render_estimate(result)))
     return 0
-
-
-def _parser() -> argparse.ArgumentParser:
-    ap = options.OptionParser(prog="kvtop estimate",
-                              description="reload cached KV from host vs recompute it: the arithmetic")
-    # The settings it shares with kvtop and kvtop sim, declared from Settings (kvtop.options): same spelling, doc and
-    # validation as there.
-    options.add_settings(ap, options.ESTIMATE_SETTINGS, defaults=ESTIMATE_DEFAULTS, help={
-        "json": "print the figures as JSON", "gpu_cache_fraction": "free_gpu_memory_fraction for the KV pool"})
-    ap.add_argument("--link", default=None, help="host link: pcie5, pcie4, c2c, or GB/s (default: the GPU's)")
-    ap.add_argument("--prompt-tokens", type=int, default=8192)
-    ap.add_argument("--cached-tokens", type=int, default=None, help="cached prefix (default: the whole prompt)")
-    ap.add_argument("--batch", type=int, default=1, help="requests of this shape arriving together")
-    return ap
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`kvtop estimate --model M --gpu G [--link pcie5|c2c|<GB/s>] [--prompt-tokens N] [--cached-tokens N]
-    [--batch N] [--tokens-per-block N] [--kv-cache-dtype D] [--tensor-parallel-size N] [--gpu-cache-fraction F]
-    [--json]`. `--gpu` also takes a profile JSON from `kvtop calibrate`. A bad setting raises SettingsError
-    (kvtop.cli prints it as one line, exit 2), as in every subcommand."""
-    a = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    vars(a).update(options.converted(a, options.ESTIMATE_SETTINGS, ESTIMATE_DEFAULTS))
-    return run_estimate(a.model, a.gpu, a.link, a.prompt_tokens, a.cached_tokens, a.batch, a.json,
-                        a.tokens_per_block, a.kv_cache_dtype, a.tensor_parallel_size, a.gpu_cache_fraction)

@@ -1,8 +1,8 @@
 """How a session is shown: the dashboard, or headless (problems on stderr as they happen, a summary at the end).
 
 Every command that ends in a session (``kvtop``, ``kvtop attach``, ``kvtop replay``) hands it to one of these, so
-the exit statuses and the problem lines are the same everywhere. A module of its own, below kvtop/cli.py and
-kvtop/attach.py, so that neither imports the other (tests/test_layers.py: no import cycles).
+the exit statuses and the problem lines are the same everywhere. A module of its own, below kvtop/commands/,
+so that no command imports another for it (tests/test_layers.py: no import cycles).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def headless_wanted(settings: Any, stdout: Any = None) -> bool:
 def run_dashboard(session: Any, settings: Any) -> int:
     """The dashboard until q (0, or 3 / 4 as a headless run) or Ctrl-C (130); a crash inside it is Textual's
     traceback and status 1."""
-    from kvtop import runner
+    from kvtop.compose import finish_problems
 
     # The garbage collector and what start-up leaves behind (measured, dev box, the busy replay for 30 s): importing
     # Textual and building the app make ~37,000 objects and no garbage, yet trigger ~90 collections (~14 ms of
@@ -73,9 +73,9 @@ def run_dashboard(session: Any, settings: Any) -> int:
     finally:
         gc.set_threshold(*threshold)
         gc.unfreeze()
-    runner.finish_problems(session)
+    finish_problems(session)
     # The screen is gone: what went wrong stays visible in the shell, one line per kind.
-    _print_problems([f"{p.kind} x{p.count:,}: {p.message}" for p in session.problems.snapshot()])
+    print_problems([f"{p.kind} x{p.count:,}: {p.message}" for p in session.problems.snapshot()])
     code = app.return_code
     # q after a run that never got data (or lost some) is still that run's status: 3 or 4, as headless.
     return int(code) if code else session.problems.exit_status(session.records_in)
@@ -88,12 +88,12 @@ def run_headless(session: Any, duration_s: float, as_json: bool) -> int:
 PROBLEM_LINES_S = 0.25  # how often a headless run prints the problem lines that came due
 
 
-def _print_problems(lines: list[str]) -> None:
+def print_problems(lines: list[str]) -> None:
     for line in lines:
         print(f"kvtop: {line}", file=sys.stderr, flush=True)
 
 
-async def _run_reporting(session: Any, duration_s: float | None, until_done: tuple[str, ...],
+async def run_reporting(session: Any, duration_s: float | None, until_done: tuple[str, ...],
                          terminated: list[int] | None = None) -> None:
     """``session.run`` with its problems printed to stderr as they happen (rate-limited by the registry).
 
@@ -105,7 +105,7 @@ async def _run_reporting(session: Any, duration_s: float | None, until_done: tup
     async def pump() -> None:
         while True:
             await asyncio.sleep(PROBLEM_LINES_S)
-            _print_problems(session.tick())
+            print_problems(session.tick())
 
     def on_sigterm() -> None:
         if terminated is not None:
@@ -135,23 +135,24 @@ def run_headless_until(session: Any, duration_s: float | None, as_json: bool,
     and lost none (kvtop.problems: 0, 3 no data, 4 lost data, 130 interrupted by SIGINT, 143 by SIGTERM). Either
     signal ends the run with its summary; a SIGTERM while the summary is being made is held until it is printed.
     """
-    from kvtop import runner
+    from kvtop.compose import finish_problems
     from kvtop.problems import EXIT_INTERRUPTED, EXIT_TERMINATED
+    from kvtop.run_summary import format_summary, summary
 
     interrupted = False
     terminated: list[int] = []
     try:
-        asyncio.run(_run_reporting(session, duration_s, until_done, terminated))
+        asyncio.run(run_reporting(session, duration_s, until_done, terminated))
     except KeyboardInterrupt:
         interrupted = True
         session.stop()
     held = _hold_sigterm(terminated)
     try:
-        runner.finish_problems(session)
-        _print_problems(session.tick())
-        _print_problems(session.problems.take_lines(final=True))
-        summary = runner.summary(session)
-        print(json.dumps(summary) if as_json else runner.format_summary(summary), flush=True)
+        finish_problems(session)
+        print_problems(session.tick())
+        print_problems(session.problems.take_lines(final=True))
+        said = summary(session)
+        print(json.dumps(said) if as_json else format_summary(said), flush=True)
     finally:
         if held is not None:
             signal.signal(signal.SIGTERM, held)
@@ -172,4 +173,4 @@ def _hold_sigterm(terminated: list[int]) -> Any:
     return held if held is not None else signal.SIG_DFL  # None: a handler not set from Python
 
 
-__all__ = ["headless_wanted", "run_dashboard", "run_headless", "run_headless_until"]
+__all__ = ["headless_wanted", "print_problems", "run_dashboard", "run_headless", "run_headless_until", "run_reporting"]

@@ -79,7 +79,7 @@ class MqttUrl:
 
     def topic_filter(self, run: str | None = None) -> str:
         """What a subscriber subscribes to: every kvtop topic under the prefix (or one run's)."""
-        return join_topic(self.prefix, *TOPIC_ROOT, *((_level(run), "#") if run else ("#",)))
+        return join_topic(self.prefix, *TOPIC_ROOT, *((topic_level(run), "#") if run else ("#",)))
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``aiomqtt.Client`` (host, port, credentials, TLS)."""
@@ -182,7 +182,7 @@ def _redact(url: str) -> str:
 _UNSAFE = str.maketrans({"/": "_", "+": "_", "#": "_", "\0": "_"})
 
 
-def _level(text: str | None) -> str:
+def topic_level(text: str | None) -> str:
     """One topic level: never empty, never a wildcard or separator."""
     return (text or "-").translate(_UNSAFE)
 
@@ -192,12 +192,12 @@ def join_topic(*levels: str) -> str:
 
 
 def source_level(source: SourceId) -> str:
-    return _level(f"{source.host or '-'}:{source.rank}")
+    return topic_level(f"{source.host or '-'}:{source.rank}")
 
 
 def topic_for(prefix: str, source: SourceId, kind: str) -> str:
     """``<prefix>/kvtop/v1/<run>/<host>:<rank>/<kind>``."""
-    return join_topic(prefix, *TOPIC_ROOT, _level(source.run), source_level(source), kind)
+    return join_topic(prefix, *TOPIC_ROOT, topic_level(source.run), source_level(source), kind)
 
 
 @dataclass(frozen=True)

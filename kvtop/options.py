@@ -63,6 +63,18 @@ class OptionParser(SuggestingParser):
         raise SettingsError(self.prog, self.with_hint(message))
 
 
+class UsageError(Exception):
+    """A command line that is not kvtop's: kvtop.cli prints it as one line, ``kvtop: ...``, and exits 2."""
+
+
+class UsageParser(SuggestingParser):
+    """The parser of ``kvtop [options]`` and ``kvtop sim``: an error is a UsageError, ``kvtop: ...`` (the other
+    commands' OptionParser names the command in it)."""
+
+    def error(self, message: str) -> Any:  # one clear line, not argparse's usage dump + exit
+        raise UsageError(self.with_hint(message))
+
+
 def _field(name: str) -> Any:
     for f in Settings.option_fields():
         if f.name == name:
@@ -139,6 +151,29 @@ def converted(ns: argparse.Namespace, names: Iterable[str], defaults: Mapping[st
     return {name: getattr(s, name) for name in names}
 
 
+def nonneg_float(option: str, text: str) -> float:
+    """An option's number >= 0 (``--interval 0.5``); a SettingsError naming the option otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise SettingsError(option, f"expected a number, got {text!r}") from None
+    if value < 0 or value != value:
+        raise SettingsError(option, f"must be >= 0, got {text!r}")
+    return value
+
+
+def whole_number(option: str, text: str, minimum: int) -> int:
+    """An option's whole number >= ``minimum`` (``--max-sources 64``, ``1e3`` taken as 1000)."""
+    try:
+        value = int(float(text))
+    except (ValueError, OverflowError):
+        raise SettingsError(option, f"expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise SettingsError(option, f"must be >= {minimum}, got {text!r}")
+    return value
+
+
 __all__ = ["AGENT_SETTINGS", "ATTACH_ONLY_SETTINGS", "ATTACH_SETTINGS", "ESTIMATE_SETTINGS", "OptionParser",
-           "SIM_SETTINGS", "SuggestingParser",
-           "add_config_option", "add_settings", "converted", "given", "option_name", "shown"]
+           "SIM_SETTINGS", "SuggestingParser", "UsageError", "UsageParser",
+           "add_config_option", "add_settings", "converted", "given", "nonneg_float", "option_name", "shown",
+           "whole_number"]

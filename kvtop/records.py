@@ -174,7 +174,7 @@ def make(kind: str, data: dict[str, Any], source: SourceId | None = None, time: 
 
 # ---------------------------------------------------------------------------------------------- encoding
 
-def _default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
     # Sets (rare in engine dicts) and other iterables become lists; anything else is named in the error.
     if isinstance(obj, (set, frozenset, tuple)):
         return list(obj)
@@ -183,7 +183,7 @@ def _default(obj: Any) -> Any:
 
 def encode(record: Record) -> str:
     """One record as one JSON line (no trailing newline). Hashes >= 2^63 stay exact: JSON ints are unbounded."""
-    return json.dumps(record.to_json(), separators=(",", ":"), default=_default, allow_nan=False)
+    return json.dumps(record.to_json(), separators=(",", ":"), default=json_default, allow_nan=False)
 
 
 def encode_batch(records: Iterable[Record]) -> str:

@@ -6,11 +6,12 @@ here, exported by the package as ``kvtop.watch``).
     print(handle.summary())   # the TierModel's summary, any time
     handle.stop()
 
-It runs in a background thread with its own asyncio loop, so it works from a plain script, a notebook, or
-beside your own loop, and never shares (or blocks) the loop your requests run on. There it polls the engine's
-``get_stats_async`` / ``get_kv_cache_events_async`` (:class:`kvtop.sources.poller.EnginePoller`),
-samples GPU and host memory once a second (in worker threads: NVML calls block), folds every record into a live
-:class:`~kvtop.tiers.TierModel` and hands it to the sinks you asked for.
+It is a :class:`kvtop.session.Session` run in a background thread with its own asyncio loop, so it works from a
+plain script, a notebook, or beside your own loop, and never shares (or blocks) the loop your requests run on.
+There it polls the engine's ``get_stats_async`` / ``get_kv_cache_events_async``
+(:class:`kvtop.sources.poller.EnginePoller`), samples GPU and host memory once a second (in worker threads: NVML
+calls block), folds every record into the session's live :class:`~kvtop.tiers.TierModel` and hands it to the sinks
+you asked for: the same session, meta, samplers and sinks as ``kvtop``'s own modes (kvtop/compose.py).
 
 What the engine needs to report anything (TensorRT-LLM 1.x): ``enable_iter_perf_stats=True`` (PyTorch backend)
 for stats, ``KvCacheConfig(event_buffer_max_size=N > 0, enable_block_reuse=True)`` for events. Polling drains
@@ -26,19 +27,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kvtop import compose
 from kvtop.records import Record, SourceId, make
+from kvtop.session import Session
 from kvtop.sources.poller import EnginePoller
 from kvtop.stopsignal import StopSignal
 
 if TYPE_CHECKING:
-    from kvtop.tiers import TierSnapshot
+    from kvtop.tiers import TierModel, TierSnapshot
 
 StatusCallback = Callable[[str, str], None]  # (name, message), like the sources' on_error / on_status
 SAMPLE_S = 1.0  # GPU/host memory once a second: NVML's PCIe counters alone cost ~20 ms per GPU per sample
@@ -46,35 +48,66 @@ FINAL_POLL_S = 3.0  # at stop, one last drain of what the engine queued since th
 MAX_LOG = 200  # handle.log keeps the newest 200 lines
 
 
+class WatchSession(Session):
+    """The watch's Session: its fold is read from the caller's thread (``handle.summary()``, the exporter's
+    scrapes), so every record is folded and every snapshot taken under ``lock``; its warnings and errors (a sink
+    that failed, a sampler's) reach ``on_note`` as the handle's status lines."""
+
+    def __init__(self, *, source: SourceId, lock: threading.Lock, on_note: StatusCallback):
+        super().__init__(source=source)
+        self.lock = lock
+        self.on_note = on_note
+
+    def emit(self, record: Record, *, to_sinks: bool = True) -> None:
+        with self.lock:
+            super().emit(record, to_sinks=to_sinks)
+
+    def publish(self) -> None:
+        with self.lock:
+            super().publish()
+
+    def note(self, level: str, text: str) -> None:
+        super().note(level, text)
+        if level in ("warn", "error"):
+            self.on_note("watch", text)
+
+
 class WatchHandle:
     """A running watch. ``model`` is the live TierModel (updated on the watch thread: read it for a glance, or
-    call :meth:`summary` for a consistent snapshot). ``stop()`` flushes everything and ends the thread."""
+    call :meth:`summary` for a consistent snapshot). ``stop()`` flushes everything and ends the thread.
+    ``session`` is the Session the thread runs."""
 
     def __init__(self, source: SourceId):
         self.source = source
-        from kvtop.tiers import TierModel
-
-        self.model = TierModel()
-        self.records = 0
         self.log: deque[tuple[float, str, str]] = deque(maxlen=MAX_LOG)  # (time, name, message)
+        self.lock = threading.Lock()  # held while a record is folded and fanned out
+        self.session = WatchSession(source=source, lock=self.lock, on_note=self.note)
         self.publisher: Any = None
         self.recorder: Any = None
         self.exporter: Any = None
         self.prometheus_port: int | None = None
-        self.lock = threading.Lock()  # held while a record is folded and fanned out
         self._thread: threading.Thread | None = None
         self._stop = StopSignal()
         self._started = threading.Event()
-        self._sinks: list[Callable[[Record], None]] = []
         self._on_status: StatusCallback | None = None
         self.crashed: BaseException | None = None
-        # What went wrong (kvtop.problems): a full disk under record=, records the broker never got. In
-        # summary()["problems"]; a script can check handle.problems.lost_data.
-        from kvtop.problems import Problems
-
-        self.problems = Problems()
 
     # ------------------------------------------------------------------------------------------ reading
+
+    @property
+    def model(self) -> TierModel:
+        return self.session.model
+
+    @property
+    def records(self) -> int:
+        """Records folded so far (the engine's meta among them)."""
+        return self.session.records
+
+    @property
+    def problems(self) -> Any:
+        """What went wrong (kvtop.problems): a full disk under record=, records the broker never got. In
+        summary()["problems"]; a script can check handle.problems.lost_data."""
+        return self.session.problems
 
     @property
     def running(self) -> bool:
@@ -93,20 +126,12 @@ class WatchHandle:
         return out
 
     def publish(self) -> None:
-        with self.lock:
-            self.model.snapshot()
+        self.session.publish()
 
     # ------------------------------------------------------------------------------------------ records
 
     def emit(self, record: Record) -> None:
-        with self.lock:
-            self.records += 1
-            self.model.apply(record)
-            for sink in self._sinks:
-                try:
-                    sink(record)
-                except Exception as exc:  # a failing sink (disk full) must not stop the fold or the others
-                    self.note(getattr(sink, "__qualname__", "sink"), f"{type(exc).__name__}: {exc}")
+        self.session.emit(record)
 
     def note(self, name: str, message: str) -> None:
         """Keep one status line (a source failing, the broker lost or back) and pass it on."""
@@ -150,34 +175,27 @@ def watch(llm: Any, publish: str | None = None, record: str | os.PathLike[str] |
     source = SourceId.local(run=run or "")
     handle = WatchHandle(source)
     handle._on_status = on_status
+    session = handle.session
     # Everything that can fail on a setting is built here, in the caller's thread, so it raises to the caller.
-    publisher = None
+    # The sinks are closed by stop(), after the last drain, not when the session's run ends; the publisher runs
+    # beside the session (it outlives it by the last drain and the "offline" it says after it).
     if publish:
-        from kvtop.sinks.mqtt import publisher_from_url
-
-        publisher = publisher_from_url(publish, source, password_file=mqtt_password_file, on_status=handle.note,
-                                       problems=handle.problems)
-        handle.publisher = publisher
-        handle._sinks.append(publisher.publish)
+        handle.publisher = compose.add_publisher(session, publish, password_file=mqtt_password_file,
+                                                 on_status=handle.note, producer=False)
     try:
         if record is not None:
-            from kvtop.sinks.recorder import Recorder
-
-            handle.recorder = Recorder(record, problems=handle.problems)
-            handle._sinks.append(handle.recorder.write)
+            handle.recorder = compose.add_recorder(session, record, close=False)
         if prometheus_port is not None:
-            from kvtop.sinks.prometheus import PrometheusExporter
-
-            handle.exporter = PrometheusExporter(lambda: handle.model, port=prometheus_port, addr=prometheus_addr,
-                                                 source=source)
-            handle.prometheus_port = handle.exporter.start()
-            handle._sinks.append(handle.exporter.observe)
+            handle.exporter = compose.add_exporter(session, lambda: handle.model, prometheus_port, prometheus_addr,
+                                                   source=source, close=False)
+            handle.prometheus_port = handle.exporter.port
     except BaseException:
         if handle.recorder is not None:
             handle.recorder.close()
         raise
+    session.publish_s = interval_s  # a snapshot every poll interval: what scrapes and handle.snapshot read
 
-    thread = threading.Thread(target=_thread_main, args=(handle, llm, publisher, interval_s, sample_memory),
+    thread = threading.Thread(target=_thread_main, args=(handle, llm, interval_s, sample_memory),
                               name="kvtop-watch", daemon=True)
     handle._thread = thread
     thread.start()
@@ -185,25 +203,11 @@ def watch(llm: Any, publish: str | None = None, record: str | os.PathLike[str] |
     return handle
 
 
-def engine_meta(llm: Any) -> dict[str, Any]:
-    """The ``meta`` record for an engine: its own ``describe()`` (SimLLM), else what a TensorRT-LLM ``LLM``'s
-    ``args`` tell, through the one builder every real-engine path uses (:func:`kvtop.engines.meta.meta_from_llm`)."""
-    describe = getattr(llm, "describe", None)
-    if callable(describe):
-        with contextlib.suppress(Exception):
-            return dict(describe())
-    from kvtop.engines.meta import meta_from_llm
-
-    trt = sys.modules.get("tensorrt_llm")  # only if the user imported it: never import it here (seconds, GPU)
-    version = getattr(trt, "__version__", None)
-    return meta_from_llm(llm, engine_version=version if isinstance(version, str) else None)
-
-
 # ---------------------------------------------------------------------------------------------- the thread
 
-def _thread_main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: float, sample_memory: bool) -> None:
+def _thread_main(handle: WatchHandle, llm: Any, interval_s: float, sample_memory: bool) -> None:
     try:
-        asyncio.run(_main(handle, llm, publisher, interval_s, sample_memory))
+        asyncio.run(_main(handle, llm, interval_s, sample_memory))
     except BaseException as exc:  # pragma: no cover - a bug of ours: keep it for the user, never kill their app
         handle.crashed = exc
         handle.note("watch", f"stopped: {type(exc).__name__}: {exc}")
@@ -211,73 +215,42 @@ def _thread_main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: floa
         handle._started.set()
 
 
-async def _main(handle: WatchHandle, llm: Any, publisher: Any, interval_s: float, sample_memory: bool) -> None:
+async def _main(handle: WatchHandle, llm: Any, interval_s: float, sample_memory: bool) -> None:
     stop = handle._stop.bind()
     handle._started.set()
-    source = handle.source
-    meta = engine_meta(llm)
-    handle.emit(make("meta", meta, source))
+    session, publisher = handle.session, handle.publisher
+    meta = compose.engine_meta(llm)
+    if isinstance(meta.get("engine"), str):
+        session.meta.update(meta)  # the session's first record when it runs (Session.run)
+    else:
+        session.emit(make("meta", meta, session.source))
     for why in meta.get("meta_unknown") or ():  # GiB figures stay unknown: say why once
         handle.note("watch", why)
-
-    poller = EnginePoller(llm, source, interval_s, handle.emit, on_error=handle.note)
-    tasks = [asyncio.ensure_future(poller.run())]
-    if publisher is not None:
-        tasks.append(asyncio.ensure_future(publisher.run()))
     if sample_memory:
-        tasks.append(asyncio.ensure_future(_sample_memory(handle, stop, meta)))
-    tasks.append(asyncio.ensure_future(_publishing(handle, stop, interval_s)))
-    try:
+        compose.add_machine_samplers(session, meta, SAMPLE_S)
+    # The engine's poller runs beside the session, as the publisher does: at the end it is let finish its poll
+    # (the session cancels its producers) and drains once more, into sinks still open.
+    poller = EnginePoller(llm, session.source, interval_s, session.emit, on_error=handle.note)
+    polling = asyncio.ensure_future(poller.run())
+    sending = asyncio.ensure_future(publisher.run()) if publisher is not None else None
+
+    async def stop_when_told() -> None:
         await stop.wait()
+        session.stop()
+
+    stopping = asyncio.ensure_future(stop_when_told())
+    try:
+        await session.run()
     finally:
+        stopping.cancel()
         poller.stop()
-        await asyncio.gather(tasks[0], return_exceptions=True)
+        await asyncio.gather(polling, stopping, return_exceptions=True)
         with contextlib.suppress(Exception):  # the last items the engine queued since the last poll
             await asyncio.wait_for(poller.poll_once(), timeout=FINAL_POLL_S)
-        if publisher is not None:
+        if publisher is not None and sending is not None:
             publisher.stop()  # flushes (<= 1 s) and publishes "offline"
-        await asyncio.gather(*tasks[1:], return_exceptions=True)
+            await asyncio.gather(sending, return_exceptions=True)
         handle.publish()  # the last drain's records, for handle.snapshot and a last scrape
 
 
-async def _publishing(handle: WatchHandle, stop: asyncio.Event, interval_s: float) -> None:
-    """A snapshot every poll interval (only when the model changed): what the exporter's scrapes and
-    ``handle.snapshot`` read from other threads."""
-    while not stop.is_set():
-        handle.publish()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
-
-
-async def _sample_memory(handle: WatchHandle, stop: asyncio.Event, meta: dict[str, Any]) -> None:
-    samplers: list[Any] = []
-    with contextlib.suppress(Exception):
-        from kvtop.sources.host import HostSource
-
-        host = HostSource(source=handle.source)
-        if meta.get("host_cache_bytes"):  # the pinned pool is not measurable from /proc (see host.py)
-            host.set_pinned_pool(int(meta["host_cache_bytes"]))
-        samplers.append(host)
-    with contextlib.suppress(Exception):
-        from kvtop.sources.nvml import NvmlSource
-
-        samplers.append(NvmlSource(source=handle.source))
-    try:
-        while not stop.is_set():
-            for sampler in samplers:
-                try:
-                    for rec in await asyncio.to_thread(sampler.sample):
-                        handle.emit(rec)
-                except Exception as exc:  # samplers never raise by contract; a bug must not end the watch
-                    handle.note(type(sampler).__name__, f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=SAMPLE_S)
-    finally:
-        for sampler in samplers:
-            close = getattr(sampler, "close", None)
-            if callable(close):
-                with contextlib.suppress(Exception):
-                    close()
-
-
-__all__ = ["WatchHandle", "watch", "engine_meta"]
+__all__ = ["WatchHandle", "WatchSession", "watch"]

@@ -15,7 +15,7 @@ import pytest
 from kv_publisher import Publisher, removed, stored
 
 from kvtop.agent import Agent, summary_data
-from kvtop.attach import build_attach_session
+from kvtop.compose import build_attach_session
 from kvtop.fleet import aggregate, source_row, source_status
 from kvtop.records import Record, SourceId, decode, encode
 from kvtop.tiers import TierModel

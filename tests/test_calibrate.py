@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 
 from kvtop import calibrate as cal
+from kvtop.commands.calibrate import main as calibrate_main
 from kvtop.engines.gpus import load_profile
 
 
 def test_no_torch(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
     out = tmp_path / "p.json"
-    assert cal.main(["--out", str(out)]) == cal.EXIT_NO_TORCH
+    assert calibrate_main(["--out", str(out)]) == cal.EXIT_NO_TORCH
     assert "PyTorch is not installed" in capsys.readouterr().err
     assert not out.exists()
 
@@ -33,7 +34,7 @@ def test_torch_without_a_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ca
                              cuda: str | None, words: str) -> None:
     monkeypatch.setitem(sys.modules, "torch", _fake_torch(cuda, available=False))
     out = tmp_path / "p.json"
-    assert cal.main(["--model", "Qwen/Qwen3-8B", "--out", str(out), "--quick"]) == cal.EXIT_NO_GPU
+    assert calibrate_main(["--model", "Qwen/Qwen3-8B", "--out", str(out), "--quick"]) == cal.EXIT_NO_GPU
     err = capsys.readouterr().err
     assert "NVIDIA GPU is needed" in err and words in err and "sees no CUDA device" in err
     assert not out.exists()
@@ -49,7 +50,7 @@ def test_real_torch_here_if_installed(tmp_path: Path) -> None:
 
 
 def test_unknown_model_is_refused_before_torch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cal.main(["--model", "no-such-model", "--out", str(tmp_path / "p.json")]) == 2
+    assert calibrate_main(["--model", "no-such-model", "--out", str(tmp_path / "p.json")]) == 2
     assert "unknown model" in capsys.readouterr().err
 
 

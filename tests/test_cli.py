@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kvtop.cli import _cli_values, build_parser
+from kvtop.commands.run import build_parser, cli_values
 from kvtop.settings import Settings, SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +59,7 @@ def assert_one_line_error(rc: int, err: str, *needles: str) -> None:
 def settings_from(argv: list[str], tmp: Path, environ: dict[str, str] | None = None,
                   config: Path | None = None) -> Settings:
     ns = build_parser().parse_args(argv)
-    return load_settings(_cli_values(ns), config_path=config or ns.config, environ=environ or {})
+    return load_settings(cli_values(ns), config_path=config or ns.config, environ=environ or {})
 
 
 @pytest.fixture(autouse=True)
@@ -432,10 +432,10 @@ def test_scenario_ab_keeps_a_gpu_pool_the_user_set(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- options, once
 
 def _parsers() -> dict[str, Any]:
-    from kvtop import agent, attach, cli, estimate
+    from kvtop.commands import agent, attach, estimate, run, sim
 
-    return {"kvtop": cli.build_parser(), "sim": cli._sim_parser(), "attach": attach._parser("attach"),
-            "replay": attach._parser("replay"), "agent": agent._parser(), "estimate": estimate._parser()}
+    return {"kvtop": run.build_parser(), "sim": sim.parser(), "attach": attach.parser("attach"),
+            "replay": attach.parser("replay"), "agent": agent.parser(), "estimate": estimate.parser()}
 
 
 def test_every_subcommand_takes_its_settings_from_settings_never_by_hand() -> None:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvtop.calibrate import main as calibrate_main
+from kvtop.commands.calibrate import main as calibrate_main
 from kvtop.engines.gpus import (
     BUILTIN_GPUS,
     allreduce_curve_from_probe,

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvtop.kv_stream import decode_payload
 from kvtop.records import Record, SourceId
-from kvtop.runner import format_summary
+from kvtop.run_summary import format_summary
 from kvtop.sinks.prometheus import PrometheusExporter
 from kvtop.tiers import TierModel
 from kvtop.tiers.departures import describe, reason_of

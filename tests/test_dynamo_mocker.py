@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 
-from kvtop.attach import build_attach_session
+from kvtop.compose import build_attach_session
 
 DYNAMO_PYTHON = os.environ.get("KVTOP_DYNAMO_PYTHON")
 pytestmark = pytest.mark.skipif(not DYNAMO_PYTHON, reason="set KVTOP_DYNAMO_PYTHON to a Python with ai-dynamo "

@@ -29,8 +29,8 @@ from typing import Any
 import pytest
 from kv_publisher import Publisher
 
-from kvtop import runner
-from kvtop.attach import build_attach_session
+from kvtop import run_summary
+from kvtop.compose import build_attach_session
 
 ROOT = Path(__file__).parent / "data" / "engines"
 FOLDERS = sorted(p.parent for p in ROOT.glob("*/*/expect.json"))
@@ -109,7 +109,7 @@ async def _run_http(folder: Path) -> dict[str, Any]:
         await _settle(session, routes.drained)
         session.stop()
         await asyncio.wait_for(task, 10)
-        return runner.summary(session) | {"_sources": len(session.models)}
+        return run_summary.summary(session) | {"_sources": len(session.models)}
     finally:
         routes.close()
 
@@ -128,7 +128,7 @@ async def _run_zmq(folder: Path) -> dict[str, Any]:
         await _settle(session, lambda: sum(r.received + r.bad for r in src.ranks) >= len(frames))
         session.stop()
         await asyncio.wait_for(task, 10)
-        return runner.summary(session) | {"_sources": len(session.models)}
+        return run_summary.summary(session) | {"_sources": len(session.models)}
     finally:
         pub.close()
 
@@ -161,7 +161,7 @@ async def test_folder_reads_as_the_engine_says(folder: Path) -> None:
         got = _at(summary, path)
         if got != want:
             wrong.append(f"{path}: {got!r}, expected {want!r}")
-    text = runner.format_summary(summary)
+    text = run_summary.format_summary(summary)
     wrong += [f"text has no line with {line!r}" for line in expect.get("text", []) if line not in text]
     if "problems" in expect:
         kinds = {p["kind"] for p in summary["problems"]}

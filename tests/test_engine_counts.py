@@ -312,7 +312,7 @@ async def test_the_hit_rate_and_moves_panels_split_the_disk(tmp_path: Any) -> No
 
 
 def test_the_headless_text_summary_says_the_disk_moves_and_preemptions() -> None:
-    from kvtop.runner import format_summary
+    from kvtop.run_summary import format_summary
 
     text = format_summary(_v2_model().summary())
     assert "disk: prefetched to host 10, onboarded to GPU 0, offloaded to disk 0, hits 10.0%" in text

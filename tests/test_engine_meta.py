@@ -171,7 +171,7 @@ def test_watch_meta_of_a_llm_whose_model_is_a_local_dir(tmp_path: Path) -> None:
     mod = tb.stand_in()
     llm = mod.LLM(model="someone/tiny-private", kv_cache_config=mod.llmapi.KvCacheConfig(tokens_per_block=16))
     llm._hf_model_dir = str(tmp_path)
-    from kvtop.watcher import engine_meta
+    from kvtop.compose import engine_meta
 
     meta = engine_meta(llm)
     assert meta["model"] == "someone/tiny-private"

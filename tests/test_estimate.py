@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from kvtop.commands.estimate import main
 from kvtop.engines.gpus import resolve_gpu
 from kvtop.engines.models import resolve_model
 from kvtop.engines.sim.cost import CostModel
 from kvtop.engines.sim.llm import SimLLM
 from kvtop.engines.sizing import primary_blocks
-from kvtop.estimate import estimate, main, render_estimate
+from kvtop.estimate import estimate, render_estimate
 
 # Anchors: Qwen3-8B, 8,192 tokens, pinned PCIe Gen5 on an H200.
 RELOAD_8192_S = 0.021809999465942382

@@ -9,7 +9,7 @@ import time
 from kv_publisher import stored
 from test_kv_stream import batch
 
-from kvtop import runner
+from kvtop import run_summary
 from kvtop.agent import summary_data
 from kvtop.fleet import aggregate
 from kvtop.records import Record, SourceId, make
@@ -49,7 +49,7 @@ def test_a_silent_fleet_that_says_offline_then_online_stays_out_of_the_totals() 
     agg = aggregate(session.models, session.status)
     assert agg["sources"] == 0, agg["sources"]
     assert len(session.stale_sources()) == 1000
-    assert set(runner.summary(session)["sources"].values()) == {"stale"}
+    assert set(run_summary.summary(session)["sources"].values()) == {"stale"}
     # data, not a status, brings one back
     session.emit(make("stats", {"iter": 9, **STATS}, sources[5], T0 + 9))
     agg = aggregate(session.models, session.status)
@@ -113,7 +113,7 @@ def test_a_retained_phantom_is_not_the_sessions_model() -> None:
     assert session.models["ghost/0/r"] is not session.model
     view = session.view()
     assert view.model is session.model
-    out = runner.summary(session)
+    out = run_summary.summary(session)
     assert out["model"] == "real-model"
     assert out["tiers"]["gpu"]["capacity_blocks"] == 100 and out["tiers"]["gpu"]["in_use_blocks"] == 40
     assert session.model.meta["primary_blocks"] == 100

@@ -23,15 +23,31 @@ BEFORE = "e1b0853"  # main before the fold's fast paths
 BUSY = ROOT / "tests" / "data" / "busy.jsonl"
 
 
+# What the folds imported from kvtop.tiers.common at BEFORE, by the private names they had then (public since
+# issue 25): lent to the module while an old fold runs its imports, taken back after.
+COMMON_THEN = {"_Bad": "Bad", "_describe": "describe", "_count": "nonneg_count", "_required_count": "required_count",
+               "_number": "nonneg_number", "_hash": "hash64", "_hash_list": "hash64_list", "_level": "tier_level",
+               "_priority": "priority_in_range", "_MAX_PRIORITY": "MAX_PRIORITY",
+               "_UNKNOWN_PRIORITY": "UNKNOWN_PRIORITY", "_U64": "U64"}
+
+
 def _before(path: str, name: str) -> Any:
+    import kvtop.tiers.common as common
+
     spec = importlib.util.spec_from_file_location("git_baseline", ROOT / "bench" / "git_baseline.py")
     assert spec is not None and spec.loader is not None
     git_baseline = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(git_baseline)
+    lent = [then for then in COMMON_THEN if not hasattr(common, then)]
+    for then in lent:
+        setattr(common, then, getattr(common, COMMON_THEN[then]))
     try:
         return git_baseline.module_at(name, rev=BEFORE, path=path)
     except git_baseline.BaselineMissing as exc:
         pytest.skip(f"{path} at {BEFORE} is not in this checkout's history: {exc}")
+    finally:
+        for then in lent:
+            delattr(common, then)
 
 
 def _busy_records() -> list[Any]:

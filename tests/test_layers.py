@@ -35,8 +35,12 @@ PACKAGE = REPO / "kvtop"
 
 FOLD = ("kvtop.tiers", "kvtop.kv_stream", "kvtop.occupancy", "kvtop.records")
 TOOLS = ("kvtop.estimate", "kvtop.calibrate")
+# The commands (kvtop/commands/, one module per subcommand) are the top: only the dispatch (kvtop.cli, and
+# ``python -m kvtop``) imports them. Under them, what every mode's session shares (kvtop.compose) and its summary.
+COMMANDS = ("kvtop.commands",)
+ABOVE_THE_COMMANDS = ("kvtop.cli", "kvtop.__main__")
 NOT_UNDER_THE_FOLD = ("kvtop.sources", "kvtop.sinks", "kvtop.ui", "kvtop.session", "kvtop.runner", "kvtop.cli",
-                      "kvtop.report", *TOOLS)
+                      "kvtop.report", "kvtop.compose", "kvtop.run_summary", *COMMANDS, *TOOLS)
 
 
 def _module_name(path: Path) -> str:
@@ -204,6 +208,26 @@ def test_the_fold_and_records_reach_no_source_sink_or_ui(module: str) -> None:
     assert sorted(m for m in reached if _under(m, NOT_UNDER_THE_FOLD)) == []
 
 
+def test_the_commands_are_the_top_and_each_has_a_main() -> None:
+    """Issue 25: the commands lived in four places (``kvtop sim`` inside cli.py, attach.py, agent.py, runner.py's
+    helpers that every mode called back). Each is a module of kvtop/commands/ with ``main(argv)``, one per word of
+    ``kvtop SUBCOMMAND`` (``run`` is ``kvtop [options]``), and nothing below the dispatch imports one."""
+    from kvtop.cli import SUBCOMMANDS
+
+    edges = graph()[0]
+    commands = {m for m in edges if _under(m, COMMANDS) and m != "kvtop.commands"}
+    assert {f"kvtop.commands.{word}" for word in SUBCOMMANDS} == commands
+    for name in sorted(commands):
+        tree = ast.parse((PACKAGE / "commands" / f"{name.rpartition('.')[2]}.py").read_text())
+        mains = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
+        assert mains and mains[0].args.args[0].arg == "argv", f"{name} has no main(argv)"
+    below = {name: sorted(d for d in deps if _under(d, COMMANDS)) for name, deps in edges.items()
+             if not _under(name, (*COMMANDS, *ABOVE_THE_COMMANDS))}
+    assert {k: v for k, v in below.items() if v} == {}
+    # the dispatch reaches every command (a lazy import each, which the walk sees)
+    assert commands <= edges["kvtop.cli"]
+
+
 @pytest.mark.parametrize("tool", TOOLS)
 def test_the_tools_reach_no_fold_source_sink_ui_or_report(tool: str) -> None:
     """``kvtop estimate`` and ``kvtop calibrate`` are arithmetic and measurement over the engines' model shapes,
@@ -260,7 +284,7 @@ def test_a_fresh_interpreter_folding_records_loads_no_source_sink_or_ui() -> Non
 
 
 READERS = ("kvtop.ui", "kvtop.sinks", "kvtop.fleet", "kvtop.agent", "kvtop.runner", "kvtop.watcher", "kvtop.modes",
-           "kvtop.attach", "kvtop.cli")
+           "kvtop.compose", "kvtop.run_summary", "kvtop.cli", *COMMANDS)
 _MODEL_NAMES = {"model", "m", "live", "snap", "snapshot"}
 
 
@@ -298,6 +322,34 @@ def test_no_reader_reads_the_folds_internals() -> None:
             hits = _private_reads(ast.parse(path.read_text(), str(path)))
             if hits:
                 bad[name] = hits
+    assert bad == {}
+
+
+def _private_imports(tree: ast.AST) -> list[str]:
+    """``from kvtop.x import _name`` (or ``from . import _name``): a module taking another module's private name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "kvtop"):
+            found += [f"line {node.lineno}: {'.' * node.level}{node.module or ''} import {alias.name}"
+                      for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_another_modules_private_name() -> None:
+    """Issue 25: ten modules took names another kept private (agent.py the attach command's ``_float`` and the
+    headless mode's ``_run_reporting``, the recorder ``records._default``, the MQTT subscriber ``mqtt_wire._level``,
+    five tier folds ``tiers.common._Bad`` and its checks, the sweep and the token check the block manager's
+    ``_Block`` and ``_MIN_ID``): a name another module needs is public where it is defined. Importing a public
+    name under a private alias (``import x as _x``) is the importer's own business."""
+    assert _private_imports(ast.parse("from kvtop.attach import _float, main\nfrom . import _x\n"
+                                      "from kvtop.y import z as _z\nfrom os import _exit\n"
+                                      "from kvtop import __version__\n")) == [
+        "line 1: kvtop.attach import _float", "line 2: . import _x"]
+    bad = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        hits = _private_imports(ast.parse(path.read_text(), str(path)))
+        if hits:
+            bad[_module_name(path)] = hits
     assert bad == {}
 
 
@@ -523,7 +575,7 @@ def test_replay_up_to_its_first_screen_loads_none_of_the_other_modes() -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     loaded = result["modules"]
     # The probe saw the dashboard and the replay running: the deferred modules were not just never reached.
-    assert {"kvtop.ui.app", "kvtop.ui.widgets", "kvtop.sources.replay", "kvtop.runner"} <= set(loaded)
+    assert {"kvtop.ui.app", "kvtop.ui.widgets", "kvtop.sources.replay", "kvtop.compose"} <= set(loaded)
     assert result["records_in"] > 0
     assert [m for m in loaded if _under(m, DEFERRED_FROM_REPLAY) and m not in PRICING] == []
     # The dataclasses replay's first screen defines are @frozen / @mutable (kvtop/values.py), which compile

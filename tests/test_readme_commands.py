@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvtop import attach, cli
+from kvtop import cli
+from kvtop.commands import attach
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -21,11 +22,11 @@ def test_the_readmes_attach_recording_line_replays_at_the_speed_it_says() -> Non
     documented = re.search(r"--speed (\d+(?:\.\d+)?)", comment)
     assert documented, line
     args = command.split()[2:]   # after "kvtop attach"
-    parsed = attach._parser("attach").parse_args(args)
+    parsed = attach.parser("attach").parse_args(args)
     assert float(parsed.speed) == float(documented.group(1)), line
     # ... and the replay line it names parses to the same speed
     replay = re.search(r"kvtop replay (\S+) --speed (\d+(?:\.\d+)?)", comment)
-    assert replay and float(attach._parser("replay").parse_args([replay.group(1), "--speed", replay.group(2)]
+    assert replay and float(attach.parser("replay").parse_args([replay.group(1), "--speed", replay.group(2)]
                                                                  ).speed) == float(parsed.speed)
 
 

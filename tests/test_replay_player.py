@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from recordings import BUSY_RECORDING, REPO
 
-from kvtop.attach import build_attach_session
+from kvtop.compose import build_attach_session
 from kvtop.records import Record, read_jsonl
 from kvtop.sources.replay import ReplayPlayer, recording_end
 from kvtop.tiers import TierModel

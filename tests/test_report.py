@@ -12,8 +12,9 @@ pytest.importorskip("matplotlib")
 
 from sim_runs import record_sim_run  # noqa: E402
 
+from kvtop.commands.report import main  # noqa: E402
 from kvtop.records import read_jsonl  # noqa: E402
-from kvtop.report.report import build_report, load_run, main, plot_sweep  # noqa: E402
+from kvtop.report.report import build_report, load_run, plot_sweep  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BLOCK = 4718592  # one Qwen3-8B block of 32 tokens
@@ -239,12 +240,12 @@ def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_pat
 
 
 def test_a_change_that_rounds_to_nothing_reads_plus_zero() -> None:
-    from kvtop.report.report import _delta_text, deltas
+    from kvtop.report.report import delta_text, deltas
 
     d = {x["key"]: x for x in deltas({"ttft_p99_s": 0.5201, "hit_rate": 0.3}, {"ttft_p99_s": 0.52009,
                                                                               "hit_rate": 0.29999})}
-    assert _delta_text(d["ttft_p99_s"]).startswith("+0.0% ")
-    assert _delta_text(d["hit_rate"]).startswith("+0.0 pt ")
+    assert delta_text(d["ttft_p99_s"]).startswith("+0.0% ")
+    assert delta_text(d["hit_rate"]).startswith("+0.0 pt ")
 
 
 def test_the_overlap_check_catches_two_texts_drawn_on_each_other() -> None:
@@ -369,7 +370,7 @@ def test_without_matplotlib_the_comparison_still_prints(recordings: dict[str, Pa
     import sys
 
     code = ("import sys; sys.modules['matplotlib'] = None\n"
-            "from kvtop.report.report import main\n"
+            "from kvtop.commands.report import main\n"
             f"sys.exit(main([{str(recordings['host0'])!r}, {str(recordings['host64'])!r}, '-o', "
             f"{str(tmp_path / 'rep')!r}]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvtop.cli import sweep_verdict
+from kvtop.commands.sim import sweep_verdict
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -183,7 +183,7 @@ def test_what_if_all_is_the_cumulative_hit_rate_when_stats_come_before_the_creat
     assert cumulative == truth
     assert session.what_if()["hit_rate"] == pytest.approx(cumulative, abs=1e-12)
     assert alone.estimate()["hit_rate"] == pytest.approx(truth, abs=1e-12)
-    from kvtop.runner import summary
+    from kvtop.run_summary import summary
 
     out = summary(session)  # the --json summary: what_if's "all" and size_advice's point at H are the run's own
     assert out["what_if"]["hit_rate"] == out["hit_rate"]["cumulative"]
@@ -195,7 +195,7 @@ def test_what_if_all_is_the_cumulative_hit_rate_when_stats_come_before_the_creat
 
 
 def test_the_headless_text_says_the_advice_and_the_curve() -> None:
-    from kvtop.runner import format_summary
+    from kvtop.run_summary import format_summary
 
     advice = {"host_blocks": 200, "points": [
         {"host_blocks": 0, "host_bytes": 0, "hit_rate": 0.3, "optimal_hit_rate": 0.4},

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from kv_publisher import cleared, removed, stored
 
-from kvtop import runner
+from kvtop import run_summary
 from kvtop.kv_stream import WireError, decode_frames
 from kvtop.records import MAX_MAGNITUDE, Record, RecordError, SourceId, decode, encode, make
 from kvtop.sinks.prometheus import PrometheusExporter
@@ -153,7 +153,7 @@ def test_hostile_streams_fold_and_render_headless_json_and_prometheus(messages: 
     m, refused = _fold(messages, pages)
     s = m.summary()
     _finite(s)
-    text = runner.format_summary(s)
+    text = run_summary.format_summary(s)
     _clean(text, "headless")
     page = PrometheusExporter(lambda: m, port=0, source=SRC).render().decode()
     _clean(page.replace("\\", ""), "prometheus")   # label values are escaped by prometheus_client

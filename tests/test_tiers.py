@@ -842,7 +842,7 @@ def test_simulated_run_splits_per_priority_hits_like_the_whole_run() -> None:
 def test_headless_what_if_compares_like_with_like(what_if: dict[str, Any], line: str) -> None:
     """The headless text gives the estimate beside its own baseline (same span and definition), and with no host
     cache says x2 of 0 is 0, as the dashboard does: it once printed 'x2 -> 17.5%' under a 15.6% stats hit rate."""
-    from kvtop.runner import format_summary
+    from kvtop.run_summary import format_summary
 
     m = TierModel()
     s = m.summary()

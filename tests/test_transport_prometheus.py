@@ -185,11 +185,11 @@ def test_scrapes_while_another_thread_folds_never_fail() -> None:
 
 @pytest.mark.slow
 def test_a_session_with_an_exporter_publishes_what_it_folds() -> None:
-    """runner.add_sinks sets Session.publish_s when --prometheus-port is given: the session publishes every
+    """compose.add_sinks sets Session.publish_s when --prometheus-port is given: the session publishes every
     publish_s while it runs and once at the end, so a scrape from the HTTP thread sees the fold's figures."""
     import asyncio
 
-    from kvtop.runner import add_sinks
+    from kvtop.compose import add_sinks
     from kvtop.session import Session
     from kvtop.settings import Settings
 

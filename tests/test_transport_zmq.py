@@ -14,7 +14,7 @@ import time
 import pytest
 from kv_publisher import Publisher, removed, stored
 
-from kvtop.attach import build_attach_session
+from kvtop.compose import build_attach_session
 from kvtop.settings import SettingsError
 from kvtop.sources.kv_events_zmq import ZmqUrlError, parse_stream_url
 
@@ -311,7 +311,7 @@ async def test_dashboard_header_says_since_attach():
 def test_headless_text_says_since_attach():
     from test_kv_stream import batch
 
-    from kvtop.runner import format_summary
+    from kvtop.run_summary import format_summary
     from kvtop.tiers import TierModel
 
     m = TierModel()

@@ -388,7 +388,7 @@ def test_v2_sha256_hex_hashes_fold_like_their_64_bit_keys() -> None:
 
 
 def test_the_headless_text_summary_lists_the_disk_tier(tmp_path: Any) -> None:
-    from kvtop.runner import format_summary
+    from kvtop.run_summary import format_summary
 
     m = TierModel()
     m.apply(make("meta", {"engine": "trtllm", "tokens_per_block": 32, "bytes_per_block": 4096, "disk_blocks": 11},

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from kvtop import runner
-from kvtop.cli import _cli_values, build_parser
+from kvtop.commands.run import build_parser, cli_values
 from kvtop.engines import trtllm
 from kvtop.settings import Settings, load_settings
 from kvtop.workload.scenarios import RetentionSpec
@@ -173,7 +173,7 @@ def stand_in() -> types.ModuleType:
 
 def settings_from(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    return load_settings(_cli_values(build_parser().parse_args(argv)), environ={})
+    return load_settings(cli_values(build_parser().parse_args(argv)), environ={})
 
 
 def build(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Any]]:

@@ -275,7 +275,7 @@ def test_replay_caps_gaps_and_ms_records_do_not_stall(tmp_path: Path) -> None:
 
 def test_a_bad_record_is_counted_and_rendered_in_every_mode() -> None:
     """1e308 where a count belongs: the fold never sees it, the summary and stderr say so."""
-    from kvtop.cli import run_headless_until
+    from kvtop.modes import run_headless_until
     from kvtop.session import Session
 
     session = Session(meta={})
@@ -313,9 +313,9 @@ def test_a_hostile_created_claim_costs_no_memory_up_front() -> None:
         session.emit(make("stats", {"iter": 1, "kvCacheStats": {"maxNumBlocks": 30_000_000, "reusedBlocks": 5,
                                                                 "missedBlocks": 50}}, src, T0 + 4))
         wi = session.what_if()
-        from kvtop import runner
+        from kvtop import run_summary
 
-        text = runner.format_summary(runner.summary(session))
+        text = run_summary.format_summary(run_summary.summary(session))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -499,7 +499,7 @@ def test_prometheus_on_all_interfaces_warns() -> None:
                      "--prometheus-addr", "0.0.0.0", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "prometheus.exposed" in proc.stderr and "0.0.0.0" in proc.stderr
-    from kvtop.runner import is_loopback
+    from kvtop.compose import is_loopback
 
     assert [is_loopback(a) for a in ("127.0.0.1", "127.9.9.9", "::1", "localhost", "0.0.0.0", "::", "10.0.0.1",
                                      "gpu-07")] == [True, True, True, True, False, False, False, False]
@@ -628,9 +628,9 @@ def test_stale_and_meta_only_sources_leave_the_fleet_totals() -> None:
     assert any("source.stale" in ln for ln in lines)
     agg = aggregate(session.models, session.status)
     assert agg["sources"] == 1 and agg["gpu_capacity"] == 100 and agg["gpu_in_use"] == 40
-    from kvtop import runner
+    from kvtop import run_summary
 
-    assert runner.summary(session)["sources"] == {"z/0/r": "stale", "a/0/r": "connected", "b/0/r": "stale"}
+    assert run_summary.summary(session)["sources"] == {"z/0/r": "stale", "a/0/r": "connected", "b/0/r": "stale"}
     session.emit(make("stats", {"iter": 11}, b, T0 + 11))  # b is back
     assert session.stale_sources() == ["z/0/r"]
 
@@ -784,13 +784,13 @@ def _assert_clean(text: str, where: str) -> None:
 @given(_mutated_recording())
 def test_mutated_records_fold_and_render_headless_json_prometheus_and_report(tmp_path_factory: Any,
                                                                               lines: list[str]) -> None:
-    from kvtop import runner
+    from kvtop import run_summary
     from kvtop.report.report import _page, load_run
     from kvtop.sinks.prometheus import PrometheusExporter
 
     session, bad = _fold(lines)
-    summary = runner.summary(session)
-    text = runner.format_summary(summary)
+    summary = run_summary.summary(session)
+    text = run_summary.format_summary(summary)
     _assert_clean(text, "headless")
     json.dumps(summary, allow_nan=False)  # every number in the summary is finite
     assert summary["records"] + bad + session.refused_sources == len(lines)
@@ -913,7 +913,7 @@ async def test_an_engine_metrics_page_past_the_bounds_is_counted_and_never_folde
     in JSON and Prometheus, exit 0). Through the real scrape (a server on 127.0.0.1) into a session: the scrape is
     a bad record, a sample value past 2^64 is left out and counted, the exit status is 4 and the summary carries no
     number past 2^64."""
-    from kvtop import runner
+    from kvtop import run_summary
     from kvtop.session import Session
     from kvtop.sources.engine_metrics import MetricsPoller
 
@@ -934,7 +934,7 @@ async def test_an_engine_metrics_page_past_the_bounds_is_counted_and_never_folde
     dropped = session.problems.get("metrics.bad_value")
     assert dropped is not None and dropped.lost and "vllm:prefix_cache_queries_total = 1e+30" in dropped.message
     assert session.problems.exit_status(session.records_in) == EXIT_LOST_DATA
-    summary = runner.summary(session)
+    summary = run_summary.summary(session)
 
     def numbers(v: Any) -> list[float]:
         if isinstance(v, dict):

@@ -1,5 +1,5 @@
 """Pilot tests of the replay player (issue 24, item 1): p pauses the replay itself, seek, step and speed, driven
-through the dashboard's keys on ``kvtop replay``'s own session (kvtop.attach.build_attach_session), with numbers;
+through the dashboard's keys on ``kvtop replay``'s own session (kvtop.compose.build_attach_session), with numbers;
 and + / - changing the refresh interval of a live screen.
 
 Positions are recording seconds since its first record; after a seek (or a step) the session has folded exactly
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from recordings import BUSY_RECORDING, session_from_recording
 
-from kvtop.attach import build_attach_session
+from kvtop.compose import build_attach_session
 from kvtop.records import Record, read_jsonl
 from kvtop.tiers import TierModel
 from kvtop.ui.app import DEFAULT_REFRESH_S, REFRESH_STEPS, KvtopApp, build_app

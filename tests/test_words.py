@@ -16,7 +16,7 @@ import pytest
 from kv_publisher import Publisher, removed, stored
 from test_kv_stream import SRC, batch
 
-from kvtop import runner
+from kvtop import run_summary
 from kvtop.agent import summary_data
 from kvtop.cli import main
 from kvtop.records import Record, SourceId
@@ -44,7 +44,7 @@ def test_headless_text_of_a_stream_without_meta_says_unknown_never_none() -> Non
                                  "tokens_per_block": 16}, SRC, 1.0))
     session.emit(batch(0, [stored([1, 2])], t=1.0))
     session.emit(batch(1, [removed([1])], t=2.0))
-    text = runner.format_summary(runner.summary(session))
+    text = run_summary.format_summary(run_summary.summary(session))
     assert "None" not in text, text
     lines = text.splitlines()
     assert lines[0] == "kvtop: vllm-format, model unknown"
@@ -52,7 +52,8 @@ def test_headless_text_of_a_stream_without_meta_says_unknown_never_none() -> Non
     assert not any(line.strip() == "hit rate by host size:" for line in lines), text
     # nothing heard at all: neither engine nor model is known
     empty = Session(source=SourceId("127.0.0.1:5558", 0, ""))
-    assert runner.format_summary(runner.summary(empty)).splitlines()[0] == "kvtop: engine unknown, model unknown"
+    said = run_summary.format_summary(run_summary.summary(empty))
+    assert said.splitlines()[0] == "kvtop: engine unknown, model unknown"
 
 
 def test_headless_text_of_an_agents_summaries_says_summaries_not_seq_none() -> None:
@@ -63,7 +64,7 @@ def test_headless_text_of_an_agents_summaries_says_summaries_not_seq_none() -> N
     src = SourceId("node-7:5557", 0, "r")
     remote.apply(Record("summary", summary_data(local, 0, 0.5, "agent-x"), src, 1.0))
     remote.apply(Record("summary", summary_data(local, 3, 0.5, "agent-x"), src, 2.0))
-    text = runner.format_summary(remote.summary())
+    text = run_summary.format_summary(remote.summary())
     assert "None" not in text, text
     assert "stream: 2 summaries from an agent, 2 lost" in text.splitlines()
 
@@ -122,7 +123,7 @@ def test_headless_text_counts_have_thousands_separators_json_none() -> None:
                                     "replayed_batches": 2500, "bad_events": 1234},
                          "sources": {**{f"node-{i}:5557/0/r": "connected" for i in range(1000)},
                                      **{f"gone-{i}:5557/0/r": "offline" for i in range(1012)}}}
-    lines = runner.format_summary(s).splitlines()
+    lines = run_summary.format_summary(s).splitlines()
     assert lines[0] == "kvtop: sim (1.2), model Qwen/Qwen3-8B"
     assert "requests: 1,234,567 completed, 1,001 failed; TTFT p50 n/a, p99 n/a" in lines
     assert " gpu: capacity 101,256 blocks, in use 2,048, cached 99,999, free 99,208" in lines

@@ -222,7 +222,7 @@ async def test_a_replay_answer_is_bounded_in_bytes():
 def test_lag_is_shown_in_the_header_and_the_text_summary():
     from test_kv_stream import batch
 
-    from kvtop.runner import format_summary
+    from kvtop.run_summary import format_summary
     from kvtop.tiers import TierModel
 
     m = TierModel()

@@ -35,7 +35,6 @@ import base64
 import html
 import json
 import math
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,13 +44,12 @@ from kvtop import DISTRIBUTION
 from kvtop.palette import OTHER_TIER
 from kvtop.palette import REPORT as TIER_PALETTE
 from kvtop.records import Record, RecordError, read_jsonl
-from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
 from kvtop.tiers.requests import prefix_source
 from kvtop.tiers.whatif import WhatIf
 
 __all__ = ["DISK_COLOR", "GPU_COLOR", "HOST_COLOR", "TIER_COLORS", "NotARecording", "RunData", "TierPoint",
-           "answer_sentences", "build_report", "deltas", "host_size", "load_run", "load_runs", "main",
+           "answer_sentences", "build_report", "deltas", "host_size", "load_run", "load_runs",
            "occupancy_series", "plot_sweep", "prefix_source"]
 
 # The tier colours: kvtop's colour code (kvtop/palette.py), as the dashboard's light theme draws them (the page is
@@ -409,10 +407,10 @@ def answer_sentences(runs: Sequence[RunData]) -> list[str]:
         return out
     if len(runs) == 1:
         r = runs[0].summary
-        figures = [f"TTFT p50 {_fmt(r.get('ttft_p50_s'), 'ms')}",
-                   f"output tok/s {_fmt(r.get('output_tokens_per_s'), 'num')}",
-                   f"hit rate {_fmt(r.get('hit_rate'), 'pct')} (GPU {_fmt(r.get('gpu_hit_rate'), 'pct')}, host "
-                   f"{_fmt(r.get('host_hit_rate'), 'pct')})"]
+        figures = [f"TTFT p50 {cell(r.get('ttft_p50_s'), 'ms')}",
+                   f"output tok/s {cell(r.get('output_tokens_per_s'), 'num')}",
+                   f"hit rate {cell(r.get('hit_rate'), 'pct')} (GPU {cell(r.get('gpu_hit_rate'), 'pct')}, host "
+                   f"{cell(r.get('host_hit_rate'), 'pct')})"]
         gaps = _class_gaps(r)
         return [f"{r['label']}: " + ", ".join(figures) + (f"; {gaps}" if gaps else "")]
     base = runs[0].summary
@@ -441,7 +439,7 @@ def _signed(v: float, unit: str) -> str:
     return f"{0.0 if r == 0 else r:+.1f}{unit}"
 
 
-def _delta_text(d: dict[str, Any]) -> str:
+def delta_text(d: dict[str, Any]) -> str:
     """"+12.3% (1,234 -> 1,386 tok/s)" style, for the terminal and the page."""
     kind, a, b, diff, pct = d["kind"], d["base"], d["value"], d["delta"], d["delta_pct"]
     if diff is None:
@@ -836,7 +834,7 @@ def plot_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- page
 
-def _fmt(v: Any, kind: str) -> str:
+def cell(v: Any, kind: str) -> str:
     if v is None:
         return "n/a"
     if kind == "pct":
@@ -884,15 +882,15 @@ def _answer(runs: Sequence[RunData]) -> list[str]:
             parts.append(f"<th>{html.escape(r.summary['label'])}</th><th>change</th>")
         parts.append("</tr>")
         for label, key in (("host pool", "host_pool_bytes"), ("GPU pool", "gpu_pool_bytes")):
-            parts.append(f"<tr><td>{label}</td><td>{_fmt(base.summary.get(key), 'gib')}</td>")
-            parts += [f"<td>{_fmt(r.summary.get(key), 'gib')}</td><td></td>" for r in runs[1:]]
+            parts.append(f"<tr><td>{label}</td><td>{cell(base.summary.get(key), 'gib')}</td>")
+            parts += [f"<td>{cell(r.summary.get(key), 'gib')}</td><td></td>" for r in runs[1:]]
             parts.append("</tr>")
         rows = [deltas(base.summary, r.summary) for r in runs[1:]]
         for i, (label, key, kind, better) in enumerate(DELTA_METRICS):
             fmt = {"rate": "num", "seconds": "ms", "share": "pct"}[kind]
             note = "share of lookups" if better == "neutral" else f"{better} is better"
             parts.append(f"<tr><td>{html.escape(label)} <small>({note})</small></td>"
-                         f"<td>{_fmt(base.summary.get(key), fmt)}</td>")
+                         f"<td>{cell(base.summary.get(key), fmt)}</td>")
             for r, ds in zip(runs[1:], rows):
                 d = ds[i]
                 way = direction(d)
@@ -900,7 +898,7 @@ def _answer(runs: Sequence[RunData]) -> list[str]:
                 change = ("n/a" if d["delta"] is None else
                           _signed(100 * d["delta"], " pt") if kind == "share" else
                           "n/a" if d["delta_pct"] is None else _signed(d["delta_pct"], "%"))
-                parts.append(f"<td>{_fmt(r.summary.get(key), fmt)}</td><td{cls}>{change}</td>")
+                parts.append(f"<td>{cell(r.summary.get(key), fmt)}</td><td{cls}>{change}</td>")
             parts.append("</tr>")
         parts.append("</table>")
     parts.append("<h2>TTFT by where the prefix came from</h2><p>Each finished request by its prompt's reused "
@@ -915,8 +913,8 @@ def _answer(runs: Sequence[RunData]) -> list[str]:
         parts.append(f"<tr><td>{html.escape(r.summary['label'])}</td>")
         for k, _ in PREFIX_SOURCES:
             b = by.get(k) or {}
-            parts.append(f"<td>{_fmt(b.get('requests'), 'int')}</td><td>{_fmt(b.get('p50_s'), 'ms')}</td>"
-                         f"<td>{_fmt(b.get('p99_s'), 'ms')}</td>")
+            parts.append(f"<td>{cell(b.get('requests'), 'int')}</td><td>{cell(b.get('p50_s'), 'ms')}</td>"
+                         f"<td>{cell(b.get('p99_s'), 'ms')}</td>")
         parts.append("</tr>")
     parts.append("</table>")
     return parts
@@ -960,7 +958,7 @@ def _page(runs: Sequence[RunData], images: dict[str, Path], note: str | None = N
         s["path"] = run.path.name
         shown.append(s)
     for head, key, kind in table:
-        parts.append(f"<tr><td>{html.escape(head)}</td>" + "".join(f"<td>{_fmt(s.get(key), kind)}</td>"
+        parts.append(f"<tr><td>{html.escape(head)}</td>" + "".join(f"<td>{cell(s.get(key), kind)}</td>"
                                                                    for s in shown) + "</tr>")
     parts.append("</table>")
     for run in runs:
@@ -1066,78 +1064,3 @@ def _not_recordings(paths: Sequence[str | Path], runs: list[RunData]) -> str:
     if not said:
         return ""
     return ("not a kvtop recording: " if len(said) == 1 else "not kvtop recordings: ") + ", ".join(said)
-
-
-def _print(text: Any, file: Any = None) -> None:
-    """print() for the console output of ``kvtop report``: run names, paths and reasons come from recordings,
-    so each line is cleaned of control characters first (kvtop.textsafe)."""
-    print(clean(text, None), file=file if file is not None else sys.stdout)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`kvtop report RUN.jsonl [RUN2.jsonl ...] -o DIR [--warmup-requests N]`.
-
-    Exit 0 when the report was written (bad lines are listed on stderr and in the page; without matplotlib the
-    comparison is printed and the page written without charts, said on stderr), 2 on a missing file or a bad
-    option, 3 (nothing written, one line) when a file holds no kvtop record: as ``kvtop replay`` of it (exit 1 is
-    kvtop's own failure, kvtop.problems).
-    """
-    from kvtop.options import OptionParser
-    from kvtop.problems import EXIT_NO_DATA
-
-    ap = OptionParser(prog="kvtop report", description="the comparison, charts and a summary page from "
-                      f"recordings (charts need matplotlib: pip install '{DISTRIBUTION}[report]')")
-    ap.add_argument("recordings", nargs="+", help="JSONL recordings (kvtop --record / replay files)")
-    ap.add_argument("-o", "--out", default="kvtop-report", help="output directory (default: kvtop-report)")
-    ap.add_argument("--warmup-requests", type=int, default=0, help="leave the first N requests out of hit rates")
-    a = ap.parse_args(list(sys.argv[1:] if argv is None else argv))
-    missing = [p for p in a.recordings if not Path(p).is_file()]
-    if missing:
-        _print(f"kvtop report: no such recording: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    if Path(a.out).exists() and not Path(a.out).is_dir():
-        _print(f"kvtop report: -o {a.out}: exists and is not a directory (the report is a directory of "
-               "charts and index.html)", file=sys.stderr)
-        return 2
-    no_plt = matplotlib_missing()
-    try:
-        result = build_report(a.recordings, a.out, a.warmup_requests, charts=no_plt is None)
-    except NotARecording as exc:
-        _print(f"kvtop report: {exc}", file=sys.stderr)
-        return EXIT_NO_DATA
-    except RuntimeError as exc:
-        _print(f"kvtop report: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        _print(f"kvtop report: cannot write {a.out}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    if no_plt:  # the comparison is text: printed and written without the charts
-        _print(f"{no_plt} (for the charts; the comparison and index.html are written without them)",
-               file=sys.stderr)
-    # Every line below carries strings from the recordings (run names, reasons): cleaned before the terminal.
-    for path, bad in result["bad_lines"].items():
-        _print(f"kvtop report: {path}: {len(bad):,} bad line(s) skipped", file=sys.stderr)
-        for line, why in bad[:MAX_BAD_LINES_SHOWN]:
-            _print(f"  line {line}: {why}", file=sys.stderr)
-    # The answer first: one sentence per run against the baseline (the first run).
-    for line in result["sentences"]:
-        _print(line)
-    _print("")
-    for run in result["runs"]:
-        _print(f"{run['label']}: {_fmt(run['requests_completed'], 'int')} requests, hit rate "
-               f"{_fmt(run['hit_rate'], 'pct')} (GPU {_fmt(run['gpu_hit_rate'], 'pct')}, host "
-              f"{_fmt(run['host_hit_rate'], 'pct')}), TTFT p50 {_fmt(run['ttft_p50_s'], 'ms')}, "
-              f"p99 {_fmt(run['ttft_p99_s'], 'ms')}")
-    base = result["runs"][0] if result["runs"] else None
-    for name, ds in result.get("deltas", {}).items():
-        _print(f"{name} against {base['name'] if base else '?'}:")
-        for d in ds:
-            way = direction(d)
-            _print(f"  {d['metric']:<15} {_delta_text(d)}" + (f"  {way}" if way else ""))
-    for run in result["runs"]:
-        by = run.get("ttft_by_source") or {}
-        _print(f"{run['name']}: TTFT p50 by prefix source: " + ", ".join(
-            f"{label} {_fmt((by.get(k) or {}).get('p50_s'), 'ms')} ({(by.get(k) or {}).get('requests', 0):,} req)"
-            for k, label in PREFIX_SOURCES))
-    _print(f"wrote {Path(a.out) / 'index.html'}")
-    return 0

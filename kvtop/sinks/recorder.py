@@ -29,7 +29,7 @@ from typing import Any
 
 from kvtop.compact import BATCH_KIND, pack_event
 from kvtop.problems import Problems
-from kvtop.records import MAX_LINE_BYTES, SCHEMA_VERSION, Record, SourceId, _default, encode
+from kvtop.records import MAX_LINE_BYTES, SCHEMA_VERSION, Record, SourceId, encode, json_default
 
 FLUSH_INTERVAL_S = 1.0
 FLUSH_BYTES = 1 << 20  # 1 MiB: ~1,000 stats dicts; a burst of events is written out well before a second
@@ -95,7 +95,7 @@ class Recorder:
         if record.kind == "kv_event":
             # Consecutive KV events of one source share a line (one envelope, each event's own time), packed
             # and with compact token lists (kvtop/compact.py); read_jsonl gives them back one record each.
-            text = json.dumps(pack_event(record.data), separators=(",", ":"), default=_default, allow_nan=False)
+            text = json.dumps(pack_event(record.data), separators=(",", ":"), default=json_default, allow_nan=False)
             stamp = json.dumps(record.time, allow_nan=False)  # a NaN time raises here, as encode() does
             size = len(text) + len(stamp) + 2
             with self._lock:

@@ -30,7 +30,6 @@ from kvtop.mqtt_wire import (
     MqttUrlError,
     StatusCallback,
     TopicParts,
-    _level,
     describe_error,
     keep_connected,
     log,
@@ -40,6 +39,7 @@ from kvtop.mqtt_wire import (
     resolve_password,
     source_level,
     topic_for,
+    topic_level,
 )
 from kvtop.problems import Problems
 from kvtop.records import KINDS, MAX_LINE_BYTES, Record, RecordError, decode_payload
@@ -244,7 +244,7 @@ class MqttSubscriber:
             return
         # A record speaks for the source its topic names, nothing else: one node must not write into another's
         # row (a broker's ACLs are per topic, so the topic is what can be trusted).
-        kept = [r for r in records if _level(r.source.run) == parts.run and source_level(r.source) == parts.source
+        kept = [r for r in records if topic_level(r.source.run) == parts.run and source_level(r.source) == parts.source
                 and r.kind == parts.kind]
         if len(kept) != len(records):
             bad = len(records) - len(kept)

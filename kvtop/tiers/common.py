@@ -1,6 +1,6 @@
 """What every fold of kvtop/tiers shares: the bad-input exception and its field checks, and the Ledger.
 
-A fold raises ``_Bad(field, problem)`` for malformed input before it changes anything; the composer
+A fold raises ``Bad(field, problem)`` for malformed input before it changes anything; the composer
 (kvtop/tiers/model.py) turns that into one counted bad record whose reason names the field. The checks accept what
 TensorRT-LLM's JSON writers really emit (an integral float for a count, a signed 64-bit block hash) and nothing
 else.
@@ -19,13 +19,13 @@ from typing import Any
 
 from kvtop.tiers.window import RateWindow
 
-_U64 = 1 << 64
+U64 = 1 << 64
 _I64_MIN = -(1 << 63)
-_MAX_PRIORITY = 100
-_UNKNOWN_PRIORITY = _MAX_PRIORITY + 1   # bucket for blocks whose priority no event gave (verbatim fixtures omit it)
+MAX_PRIORITY = 100
+UNKNOWN_PRIORITY = MAX_PRIORITY + 1   # bucket for blocks whose priority no event gave (verbatim fixtures omit it)
 
 
-class _Bad(Exception):
+class Bad(Exception):
     """Malformed input: ``field`` is a dotted path into the record's data."""
 
     def __init__(self, field: str, problem: str):
@@ -34,7 +34,7 @@ class _Bad(Exception):
         self.problem = problem
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
     try:
         text = json.dumps(value, default=str)
     except (TypeError, ValueError):
@@ -42,7 +42,7 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _count(value: Any, path: str) -> int | None:
+def nonneg_count(value: Any, path: str) -> int | None:
     """A non-negative count (None stays None). Integral floats are accepted: some JSON writers emit 5.0."""
     if value is None:
         return None
@@ -50,25 +50,25 @@ def _count(value: Any, path: str) -> int | None:
         return int(value)
     if isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
-    raise _Bad(path, f"must be a non-negative integer, got {_describe(value)}")
+    raise Bad(path, f"must be a non-negative integer, got {describe(value)}")
 
 
-def _required_count(value: Any, path: str) -> int:
-    n = _count(value, path)
+def required_count(value: Any, path: str) -> int:
+    n = nonneg_count(value, path)
     if n is None:
-        raise _Bad(path, "must be a non-negative integer, got null")
+        raise Bad(path, "must be a non-negative integer, got null")
     return n
 
 
-def _number(value: Any, path: str) -> float | None:
+def nonneg_number(value: Any, path: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise _Bad(path, f"must be a non-negative number, got {_describe(value)}")
+        raise Bad(path, f"must be a non-negative number, got {describe(value)}")
     return float(value)
 
 
-def _hash(value: Any, path: str) -> int:
+def hash64(value: Any, path: str) -> int:
     """An unsigned 64-bit block hash; a signed 64-bit one (NVIDIA's gRPC converter wraps them) is unwrapped.
 
     TensorRT-LLM's V2 manager with ``kv_cache_event_hash_algo="v2_sha256"`` (the default "auto" there on 1.3's
@@ -81,28 +81,28 @@ def _hash(value: Any, path: str) -> int:
             return int(value[:16], 16)
         except ValueError:
             pass
-    if value.__class__ is not int or not _I64_MIN <= value < _U64:
-        raise _Bad(path, f"must be a 64-bit integer block hash, got {_describe(value)}")
-    return value + _U64 if value < 0 else value
+    if value.__class__ is not int or not _I64_MIN <= value < U64:
+        raise Bad(path, f"must be a 64-bit integer block hash, got {describe(value)}")
+    return value + U64 if value < 0 else value
 
 
-def _hash_list(values: list[Any], path: str) -> list[int]:
-    return [_hash(v, f"{path}[{i}]") for i, v in enumerate(values)]
+def hash64_list(values: list[Any], path: str) -> list[int]:
+    return [hash64(v, f"{path}[{i}]") for i, v in enumerate(values)]
 
 
 # Cache levels and priorities: a number equal to a valid integer (1.0, or JSON true for 1) is taken as that integer,
 # in the hot path (which compares by value) and here alike. Block hashes and event ids must be true integers.
 
-def _level(value: Any, path: str) -> int:
+def tier_level(value: Any, path: str) -> int:
     if isinstance(value, (int, float)) and value in (0, 1):
         return int(value)
-    raise _Bad(path, f"must be 0 (GPU) or 1 (host), got {_describe(value)}")
+    raise Bad(path, f"must be 0 (GPU) or 1 (host), got {describe(value)}")
 
 
-def _priority(value: Any, path: str) -> int:
-    if isinstance(value, (int, float)) and 0 <= value <= _MAX_PRIORITY and value == int(value):
+def priority_in_range(value: Any, path: str) -> int:
+    if isinstance(value, (int, float)) and 0 <= value <= MAX_PRIORITY and value == int(value):
         return int(value)
-    raise _Bad(path, f"must be an integer priority in [0, {_MAX_PRIORITY}], got {_describe(value)}")
+    raise Bad(path, f"must be an integer priority in [0, {MAX_PRIORITY}], got {describe(value)}")
 
 
 class Ledger:
@@ -127,7 +127,7 @@ class Ledger:
     def tick(self, t: Any) -> bool:
         """Advance "now" (never backwards) and take rate samples. False (and a bad record) for a bad time."""
         if t.__class__ is not float and (isinstance(t, bool) or not isinstance(t, (int, float))):
-            self.bad("time", f"must be a number, got {_describe(t)}")
+            self.bad("time", f"must be a number, got {describe(t)}")
             return False
         if t.__class__ is not float and not -1e300 < t < 1e300:  # an int too large for a float (10**400)
             self.bad("time", "must be a finite number, got an integer too large for a float")

@@ -20,17 +20,17 @@ from typing import Any
 
 from kvtop.records import RecordError, parse_engine_dict
 from kvtop.tiers.common import (
-    _MAX_PRIORITY,
-    _U64,
-    _UNKNOWN_PRIORITY,
+    MAX_PRIORITY,
+    U64,
+    UNKNOWN_PRIORITY,
+    Bad,
     Ledger,
-    _Bad,
-    _describe,
-    _hash,
-    _hash_list,
-    _level,
-    _priority,
-    _required_count,
+    describe,
+    hash64,
+    hash64_list,
+    priority_in_range,
+    required_count,
+    tier_level,
 )
 
 GPU = 0
@@ -46,8 +46,8 @@ _NO_ID = object()      # an event id no event has (no number equals it, so the f
 # A stored block's (cache_level, priority) -> its code's low byte, for every well-formed pair (None = absent).
 # One lookup checks and encodes both, in a third of the time of comparing each.
 _CODES: dict[tuple[int | None, int | None], int] = {
-    (lvl, pr): (lvl or 0) | ((_UNKNOWN_PRIORITY if pr is None else pr) << 1)
-    for lvl in (None, 0, 1) for pr in (None, *range(_MAX_PRIORITY + 1))}
+    (lvl, pr): (lvl or 0) | ((UNKNOWN_PRIORITY if pr is None else pr) << 1)
+    for lvl in (None, 0, 1) for pr in (None, *range(MAX_PRIORITY + 1))}
 
 
 
@@ -83,69 +83,69 @@ class Pool:
 
 
 def _diagnose_event(event: Any) -> None:
-    """Raise ``_Bad`` naming the first malformed field of a KV cache event (slow; only after the fold failed)."""
+    """Raise ``Bad`` naming the first malformed field of a KV cache event (slow; only after the fold failed)."""
     if not isinstance(event, dict):
-        raise _Bad("event", f"must be an object, got {_describe(event)}")
+        raise Bad("event", f"must be an object, got {describe(event)}")
     for key in ("event_id", "data"):
         if key not in event:
-            raise _Bad(key, "is missing")
+            raise Bad(key, "is missing")
     eid = event["event_id"]
     if eid.__class__ is not int or eid < 0:
-        raise _Bad("event_id", f"must be a non-negative integer, got {_describe(eid)}")
+        raise Bad("event_id", f"must be a non-negative integer, got {describe(eid)}")
     for key in ("window_size", "attention_dp_rank"):
         v = event.get(key)
         if v is not None and (v.__class__ is not int or v < 0):
-            raise _Bad(key, f"must be a non-negative integer, got {_describe(v)}")
+            raise Bad(key, f"must be a non-negative integer, got {describe(v)}")
     data = event["data"]
     if not isinstance(data, dict):
-        raise _Bad("data", f"must be an object, got {_describe(data)}")
+        raise Bad("data", f"must be an object, got {describe(data)}")
     etype = data.get("type")
     required = {"stored": "blocks", "removed": "block_hashes", "updated": "block_hash",
                 "created": "num_blocks_per_cache_level"}
     if not isinstance(etype, str) or etype not in required:
-        raise _Bad("data.type", f"must be one of created, stored, removed, updated, got {_describe(etype)}")
+        raise Bad("data.type", f"must be one of created, stored, removed, updated, got {describe(etype)}")
     if required[etype] not in data:
-        raise _Bad(f"data.{required[etype]}", "is missing")
+        raise Bad(f"data.{required[etype]}", "is missing")
     if etype == "stored":
         blocks = data["blocks"]
         if not isinstance(blocks, list):
-            raise _Bad("data.blocks", f"must be a list, got {_describe(blocks)}")
+            raise Bad("data.blocks", f"must be a list, got {describe(blocks)}")
         if data.get("parent_hash") is not None:
-            _hash(data["parent_hash"], "data.parent_hash")
+            hash64(data["parent_hash"], "data.parent_hash")
         for i, b in enumerate(blocks):
             if not isinstance(b, dict):
-                raise _Bad(f"data.blocks[{i}]", f"must be an object, got {_describe(b)}")
+                raise Bad(f"data.blocks[{i}]", f"must be an object, got {describe(b)}")
             if "block_hash" not in b:
-                raise _Bad(f"data.blocks[{i}].block_hash", "is missing")
-            _hash(b["block_hash"], f"data.blocks[{i}].block_hash")
+                raise Bad(f"data.blocks[{i}].block_hash", "is missing")
+            hash64(b["block_hash"], f"data.blocks[{i}].block_hash")
             if b.get("cache_level") is not None:
-                _level(b["cache_level"], f"data.blocks[{i}].cache_level")
+                tier_level(b["cache_level"], f"data.blocks[{i}].cache_level")
             if b.get("priority") is not None:
-                _priority(b["priority"], f"data.blocks[{i}].priority")
+                priority_in_range(b["priority"], f"data.blocks[{i}].priority")
     elif etype == "removed":
         hashes = data["block_hashes"]
         if not isinstance(hashes, list):
-            raise _Bad("data.block_hashes", f"must be a list, got {_describe(hashes)}")
-        _hash_list(hashes, "data.block_hashes")
+            raise Bad("data.block_hashes", f"must be a list, got {describe(hashes)}")
+        hash64_list(hashes, "data.block_hashes")
     elif etype == "updated":
-        _hash(data["block_hash"], "data.block_hash")
-        for key, check in (("cache_level", _level), ("priority", _priority)):
+        hash64(data["block_hash"], "data.block_hash")
+        for key, check in (("cache_level", tier_level), ("priority", priority_in_range)):
             diff = data.get(key)
             if diff is None:
                 continue
             if not isinstance(diff, dict):
-                raise _Bad(f"data.{key}", f"must be an event_diff object or null, got {_describe(diff)}")
+                raise Bad(f"data.{key}", f"must be an event_diff object or null, got {describe(diff)}")
             if "new_value" not in diff:
-                raise _Bad(f"data.{key}.new_value", "is missing")
+                raise Bad(f"data.{key}.new_value", "is missing")
             check(diff["new_value"], f"data.{key}.new_value")
             if diff.get("old_value") is not None:
                 check(diff["old_value"], f"data.{key}.old_value")
     else:
         levels = data["num_blocks_per_cache_level"]
         if not isinstance(levels, list) or not 1 <= len(levels) <= 2:
-            raise _Bad("data.num_blocks_per_cache_level", f"must be a list of 1 or 2 integers, got {_describe(levels)}")
+            raise Bad("data.num_blocks_per_cache_level", f"must be a list of 1 or 2 integers, got {describe(levels)}")
         for i, v in enumerate(levels):
-            _required_count(v, f"data.num_blocks_per_cache_level[{i}]")
+            required_count(v, f"data.num_blocks_per_cache_level[{i}]")
 
 
 class EventFold:
@@ -200,7 +200,7 @@ class EventFold:
                 pool = self._win_pool if window == self._win_key else self._pool_for(window, None)
             else:
                 if rank.__class__ is not int or rank < 0:
-                    raise _Bad("attention_dp_rank", f"must be a non-negative integer, got {_describe(rank)}")
+                    raise Bad("attention_dp_rank", f"must be a non-negative integer, got {describe(rank)}")
                 if eid != self._next_eid.get(rank) and not self._event_id_ok(rank, eid, etype):
                     return
                 pool = self._pool_for(event.get("window_size"), rank)
@@ -217,7 +217,7 @@ class EventFold:
                     cur = c & 1
                     if nv != cur:
                         if nv != cur ^ 1:
-                            _level(nv, "data.cache_level.new_value")  # raises: nv is neither 0 nor 1
+                            tier_level(nv, "data.cache_level.new_value")  # raises: nv is neither 0 nor 1
                         if ov is not None and ov != cur:
                             self._updated(pool, data)  # an old value the fold disagrees with: the slow path decides
                         else:
@@ -256,14 +256,14 @@ class EventFold:
             elif etype == "created":
                 self._created(pool, data)
             else:
-                raise _Bad("data.type", f"must be one of created, stored, removed, updated, got {_describe(etype)}")
+                raise Bad("data.type", f"must be one of created, stored, removed, updated, got {describe(etype)}")
             # Only a well-formed event moves the id on, so a malformed one is a gap the next event reports.
             if rank is None:
                 self._eid_next = eid + 1
             else:
                 self._next_eid[rank] = eid + 1
             led.applied += 1
-        except _Bad as exc:
+        except Bad as exc:
             led.bad(exc.field, exc.problem)
         except Exception as exc:
             self._bad_event(event, exc)
@@ -273,9 +273,9 @@ class EventFold:
         pool = self.pools.get(key)
         if pool is None:
             if window is not None and (window.__class__ is not int or window < 0):
-                raise _Bad("window_size", f"must be a non-negative integer, got {_describe(window)}")
+                raise Bad("window_size", f"must be a non-negative integer, got {describe(window)}")
             if len(self.pools) >= 64:  # 64 windows x ranks is far past any real model; refuse a flood of keys
-                raise _Bad("window_size", "more than 64 distinct (window, rank) pools")
+                raise Bad("window_size", "more than 64 distinct (window, rank) pools")
             pool = self.pools[key] = Pool()
         if rank is None:
             self._win_key = window
@@ -285,7 +285,7 @@ class EventFold:
     def _event_id_ok(self, rank: Any, eid: Any, etype: Any) -> bool:
         """An event id that is not the next one: a first event, a gap, a duplicate or a restart."""
         if eid.__class__ is not int or eid < 0:
-            raise _Bad("event_id", f"must be a non-negative integer, got {_describe(eid)}")
+            raise Bad("event_id", f"must be a non-negative integer, got {describe(eid)}")
         expected = (None if self._eid_next is _NO_ID else self._eid_next) if rank is None else self._next_eid.get(rank)
         if expected is None:
             if eid != 0:
@@ -314,9 +314,9 @@ class EventFold:
     def _created(self, pool: Pool, data: Mapping[str, Any]) -> None:
         levels = data["num_blocks_per_cache_level"]
         if not isinstance(levels, list) or not 1 <= len(levels) <= 2:
-            raise _Bad("data.num_blocks_per_cache_level", f"must be a list of 1 or 2 integers, got {_describe(levels)}")
-        primary = _required_count(levels[0], "data.num_blocks_per_cache_level[0]")
-        secondary = _required_count(levels[1], "data.num_blocks_per_cache_level[1]") if len(levels) > 1 else 0
+            raise Bad("data.num_blocks_per_cache_level", f"must be a list of 1 or 2 integers, got {describe(levels)}")
+        primary = required_count(levels[0], "data.num_blocks_per_cache_level[0]")
+        secondary = required_count(levels[1], "data.num_blocks_per_cache_level[1]") if len(levels) > 1 else 0
         # A second created event for the same window without an id restart is a new manager: start over.
         pool.clear()
         pool.set_capacity(primary, secondary)
@@ -324,10 +324,10 @@ class EventFold:
     def _stored(self, pool: Pool, data: Mapping[str, Any]) -> None:
         blocks_in = data["blocks"]
         if blocks_in.__class__ is not list:
-            raise _Bad("data.blocks", f"must be a list, got {_describe(blocks_in)}")
+            raise Bad("data.blocks", f"must be a list, got {describe(blocks_in)}")
         parent = data.get("parent_hash")
-        if parent is not None and (parent.__class__ is not int or parent < 0 or parent >= _U64):
-            parent = _hash(parent, "data.parent_hash")
+        if parent is not None and (parent.__class__ is not int or parent < 0 or parent >= U64):
+            parent = hash64(parent, "data.parent_hash")
         # Read and check every block before changing anything, so a bad one leaves the fold as it was. A tuple per
         # block is cheaper than reading each dict twice.
         items = []
@@ -335,7 +335,7 @@ class EventFold:
         for b in blocks_in:
             h = b["block_hash"]
             c = codes.get((b.get("cache_level"), b.get("priority")))
-            if c is None or h.__class__ is not int or h < 0 or h >= _U64:
+            if c is None or h.__class__ is not int or h < 0 or h >= U64:
                 self._stored_slow(pool, blocks_in, parent)
                 return
             items.append((h, c))
@@ -385,15 +385,15 @@ class EventFold:
         norm: list[dict[str, Any]] = []
         for i, b in enumerate(blocks_in):
             if not isinstance(b, dict):
-                raise _Bad(f"data.blocks[{i}]", f"must be an object, got {_describe(b)}")
+                raise Bad(f"data.blocks[{i}]", f"must be an object, got {describe(b)}")
             if "block_hash" not in b:
-                raise _Bad(f"data.blocks[{i}].block_hash", "is missing")
-            h = _hash(b["block_hash"], f"data.blocks[{i}].block_hash")
+                raise Bad(f"data.blocks[{i}].block_hash", "is missing")
+            h = hash64(b["block_hash"], f"data.blocks[{i}].block_hash")
             lvl = b.get("cache_level")
             pr = b.get("priority")
             norm.append({"block_hash": h,
-                         "cache_level": None if lvl is None else _level(lvl, f"data.blocks[{i}].cache_level"),
-                         "priority": None if pr is None else _priority(pr, f"data.blocks[{i}].priority")})
+                         "cache_level": None if lvl is None else tier_level(lvl, f"data.blocks[{i}].cache_level"),
+                         "priority": None if pr is None else priority_in_range(pr, f"data.blocks[{i}].priority")})
         self._stored(pool, {"blocks": norm, "parent_hash": parent})
 
     @staticmethod
@@ -418,10 +418,10 @@ class EventFold:
     def _removed(self, pool: Pool, data: Mapping[str, Any]) -> None:
         hashes = data["block_hashes"]
         if hashes.__class__ is not list:
-            raise _Bad("data.block_hashes", f"must be a list, got {_describe(hashes)}")
+            raise Bad("data.block_hashes", f"must be a list, got {describe(hashes)}")
         for h in hashes:  # checked up front, so a bad hash leaves the fold as it was
-            if h.__class__ is not int or h < 0 or h >= _U64:
-                hashes = _hash_list(hashes, "data.block_hashes")
+            if h.__class__ is not int or h < 0 or h >= U64:
+                hashes = hash64_list(hashes, "data.block_hashes")
                 break
         blocks = pool.blocks
         parents = pool.parents
@@ -470,10 +470,10 @@ class EventFold:
             self._updated_unknown(pool, h, cl, pd)
             return
         if cl is not None:
-            nv = _level(cl["new_value"], "data.cache_level.new_value")
+            nv = tier_level(cl["new_value"], "data.cache_level.new_value")
             ov = cl.get("old_value")
             if ov is not None:
-                ov = _level(ov, "data.cache_level.old_value")
+                ov = tier_level(ov, "data.cache_level.old_value")
             cur = c & 1
             if pd is not None:
                 self._check_priority_diff(pd)
@@ -501,20 +501,20 @@ class EventFold:
     @staticmethod
     def _check_priority_diff(pd: Any) -> int:
         if pd.__class__ is not dict:
-            raise _Bad("data.priority", f"must be an event_diff object or null, got {_describe(pd)}")
-        return _priority(pd.get("new_value"), "data.priority.new_value")
+            raise Bad("data.priority", f"must be an event_diff object or null, got {describe(pd)}")
+        return priority_in_range(pd.get("new_value"), "data.priority.new_value")
 
     def _updated_unknown(self, pool: Pool, h: Any, cl: Any, pd: Any) -> None:
         """An ``updated`` event for a hash the fold does not hold (dropped events, or attached mid-stream)."""
-        h = _hash(h, "data.block_hash")
+        h = hash64(h, "data.block_hash")
         nv = ov = None
         if cl is not None:
             if cl.__class__ is not dict:
-                raise _Bad("data.cache_level", f"must be an event_diff object or null, got {_describe(cl)}")
-            nv = _level(cl.get("new_value"), "data.cache_level.new_value")
+                raise Bad("data.cache_level", f"must be an event_diff object or null, got {describe(cl)}")
+            nv = tier_level(cl.get("new_value"), "data.cache_level.new_value")
             ov = cl.get("old_value")
             if ov is not None:
-                ov = _level(ov, "data.cache_level.old_value")
+                ov = tier_level(ov, "data.cache_level.old_value")
         new_prio = None if pd is None else self._check_priority_diff(pd)
         if h in pool.blocks:  # a signed hash that unwrapped to a known one
             self._updated(pool, {"block_hash": h, "cache_level": cl, "priority": pd})
@@ -524,7 +524,7 @@ class EventFold:
             return
         # TensorRT-LLM reports moves only for blocks in the reuse tree: after dropped events, the best the fold can
         # know is that this block is cached in tier nv now.
-        c = nv | ((_UNKNOWN_PRIORITY if new_prio is None else new_prio) << 1)
+        c = nv | ((UNKNOWN_PRIORITY if new_prio is None else new_prio) << 1)
         pool.blocks[h] = c
         pool.prio[c] += 1
         if (1 - nv if ov is None else ov) != nv:
@@ -576,7 +576,7 @@ class EventFold:
             return
         try:
             _diagnose_event(event)
-        except _Bad as bad:
+        except Bad as bad:
             self._ledger.bad(bad.field, bad.problem)
             return
         self._ledger.bad("event", f"{type(exc).__name__}: {exc}")
@@ -611,10 +611,10 @@ class EventFold:
         """Cached blocks in a tier per retention priority (``None`` = a priority no event gave), unclamped."""
         per: dict[int | None, int] = {}
         for p in self.pools.values():
-            for prio in range(_UNKNOWN_PRIORITY + 1):
+            for prio in range(UNKNOWN_PRIORITY + 1):
                 n = p.prio[level + 2 * prio]
                 if n:
-                    key = None if prio == _UNKNOWN_PRIORITY else prio
+                    key = None if prio == UNKNOWN_PRIORITY else prio
                     per[key] = per.get(key, 0) + n
         return per
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtop.tiers.common import _Bad, _count, _describe
+from kvtop.tiers.common import Bad, describe, nonneg_count
 from kvtop.tiers.state import GpuDevice, HostMemory
 
 _MAX_GPUS = 64  # gpu records keep one entry per device index; more than this is a malformed stream
@@ -29,30 +29,30 @@ class MetaFold:
         for key in ("bytes_per_block", "tokens_per_block", "primary_blocks", "secondary_blocks", "disk_blocks",
                     "kv_bytes_per_token", "host_cache_bytes", "disk_cache_bytes"):
             if key in data:
-                checked[key] = _count(data[key], key)
+                checked[key] = nonneg_count(data[key], key)
         for key in ("engine", "engine_version", "model", "gpu"):
             v = data.get(key)
             if v is not None and not isinstance(v, str):
-                raise _Bad(key, f"must be a string, got {_describe(v)}")
+                raise Bad(key, f"must be a string, got {describe(v)}")
         self.meta.update(data)
         self.meta.update(checked)
 
     def apply_gpu(self, data: dict[str, Any], t: float) -> None:
         idx = data.get("index")
         if idx.__class__ is not int:
-            raise _Bad("index", f"must be an integer, got {_describe(idx)}")
+            raise Bad("index", f"must be an integer, got {describe(idx)}")
         err = data.get("error")
         if err is not None:
             self.gpu_error = str(err)
             if idx < 0:
                 return  # a source-level "no NVIDIA driver" record, not a device
         if not 0 <= idx < _MAX_GPUS:
-            raise _Bad("index", f"must be in [0, {_MAX_GPUS}), got {idx}")
+            raise Bad("index", f"must be in [0, {_MAX_GPUS}), got {idx}")
         name = data.get("name")
         if name is not None and not isinstance(name, str):
-            raise _Bad("name", f"must be a string, got {_describe(name)}")
-        used = _count(data.get("memory_used_bytes"), "memory_used_bytes")
-        total = _count(data.get("memory_total_bytes"), "memory_total_bytes")
+            raise Bad("name", f"must be a string, got {describe(name)}")
+        used = nonneg_count(data.get("memory_used_bytes"), "memory_used_bytes")
+        total = nonneg_count(data.get("memory_total_bytes"), "memory_total_bytes")
         self.gpus[idx] = GpuDevice(idx, name, used, total, t, dict(data))
 
     def apply_host(self, data: dict[str, Any], t: float) -> None:
@@ -61,7 +61,7 @@ class MetaFold:
         values: dict[str, int | None] = {}
         for short, long in (("rss_bytes", "process_rss_bytes"), ("available_bytes", "system_available_bytes"),
                             ("total_bytes", "system_total_bytes"), ("pinned_pool_bytes", "pinned_pool_bytes")):
-            v = _count(data.get(short), short)
-            values[short] = v if v is not None else _count(data.get(long), long)
+            v = nonneg_count(data.get(short), short)
+            values[short] = v if v is not None else nonneg_count(data.get(long), long)
         self.host_memory = HostMemory(values["rss_bytes"], values["available_bytes"], values["pinned_pool_bytes"], t,
                                     dict(data), values["total_bytes"])

@@ -80,7 +80,7 @@ from typing import Any
 import kvtop.tiers.capacity as _capacity
 import kvtop.tiers.summary as _summary
 from kvtop.records import Record, RecordError, parse_engine_dict
-from kvtop.tiers.common import Ledger, _Bad, _describe
+from kvtop.tiers.common import Bad, Ledger, describe
 from kvtop.tiers.departures import trtllm_said
 from kvtop.tiers.events import GPU, HOST, EventFold
 from kvtop.tiers.meta import MetaFold
@@ -175,7 +175,7 @@ class TierModel:
             if not self._tick(t):
                 return
             if not isinstance(data, dict):
-                self._bad("data", f"must be an object, got {_describe(data)}")
+                self._bad("data", f"must be an object, got {describe(data)}")
                 return
             try:
                 if kind == "meta":
@@ -189,7 +189,7 @@ class TierModel:
                     self.meta_fold.apply_gpu(data, float(t))
                 else:
                     self.meta_fold.apply_host(data, float(t))
-            except _Bad as exc:
+            except Bad as exc:
                 self._bad(f"data.{exc.field}", exc.problem)
                 return
             except Exception as exc:  # never into the consumer; name what broke
@@ -198,14 +198,14 @@ class TierModel:
             self._ledger.applied += 1
         else:
             self._bad("kind", f"must be one of meta, stats, kv_event, gpu, host, request, "
-                              f"{', '.join(STREAM_KINDS)}, got {_describe(kind)}")
+                              f"{', '.join(STREAM_KINDS)}, got {describe(kind)}")
 
     def _apply_stream(self, kind: str, data: Any, t: Any) -> None:
         """A ``kv_batch``, ``metrics`` or ``summary`` record: folded by kvtop/kv_stream.py into this model."""
         if not self._tick(t):
             return
         if not isinstance(data, dict):
-            self._bad("data", f"must be an object, got {_describe(data)}")
+            self._bad("data", f"must be an object, got {describe(data)}")
             return
         if self.stream_fold is None:
             from kvtop.kv_stream import StreamFold
@@ -237,7 +237,7 @@ class TierModel:
         except RecordError as exc:
             self._bad(exc.field, exc.problem)
             return
-        except _Bad as exc:
+        except Bad as exc:
             self._bad(f"stats.{exc.field}", exc.problem)
             return
         except Exception as exc:

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from kvtop.tiers.common import _Bad, _count, _describe, _number, _priority
+from kvtop.tiers.common import Bad, describe, nonneg_count, nonneg_number, priority_in_range
 from kvtop.tiers.latency import LatencyTrack
 from kvtop.tiers.state import HitRate, RequestRow, Requests
 from kvtop.tiers.verdict import TierEvidence
@@ -83,28 +83,28 @@ class RequestFold:
         """One ``request`` record's data at time ``t``; validates everything before changing anything."""
         ok = data.get("ok")
         if not isinstance(ok, bool):
-            raise _Bad("ok", f"must be true/false, got {_describe(ok)}")
+            raise Bad("ok", f"must be true/false, got {describe(ok)}")
         rid = data.get("request_id")
         if isinstance(rid, bool) or not isinstance(rid, (int, str)):
-            raise _Bad("request_id", f"must be an integer or a string, got {_describe(rid)}")
-        ttft = _number(data.get("ttft_s"), "ttft_s")
-        e2e = _number(data.get("e2e_s"), "e2e_s")
-        prompt = _count(data.get("prompt_tokens"), "prompt_tokens")
-        output = _count(data.get("output_tokens"), "output_tokens")
-        reused = _count(data.get("reused_blocks"), "reused_blocks")
+            raise Bad("request_id", f"must be an integer or a string, got {describe(rid)}")
+        ttft = nonneg_number(data.get("ttft_s"), "ttft_s")
+        e2e = nonneg_number(data.get("e2e_s"), "e2e_s")
+        prompt = nonneg_count(data.get("prompt_tokens"), "prompt_tokens")
+        output = nonneg_count(data.get("output_tokens"), "output_tokens")
+        reused = nonneg_count(data.get("reused_blocks"), "reused_blocks")
         # Its host hits: the driver writes TensorRT-LLM's num_onboarded_blocks as host_hit_blocks (and so do the
         # recordings); onboarded_blocks is the older spelling. Reading only the latter left every per-priority
         # host share at 0% while a third of the hits came from the host tier.
-        onboarded = _count(data.get("host_hit_blocks"), "host_hit_blocks")
+        onboarded = nonneg_count(data.get("host_hit_blocks"), "host_hit_blocks")
         if onboarded is None:
-            onboarded = _count(data.get("onboarded_blocks"), "onboarded_blocks")
-        from_disk = _count(data.get("disk_hit_blocks"), "disk_hit_blocks")
+            onboarded = nonneg_count(data.get("onboarded_blocks"), "onboarded_blocks")
+        from_disk = nonneg_count(data.get("disk_hit_blocks"), "disk_hit_blocks")
         prio = data.get("priority")
         if prio is not None:
-            prio = _priority(prio, "priority")
+            prio = priority_in_range(prio, "priority")
         err = data.get("error")
         if err is not None and not isinstance(err, str):
-            raise _Bad("error", f"must be a string or null, got {_describe(err)}")
+            raise Bad("error", f"must be a string or null, got {describe(err)}")
 
         self.records += 1  # the model counts it into its warm-up state after this record
         # The tiers of its reused blocks: the host's and the disk's as the record says (a record without disk

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from kvtop.records import MAX_BLOCKS, MAX_MAGNITUDE
-from kvtop.tiers.common import _Bad, _count, _describe, _number, _required_count
+from kvtop.tiers.common import Bad, describe, nonneg_count, nonneg_number, required_count
 from kvtop.tiers.state import RequestRow
 from kvtop.tiers.verdict import IterationFit
 
@@ -49,16 +49,16 @@ _DEFAULT_LEVELS = ("gpu", "host", "disk")  # CacheTier's order (kv_cache_manager
 
 def _iter_blocks(value: Any, path: str) -> int:
     """A count of blocks one iteration did (None is 0), at most _MAX_ITER_BLOCKS."""
-    n = _count(value, path) or 0
+    n = nonneg_count(value, path) or 0
     if n > _MAX_ITER_BLOCKS:
-        raise _Bad(path, f"{n:,} blocks in one iteration, more than {_MAX_ITER_BLOCKS:,}")
+        raise Bad(path, f"{n:,} blocks in one iteration, more than {_MAX_ITER_BLOCKS:,}")
     return n
 
 
 def _sum_bounded(n: int, path: str, limit: int = MAX_BLOCKS) -> None:
     """A sum over one record's windows, pool groups or lifecycles: at most ``limit``."""
     if n > limit:
-        raise _Bad(path, f"sums to {n:,} in one record, more than {limit:,}")
+        raise Bad(path, f"sums to {n:,} in one record, more than {limit:,}")
 
 
 class StatsFold:
@@ -120,22 +120,22 @@ class StatsFold:
         everything it uses before changing anything."""
         kv = d.get("kvCacheStats")
         if kv is not None and not isinstance(kv, dict):
-            raise _Bad("kvCacheStats", f"must be an object, got {_describe(kv)}")
-        # A count that is None or a non-negative int is what _count gives back as it is: only the others go
+            raise Bad("kvCacheStats", f"must be an object, got {describe(kv)}")
+        # A count that is None or a non-negative int is what nonneg_count gives back as it is: only the others go
         # through it (a float, a bool, a bad value), which is 16 calls a record fewer (5.2 -> 2.9 us a record).
         kvv: dict[str, int | None] = {}
         if kv is not None:
             for key, path in _KV_KEYS:
                 v = kv.get(key)
                 if v is not None and (v.__class__ is not int or v < 0):
-                    v = _count(v, path)
+                    v = nonneg_count(v, path)
                 kvv[key] = v
             mx = kvv["maxNumBlocks"]
             if mx is not None:
                 for key in ("freeNumBlocks", "usedNumBlocks"):
                     v = kvv[key]
                     if v is not None and v > mx:
-                        raise _Bad(f"kvCacheStats.{key}", f"{v:,} blocks exceed maxNumBlocks {mx:,}")
+                        raise Bad(f"kvCacheStats.{key}", f"{v:,} blocks exceed maxNumBlocks {mx:,}")
         if d.get("kvCacheIterationStats") is None and d.get("kvCacheIterationStatsByPoolGroup") is None:
             it_iter, schema, level_tiers, level_hits = None, ("1.0-1.2" if kv is not None else None), None, None
         else:
@@ -144,14 +144,14 @@ class StatsFold:
         raw_moves = d.get("kvtopPrometheusMoves") if d.get("kvtopSource") == "prometheus" else None
         if raw_moves is not None:
             if not isinstance(raw_moves, dict):
-                raise _Bad("kvtopPrometheusMoves", f"must be an object, got {_describe(raw_moves)}")
-            prom_moves = {k: _required_count(raw_moves[k], f"kvtopPrometheusMoves.{k}")
+                raise Bad("kvtopPrometheusMoves", f"must be an object, got {describe(raw_moves)}")
+            prom_moves = {k: required_count(raw_moves[k], f"kvtopPrometheusMoves.{k}")
                           for k in ("offloadBytes", "onboardBytes") if k in raw_moves}
         top = []
         for key in _TOP_KEYS:
             v = d.get(key)
             if v is not None and (v.__class__ is not int or v < 0):
-                v = _count(v, key)
+                v = nonneg_count(v, key)
             top.append(v)
         iteration, completed, active, queued, gpu_mem, pinned = top
         # the V2 manager's top-level counts, only where the record has them (a 1.x record pays three lookups: the
@@ -165,15 +165,15 @@ class StatsFold:
             level_tiers = self._level_tiers(d.get("kvCacheLevelTiers"))
         ifb = d.get("inflightBatchingStats")
         if ifb is not None and not isinstance(ifb, dict):
-            raise _Bad("inflightBatchingStats", f"must be an object, got {_describe(ifb)}")
+            raise Bad("inflightBatchingStats", f"must be an object, got {describe(ifb)}")
         ctx_tokens = gen_reqs = None
         if ifb:
             ctx_tokens = ifb.get("numCtxTokens")
             if ctx_tokens is not None and (ctx_tokens.__class__ is not int or ctx_tokens < 0):
-                ctx_tokens = _count(ctx_tokens, "inflightBatchingStats.numCtxTokens")
+                ctx_tokens = nonneg_count(ctx_tokens, "inflightBatchingStats.numCtxTokens")
             gen_reqs = ifb.get("numGenRequests")
             if gen_reqs is not None and (gen_reqs.__class__ is not int or gen_reqs < 0):
-                gen_reqs = _count(gen_reqs, "inflightBatchingStats.numGenRequests")
+                gen_reqs = nonneg_count(gen_reqs, "inflightBatchingStats.numGenRequests")
         running = self._running(d["requestStats"]) if "requestStats" in d else None
 
         # An engine restart: iter or a cumulative counter went backwards. The new values are then the deltas.
@@ -316,19 +316,19 @@ class StatsFold:
         blocks (the engine does not say from which tier). Those that completed this iteration are left out: their
         ``request`` record says the rest. Checked whole before anything changes."""
         if not isinstance(entries, list):
-            raise _Bad("requestStats", f"must be a list, got {_describe(entries)}")
+            raise Bad("requestStats", f"must be a list, got {describe(entries)}")
         out = []
         for i, e in enumerate(entries):
             if not isinstance(e, dict):
-                raise _Bad(f"requestStats[{i}]", f"must be an object, got {_describe(e)}")
+                raise Bad(f"requestStats[{i}]", f"must be an object, got {describe(e)}")
             rid = e.get("id")
             if isinstance(rid, bool) or not isinstance(rid, (int, str)):
-                raise _Bad(f"requestStats[{i}].id", f"must be an integer or a string, got {_describe(rid)}")
+                raise Bad(f"requestStats[{i}].id", f"must be an integer or a string, got {describe(rid)}")
             stage = e.get("stage")
             if not isinstance(stage, str):
-                raise _Bad(f"requestStats[{i}].stage", f"must be a string, got {_describe(stage)}")
-            reused = _count(e.get("reusedBlocksPerRequest"), f"requestStats[{i}].reusedBlocksPerRequest")
-            generated = _count(e.get("numGeneratedTokens"), f"requestStats[{i}].numGeneratedTokens")
+                raise Bad(f"requestStats[{i}].stage", f"must be a string, got {describe(stage)}")
+            reused = nonneg_count(e.get("reusedBlocksPerRequest"), f"requestStats[{i}].reusedBlocksPerRequest")
+            generated = nonneg_count(e.get("numGeneratedTokens"), f"requestStats[{i}].numGeneratedTokens")
             if stage == "GENERATION_COMPLETE":
                 continue
             state = "paused" if e.get("paused") is True else self.STAGES.get(stage, stage.lower()[:12])
@@ -371,14 +371,14 @@ class StatsFold:
         level_hits: list[int] | None = None
         if isinstance(lifecycles, dict) and lifecycles:
             if len(lifecycles) > _MAX_VIEWS:
-                raise _Bad("kvCacheIterationStatsByLifecycle",
+                raise Bad("kvCacheIterationStatsByLifecycle",
                            f"{len(lifecycles):,} lifecycles, more than {_MAX_VIEWS} in one record")
             for k in reuse_keys:
                 out[k] = 0
             for lid, lc in lifecycles.items():
                 where = f"kvCacheIterationStatsByLifecycle.{lid}"
                 if not isinstance(lc, dict):
-                    raise _Bad(where, f"must be an object, got {_describe(lc)}")
+                    raise Bad(where, f"must be an object, got {describe(lc)}")
                 if lc.get("kind", "attention") != "attention":
                     continue
                 for k in reuse_keys:
@@ -388,7 +388,7 @@ class StatsFold:
                     if per is None:
                         continue
                     if not isinstance(per, list) or len(per) > 8:
-                        raise _Bad(f"{where}.{k}", f"must be a list of counts per cache level, got {_describe(per)}")
+                        raise Bad(f"{where}.{k}", f"must be a list of counts per cache level, got {describe(per)}")
                     level_hits = level_hits or []
                     for i, v in enumerate(per):
                         n = _iter_blocks(v, f"{where}.{k}[{i}]")
@@ -411,7 +411,7 @@ class StatsFold:
         if tiers is None:
             return None
         if not isinstance(tiers, list) or len(tiers) > _MAX_LEVELS or not all(isinstance(t, str) for t in tiers):
-            raise _Bad("kvCacheLevelTiers", f"must be a list of tier names, got {_describe(tiers)}")
+            raise Bad("kvCacheLevelTiers", f"must be a list of tier names, got {describe(tiers)}")
         return [t.lower() for t in tiers]
 
     @staticmethod
@@ -421,13 +421,13 @@ class StatsFold:
         if raw is None:
             return None
         if not isinstance(raw, list) or len(raw) > _MAX_LEVELS:
-            raise _Bad("iterCachedTokensByLevel", f"must be a list of token counts per cache level, got "
-                                                  f"{_describe(raw)}")
+            raise Bad("iterCachedTokensByLevel", f"must be a list of token counts per cache level, got "
+                                                  f"{describe(raw)}")
         out = []
         for i, v in enumerate(raw):
-            n = _required_count(v, f"iterCachedTokensByLevel[{i}]")
+            n = required_count(v, f"iterCachedTokensByLevel[{i}]")
             if n > MAX_MAGNITUDE:
-                raise _Bad(f"iterCachedTokensByLevel[{i}]", f"{n:,} tokens in one iteration, more than 2^64")
+                raise Bad(f"iterCachedTokensByLevel[{i}]", f"{n:,} tokens in one iteration, more than 2^64")
             out.append(n)
         return out
 
@@ -444,23 +444,23 @@ class StatsFold:
         elif isinstance(raw, list):
             windows = [(f"[{i}]", v) for i, v in enumerate(raw)]
         else:
-            raise _Bad(name, f"must be an object, got {_describe(raw)}")
+            raise Bad(name, f"must be an object, got {describe(raw)}")
         if len(windows) > _MAX_VIEWS:
-            raise _Bad(name, f"{len(windows):,} windows or pool groups, more than {_MAX_VIEWS} in one record")
+            raise Bad(name, f"{len(windows):,} windows or pool groups, more than {_MAX_VIEWS} in one record")
         out: dict[str, int] = {}
         for where, w in windows:
             if not isinstance(w, dict):
-                raise _Bad(f"{name}{where}", f"must be an object, got {_describe(w)}")
+                raise Bad(f"{name}{where}", f"must be an object, got {describe(w)}")
             wv: dict[str, int] = {}
             for key, v in w.items():
                 if not (key.startswith("primary") or key.startswith("secondary") or key.startswith("iter")):
                     continue
                 if key == "iterCacheHitRate":
-                    _number(v, f"{name}{where}.{key}")
+                    nonneg_number(v, f"{name}{where}.{key}")
                     continue
                 if key.endswith("ByLevel"):
                     continue
-                n = _count(v, f"{name}{where}.{key}")
+                n = nonneg_count(v, f"{name}{where}.{key}")
                 if n is not None:
                     wv[key] = n
             # what the window claims must be possible: no gauge above its pool, no iteration past the cap or
@@ -472,14 +472,14 @@ class StatsFold:
                     continue
                 for key, n in wv.items():
                     if n > mx and key.startswith(tier) and key.endswith("NumBlocks"):
-                        raise _Bad(f"{name}{where}.{key}", f"{n:,} blocks exceed {tier}MaxNumBlocks {mx:,}")
+                        raise Bad(f"{name}{where}.{key}", f"{n:,} blocks exceed {tier}MaxNumBlocks {mx:,}")
             for key, pool in _MOVE_POOL:
                 n, size = wv.get(key), wv.get(pool)
                 if n is not None and size and n > size:
-                    raise _Bad(f"{name}{where}.{key}", f"{n:,} blocks moved in one iteration exceed {pool} {size:,}")
+                    raise Bad(f"{name}{where}.{key}", f"{n:,} blocks moved in one iteration exceed {pool} {size:,}")
             for key, n in wv.items():
                 if n > _MAX_ITER_BLOCKS and key.startswith("iter") and key.endswith("Blocks"):
-                    raise _Bad(f"{name}{where}.{key}",
+                    raise Bad(f"{name}{where}.{key}",
                                f"{n:,} blocks in one iteration, more than {_MAX_ITER_BLOCKS:,}")
                 out[key] = out.get(key, 0) + n
         for key, n in out.items():

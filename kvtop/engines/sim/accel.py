@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvtop.engines.sim.block_manager import _MAX_ID, _MIN_ID, BlockManager, NoFreeBlockError
+from kvtop.engines.sim.block_manager import MAX_TOKEN_ID, MIN_TOKEN_ID, BlockManager, NoFreeBlockError
 
 __all__ = ["add_token_each"]
 
@@ -32,7 +32,7 @@ def add_token_each(bm: BlockManager, request_ids: Sequence[Any], token_ids: Sequ
         if seq is None:
             raise ValueError(f"request {request_ids[i]!r} is not in the KV cache manager")
         token_id = token_ids[i]
-        if not _MIN_ID <= token_id <= _MAX_ID:
+        if not MIN_TOKEN_ID <= token_id <= MAX_TOKEN_ID:
             raise OverflowError(f"token id {token_id} does not fit in signed 64 bits")
         if seq.num_tokens % tpb == 0:
             blocks = seq.blocks

@@ -125,7 +125,7 @@ _ID_BYTES = 8
 # reading the key (every empty key is this object; CPython has one empty bytes object anyway).
 _NO_KEY = b""
 _RUN_KEY_BYTES = 2 * _ID_BYTES + 1
-_MIN_ID, _MAX_ID = -(1 << 63), (1 << 63) - 1
+MIN_TOKEN_ID, MAX_TOKEN_ID = -(1 << 63), (1 << 63) - 1
 _pack_run = struct.Struct("qqx").pack  # (first id, count) and the zero byte that makes 17
 _unpack_run = struct.Struct("qq").unpack_from
 _TOP_BYTE = 7 if sys.byteorder == "little" else 0  # of each id: set above 0x7f for ids >= 2^63 in "Q" lanes
@@ -148,7 +148,7 @@ def encode_key(tokens: Sequence[int]) -> bytes:
     """The key of one block's tokens (see above)."""
     n = len(tokens)
     if n >= 2 and tokens[-1] - tokens[0] == n - 1 and list(tokens) == list(range(tokens[0], tokens[0] + n)):
-        if not _MIN_ID <= tokens[0] <= _MAX_ID - n + 1:
+        if not MIN_TOKEN_ID <= tokens[0] <= MAX_TOKEN_ID - n + 1:
             raise OverflowError("token ids must fit in signed 64 bits")
         return _pack_run(tokens[0], n)
     return _pack_ids(tokens) if n else _NO_KEY
@@ -214,7 +214,7 @@ class TokenRuns(Sequence[int]):
             first, length = operator.index(first), operator.index(length)
             if length <= 0:
                 raise ValueError(f"TokenRuns: run lengths must be > 0, got {length}")
-            if not _MIN_ID <= first <= _MAX_ID - length + 1:
+            if not MIN_TOKEN_ID <= first <= MAX_TOKEN_ID - length + 1:
                 raise OverflowError(f"TokenRuns: ids of the run ({first}, {length}) do not fit in signed 64 bits")
             if merged and merged[-1][0] + merged[-1][1] == first:  # a run that continues the one before
                 merged[-1] = (merged[-1][0], merged[-1][1] + length)
@@ -306,7 +306,7 @@ class TokenRuns(Sequence[int]):
         return keys
 
 
-class _Block:
+class KVCacheBlock:
     """``KVCacheBlock``: an identity (id, key, tree links, priority) bound to a memory slot of one tier."""
 
     __slots__ = ("id", "primary", "key", "hash", "hash_parent", "prev", "children", "refs", "priority",
@@ -322,13 +322,13 @@ class _Block:
         # after prefill under the block it was allocated after, or allocated again for the tokens it held) keeps
         # its hash instead of hashing its tokens again (one Python step per token: 39% of a driven trace replay).
         self.hash_parent = 0
-        self.prev: _Block | None = None          # parent in the radix tree (the root for first blocks)
+        self.prev: KVCacheBlock | None = None          # parent in the radix tree (the root for first blocks)
         # The blocks stored under this one, by key: None (a leaf), the only child itself, or a dict (two or more
         # at some point; never empty). Most blocks of a reuse tree are links of a chain with one child, and a dict
         # per block was ~250 bytes of the ~500 a block takes in all: the replay touches a block's parent's children
         # on every eviction, and 40k blocks with their dicts did not fit in this machine's cache (11% of a
         # replay: best of 6, 5.52 -> 4.89 s on the 16-core Xeon).
-        self.children: _Block | dict[bytes, _Block] | None = None
+        self.children: KVCacheBlock | dict[bytes, KVCacheBlock] | None = None
         self.refs = 0
         self.priority = DEFAULT_PRIORITY
         self.duration_ms: int | None = None
@@ -347,7 +347,7 @@ class _Block:
     def in_tree(self) -> bool:
         return bool(self.key) and self.prev is not None
 
-    def child(self, key: bytes) -> _Block | None:
+    def child(self, key: bytes) -> KVCacheBlock | None:
         """The block stored under this one with ``key`` (``children.get(key)``)."""
         children = self.children
         if children is None:
@@ -356,7 +356,7 @@ class _Block:
             return children.get(key)
         return children if children.key == key else None
 
-    def child_items(self) -> list[tuple[bytes, _Block]]:
+    def child_items(self) -> list[tuple[bytes, KVCacheBlock]]:
         """(key, block) of the children in insertion order."""
         children = self.children
         if children is None:
@@ -365,7 +365,7 @@ class _Block:
             return list(children.items())
         return [(children.key, children)]
 
-    def add_child(self, key: bytes, block: _Block) -> _Block:
+    def add_child(self, key: bytes, block: KVCacheBlock) -> KVCacheBlock:
         """``children.setdefault(key, block)``: the child now under ``key``."""
         children = self.children
         if children is None:
@@ -401,7 +401,7 @@ class _Sequence:
         self.prompt_len = len(prompt)
         self.generated: list[int] = []  # tokens added after the prompt (add_token, remove_sequence's final tokens)
         self.num_tokens = self.prompt_len
-        self.blocks: list[_Block] = []
+        self.blocks: list[KVCacheBlock] = []
         self.decode_priority = retention.decode_retention_priority if retention else DEFAULT_PRIORITY
         self.decode_duration_ms = retention.decode_duration_ms if retention else None
         # Keys of the full blocks of the first len(full_keys) * tokens_per_block tokens, made once and shared by
@@ -455,7 +455,7 @@ class _EvictionPolicy:
     block manager may hold references to them.
     """
 
-    def __init__(self, blocks: list[_Block], sizes: tuple[int, int], offload_min_priority: int,
+    def __init__(self, blocks: list[KVCacheBlock], sizes: tuple[int, int], offload_min_priority: int,
                  clock_ms: Callable[[], float]):
         self.queues: list[list[deque[Any]]] = [  # items alternate: stamp (int), block
             [deque() for _ in range(MAX_PRIORITY + 1)] for _ in range(2)]
@@ -470,7 +470,7 @@ class _EvictionPolicy:
         # with the same duration still expire in release order: the release's queue stamp stands for those
         # nanoseconds (stamps grow with every release). Exact ties of the nanosecond stamps, which
         # ExpiringBlockComparator breaks by pointer, do not happen: each release reads the clock anew.
-        self.expiry_heap: list[tuple[float, int, _Block]] = []
+        self.expiry_heap: list[tuple[float, int, KVCacheBlock]] = []
         self.expiry: dict[int, int] = {}  # block id -> the release stamp of its live heap entry (others are stale)
         for block in blocks[:sizes[PRIMARY] + sizes[SECONDARY]]:  # primary blocks first, then secondary
             self.push(block)
@@ -502,7 +502,7 @@ class _EvictionPolicy:
         if not q and not front:
             insort(self.nonempty[SECONDARY], DEFAULT_PRIORITY)
         stamp0 = self.untouched_end - self.unmade
-        made = [_Block(first + i, False) for i in range(n)]
+        made = [KVCacheBlock(first + i, False) for i in range(n)]
         blocks.extend(made)
         for i in range(n - 1, -1, -1):
             block = made[i]
@@ -513,7 +513,7 @@ class _EvictionPolicy:
         q.extendleft(reversed(front))
         self.unmade -= n
 
-    def push(self, block: _Block) -> None:
+    def push(self, block: KVCacheBlock) -> None:
         """Queue a block at the back of the queue of its tier and priority."""
         level = PRIMARY if block.primary else SECONDARY
         prio = block.priority
@@ -527,7 +527,7 @@ class _EvictionPolicy:
         self.stamp = stamp + 1
         self.num_free[level] += 1
 
-    def _remove(self, block: _Block) -> bool:
+    def _remove(self, block: KVCacheBlock) -> bool:
         if block.qstamp == -1:
             return False
         level = PRIMARY if block.primary else SECONDARY
@@ -555,7 +555,7 @@ class _EvictionPolicy:
                     nonempty.append(prio)
         self.stale[level] = 0
 
-    def pop_front(self, level: int) -> tuple[int, _Block]:
+    def pop_front(self, level: int) -> tuple[int, KVCacheBlock]:
         """(priority, block) of the level's first live entry, removed from its queue; the caller knows that one
         exists (``num_free[level] > 0``). Counts are the caller's, except the stale entries it skips."""
         nonempty = self.nonempty[level]
@@ -573,12 +573,12 @@ class _EvictionPolicy:
                 self.stale[level] -= 1
             del nonempty[0]
 
-    def release(self, block: _Block) -> None:
+    def release(self, block: KVCacheBlock) -> None:
         self.push(block)
         if block.duration_ms is not None and block.priority != DEFAULT_PRIORITY:
             self.start_expiry(block)
 
-    def start_expiry(self, block: _Block) -> None:
+    def start_expiry(self, block: KVCacheBlock) -> None:
         """A released block with a timed priority (just queued: ``qstamp`` is its release's stamp): it falls back
         to 35 ``duration_ms`` from now; ties expire in release order."""
         assert block.duration_ms is not None
@@ -586,7 +586,7 @@ class _EvictionPolicy:
         self.expiry[block.id] = stamp
         heapq.heappush(self.expiry_heap, (self.clock_ms() + block.duration_ms, stamp, block))
 
-    def claim(self, block: _Block, priority: int | None = None, duration_ms: int | None = None) -> None:
+    def claim(self, block: KVCacheBlock, priority: int | None = None, duration_ms: int | None = None) -> None:
         if self._remove(block):
             self.expiry.pop(block.id, None)  # only when it left a free queue, as in TensorRT-LLM
         if priority is not None:
@@ -647,12 +647,12 @@ class BlockManager:
         self.window_size = window_size if window_size is not None else primary_blocks * tokens_per_block
         self.clock_ms = clock_ms or (lambda: time.monotonic() * 1000.0)
 
-        self._blocks = [_Block(i, True) for i in range(primary_blocks)]
+        self._blocks = [KVCacheBlock(i, True) for i in range(primary_blocks)]
         # the host pool's first HOST_BLOCKS_CHUNK blocks; the rest as the engine takes them (make_host_blocks)
-        self._blocks += [_Block(primary_blocks + i, False)
+        self._blocks += [KVCacheBlock(primary_blocks + i, False)
                          for i in range(secondary_blocks if secondary_blocks <= HOST_BLOCKS_CHUNK else
                                         HOST_BLOCKS_CHUNK)]
-        self._root = _Block(-1, True)  # kCachedBlocksRootId; hash 0
+        self._root = KVCacheBlock(-1, True)  # kCachedBlocksRootId; hash 0
         self._policy = _EvictionPolicy(self._blocks, (primary_blocks, secondary_blocks),
                                        self.secondary_offload_min_priority, self.clock_ms)
         self._seqs: dict[Any, _Sequence] = {}
@@ -690,7 +690,7 @@ class BlockManager:
         self._event_queue.append({"event_id": self._next_event_id, "data": data, "window_size": self.window_size})
         self._next_event_id += 1
 
-    def _enqueue_removed(self, block: _Block) -> None:
+    def _enqueue_removed(self, block: KVCacheBlock) -> None:
         if not self._events_enabled:
             return
         last = self._event_queue[-1] if self._event_queue else None
@@ -699,7 +699,7 @@ class BlockManager:
         else:
             self._enqueue({"type": "removed", "block_hashes": [block.hash]})
 
-    def _enqueue_updated(self, block: _Block, cache_level: tuple[int, int] | None,
+    def _enqueue_updated(self, block: KVCacheBlock, cache_level: tuple[int, int] | None,
                          priority: tuple[int, int] | None) -> None:
         if not self._events_enabled:
             return
@@ -714,7 +714,7 @@ class BlockManager:
         self._enqueue({"type": "updated", "block_hash": block.hash, "cache_level": diff(cache_level),
                        "priority": diff(priority)})
 
-    def _enqueue_stored(self, blocks: list[_Block]) -> None:
+    def _enqueue_stored(self, blocks: list[KVCacheBlock]) -> None:
         if not self._events_enabled or not blocks:
             return
         parent = blocks[0].prev
@@ -758,12 +758,12 @@ class BlockManager:
 
     # ------------------------------------------------------------------------------------------- allocation
 
-    def _set_hash(self, block: _Block, parent_hash: int) -> None:
+    def _set_hash(self, block: KVCacheBlock, parent_hash: int) -> None:
         if self._events_enabled:
             block.hash = block_key_hash(decode_key(block.key), parent_hash)
             block.hash_parent = parent_hash
 
-    def _free_children(self, block: _Block, data_level: int | None = None) -> None:
+    def _free_children(self, block: KVCacheBlock, data_level: int | None = None) -> None:
         """``freeChildren``: detach the block and its descendants from the tree, children first.
 
         ``data_level``: the tier whose data the block held, when its slot was swapped just before (an offload
@@ -787,23 +787,23 @@ class BlockManager:
             self._detach(node)
 
     @staticmethod
-    def _detach(block: _Block) -> None:
+    def _detach(block: KVCacheBlock) -> None:
         """``freeLeafBlock``: unlink from the parent (by key, as removeNextBlock does)."""
         if block.prev is not None:
             block.prev.remove_child(block.key)
             block.prev = None
 
-    def _claim_leaf(self, block: _Block, priority: int | None, duration_ms: int | None) -> None:
+    def _claim_leaf(self, block: KVCacheBlock, priority: int | None, duration_ms: int | None) -> None:
         self._policy.claim(block, priority, duration_ms)
         self._detach(block)
 
-    def _get_free_block(self, priority: int, duration_ms: int | None) -> _Block:
+    def _get_free_block(self, priority: int, duration_ms: int | None) -> KVCacheBlock:
         """``getFreeBlock`` + ``claimBlock`` for one block (see ``_take_free_blocks``)."""
-        taken: list[_Block] = []
+        taken: list[KVCacheBlock] = []
         self._take_free_blocks(1, priority, duration_ms, taken)
         return taken[0]
 
-    def _take_free_blocks(self, count: int, priority: int, duration_ms: int | None, taken: list[_Block]) -> None:
+    def _take_free_blocks(self, count: int, priority: int, duration_ms: int | None, taken: list[KVCacheBlock]) -> None:
         """``count`` times ``getFreeBlock`` + ``claimBlock``: take the GPU victim, offload it to the host tier when
         1.2 would, detach what it frees from the tree, claim it with the given priority and duration, and append
         it to ``taken``. Raises NoFreeBlockError when the GPU pool runs dry, with the blocks taken so far appended
@@ -934,7 +934,7 @@ class BlockManager:
             self.offloaded_blocks += offloaded
             self.silent_offloads += silent_offloads
 
-    def _onboard(self, block: _Block) -> None:
+    def _onboard(self, block: KVCacheBlock) -> None:
         if self.onboard_blocks and not block.primary:
             victim = self._get_free_block(DEFAULT_PRIORITY, None)
             block.primary, victim.primary = victim.primary, block.primary
@@ -942,7 +942,7 @@ class BlockManager:
             self._enqueue_updated(block, (SECONDARY, PRIMARY), None)
             self._policy.release(victim)  # the victim object now owns the host slot
 
-    def _find_matching(self, root: _Block, key: bytes) -> tuple[bool, int, _Block | None]:
+    def _find_matching(self, root: KVCacheBlock, key: bytes) -> tuple[bool, int, KVCacheBlock | None]:
         """``findMatchingBlock``: (partial, matched tokens, block) for the child of ``root`` matching ``key``.
 
         (Signature kept as it was: tests/test_tiers.py hooks it in a subclass.)"""
@@ -994,7 +994,7 @@ class BlockManager:
             keys.append(encode_key(seq.tokens(stop, usable)))
         return keys
 
-    def _add_to_seq(self, seq: _Sequence, block: _Block) -> None:
+    def _add_to_seq(self, seq: _Sequence, block: KVCacheBlock) -> None:
         block.refs += 1
         seq.blocks.append(block)
 
@@ -1036,7 +1036,7 @@ class BlockManager:
 
         # Walk the tree while blocks match; TensorRT-LLM stops searching at the first miss or partial match.
         matched_tokens = 0
-        search: _Block | None = self._root
+        search: KVCacheBlock | None = self._root
         bi = 0
         while search is not None and bi < num_blocks:
             key = keys[bi] if bi < num_keys else _NO_KEY
@@ -1111,7 +1111,7 @@ class BlockManager:
         seq = self._seqs.get(request_id)  # _seq() inlined: once per generated token
         if seq is None:
             raise ValueError(f"request {request_id!r} is not in the KV cache manager")
-        if not _MIN_ID <= token_id <= _MAX_ID:
+        if not MIN_TOKEN_ID <= token_id <= MAX_TOKEN_ID:
             raise OverflowError(f"token id {token_id} does not fit in signed 64 bits")
         if seq.num_tokens % self.tokens_per_block == 0:
             block = self._get_free_block(seq.decode_priority, seq.decode_duration_ms)
@@ -1130,8 +1130,8 @@ class BlockManager:
         count = len(token_ids)
         if not count:
             return
-        if not _MIN_ID <= min(token_ids) or not max(token_ids) <= _MAX_ID:
-            bad = next(i for i, t in enumerate(token_ids) if not _MIN_ID <= t <= _MAX_ID)
+        if not MIN_TOKEN_ID <= min(token_ids) or not max(token_ids) <= MAX_TOKEN_ID:
+            bad = next(i for i, t in enumerate(token_ids) if not MIN_TOKEN_ID <= t <= MAX_TOKEN_ID)
             self.add_tokens(request_id, token_ids[:bad])  # the tokens before it go in, as one call each would
             raise OverflowError(f"token id {token_ids[bad]} does not fit in signed 64 bits")
         tpb = self.tokens_per_block
@@ -1166,7 +1166,7 @@ class BlockManager:
         """
         seq = self._seq(request_id)
         for token_id in final_tokens:
-            if not _MIN_ID <= token_id <= _MAX_ID:
+            if not MIN_TOKEN_ID <= token_id <= MAX_TOKEN_ID:
                 raise OverflowError(f"token id {token_id} does not fit in signed 64 bits")
         seq.generated.extend(final_tokens)
         seq.num_tokens = seq.prompt_len + len(seq.generated)
@@ -1218,7 +1218,7 @@ class BlockManager:
                 freed += 1
         return freed
 
-    def find_new_context_block(self, token_ids: Sequence[int]) -> tuple[_Block, bytes] | None:
+    def find_new_context_block(self, token_ids: Sequence[int]) -> tuple[KVCacheBlock, bytes] | None:
         """``findNewContextBlock`` (kvCacheManager.cpp, WindowBlockManager): the first full block of ``token_ids``
         that the reuse tree does not hold, matched exactly (no partial matches), or None where every full block is
         there (or there is none). The block is named by the tree node its prefix ends at and its own key, which
@@ -1247,8 +1247,8 @@ class BlockManager:
         return None
 
     @staticmethod
-    def _first_new_block(node: _Block, keys: list[bytes]) -> tuple[_Block, bytes] | None:
-        """The walk of ``find_new_context_block`` along ``keys`` from ``node`` (``_Block.child`` inlined): the
+    def _first_new_block(node: KVCacheBlock, keys: list[bytes]) -> tuple[KVCacheBlock, bytes] | None:
+        """The walk of ``find_new_context_block`` along ``keys`` from ``node`` (``KVCacheBlock.child`` inlined): the
         first key not under its node, or (the last node, the empty key) where there are keys and all match, or
         None where there are none."""
         if not keys:
@@ -1300,10 +1300,10 @@ class BlockManager:
 
     # ------------------------------------------------------------------------------------------- introspection
 
-    def _block_at(self, block_id: int) -> _Block:
+    def _block_at(self, block_id: int) -> KVCacheBlock:
         """The block of an id; a host block not made yet is one as the constructor makes it (make_host_blocks)."""
         if len(self._blocks) <= block_id < self.primary_blocks + self.secondary_blocks:
-            return _Block(block_id, False)
+            return KVCacheBlock(block_id, False)
         return self._blocks[block_id]
 
     def block_cache_level(self, block_id: int) -> int:
