@@ -237,11 +237,11 @@ def test_stats_fold_as_before(seed: int) -> None:
     before = _fold_stats(old.StatsFold(lambda: 4096), items)
     after = _fold_stats(StatsFold(lambda: 4096), items)
     # What the fold keeps since (the verdict's iteration fit, kvtop/tiers/verdict.py; the V2 manager's preemption,
-    # disk-move and per-level token counts, issue 23 item 3) is all it adds; everything the baseline kept comes out
-    # the same.
+    # disk-move and per-level token counts, issue 23 item 3; the requests in flight for the requests view, issue 24
+    # item 2) is all it adds; everything the baseline kept comes out the same.
     added = {k for s in after if isinstance(s, dict) for k in s} - {k for s in before if isinstance(s, dict) for k in s}
     assert added == {"iter_fit", "suspended", "resumed", "disk_prefetched", "disk_onboarded", "disk_offloaded",
-                     "disk_moves_seen", "level_tokens", "warm_level_tokens"}
+                     "disk_moves_seen", "level_tokens", "warm_level_tokens", "running"}
     after = [{k: v for k, v in s.items() if k not in added} if isinstance(s, dict) else s for s in after]
     # The schema is the source's since (issue 23, item 4): where the baseline went back to "1.0-1.2" on a row
     # without the newer views after one with them, it stays the newer one; everything else is the baseline's.
