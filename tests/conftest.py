@@ -21,6 +21,12 @@ from pathlib import Path
 
 import pytest
 
+# pytest-xdist's workers run with COLUMNS=80 and LINES=24 in their environment, and a program started from a test
+# inherits them: Textual takes them over the terminal's own size, so kvtop in a 120x40 tmux pane drew an 80x24
+# screen and the tmux tests failed only in parallel. Nothing here needs them (a terminal's size comes from the pty).
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 _AMQTT_MAIN = textwrap.dedent("""
     import asyncio, sys
     from amqtt.broker import Broker
@@ -200,3 +206,13 @@ def frozen_ui_clock(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     monkeypatch.undo()
     time.tzset()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The suite runs in parallel (pytest-xdist, ``-n auto --dist loadgroup`` in pyproject.toml): the tests that
+    drive a real terminal (tmux) wait for the screen with deadlines, and two of them at once beside the other
+    workers missed theirs on a loaded 2-core box (a 1,000-source fleet and a replay each want a core): they run
+    one after another, on one worker."""
+    for item in items:
+        if item.get_closest_marker("tmux") is not None:
+            item.add_marker(pytest.mark.xdist_group("terminal"))

@@ -8,6 +8,7 @@ pinned in the test extra: a new release that adds a rule must not fail a build t
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,18 +16,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# CI runs ruff and mypy as steps of their own before the suite (.ci/run) and says so here, so they do not run twice
+RAN_AS_CI_STEPS = os.environ.get("KVTOP_STATIC_CHECKS") == "ran"
+static = pytest.mark.skipif(RAN_AS_CI_STEPS, reason="ruff and mypy ran as CI steps of their own (.ci/run)")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@static
 def test_ruff_finds_nothing() -> None:
     pytest.importorskip("ruff", reason="ruff is in the test extra: pip install -e '.[test]'")
     result = _run("ruff", "check", "--no-cache", ".")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@static
 @pytest.mark.slow
 def test_mypy_finds_nothing_outside_the_dashboard() -> None:
     pytest.importorskip("mypy", reason="mypy is in the test extra: pip install -e '.[test]'")
@@ -39,6 +45,7 @@ def test_mypy_finds_nothing_outside_the_dashboard() -> None:
 UI_TYPED = ("kvtop/ui/__init__.py", "kvtop/ui/app.py", "kvtop/ui/format.py", "kvtop/ui/themes.py")
 
 
+@static
 def test_mypy_finds_nothing_in_the_dashboards_typed_modules() -> None:
     pytest.importorskip("mypy", reason="mypy is in the test extra: pip install -e '.[test]'")
     result = _run("mypy", *UI_TYPED)

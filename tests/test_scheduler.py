@@ -90,8 +90,10 @@ def test_simllm_caps_a_paused_prompt_at_its_max_input_len() -> None:
     """SimLLM takes TensorRT-LLM's ``max_input_len`` (default 1,024, as LlmArgs) down to the engine core."""
     from kvtop.engines.sim.llm import SimLLM
 
-    assert SimLLM("Qwen/Qwen3-0.6B", speed=0)._core.max_input_len == 1024
-    assert SimLLM("Qwen/Qwen3-0.6B", speed=0, max_input_len=72)._core.max_input_len == 72
+    with SimLLM("Qwen/Qwen3-0.6B", speed=0) as llm:   # shut down after: its engine thread would outlive the test
+        assert llm._core.max_input_len == 1024
+    with SimLLM("Qwen/Qwen3-0.6B", speed=0, max_input_len=72) as llm:
+        assert llm._core.max_input_len == 72
     with pytest.raises(ValueError, match="max_input_len"):
         run("MAX_UTILIZATION", max_input_len=0)
 

@@ -22,6 +22,17 @@ ROOT = Path(__file__).resolve().parents[1]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kvtop forks on Linux only")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    """kvtop forks only while its process has one thread (forked.why_not). In a parallel run (pytest-xdist) the
+    test before this one in the same worker may have left a thread winding down (a server's, a watcher's): wait
+    for it, and name any that stays, rather than fail on a fork refused for a reason this test is not about."""
+    deadline = time.monotonic() + 15
+    while threading.active_count() > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() == 1, [t.name for t in threading.enumerate()]
+
+
 def _pid_and_sum(values: list[int]) -> tuple[int, int]:
     return os.getpid(), sum(values)
 

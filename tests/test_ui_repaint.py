@@ -134,7 +134,7 @@ def test_with_the_strip_reuse_off_the_public_path_draws_the_same_screen() -> Non
         cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert probe.stdout.split() == ["False", "False", "False"], probe.stderr
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::"
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", f"{__file__}::"
          "test_a_screen_updated_refresh_by_refresh_matches_a_fresh_one",
          f"{__file__}::test_an_unchanged_panel_hands_the_compositor_its_last_strips",
          f"{__file__}::test_what_the_terminal_is_sent_adds_up_to_the_screen"],
