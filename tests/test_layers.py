@@ -587,5 +587,5 @@ def test_replay_up_to_its_first_screen_loads_none_of_the_other_modes() -> None:
 # __init__ for a class of 5 fields): they stay dataclasses.
 # The cost model's two tables (the verdict's pricing, PRICING above) validate themselves in __post_init__, which
 # @frozen does not support: they stay dataclasses too (~1.1 ms of the first screen).
-COMPILED_DATACLASSES = ["kvtop.engines.gpus.GpuProfile", "kvtop.engines.models.ModelShape", "kvtop.records.Record",
-                        "kvtop.records.SourceId"]
+COMPILED_DATACLASSES = ["kvtop.engines.gpus.GpuProfile", "kvtop.engines.models.ModelShape",
+                        "kvtop.records.record.Record", "kvtop.records.record.SourceId"]

@@ -428,7 +428,7 @@ def test_fuzz_record_shaped_json(obj: dict[str, Any]) -> None:
         assert exc.field.startswith("[0].")
 
 
-# The fast path of from_obj (records._fast_record) must give exactly what the full path gives: the same Record
+# The fast path of from_obj (fast.fast_record) must give exactly what the full path gives: the same Record
 # for every record it takes, and for every other object the full path's answer (the same error, word for word).
 def _outcome(fn: Any, obj: Any) -> Any:
     import copy
@@ -465,7 +465,7 @@ _near_valid = st.fixed_dictionaries(
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_near_valid | _envelopes)
 def test_fast_path_gives_exactly_what_the_full_path_gives(obj: dict[str, Any]) -> None:
-    from kvtop.records import _checked_record
+    from kvtop.records.checks import checked_record as _checked_record
 
     assert _outcome(from_obj, obj) == _outcome(_checked_record, obj)
 
@@ -473,7 +473,8 @@ def test_fast_path_gives_exactly_what_the_full_path_gives(obj: dict[str, Any]) -
 def test_fast_path_takes_the_common_records_of_a_busy_recording() -> None:
     """Every kv_event (but the one created) and stats record of the committed busy recording goes through the
     fast path (not through it and then the full path), and comes out as the full path makes it."""
-    from kvtop.records import _checked_record, _fast_record
+    from kvtop.records.checks import checked_record as _checked_record
+    from kvtop.records.fast import fast_record as _fast_record
 
     taken = 0
     for line in (Path(__file__).parent / "data" / "busy.jsonl").read_bytes().splitlines():
@@ -487,10 +488,11 @@ def test_fast_path_takes_the_common_records_of_a_busy_recording() -> None:
     assert taken > 3000
 
 
-# decode parses a line with orjson where that gives the standard parser's objects (records._decode_fast), and
+# decode parses a line with orjson where that gives the standard parser's objects (fast.decode_fast), and
 # with json otherwise: the outcome is the standard parser's in every case, word for word.
 def _standard_outcome(raw: bytes) -> Any:
-    from kvtop.records import _checked_record, _loads
+    from kvtop.records.checks import checked_record as _checked_record
+    from kvtop.records.checks import loads as _loads
 
     try:
         return _checked_record(_loads(raw))
@@ -559,16 +561,17 @@ def test_decode_takes_the_busy_recording_through_orjson_where_it_can() -> None:
     """Most lines of the committed busy recording (all but the stored events with their token dicts) are parsed
     by orjson, and give the records the standard parser gives."""
     from kvtop import records
+    from kvtop.records import fast
 
-    fast = 0
+    taken = 0
     lines = (Path(__file__).parent / "data" / "busy.jsonl").read_bytes().splitlines()
     for line in lines:
         if records._BATCH_MARK in line[:80]:
             continue
-        rec = records._decode_fast(line) if records._fast_safe(line) else None
-        fast += rec is not None
+        rec = fast.decode_fast(line) if fast.fast_safe(line) else None
+        taken += rec is not None
         assert decode(line) == _standard_outcome(line)
-    assert fast > 0.8 * len(lines)
+    assert taken > 0.8 * len(lines)
 
 
 BUSY = Path(__file__).parent / "data" / "busy.jsonl"
@@ -583,7 +586,7 @@ def _read_busy_without(module: str, result: str) -> str:
 
     code = (f"import sys; sys.modules[{module!r}] = None\n"
             "from kvtop import records\n"
-            f"assert records._{module} is None\n"
+            f"assert records.fast.{module} is None\n"
             "lines = list(records.read_jsonl(sys.argv[1]))\n"
             f"print({result})\n")
     out = subprocess.run([sys.executable, "-c", code, str(BUSY)], capture_output=True, text=True, check=True,
@@ -602,7 +605,8 @@ def test_without_orjson_every_line_goes_to_the_standard_parser() -> None:
 @given(_wide | _json)
 def test_loads_exact_gives_what_json_gives(value: Any) -> None:
     """A recording's batch lines and MQTT payloads go through orjson only where its objects are json's."""
-    from kvtop.records import _loads, _loads_exact
+    from kvtop.records.checks import loads as _loads
+    from kvtop.records.fast import loads_exact as _loads_exact
 
     raw = json.dumps(value).encode()
     want = _loads(raw)
@@ -613,7 +617,8 @@ def test_loads_exact_gives_what_json_gives(value: Any) -> None:
 @pytest.mark.parametrize("raw", [b"[18446744073709551617, 1]", b"[-9223372036854775809]", b"[NaN]",
                                  b"\xef\xbb\xbf[1]", b'["\\ud800"]', b"[" * 3000 + b"]" * 3000, b"[1e400]"])
 def test_loads_exact_of_what_orjson_reads_otherwise(raw: bytes) -> None:
-    from kvtop.records import _loads, _loads_exact
+    from kvtop.records.checks import loads as _loads
+    from kvtop.records.fast import loads_exact as _loads_exact
 
     try:
         want: Any = repr(_loads(raw))
@@ -627,7 +632,7 @@ def test_loads_exact_of_what_orjson_reads_otherwise(raw: bytes) -> None:
 
 
 # A stored event with its token dicts (~35 KB a line in a busy recording) is parsed by orjson when its bytes hold
-# no integer that orjson would read as a float (records._ints_exact), and checked as the standard path checks it.
+# no integer that orjson would read as a float (fast.ints_exact), and checked as the standard path checks it.
 _digit_ints = st.integers(-(2**70), 2**70) | st.sampled_from([
     2**63 - 1, 2**63, 2**64 - 1, 2**64, 2**64 + 1, 10**19 - 1, 10**19, 10**20 - 1, 10**20, 10**21,
     -(2**63), -(2**63) - 1, -(10**18), -(10**19), 99999999999999999999, 18446744073709551614])
@@ -663,14 +668,14 @@ def _stored_lines(draw: Any) -> bytes:
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_stored_lines())
 def test_stored_event_lines_through_orjson_give_what_the_standard_parser_gives(raw: bytes) -> None:
-    from kvtop import records
+    from kvtop.records import fast
 
-    assert records._fast_safe(raw) is False   # the token dicts' line goes to _decode_tokens_fast
+    assert fast.fast_safe(raw) is False   # the token dicts' line goes to decode_tokens_fast
     # repr, not ==: 2**64 == float(2**64), and an integer read as a float must not pass for the same record
     assert repr(_decode_outcome(raw)) == repr(_standard_outcome(raw))
-    fast = records._decode_tokens_fast(raw)
-    if fast is not None:
-        assert repr(fast) == repr(_standard_outcome(raw))
+    got = fast.decode_tokens_fast(raw)
+    if got is not None:
+        assert repr(got) == repr(_standard_outcome(raw))
 
 
 @pytest.mark.parametrize("number, exact", [
@@ -681,7 +686,7 @@ def test_stored_event_lines_through_orjson_give_what_the_standard_parser_gives(r
     (-(2**63) - 1, False), (-(10**25), False),
 ])
 def test_ints_exact_finds_every_integer_orjson_would_read_as_a_float(number: int, exact: bool) -> None:
-    from kvtop.records import _ints_exact
+    from kvtop.records.fast import ints_exact as _ints_exact
 
     for raw in (f'{{"a":[{number}]}}'.encode(), f'{{"a":1,"b":{{"c":{number}}}, "d":7}}'.encode()):
         assert _ints_exact(raw) is exact
@@ -700,21 +705,21 @@ def test_decode_takes_the_stored_events_with_tokens_through_msgspec() -> None:
     """The committed busy recording's stored events with token dicts (~35 KB lines) take msgspec's typed path
     (their tokens straight to ids) and give the records the standard parser gives; so does the orjson path
     behind it (where msgspec refuses a line)."""
-    from kvtop import records
+    from kvtop.records import fast
 
     lines = [line for line in (Path(__file__).parent / "data" / "busy.jsonl").read_bytes().splitlines()
              if b'"tokens"' in line]
     assert len(lines) > 50
     for line in lines:
         want = repr(_standard_outcome(line))
-        rec = records._decode_stored_typed(line)
+        rec = fast.decode_stored_typed(line)
         assert rec is not None and repr(rec) == want == repr(decode(line))
         assert isinstance(rec.data["data"]["blocks"][0]["token_ids"][0], int)
-        assert records._ints_exact(line)
-        assert repr(records._fast_record(records._orjson.loads(line))) == want
+        assert fast.ints_exact(line)
+        assert repr(fast.fast_record(fast.orjson.loads(line))) == want
 
 
-# msgspec's typed decoder for stored events (records._decode_stored_typed): every line it takes gives the standard
+# msgspec's typed decoder for stored events (fast.decode_stored_typed): every line it takes gives the standard
 # path's record, repr for repr; every other line it leaves (None) to the paths behind it, and decode's outcome is
 # the standard one either way. The lines: plain tokens mostly, and then every way a token, a block, the event or
 # the envelope can differ from what the typed decoder was written for.
@@ -780,11 +785,11 @@ def _typed_lines(draw: Any) -> bytes:
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_typed_lines())
 def test_stored_lines_through_msgspec_give_what_the_standard_parser_gives(raw: bytes) -> None:
-    from kvtop import records
+    from kvtop.records import fast
 
     want = repr(_standard_outcome(raw))
     assert repr(_decode_outcome(raw)) == want
-    typed = records._decode_stored_typed(raw)
+    typed = fast.decode_stored_typed(raw)
     if typed is not None:
         assert repr(typed) == want
 
@@ -809,37 +814,37 @@ def test_stored_lines_through_msgspec_give_what_the_standard_parser_gives(raw: b
     (('"v":1', '"v":2'), "v: schema version 2 is not supported"),
 ])
 def test_bad_stored_lines_get_the_standard_paths_error(change: tuple[str, str], error: str) -> None:
-    from kvtop import records
+    from kvtop.records import fast
 
     raw = ('{"v":1,"kind":"kv_event","source":{"host":"h","rank":0,"run":"r"},"time":1764430000.25,"data":'
            '{"event_id":3,"data":{"type":"stored","parent_hash":null,"blocks":[{"type":"stored_block","block_hash":5,'
            '"tokens":[{"type":"unique_token","token_id":1,"token_extra_id":0}],"cache_level":0}]}}}')
     assert change[0] in raw
     bad = raw.replace(change[0], change[1], 1).encode()
-    assert records._decode_stored_typed(bad) is None
+    assert fast.decode_stored_typed(bad) is None
     out = _decode_outcome(bad)
     assert out == _standard_outcome(bad) and out[0] == "error" and error in out[1], out
-    good = records._decode_stored_typed(raw.encode())
+    good = fast.decode_stored_typed(raw.encode())
     assert good is not None and good.data["data"]["blocks"][0]["token_ids"] == [1]
     # a token id past 64 bits, or past int64, is kept whole as before (nothing computes with token ids)
-    wide = records._decode_stored_typed(raw.replace('"token_id":1', '"token_id":18446744073709551617').encode())
+    wide = fast.decode_stored_typed(raw.replace('"token_id":1', '"token_id":18446744073709551617').encode())
     assert wide is not None and wide.data["data"]["blocks"][0]["token_ids"] == [2**64 + 1]
 
 
 def outcome(raw: bytes, fast: bool) -> Any:
     """decode's record or ("error", text), with the fast parsers (orjson, msgspec) on or off. The nesting tests call
     it from the same depth both ways: json's depth limit moves with the depth of the stack it is called in."""
-    from kvtop import records
+    from kvtop.records import fast
 
-    parsers = records._orjson, records._msgspec
+    parsers = fast.orjson, fast.msgspec
     if not fast:
-        records._orjson = records._msgspec = None
+        fast.orjson = fast.msgspec = None
     try:
         return decode(raw)
     except RecordError as exc:
         return ("error", str(exc))
     finally:
-        records._orjson, records._msgspec = parsers
+        fast.orjson, fast.msgspec = parsers
 
 
 @pytest.mark.parametrize("where", ["extra", "source", "event", "block", "block tokens", "lora tokens"])
@@ -848,7 +853,7 @@ def test_nesting_near_the_recursion_limit_in_a_stored_line_is_judged_as_json_jud
     process), orjson to 1,024: a line json refuses for its depth is refused the same way, wherever the deep
     value is. (json's limit moves with the depth of the stack it is called in: the standard outcome here is
     decode's own with the fast parsers off, called from the same depth.)"""
-    from kvtop import records
+    from kvtop.records import fast
 
     base = {"v": 1, "kind": "kv_event", "source": {"host": "h", "rank": 0, "run": "r"}, "time": 1764430000.25,
             "data": {"event_id": 3, "data": {"type": "stored", "parent_hash": None, "blocks": [
@@ -867,7 +872,7 @@ def test_nesting_near_the_recursion_limit_in_a_stored_line_is_judged_as_json_jud
         out = outcome(raw, True)
         assert out == outcome(raw, False), depth
         outcomes.add(isinstance(out, Record))
-        if records._decode_stored_typed(raw) is not None:   # called a few frames less deep: it must not take
+        if fast.decode_stored_typed(raw) is not None:   # called a few frames less deep: it must not take
             assert isinstance(out, Record), depth            # what json refuses (it leaves these lines alone)
     assert outcomes == {True, False}   # the depths tried reach past json's limit
 
@@ -875,14 +880,14 @@ def test_nesting_near_the_recursion_limit_in_a_stored_line_is_judged_as_json_jud
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "utf-8-sig"])
 def test_a_stored_line_not_in_utf8_is_read_as_json_reads_it(encoding: str) -> None:
     """json reads UTF-16 and UTF-32 lines (and a byte-order mark); msgspec refuses them, and leaves them to it."""
-    from kvtop import records
+    from kvtop.records import fast
 
     obj = {"v": 1, "kind": "kv_event", "source": {"host": "h", "rank": 0, "run": "r"}, "time": 1764430000.25,
            "data": {"event_id": 3, "data": {"type": "stored", "parent_hash": None, "blocks": [
                {"type": "stored_block", "block_hash": 5,
                 "tokens": [{"type": "unique_token", "token_id": 1, "token_extra_id": 0}]}]}}}
     raw = json.dumps(obj).encode(encoding)
-    assert records._decode_stored_typed(raw) is None
+    assert fast.decode_stored_typed(raw) is None
     out = _decode_outcome(raw)
     assert isinstance(out, Record) and out == _standard_outcome(raw)
     assert out.data["data"]["blocks"][0]["token_ids"] == [1]
@@ -894,7 +899,7 @@ def test_without_msgspec_stored_lines_give_the_same_records() -> None:
     assert _read_busy_without("msgspec", "repr(lines)").strip() == repr(list(read_jsonl(BUSY)))
 
 
-# decode's path for the lines orjson parses (records._exact_record: every line but a stored event with token dicts)
+# decode's path for the lines orjson parses (fast.exact_record: every line but a stored event with token dicts)
 # walks each common kind's data once, where _bounded_exact, read_event and the kind's checks walked it three
 # times. Every line it takes gives the standard path's record, repr for repr (an integer read as a float shows),
 # every error it raises is the standard path's, and decode's outcome is the standard one whatever it leaves. The
@@ -1008,15 +1013,15 @@ def _common_lines(draw: Any) -> bytes:
 
 
 def _exact_outcome(raw: bytes) -> Any:
-    """records._exact_record's answer for ``raw`` as orjson parses it (None: left to the other paths)."""
-    from kvtop import records
+    """fast.exact_record's answer for ``raw`` as orjson parses it (None: left to the other paths)."""
+    from kvtop.records import fast
 
     try:
-        obj = records._orjson.loads(raw)
-    except records._orjson.JSONDecodeError:
+        obj = fast.orjson.loads(raw)
+    except fast.orjson.JSONDecodeError:
         return None
     try:
-        return records._exact_record(obj)
+        return fast.exact_record(obj)
     except RecordError as exc:
         return ("error", str(exc))
 
@@ -1061,12 +1066,12 @@ def test_the_one_walk_path_takes_every_common_line_of_the_busy_recording() -> No
 def test_orjson_reads_every_integer_within_the_bounds_or_as_a_float() -> None:
     """What lets the one-walk path leave orjson's integers uncompared: it keeps -2^63 .. 2^64-1 (inside the
     2^64 bound) as integers and reads any other as a float, which the walks look at."""
-    from kvtop import records
+    from kvtop.records import fast
 
     for n in (0, 2**63, 2**64 - 1, -(2**63), -1):
-        assert records._orjson.loads(str(n).encode()).__class__ is int
+        assert fast.orjson.loads(str(n).encode()).__class__ is int
     for n in (2**64, 2**64 + 1, -(2**63) - 1, 10**30, -(10**30)):
-        assert records._orjson.loads(str(n).encode()).__class__ is float
+        assert fast.orjson.loads(str(n).encode()).__class__ is float
 
 
 @pytest.mark.slow
@@ -1108,18 +1113,18 @@ def test_nesting_near_the_recursion_limit_in_a_common_line_is_judged_as_json_jud
 
 
 def test_new_record_is_the_dataclass_record() -> None:
-    """records._new_record (the fast paths' Record without the frozen __init__) gives the dataclass's instance:
+    """fast.new_record (the fast paths' Record without the frozen __init__) gives the dataclass's instance:
     the same fields in the same order, equal, frozen; a field added to Record fails here first."""
     import dataclasses
 
-    from kvtop import records
+    from kvtop.records import fast
 
     assert [f.name for f in dataclasses.fields(Record)] == ["kind", "data", "source", "time", "v"]
-    fast = records._new_record("stats", {"x": 1}, SRC, 1.5, 1)
+    made = fast.new_record("stats", {"x": 1}, SRC, 1.5, 1)
     plain = Record("stats", {"x": 1}, SRC, 1.5, 1)
-    assert fast == plain and repr(fast) == repr(plain) and list(vars(fast).items()) == list(vars(plain).items())
+    assert made == plain and repr(made) == repr(plain) and list(vars(made).items()) == list(vars(plain).items())
     with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.kind = "gpu"  # type: ignore[misc]
+        made.kind = "gpu"  # type: ignore[misc]
 
 
 def test_deeply_nested_block_counts_are_a_record_error(tmp_path: Path) -> None:
