@@ -1140,3 +1140,129 @@ def test_deeply_nested_block_counts_are_a_record_error(tmp_path: Path) -> None:
     assert [str(x) if isinstance(x, RecordError) else x.kind for x in out] == [
         "line 1: data.kvCacheStats: nested too deeply to be a record", "stats",
         "line 3: data.kvCacheIterationStats: nested too deeply to be a record"]
+
+
+# The kv_event rules are stated once, in kvtop/records/checks.py (check_kind_data -> check_event); fast.py's two
+# copies of them are held to it here directly, event by event: fast_event_ok (from_obj's fast path) and
+# event_exact (decode's one walk over what orjson parsed). Same verdict on every event they are written for (a
+# created event, one a run, is left to the spec by both; a float of 2^63 or more, or an integer past 2^64-1,
+# which orjson reads as a float, sends event_exact's line to the standard parser), and the error text decode gives
+# is the spec's, word for word.
+_event_number = st.integers(-(2**63), 2**64 - 1) | st.sampled_from([0, 1, 2**63, 2**64 - 1, -(2**63), 1.5, -0.0])
+_event_odd = (st.booleans() | st.sampled_from([None, "7", "ab" * 9, 1.5])   # each kind of odd as often as the others
+              | st.sampled_from([2**64, 2**64 + 1, -(2**63) - 1, 2.0**63, -(2.0**63), 1e300])
+              | st.sampled_from([[], {}, [1, True], [1, "2"], [[1]], {"a": [1]}, {"block_hash": 1}, [{"x": 2**65}]]))
+
+
+@st.composite
+def _kv_event_data(draw: Any) -> Any:
+    # Half the events have one odd place at most (the target-th place asked: a check left out shows there), the
+    # others one place in p odd, any number of them (as _common_lines above).
+    one_place, target, asked = draw(st.booleans()), draw(st.sampled_from(range(1, 31))), [0]
+
+    def odd(p: int) -> bool:
+        asked[0] += 1
+        return asked[0] == target if one_place else draw(st.sampled_from(range(p))) == 0
+
+    def num() -> Any:
+        return draw(_event_odd) if odd(8) else draw(_event_number)
+
+    etype = draw(st.sampled_from(["stored", "removed", "updated", "created"])) if not odd(12) else draw(_event_odd)
+    ev: dict[str, Any] = {"type": etype}
+    if etype == "stored" or odd(10):
+        blocks: Any = []
+        for _ in range(draw(st.integers(0, 3))):
+            block: Any = {"type": "stored_block", "block_hash": num(), "cache_level": num(), "priority": 35,
+                          "token_ids": [num() for _ in range(draw(st.integers(0, 4)))]}
+            if odd(6):
+                del block["block_hash"]
+            if odd(6):
+                block[draw(st.sampled_from(["lora_id", "mm_keys", "extra"]))] = draw(_event_odd)
+            blocks.append(block if not odd(15) else draw(_event_odd))
+        ev["blocks"] = blocks if not odd(15) else draw(_event_odd)
+        ev["parent_hash"] = num() if not odd(4) else None
+    if etype == "removed" or odd(10):
+        ev["block_hashes"] = [num() for _ in range(draw(st.integers(0, 4)))] if not odd(15) else draw(_event_odd)
+    if etype == "updated" or odd(10):
+        ev["block_hash"] = num()
+        if odd(3):
+            ev["cache_level"] = {"type": "event_diff", "new_value": num(), "old_value": num()}
+        elif odd(2):
+            ev["cache_level_diff"] = [num(), num()] if not odd(6) else draw(_event_odd)
+    if etype == "created" or odd(10):
+        ev["num_blocks_per_cache_level"] = [num(), num()] if not odd(8) else draw(_event_odd)
+    for key in ("block_hashes", "blocks", "block_hash"):
+        if key in ev and odd(15):
+            del ev[key]
+    if odd(8):
+        ev["extra"] = draw(_event_odd)
+    data: dict[str, Any] = {"event_id": num(), "data": ev if not odd(20) else draw(_event_odd), "window_size": num()}
+    if odd(15):
+        del data[draw(st.sampled_from(["event_id", "data"]))]
+    if odd(8):
+        data["extra"] = draw(_event_odd)
+    return data
+
+
+def _spec_verdict(data: Any) -> str | None:
+    """checks.py's verdict on a kv_event's data as a reader holds it (read_event's form): None, or the error."""
+    from kvtop.compact import read_event
+    from kvtop.records.checks import check_kind_data
+
+    try:
+        read_event(data)
+        check_kind_data("kv_event", data)
+    except RecordError as exc:
+        return str(exc)
+    return None
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_kv_event_data())
+def test_fast_event_ok_and_event_exact_hold_to_check_event(data: dict[str, Any]) -> None:
+    import copy
+
+    import orjson
+
+    from kvtop.compact import read_event
+    from kvtop.records import fast
+
+    spec = _spec_verdict(copy.deepcopy(data))
+    created = isinstance(data.get("data"), dict) and data["data"].get("type") == "created"
+    # from_obj's fast path: read_event first, as fast_record does
+    mine = copy.deepcopy(data)
+    read_event(mine)
+    assert fast.fast_event_ok(mine) is (spec is None and not created), spec
+    # decode's one walk, over what orjson parses (json's objects for every number here but the odd wide ones)
+    raw = json.dumps(data).encode()
+    walked = orjson.loads(raw)
+    exact = fast.event_exact(walked)
+    if exact:
+        assert spec is None and not created
+        assert repr(walked) == repr(_spec_form(raw))
+    wide = any(isinstance(v, float) and abs(v) >= 2.0**63 for v in _numbers(orjson.loads(raw)))
+    if not wide:
+        assert exact is (spec is None and not created), spec
+    # and whichever path decode takes, its answer (the Record, or the spec's error text) is the standard one
+    line = json.dumps({"v": 1, "kind": "kv_event", "source": {"host": "h", "rank": 0, "run": "r"},
+                       "time": 1764430000.25, "data": data}).encode()
+    out = _decode_outcome(line)
+    assert repr(out) == repr(_standard_outcome(line))
+    if spec is not None:
+        assert out == ("error", spec)
+
+
+def _spec_form(raw: bytes) -> Any:
+    from kvtop.compact import read_event
+
+    data = json.loads(raw)
+    read_event(data)
+    return data
+
+
+def _numbers(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    return [value]

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvtop.records import RecordError, parse_engine_dict
+from kvtop.records.checks import EVENT_TYPES
 from kvtop.tiers.common import (
     MAX_PRIORITY,
     U64,
@@ -83,7 +84,16 @@ class Pool:
 
 
 def _diagnose_event(event: Any) -> None:
-    """Raise ``Bad`` naming the first malformed field of a KV cache event (slow; only after the fold failed)."""
+    """Raise ``Bad`` naming the first malformed field of a KV cache event (slow; only after the fold failed).
+
+    Not kvtop/records/checks.py's ``check_event``, on purpose: that is what a kv_event record must be for any
+    reader (its shape; the event types are its ``EVENT_TYPES``), this is what the fold takes, a different set of
+    events. The fold also folds events that never were records (``TierModel.apply_kv_events`` over an engine's
+    list, a JSON string, a Record made by hand), and it takes what the record spec refuses, as TensorRT-LLM
+    writes it (a V2 SHA-256 block hash as hex, ``hash64``; an integral float count in ``created``), and refuses
+    what that spec lets through (a negative event id, a cache level but 0 or 1, a priority past 100). Answering
+    with checks.py's verdict would name the wrong field for those. Speed is not the reason: this runs once per
+    bad event, off the hot path."""
     if not isinstance(event, dict):
         raise Bad("event", f"must be an object, got {describe(event)}")
     for key in ("event_id", "data"):
@@ -103,7 +113,7 @@ def _diagnose_event(event: Any) -> None:
     required = {"stored": "blocks", "removed": "block_hashes", "updated": "block_hash",
                 "created": "num_blocks_per_cache_level"}
     if not isinstance(etype, str) or etype not in required:
-        raise Bad("data.type", f"must be one of created, stored, removed, updated, got {describe(etype)}")
+        raise Bad("data.type", f"must be one of {', '.join(EVENT_TYPES)}, got {describe(etype)}")
     if required[etype] not in data:
         raise Bad(f"data.{required[etype]}", "is missing")
     if etype == "stored":
