@@ -834,17 +834,18 @@ def test_bad_stored_lines_get_the_standard_paths_error(change: tuple[str, str], 
 def outcome(raw: bytes, fast: bool) -> Any:
     """decode's record or ("error", text), with the fast parsers (orjson, msgspec) on or off. The nesting tests call
     it from the same depth both ways: json's depth limit moves with the depth of the stack it is called in."""
-    from kvtop.records import fast
+    from kvtop import records
+    from kvtop.records import fast as accel
 
-    parsers = fast.orjson, fast.msgspec
+    parsers = records._orjson, accel.orjson, accel.msgspec
     if not fast:
-        fast.orjson = fast.msgspec = None
+        records._orjson = accel.orjson = accel.msgspec = None
     try:
         return decode(raw)
     except RecordError as exc:
         return ("error", str(exc))
     finally:
-        fast.orjson, fast.msgspec = parsers
+        records._orjson, accel.orjson, accel.msgspec = parsers
 
 
 @pytest.mark.parametrize("where", ["extra", "source", "event", "block", "block tokens", "lora tokens"])

@@ -41,7 +41,6 @@ from typing import Any
 
 from kvtop.compact import BATCH_KIND, read_form, unpack_event
 from kvtop.lines import iter_lines as iter_lines  # re-exported: it lived here
-from kvtop.records import fast as _fast
 from kvtop.records.checks import (
     KINDS,
     MAX_BLOCKS,
@@ -57,6 +56,7 @@ from kvtop.records.checks import (
     own_data,
 )
 from kvtop.records.fast import decode_fast, decode_tokens_fast, fast_record, loads_exact
+from kvtop.records.fast import orjson as _orjson  # decode's gate (None: every line through checks.py)
 from kvtop.records.record import SCHEMA_VERSION, Record, SourceId
 
 __all__ = ["KINDS", "MAX_BLOCKS", "MAX_LINE_BYTES", "MAX_MAGNITUDE", "SCHEMA_VERSION", "STRING_LEN", "TIME_MAX",
@@ -115,7 +115,7 @@ def decode(text: str | bytes, max_bytes: int = MAX_LINE_BYTES) -> Record:
     """One JSON line to a record; :class:`RecordError` on anything malformed (or over ``max_bytes``)."""
     if len(text) > max_bytes:
         _check_size(text, max_bytes, "line")
-    if _fast.orjson is not None and text.__class__ is bytes:
+    if _orjson is not None and text.__class__ is bytes:
         if b'"tokens"' not in text:   # fast_safe, inline
             rec = decode_fast(text)  # type: ignore[arg-type]
         else:
