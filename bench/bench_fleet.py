@@ -55,7 +55,7 @@ def _stream_model() -> Any:
     """A TierModel that folded a real-shaped stream: its summary is what an agent of a busy engine sends."""
     import msgpack
 
-    from kvtop.kv_stream import decode_frames
+    from kvtop.sources.kv_wire import decode_frames
     from kvtop.tiers import TierModel
 
     m = TierModel()

@@ -28,8 +28,8 @@ import msgpack
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kvtop.kv_stream import decode_frames  # noqa: E402
 from kvtop.records import Record, SourceId  # noqa: E402
+from kvtop.sources.kv_wire import decode_frames  # noqa: E402
 from kvtop.tiers import TierModel  # noqa: E402
 
 

@@ -15,7 +15,7 @@ publishes each one's summary at 1-2 Hz:
 (the conventions of kvtop/mqtt_wire.py and kvtop/sinks/mqtt.py, whose publisher this reuses: a bounded queue
 that never blocks the fold, reconnects with backoff). A summary's totals are cumulative since the agent attached,
 so one lost summary loses nothing but its instant; the receiving TierModel diffs them into its own rates
-(kvtop/kv_stream.py, ``apply_summary``) and counts missed ``seq`` numbers. A dashboard (``kvtop attach
+(kvtop/tiers/stream.py, ``apply_summary``) and counts missed ``seq`` numbers. A dashboard (``kvtop attach
 mqtt://broker/prefix``) shows every agent's sources in its fleet table, and its Prometheus exporter
 (``--prometheus-port``) serves them to a scrape; 1,000 sources at 2 Hz through one mosquitto: BENCHMARKS.md.
 

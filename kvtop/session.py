@@ -149,7 +149,7 @@ class Session:
         self.publish_s: float | None = None
         self._health_due = 0.0   # monotonic time of the next tier-health check (tick)
         self._health_holding: set[str] = set()
-        # per source: unknown labels and media already said (kvtop/kv_stream.py StreamFold.unknown_seen)
+        # per source: unknown labels and media already said (kvtop/tiers/stream.py StreamFold.unknown_seen)
         self._unknown_seen: dict[str, int] = {}
         self._unknown_labels_seen: dict[str, int] = {}
         self._unknown_media_seen: dict[str, int] = {}
@@ -411,7 +411,7 @@ class Session:
         return lines
 
     def _check_unknown_labels(self) -> None:
-        """A hit counter's tier label or an event's medium kvtop does not know (kvtop/kv_stream.py): a problem,
+        """A hit counter's tier label or an event's medium kvtop does not know (kvtop/tiers/stream.py): a problem,
         never a silent drop. Hits under an unknown label are still counted (their tier is "unknown"); events under
         an unknown medium are skipped, so those are lost data. Read here, off the folding path: an int per source."""
         for key, model in self.models.items():

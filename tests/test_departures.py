@@ -8,10 +8,10 @@ from __future__ import annotations
 from kv_publisher import cleared, payload, removed, stored
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtop.kv_stream import decode_payload
 from kvtop.records import Record, SourceId
 from kvtop.run_summary import format_summary
 from kvtop.sinks.prometheus import PrometheusExporter
+from kvtop.sources.kv_wire import decode_payload
 from kvtop.tiers import TierModel
 from kvtop.tiers.departures import describe, reason_of
 

@@ -240,7 +240,7 @@ def test_stream_disk_stores_and_disk_onboards() -> None:
         return Record(kind="kv_batch", data={"seq": seq, "ts": t, "rank": 0, "topic": "", "events": events},
                       source=SRC, time=t)
 
-    from kvtop.kv_stream import normalize_event
+    from kvtop.sources.kv_wire import normalize_event
 
     evs = [[stored([1, 2, 3], medium="GPU")], [stored([1, 2], medium="STORAGE")], [stored([3], medium="CPU_PINNED"),
                                                                                   stored([4], medium="DISK")]]

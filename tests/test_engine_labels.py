@@ -28,10 +28,10 @@ import pytest
 from kv_publisher import removed, stored
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from kvtop.kv_stream import decode_payload
 from kvtop.problems import EXIT_OK
 from kvtop.records import Record, SourceId
 from kvtop.session import Session
+from kvtop.sources.kv_wire import decode_payload
 from kvtop.tiers import TierModel
 
 SRC = SourceId("127.0.0.1:8000", 0, "t")
@@ -175,7 +175,7 @@ def test_sglang_cache_sources_across_versions(version: str, first: dict[str | No
 def test_every_vllm_and_sglang_event_field_is_read_kept_or_dropped_on_purpose() -> None:
     """Each field of vLLM 0.33.0's BlockStored / BlockRemoved (and 0.34.0's lookahead_token_ids, SGLang 0.5.23's
     cache_salt and session_id) has a line in kvtop's table, and the record keeps exactly what it says."""
-    from kvtop.kv_stream import EVENT_FIELDS
+    from kvtop.sources.kv_wire import EVENT_FIELDS
 
     vllm_033 = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
                 "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality",

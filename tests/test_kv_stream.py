@@ -1,4 +1,5 @@
-"""The engines' common KV event stream: decoder (vLLM, SGLang, Dynamo wire shapes) and its fold into TierModel."""
+"""The engines' common KV event stream: decoder (kvtop/sources/kv_wire.py: vLLM, SGLang, Dynamo wire shapes) and its
+fold into TierModel (kvtop/tiers/stream.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kv_publisher import cleared, payload, removed, stored
 
-from kvtop.kv_stream import WireError, decode_frames, decode_payload, normalize_event, tier_of
 from kvtop.records import Record, RecordError, SourceId, decode, encode, make
+from kvtop.sources.kv_wire import WireError, decode_frames, decode_payload, normalize_event
 from kvtop.tiers import TierModel
+from kvtop.tiers.stream import tier_of
 
 SRC = SourceId("127.0.0.1:5557", 0, "t")
 

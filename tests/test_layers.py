@@ -8,8 +8,9 @@ From that graph:
 - only ``kvtop/ui/`` imports textual or rich (tests/test_ui_boundary.py checks the same in a fresh interpreter);
 - sinks never import sources (both may share neutral modules: kvtop/mqtt_wire.py);
 - engines never import the workload (the driver drives engines, not the other way);
-- the fold (kvtop.tiers, kvtop.kv_stream, kvtop.occupancy) and the records import no source, sink, UI, report or
-  tool, even transitively;
+- the fold (kvtop.tiers, the engines' stream fold kvtop.tiers.stream among them, kvtop.occupancy) and the records
+  import no source, sink, UI, report or tool, even transitively; nothing in kvtop/tiers imports kvtop.sources, not
+  even for a type (the stream's wire decoder is kvtop.sources.kv_wire; its fold gets records, not the decoder);
 - the tools (kvtop.estimate, kvtop.calibrate: arithmetic over the engines' model and GPU profiles) reach no fold,
   source, sink, UI or report, and the report (kvtop.report: charts from recordings) imports no tool;
 - only kvtop.calibrate imports torch, and only inside a function (``kvtop estimate`` and everything else run
@@ -33,7 +34,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "kvtop"
 
-FOLD = ("kvtop.tiers", "kvtop.kv_stream", "kvtop.occupancy", "kvtop.records")
+FOLD = ("kvtop.tiers", "kvtop.tiers.stream", "kvtop.occupancy", "kvtop.records")
 TOOLS = ("kvtop.estimate", "kvtop.calibrate")
 # The commands (kvtop/commands/, one module per subcommand) are the top: only the dispatch (kvtop.cli, and
 # ``python -m kvtop``) imports them. Under them, what every mode's session shares (kvtop.compose) and its summary.
@@ -56,15 +57,16 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, package: str, *, module_level: bool = False) -> list[str]:
+def _imports(tree: ast.AST, package: str, *, module_level: bool = False, for_types: bool = False) -> list[str]:
     """Every module name imported anywhere in ``tree`` (relative imports resolved against ``package``);
-    ``module_level``: only those that run on import (not inside a function)."""
+    ``module_level``: only those that run on import (not inside a function); ``for_types``: those inside
+    ``if TYPE_CHECKING:`` too (a dependency a reader follows, though it never runs)."""
     names: list[str] = []
 
     def visit(node: ast.AST) -> None:
         if module_level and isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
             return
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not for_types:
             for child in node.orelse:
                 visit(child)
             return
@@ -354,8 +356,10 @@ def test_no_module_imports_another_modules_private_name() -> None:
 
 
 # The fold is a package of small folds (kvtop/tiers/): each owns its state and knows no other fold; the model
-# (kvtop/tiers/model.py) composes them, and its read side (capacity.py, summary.py, snapshot.py) reads them.
-SMALL_FOLDS = ("kvtop.tiers.events", "kvtop.tiers.stats", "kvtop.tiers.requests", "kvtop.tiers.meta")
+# (kvtop/tiers/model.py) composes them, and its read side (capacity.py, summary.py, snapshot.py) reads them. The
+# engines' stream fold (stream.py) writes the event, stats and request folds' counters, handed to it by the model.
+SMALL_FOLDS = ("kvtop.tiers.events", "kvtop.tiers.stats", "kvtop.tiers.requests", "kvtop.tiers.meta",
+               "kvtop.tiers.stream")
 COMPOSER = ("kvtop.tiers.model", "kvtop.tiers.capacity", "kvtop.tiers.summary", "kvtop.tiers.snapshot")
 FOLD_ATTRS = {"event_fold", "stats_fold", "request_fold", "meta_fold", "stream_fold"}
 
@@ -366,7 +370,7 @@ def test_each_small_fold_imports_no_other_fold_nor_the_model(fold: str) -> None:
     (warm-up, the block size) through its constructor or its arguments."""
     assert fold in graph()[0], f"{fold} is not a kvtop module any more: update SMALL_FOLDS"
     reached = _reachable(fold)
-    assert sorted(m for m in reached if m in SMALL_FOLDS + COMPOSER or m == "kvtop.kv_stream") == []
+    assert sorted(m for m in reached if m in SMALL_FOLDS + COMPOSER) == []
 
 
 def _fold_private_reads(tree: ast.AST) -> list[str]:
@@ -378,9 +382,7 @@ def _fold_private_reads(tree: ast.AST) -> list[str]:
 
 @pytest.mark.slow
 def test_nothing_outside_the_tier_package_reads_a_folds_private_state() -> None:
-    """Outside kvtop/tiers, a fold's state is read (and, for the engines' stream fold in kvtop/kv_stream.py,
-    written) through its public attributes only; kv_stream reads no ``model._x`` either (it wrote the model's
-    private counters before the split)."""
+    """Outside kvtop/tiers, a fold's state is read through its public attributes only."""
     assert _fold_private_reads(ast.parse("a = m.event_fold._pools\nb = m.event_fold.pools\nc = x._y\n")) == [
         "line 1: event_fold._pools"]
     bad = {}
@@ -390,11 +392,51 @@ def test_nothing_outside_the_tier_package_reads_a_folds_private_state() -> None:
             continue
         tree = ast.parse(path.read_text(), str(path))
         hits = _fold_private_reads(tree)
-        if path == PACKAGE / "kv_stream.py":
-            hits += _private_reads(tree)
         if hits:
             bad[str(path.relative_to(REPO))] = hits
     assert bad == {}
+
+
+def _tier_modules_imports(for_types: bool) -> dict[str, list[str]]:
+    """Every module of kvtop/tiers -> the kvtop modules it imports, ``for_types``: ``if TYPE_CHECKING:`` ones too."""
+    out = {}
+    for path in sorted((PACKAGE / "tiers").rglob("*.py")):
+        name = _module_name(path)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        out[name] = _imports(ast.parse(path.read_text(), str(path)), package, for_types=for_types)
+    return out
+
+
+def test_nothing_in_tiers_imports_a_source_not_even_for_a_type() -> None:
+    """Issue 25: kvtop/kv_stream.py was both the sources' wire decoder and the fold that wrote the model's counters,
+    and imported the model for its type: the house's one cycle (kv_stream <-> tiers/model) and its one arrow back
+    up. The decoder is kvtop/sources/kv_wire.py and the fold kvtop/tiers/stream.py; no module of kvtop/tiers names
+    kvtop.sources, even in an ``if TYPE_CHECKING:`` block, and the stream fold names not the model (nor its read
+    side) even so: the model hands it what it writes."""
+    tree = ast.parse("from typing import TYPE_CHECKING\n"
+                     "if TYPE_CHECKING:\n    from kvtop.sources.kv_wire import Batch\n")
+    assert "kvtop.sources.kv_wire" in _imports(tree, "kvtop.tiers", for_types=True)
+    assert "kvtop.sources.kv_wire" not in _imports(tree, "kvtop.tiers")
+    found = _tier_modules_imports(for_types=True)
+    assert "kvtop.tiers.stream" in found and "kvtop.tiers.model" in found
+    assert {name: [m for m in deps if _under(m, ("kvtop.sources",))] for name, deps in found.items()
+            if any(_under(m, ("kvtop.sources",)) for m in deps)} == {}
+    assert sorted(m for m in found["kvtop.tiers.stream"] if _under(m, COMPOSER)) == []
+
+
+def test_the_stream_fold_is_handed_what_it_writes_never_the_model() -> None:
+    """design.md: "a fold is handed what it writes, never the model". The stream fold a model makes holds the
+    event, stats and request folds it writes, and nothing that is the model."""
+    from kvtop.records import make
+    from kvtop.tiers import TierModel
+
+    m = TierModel()
+    m.apply(make("kv_batch", {"seq": 0, "events": [{"type": "BlockStored", "block_hashes": [1], "medium": "CPU"}]},
+                 time=1.0))
+    held = list(vars(m.stream_fold).values())
+    assert not any(v is m for v in held)
+    assert any(v is m.event_fold for v in held) and any(v is m.stats_fold for v in held)
+    assert m.moves.offloaded_blocks == 1  # and what it wrote is the model's
 
 
 def test_the_model_routes_kv_events_straight_to_the_event_folds_hot_path() -> None:

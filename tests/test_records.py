@@ -51,7 +51,7 @@ DATA: dict[str, dict[str, Any]] = {
     "host": {"available_bytes": 1 << 40, "rss_bytes": 123456789},
     "request": {"request_id": "r-1", "ok": True, "ttft_s": 0.125, "e2e_s": 1.5, "prompt_tokens": 8192,
                 "reused_blocks": 250, "block_hash": 2**63},
-    # the engines' common KV event stream (kvtop/kv_stream.py): one message, hashes u64 as vLLM sends them
+    # the engines' common KV event stream (kvtop/sources/kv_wire.py): one message, hashes u64 as vLLM sends them
     "kv_batch": {"seq": 7, "ts": 1764430000.5, "rank": 0, "topic": "kv-events",
                  "events": [{"type": "BlockStored", "block_hashes": [15760518052499183552, MAX_U64],
                              "parent_block_hash": None, "block_size": 16, "medium": "GPU", "num_tokens": 32}]},

@@ -1,5 +1,5 @@
 """The engines' wire as a hostile peer sends it (issue 26): ZMQ messages and /metrics pages made by hypothesis,
-through the decoders (kvtop/kv_stream.py decode_frames, kvtop/sources/engine_metrics.py parse_metrics) into a
+through the decoders (kvtop/sources/kv_wire.py decode_frames, kvtop/sources/engine_metrics.py parse_metrics) into a
 TierModel, then rendered the way every mode renders it: the JSON summary (every number finite), the headless text
 and the Prometheus page (no control character from outside), and, for a few, the dashboard. Nothing raises, every
 message is folded or counted bad, and what is shown is bounded.
@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from kv_publisher import cleared, removed, stored
 
 from kvtop import run_summary
-from kvtop.kv_stream import WireError, decode_frames
 from kvtop.records import MAX_MAGNITUDE, Record, RecordError, SourceId, decode, encode, make
 from kvtop.sinks.prometheus import PrometheusExporter
 from kvtop.sources.engine_metrics import engine_of, parse_metrics
+from kvtop.sources.kv_wire import WireError, decode_frames
 from kvtop.tiers import TierModel
 
 SRC = SourceId("fuzz:5557", 0, "f")
@@ -184,17 +184,17 @@ def test_hostile_streams_render_on_the_dashboard(messages: list[list[bytes]], pa
 
 
 def _decode_both(frames: list[bytes]) -> tuple[Any, Any]:
-    from kvtop import kv_stream
+    from kvtop.sources import kv_wire
 
     out = []
     for fast in (True, False):
-        kv_stream.FAST_DECODE = fast
+        kv_wire.FAST_DECODE = fast
         try:
             out.append(decode_frames(frames))
         except WireError as exc:
             out.append(("WireError", str(exc)))
         finally:
-            kv_stream.FAST_DECODE = True
+            kv_wire.FAST_DECODE = True
     return out[0], out[1]
 
 
@@ -222,14 +222,14 @@ _VLLM_EVENT = st.one_of(
     st.lists(_VLLM_EVENT, max_size=6), st.one_of(st.none(), st.floats(1.6e9, 1.9e9)),
     st.one_of(st.none(), st.integers(0, 7)))))
 def test_the_typed_decode_gives_what_the_checking_path_gives(frames: list[bytes]) -> None:
-    """kv_stream's msgspec path (vLLM 0.33's shape, token lists left undecoded) is an accelerator of
+    """kv_wire's msgspec path (vLLM 0.33's shape, token lists left undecoded) is an accelerator of
     normalize_event/decode_payload, the spec: for any message both give the same batch, or the same error."""
     fast, checked = _decode_both(frames)
     assert fast == checked
 
 
 def test_the_typed_decode_takes_vllm_shapes_and_leaves_the_rest() -> None:
-    from kvtop.kv_stream import _decode_typed
+    from kvtop.sources.kv_wire import _decode_typed
 
     body = msgpack.packb([1.7e9, [stored([1, 2], tokens=300), removed([1]), cleared()], 0], use_bin_type=True)
     ts, rank, events = _decode_typed(body)

@@ -9,7 +9,7 @@ What is kept (``KEEP_PREFIXES``): vLLM's ``vllm:*`` (``cache_config_info`` for t
 KVBM (``kvbm_*``, port 6880 with ``DYN_KVBM_METRICS=true``), LMCache's ``lmcache*``. Histogram buckets are dropped
 (their ``_sum``/``_count`` stay). Each scrape becomes one ``metrics`` record per data-parallel rank, ``data`` =
 ``{"engine", "url", "samples": [[name, labels, value], ...]}``: the engine's own names and labels, so the fold
-(kvtop/kv_stream.py) and a recording read the same thing.
+(kvtop/tiers/stream.py) and a recording read the same thing.
 
 Ranks: vLLM labels each engine core ``engine="<dp rank>"``; SGLang labels ``dp_rank``. Samples with such a label
 go to that rank's source; the rest to every rank's (the capacity info is the same for all). SGLang's per-TP-rank

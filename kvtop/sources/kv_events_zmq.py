@@ -14,7 +14,7 @@ URLs (``kvtop attach URL``)::
 
 The subscriber (pyzmq, asyncio) connects a SUB socket to each rank's publisher (the engine binds: vLLM does for
 ``tcp://*:…``; a SUB that binds to a connecting PUB received nothing on this machine, shared/engines-kv-events.md
-7.1). Each message is decoded (kvtop/kv_stream.py) into one ``kv_batch`` record; a message that is not a batch is
+7.1). Each message is decoded (kvtop/sources/kv_wire.py) into one ``kv_batch`` record; a message that is not a batch is
 counted (``bad``), reported once per 5 s through ``on_error`` and skipped: never fatal.
 
 Sequence gaps: ``seq`` is per publisher. A gap (messages dropped by ZMQ's high-water mark, a slow joiner's first
@@ -47,7 +47,7 @@ of a multipart message whose first frames it has queued. What kvtop has not read
 ``RCVHWM`` (10,000) messages: past that ZMQ drops, and the drops are seq gaps, counted lost. (ZMQ bounds a queue in
 messages, not bytes: a vLLM step's batch is 1-20 KB, so ~10-200 MB at most; at 100,000, as before, a flood of 9 KB
 batches it could not keep up with grew kvtop to 592 MB in 25 s and on, now 143 MB: BENCHMARKS.md, "A flood".) The
-fold's live blocks are bounded apart (kvtop/kv_stream.py ``LIVE_CAP``). A socket monitor counts the publisher's
+fold's live blocks are bounded apart (kvtop/tiers/stream.py ``LIVE_CAP``). A socket monitor counts the publisher's
 disconnects (``zmq.disconnected``) and connects again.
 
 Sequence numbers are checked: a seq of 2^63 or more is negative on the wire (a bad message); one more than
@@ -67,9 +67,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from kvtop.kv_stream import Batch, WireError, decode_frames
 from kvtop.problems import Problems
 from kvtop.records import Record, SourceId, make
+from kvtop.sources.kv_wire import Batch, WireError, decode_frames
 from kvtop.stopsignal import StopSignal
 from kvtop.textsafe import clean
 

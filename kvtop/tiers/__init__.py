@@ -12,8 +12,9 @@
 - :mod:`kvtop.tiers.snapshot`: ``TierSnapshot``, one immutable reading of a model, published when it changed.
 
 The engines' common KV event stream (vLLM, SGLang, Dynamo), their metrics and agent summaries are folded by
-:mod:`kvtop.kv_stream` (its wire decoder and its fold, one module), which ``TierModel`` creates on the first such
-record.
+:mod:`kvtop.tiers.stream`, which ``TierModel`` creates on the first such record and hands the folds' counters it
+writes (never the model); the wire decoder that makes the ``kv_batch`` records is a source's
+(:mod:`kvtop.sources.kv_wire`), and nothing here imports it.
 
 Pure: no I/O, no clock of its own, no Textual; tests/test_layers.py checks that nothing here reaches a source,
 a sink or the UI.

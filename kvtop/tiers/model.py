@@ -64,7 +64,7 @@ Data quality (``quality``), never hidden:
 
 How it is built: ``TierModel`` composes small folds, each owning its state and knowing no other fold: KV cache
 events and their hot path (kvtop/tiers/events.py), iteration stats (stats.py), request records (requests.py),
-meta / gpu / host records (meta.py), the engines' common KV event stream (kvtop/kv_stream.py), and the rate window
+meta / gpu / host records (meta.py), the engines' common KV event stream (kvtop/tiers/stream.py), and the rate window
 (window.py). It routes each record to its fold, keeps warm-up (told to the folds that split by it), and builds
 every reading from the folds' public state: here, in capacity.py (the tiers) and in summary.py (``--json``).
 Everything the dashboard reads (``gpu``, ``host``, ``rates``, ``summary()``...) is built on read, 4 times a
@@ -105,7 +105,7 @@ from kvtop.tiers.window import RateWindow, Sample
 # The read-side types live in kvtop.tiers.state (re-exported by kvtop.tiers); this module exports only the fold.
 __all__ = ["TierModel"]
 
-STREAM_KINDS = ("kv_batch", "metrics", "summary")  # folded by kvtop/kv_stream.py
+STREAM_KINDS = ("kv_batch", "metrics", "summary")  # folded by kvtop/tiers/stream.py
 
 
 class TierModel:
@@ -146,7 +146,7 @@ class TierModel:
         self.meta = self.meta_fold.meta  # the same dict: engine, model, block size, pool sizes, as sent
 
         # the engines' common KV event stream (vLLM, SGLang, Dynamo), their metrics, agent summaries:
-        # kvtop/kv_stream.py, created on the first such record
+        # kvtop/tiers/stream.py, created on the first such record
         self.stream_fold: Any = None
 
         # what readers on other threads read: the last snapshot taken (kvtop/tiers/snapshot.py)
@@ -201,16 +201,20 @@ class TierModel:
                               f"{', '.join(STREAM_KINDS)}, got {describe(kind)}")
 
     def _apply_stream(self, kind: str, data: Any, t: Any) -> None:
-        """A ``kv_batch``, ``metrics`` or ``summary`` record: folded by kvtop/kv_stream.py into this model."""
+        """A ``kv_batch``, ``metrics`` or ``summary`` record: folded by kvtop/tiers/stream.py into this model."""
         if not self._tick(t):
             return
         if not isinstance(data, dict):
             self._bad("data", f"must be an object, got {describe(data)}")
             return
         if self.stream_fold is None:
-            from kvtop.kv_stream import StreamFold
+            from kvtop.tiers.stream import StreamFold
 
-            self.stream_fold = StreamFold(self)
+            # handed what it writes and reads, never the model (design.md, "a fold is handed what it writes")
+            self.stream_fold = StreamFold(
+                self._ledger, moves=self.event_fold, stats=self.stats_fold, requests=self.request_fold,
+                meta=self.meta, tokens_per_block=lambda: self.tokens_per_block,
+                bytes_per_block=lambda: self.bytes_per_block, restart_window=self.restart_window)
         try:
             self.stream_fold.apply(kind, data)
         except Exception as exc:  # never into the consumer; name what broke
@@ -254,7 +258,7 @@ class TierModel:
 
     def restart_window(self) -> None:
         """Window and history both start at ``now``: what came before is a baseline, not moves of an instant (the
-        first agent summary's totals since its attach, kvtop/kv_stream.py)."""
+        first agent summary's totals since its attach, kvtop/tiers/stream.py)."""
         if self.now is not None:
             self._window.restart(self.now, self._counters())
 
@@ -425,7 +429,7 @@ class TierModel:
         said: dict[str, dict[str, int]] | None = None
         inferred: dict[str, dict[str, int]] = {}
         if disk_flag and sf is not None and (sf.batches or sf.summary is not None):
-            # the engines' common stream: its removals say the tier, and only sometimes why (kv_stream.py)
+            # the engines' common stream: its removals say the tier, and only sometimes why (stream.py)
             said, inferred = sf.left_reasons()
         if st.moves_seen:
             host = st.host_dropped or ev.evicted[HOST]
@@ -613,7 +617,7 @@ class TierModel:
 
     @property
     def since_attach(self) -> bool:
-        """True when the counts come from the engines' common KV event stream (kvtop/kv_stream.py) and start at
+        """True when the counts come from the engines' common KV event stream (kvtop/tiers/stream.py) and start at
         kvtop's attach: the engine announced nothing it had cached before (no state snapshot in vLLM 0.33)."""
         return self.stream_fold is not None and bool(self.stream_fold.to_json()["since_attach"])
 

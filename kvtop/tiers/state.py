@@ -1,7 +1,7 @@
 """The fold's read-side value types: what a sink reads of a tier, the moves, hit rates, rates, requests, quality.
 
 Immutable dataclasses with no behaviour beyond unit conversions and ``to_json``; the model and its folds
-(kvtop/tiers/model.py, capacity.py, requests.py; kvtop/kv_stream.py) build them, and no fold's internals leak
+(kvtop/tiers/model.py, capacity.py, requests.py; stream.py) build them, and no fold's internals leak
 through them.
 """
 

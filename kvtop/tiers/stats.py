@@ -111,7 +111,7 @@ class StatsFold:
         # these when the stats count moves, else the events' onboards, never both.
         self.host_hits = 0
         self.warm_host_hits = 0
-        self.reuse_seen = False  # a reuse observed here or in the engines' stream (kvtop/kv_stream.py)
+        self.reuse_seen = False  # a reuse observed here or in the engines' stream (kvtop/tiers/stream.py)
         # the engine's own iteration times against what each iteration did: the verdict's measured prices
         self.iter_fit = IterationFit()
 

@@ -1,30 +1,6 @@
-"""The engines' common KV event stream (vLLM, SGLang, TensorRT-LLM's streaming path, Dynamo's mocker): the wire
-decoder, and the fold of its records into a :class:`kvtop.tiers.TierModel`.
-
-Wire format (read from vLLM 0.33's ``vllm/distributed/kv_events.py``, SGLang 0.5.23's
-``sglang/srt/disaggregation/kv_events.py`` and Dynamo's ``docs/integrations/kv-events-custom-engines.md``;
-shared/engines-kv-events.md has the details; this decoder is kvtop's own):
-
-- a ZMQ multipart message ``[topic, seq, payload]``: ``seq`` is 8 bytes big-endian, per publisher process (it
-  restarts at 0 with the engine); a replay answer may lack the topic frame (vLLM before PR #45177);
-- ``payload`` is msgpack ``[ts, [event, ...], dp_rank]`` (``dp_rank`` may be missing or nil);
-- an event is a map with ``type`` ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` (vLLM since PR #42892,
-  SGLang, the mocker), or, from older vLLM, a positional array ``["BlockStored", block_hashes, parent_block_hash,
-  token_ids, block_size, lora_id, medium, lora_name, ...]`` / ``["BlockRemoved", block_hashes, medium]`` /
-  ``["AllBlocksCleared"]``;
-- block hashes are unsigned 64-bit ints (vLLM's default), signed ones (wrapped), or raw digests as bytes (vLLM with
-  ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``), which become the u64 that vLLM's own conversion gives
-  (``int.from_bytes(digest, "big") & (2**64 - 1)``, the digest's last 8 bytes), so both encodings agree;
-- ``medium`` names the tier: ``GPU``/``CPU``/``STORAGE`` (vLLM, sometimes lowercase: LMCache legacy, Mooncake),
-  ``GPU``/``CPU_PINNED``/``DISK``/``EXTERNAL`` (SGLang); missing or nil is the GPU (the mocker never sends it).
-
-Records (what crosses a process boundary, design.md): one ``kv_batch`` record per message, ``data`` =
-``{"seq", "ts", "rank", "topic", "events": [...], "replayed"}``. Each event keeps the engine's own field names and
-``medium`` verbatim (a recording stays a bug report), with two changes: positional events become maps (same
-names), and ``token_ids`` is replaced by ``num_tokens`` (the tokens are the user's prompts, ~90% of a batch's
-bytes; kvtop's MQTT publisher leaves them out of TensorRT-LLM events for the same reason). Non-scalar fields kvtop
-does not read (``extra_keys``: multimodal hashes and cache salts) are dropped too, and so are the user's session
-id and cache salt (``EVENT_FIELDS`` says, field by field, what is read, kept or dropped, and why).
+"""The engines' common KV event stream (vLLM, SGLang, TensorRT-LLM's streaming path, Dynamo's mocker): the fold
+of its records (``kv_batch``, made by :mod:`kvtop.sources.kv_wire`; ``metrics``; ``summary``) into the counters of
+a :class:`kvtop.tiers.TierModel`'s folds, which the model hands it (never the model itself).
 
 A new record kind rather than TensorRT-LLM's ``kv_event`` shape, because the two models of a tier differ: in
 TensorRT-LLM a block lives in one tier at a time (``updated`` moves it), while vLLM's and SGLang's offload tiers
@@ -33,8 +9,8 @@ later. Translating one into the other would count every offload's GPU removal as
 
 The fold (:class:`StreamFold`, one per TierModel, i.e. per source and rank) keeps, per tier, the set of live
 block hashes with a reference count (a hash may be announced twice: vLLM's offloading docs ask consumers to
-refcount, as Dynamo's router does), and counts moves into the TierModel's own counters, so rates, history, the
-fleet table and every sink work unchanged:
+refcount, as Dynamo's router does), and counts moves into the counters of the TierModel's folds (handed to it,
+not the model), so rates, history, the fleet table and every sink work unchanged:
 
 - a host (``CPU``) store is an offload; a disk store is counted in the stream's own counters;
 - a GPU store of a hash that a lower tier holds is an onboard (the block was loaded, not recomputed);
@@ -58,13 +34,9 @@ frontend and KVBM. Hits arrive in tokens and are folded as blocks (tokens // tok
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from itertools import islice
-from typing import TYPE_CHECKING, Annotated, Any
-
-import msgspec
-from msgspec import UNSET, Meta, Raw, Struct, UnsetType
+from typing import TYPE_CHECKING, Any
 
 from kvtop.records import MAX_BLOCKS, MAX_MAGNITUDE
 from kvtop.tiers.departures import add as add_reason
@@ -72,59 +44,18 @@ from kvtop.tiers.departures import nonzero, reason_of
 from kvtop.tiers.state import Latency, TierState
 
 if TYPE_CHECKING:
-    from kvtop.tiers.model import TierModel
+    from kvtop.tiers.common import Ledger
+    from kvtop.tiers.events import EventFold
+    from kvtop.tiers.requests import RequestFold
+    from kvtop.tiers.stats import StatsFold
 
 __all__ = [
     "MEDIUM_TIERS",
-    "Batch",
     "StreamFold",
-    "WireError",
-    "decode_frames",
-    "decode_payload",
-    "normalize_event",
     "tier_of",
 ]
 
 _U64 = 1 << 64
-_MASK = _U64 - 1
-EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
-# Positional field order of older vLLM's array-encoded events (vLLM before PR #42892; PR #42892's description shows
-# ``["BlockStored", hashes, parent, tokens, 64, null, "GPU", null, [["mm_hash1", 50]]]``).
-_POSITIONAL = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-                    "lora_name", "extra_keys", "group_idx"),
-    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
-    "AllBlocksCleared": (),
-}
-# Every field of the engines' BlockStored / BlockRemoved, and what kvtop does with it (read, kept in the record
-# unread, or dropped), on purpose: vLLM 0.33.0 / 0.34.0 vllm/distributed/kv_events.py, SGLang 0.5.23
-# sglang/srt/disaggregation/kv_events.py. A field no table names is kept when it is a scalar (a newer engine's).
-EVENT_FIELDS = {
-    "block_hashes": "read: the blocks",
-    "parent_block_hash": "kept, not read: the fold counts blocks per tier, not chains",
-    "token_ids": "dropped: the user's prompt (its length is kept as num_tokens)",
-    "block_size": "read: the tier's tokens per block",
-    "lora_id": "kept, not read (deprecated in vLLM 0.33 for lora_name)",
-    "medium": "read: the tier (MEDIUM_TIERS; vLLM's STORAGE is the disk)",
-    "lora_name": "kept, not read",
-    "extra_keys": "dropped: not a scalar (multimodal hashes, cache salts)",
-    "group_idx": "read: a block is (group, hash); every group's blocks come from one pool (vLLM's "
-                 "KVCacheCoordinator has one BlockPool), so a tier's blocks are summed over groups",
-    "kv_cache_spec_kind": "kept, not read: the groups share the pool cache_config_info sizes, whatever their kind",
-    "kv_cache_spec_sliding_window": "kept, not read (as kv_cache_spec_kind)",
-    "locality": "kept, not read: vLLM's own hit attribution maps STORAGE to disk whatever the locality "
-                "(vllm/v1/kv_offload/tiering/base.py), and so does kvtop",
-    "ownership": "kept, not read: the id of a secondary offloading tier (\"kvcr\"); a hash it announces again is "
-                 "refcounted like any repeated announcement",
-    "session_id": "dropped: names the user's session (vLLM 0.33, SGLang 0.5.23), read by nothing here",
-    "cache_salt": "dropped: the user's cache salt (SGLang 0.5.23); the hashes are namespaced by it already",
-    "lookahead_token_ids": "dropped: the user's tokens (vLLM 0.34)",
-}
-# Fields never kept in a record (see EVENT_FIELDS): the user's tokens, session and salt.
-_DROPPED_FIELDS = frozenset(k for k, why in EVENT_FIELDS.items() if why.startswith("dropped"))
-_MAX_EVENTS = 100_000  # one engine step's batch; a message claiming more is not a KV event batch
-_MAX_HASHES = 1_000_000
-_MAX_SMALL = 1 << 20  # ranks, block sizes, KV cache groups: small numbers; a larger one is not this format
 _SEQ_LIMIT = 1 << 63  # seq is signed on the wire (vLLM packs it so, and -1 ends a replay answer): 2^63 and up is < 0
 # A seq this far past the last one is not the same publisher's sequence: no engine drops 16.7M batches (46 h at
 # 100 batches a second) to a subscriber that is still connected. The source skips it as a bad message and follows a
@@ -168,37 +99,6 @@ LIVE_CAP_MIN = 4096
 LIVE_CAP_MAX = 1 << 22
 
 
-class WireError(ValueError):
-    """A message that is not a KV event batch; ``field`` says where, ``problem`` what."""
-
-    def __init__(self, field: str, problem: str):
-        super().__init__(f"{field}: {problem}")
-        self.field = field
-        self.problem = problem
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One decoded message: ``events`` normalized (see the module doc), ``bad_events`` skipped ones."""
-
-    topic: str
-    seq: int
-    ts: float | None
-    rank: int | None
-    events: list[dict[str, Any]]
-    bad_events: int = 0
-    first_bad: str | None = None
-
-    def record_data(self, replayed: bool = False) -> dict[str, Any]:
-        data: dict[str, Any] = {"seq": self.seq, "ts": self.ts, "rank": self.rank, "topic": self.topic,
-                                "events": self.events}
-        if replayed:
-            data["replayed"] = True
-        if self.bad_events:
-            data["bad_events"] = self.bad_events
-        return data
-
-
 def tier_of(medium: Any) -> str | None:
     """The kvtop tier of an event's ``medium`` (None/missing: the GPU); ``None`` for a medium kvtop does not know."""
     if medium is None or medium == "":
@@ -209,271 +109,10 @@ def tier_of(medium: Any) -> str | None:
 
 
 def _describe(value: Any) -> str:
+    # as the wire decoder names a value (kvtop/sources/kv_wire.py), not kvtop.tiers.common.describe's JSON: the
+    # fold's messages read as they did when the two were one module
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _hash(value: Any, path: str) -> int:
-    if value.__class__ is int:
-        if -(1 << 63) <= value < _U64:
-            return value & _MASK
-    elif isinstance(value, (bytes, bytearray)) and value:
-        return int.from_bytes(value, "big") & _MASK
-    raise WireError(path, f"must be a 64-bit integer or a digest, got {_describe(value)}")
-
-
-def _scalar(value: Any) -> bool:
-    # What a record can carry verbatim: JSON without inf or NaN (allow_nan=False), and no number past 2^64
-    # (kvtop.records.MAX_MAGNITUDE: a record carrying one is rejected whole wherever it is read back)
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return True
-    if isinstance(value, (int, float)):
-        return -_U64 <= value <= _U64  # NaN fails the comparison
-    return False
-
-
-def normalize_event(raw: Any, path: str = "event") -> dict[str, Any]:
-    """One event (map or positional array) as kvtop keeps it; :class:`WireError` naming what is wrong."""
-    if isinstance(raw, (list, tuple)):
-        if not raw or not isinstance(raw[0], str):
-            raise WireError(f"{path}[0]", f"must be the event type, got {_describe(raw[:1])}")
-        etype: Any = raw[0]
-        names = _POSITIONAL.get(etype)
-        if names is None:
-            raise WireError(f"{path}[0]", f"must be one of {', '.join(EVENT_TYPES)}, got {_describe(etype)}")
-        fields: dict[Any, Any] = dict(zip(names, raw[1:]))
-    elif isinstance(raw, Mapping):
-        etype = raw.get("type")
-        if not isinstance(etype, str) or etype not in _POSITIONAL:
-            raise WireError(f"{path}.type", f"must be one of {', '.join(EVENT_TYPES)}, got {_describe(etype)}")
-        fields = dict(raw)
-        fields.pop("type", None)
-    else:
-        raise WireError(path, f"must be a map or an array, got {type(raw).__name__}")
-    out: dict[str, Any] = {"type": etype}
-    if etype != "AllBlocksCleared":
-        hashes = fields.get("block_hashes")
-        if not isinstance(hashes, (list, tuple)):
-            raise WireError(f"{path}.block_hashes", f"must be a list, got {_describe(hashes)}")
-        if len(hashes) > _MAX_HASHES:
-            raise WireError(f"{path}.block_hashes", f"has {len(hashes)} hashes (at most {_MAX_HASHES})")
-        # Hot path: vLLM's default u64 ints pass as they are (the f-string paths cost 3x the decode when built
-        # per hash); anything else (negative i64, bytes digests, junk) takes the checking path.
-        if all(h.__class__ is int and 0 <= h < _U64 for h in hashes):
-            out["block_hashes"] = list(hashes)
-        else:
-            out["block_hashes"] = [_hash(h, f"{path}.block_hashes[{i}]") for i, h in enumerate(hashes)]
-        medium = fields.get("medium")
-        if medium is not None and not isinstance(medium, str):
-            raise WireError(f"{path}.medium", f"must be a string, got {_describe(medium)}")
-        out["medium"] = medium
-    if etype == "BlockStored":
-        parent = fields.get("parent_block_hash")
-        out["parent_block_hash"] = None if parent is None else _hash(parent, f"{path}.parent_block_hash")
-        size = fields.get("block_size")
-        if size is not None and (size.__class__ is not int or not 0 < size < _MAX_SMALL):
-            raise WireError(f"{path}.block_size", f"must be an integer in [1, {_MAX_SMALL}), got {_describe(size)}")
-        out["block_size"] = size
-        tokens = fields.get("token_ids")
-        if isinstance(tokens, (list, tuple)):
-            out["num_tokens"] = len(tokens)
-    group = fields.get("group_idx")
-    if group is not None and (group.__class__ is not int or not 0 <= group < _MAX_SMALL):
-        raise WireError(f"{path}.group_idx", f"must be an integer in [0, {_MAX_SMALL}), got {_describe(group)}")
-    for key, value in fields.items():
-        if key in out or key in _DROPPED_FIELDS or not isinstance(key, str):
-            continue
-        if _scalar(value):
-            out[key] = value
-    return out
-
-
-def decode_payload(payload: bytes, *, topic: str = "", seq: int = 0) -> Batch:
-    """The msgpack body ``[ts, [events], dp_rank]``; a bad event is skipped and counted, a bad body raises.
-
-    A body in vLLM's own shape (map events of the known fields, u64 hashes) goes through :func:`_decode_typed`
-    first; anything else (and anything that fails it) through the checking path below, the spec."""
-    if FAST_DECODE:
-        typed = _decode_typed(payload)
-        if typed is not None:
-            return Batch(topic, seq, typed[0], typed[1], typed[2])
-    import msgpack
-
-    try:
-        body = msgpack.unpackb(payload, raw=False, strict_map_key=False, unicode_errors="replace")
-    except Exception as exc:  # ExtraData, FormatError, StackError, ValueError...: all "not msgpack"
-        raise WireError("payload", f"not msgpack ({type(exc).__name__}: {str(exc)[:60]})") from None
-    if isinstance(body, Mapping):  # tolerated: a map envelope {"ts", "events", "data_parallel_rank"}
-        ts, events = body.get("ts"), body.get("events")
-        rank = body.get("data_parallel_rank", body.get("attn_dp_rank", body.get("dp_rank")))
-    elif isinstance(body, (list, tuple)) and len(body) >= 2:
-        ts, events = body[0], body[1]
-        rank = body[2] if len(body) > 2 else None
-    else:
-        raise WireError("payload", f"must be [ts, [events], dp_rank], got {_describe(body)}")
-    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not -_U64 <= ts <= _U64):
-        raise WireError("payload.ts", f"must be a finite number, got {_describe(ts)}")
-    if not isinstance(events, (list, tuple)):
-        raise WireError("payload.events", f"must be a list, got {_describe(events)}")
-    if len(events) > _MAX_EVENTS:
-        raise WireError("payload.events", f"has {len(events)} events (at most {_MAX_EVENTS})")
-    if rank is not None and (rank.__class__ is not int or not 0 <= rank < _MAX_SMALL):
-        raise WireError("payload.dp_rank", f"must be an integer in [0, {_MAX_SMALL}), got {_describe(rank)}")
-    out: list[dict[str, Any]] = []
-    bad = 0
-    first_bad: str | None = None
-    for i, raw in enumerate(events):
-        try:
-            out.append(normalize_event(raw, f"events[{i}]"))
-        except WireError as exc:
-            bad += 1
-            first_bad = first_bad or str(exc)
-        except Exception as exc:  # anything else an odd event can raise: one bad event, never a dead source
-            bad += 1
-            first_bad = first_bad or f"events[{i}]: {type(exc).__name__}: {exc}"
-    return Batch(topic, seq, None if ts is None else float(ts), rank, out, bad, first_bad)
-
-
-# ---------------------------------------------------------------------------------------- the typed decode
-
-FAST_DECODE = True  # tests turn it off to hold the two paths equal (tests/test_kv_stream.py)
-
-# msgspec types for a batch exactly as vLLM 0.33 encodes it (kv_events.py: ``KVEventBatch`` array-like, events as
-# maps tagged by ``type``), each field bounded as :func:`normalize_event` bounds it: a value it would wrap, refuse or
-# drop (a negative or bytes hash, a NaN, a nested value where a scalar goes, an unknown field or event type, a map
-# envelope, a positional event) fails here, and the checking path reads the message. Token lists are left undecoded
-# (``msgspec.Raw``: their count is in the msgpack header): they are ~90% of a batch's bytes. (msgspec is imported by
-# kvtop.records already.)
-_u64 = Annotated[int, Meta(ge=0)]          # msgpack has no integer past 2^64
-_small = Annotated[int, Meta(ge=0, lt=_MAX_SMALL)]
-_num = Annotated[float, Meta(ge=-float(_U64), le=float(_U64))]   # NaN and inf fail the bounds
-_extra = str | bool | int | _num | None | UnsetType   # a scalar the checking path keeps verbatim
-
-
-class _Stored(Struct, tag="BlockStored", tag_field="type", forbid_unknown_fields=True):
-    block_hashes: list[_u64]
-    parent_block_hash: _u64 | None = None
-    token_ids: Raw | UnsetType = UNSET
-    block_size: Annotated[int, Meta(gt=0, lt=_MAX_SMALL)] | None = None
-    lora_id: _extra = UNSET
-    medium: str | None = None
-    lora_name: _extra = UNSET
-    extra_keys: Raw | UnsetType = UNSET       # dropped whatever it holds (EVENT_FIELDS)
-    group_idx: _small | None | UnsetType = UNSET
-    kv_cache_spec_kind: _extra = UNSET
-    kv_cache_spec_sliding_window: _extra = UNSET
-    locality: _extra = UNSET
-    ownership: _extra = UNSET
-    session_id: Raw | UnsetType = UNSET       # dropped
-    cache_salt: Raw | UnsetType = UNSET       # dropped
-    lookahead_token_ids: Raw | UnsetType = UNSET   # dropped
-
-
-class _Removed(Struct, tag="BlockRemoved", tag_field="type", forbid_unknown_fields=True):
-    block_hashes: list[_u64]
-    medium: str | None = None
-    group_idx: _small | None | UnsetType = UNSET
-    kv_cache_spec_kind: _extra = UNSET
-    kv_cache_spec_sliding_window: _extra = UNSET
-    locality: _extra = UNSET
-    ownership: _extra = UNSET
-    session_id: Raw | UnsetType = UNSET
-    cache_salt: Raw | UnsetType = UNSET
-
-
-# the scalars both paths keep verbatim (EVENT_FIELDS "kept"), in vLLM's field order
-_KEPT_STORED = ("lora_id", "lora_name", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
-                "locality", "ownership")
-_KEPT_REMOVED = ("group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality", "ownership")
-
-
-class _Cleared(Struct, tag="AllBlocksCleared", tag_field="type", forbid_unknown_fields=True):
-    pass
-
-
-class _Body(Struct, array_like=True):
-    ts: _num | None
-    events: list[_Stored | _Removed | _Cleared]
-    rank: _small | None = None
-
-
-_BODY = msgspec.msgpack.Decoder(_Body)
-
-
-def _token_count(raw: Any) -> int | None:
-    """The length of an undecoded msgpack array (fixarray, array 16, array 32); None for anything else."""
-    head = memoryview(raw)[:5]
-    b = head[0] if len(head) else 0
-    if 0x90 <= b <= 0x9F:
-        return b & 0x0F
-    if b == 0xDC:
-        return int.from_bytes(head[1:3], "big")
-    if b == 0xDD:
-        return int.from_bytes(head[1:5], "big")
-    return None
-
-
-def _decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[str, Any]]] | None:
-    """``(ts, rank, events)`` as the checking path gives them, or None where it must judge the message."""
-    try:
-        body = _BODY.decode(payload)
-    except (msgspec.MsgspecError, RecursionError):
-        return None
-    events = body.events
-    if len(events) > _MAX_EVENTS:
-        return None
-    out: list[dict[str, Any]] = []
-    append = out.append
-    for e in events:
-        if isinstance(e, _Removed):     # exact classes (msgspec Structs, no subclasses): a C-level check
-            if len(e.block_hashes) > _MAX_HASHES:
-                return None
-            d: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": e.block_hashes, "medium": e.medium}
-            for name in _KEPT_REMOVED:
-                value = getattr(e, name)
-                if value is not UNSET:
-                    d[name] = value
-        elif isinstance(e, _Stored):
-            if len(e.block_hashes) > _MAX_HASHES:
-                return None
-            d = {"type": "BlockStored", "block_hashes": e.block_hashes, "medium": e.medium,
-                 "parent_block_hash": e.parent_block_hash, "block_size": e.block_size}
-            if e.token_ids is not UNSET:
-                n = _token_count(e.token_ids)
-                if n is not None:
-                    d["num_tokens"] = n
-            for name in _KEPT_STORED:
-                value = getattr(e, name)
-                if value is not UNSET:
-                    d[name] = value
-        else:
-            d = {"type": "AllBlocksCleared"}
-        append(d)
-    return (None if body.ts is None else float(body.ts)), body.rank, out
-
-
-def _clean_topic(raw: bytes) -> str:
-    # Strings from outside reach a terminal: kvtop's one sanitizer, length bounded.
-    from kvtop.textsafe import clean
-
-    return clean(raw[:200].decode("utf-8", "replace"))
-
-
-def decode_frames(frames: Sequence[bytes]) -> Batch:
-    """A live message ``[topic, seq, payload]`` (or a replayed ``[seq, payload]``)."""
-    if len(frames) == 3:
-        topic, seq_b, payload = frames
-    elif len(frames) == 2:
-        topic, (seq_b, payload) = b"", frames
-    else:
-        raise WireError("message", f"must have 3 frames [topic, seq, payload], got {len(frames)}")
-    if len(seq_b) != 8:
-        raise WireError("seq", f"must be 8 bytes (big-endian), got {len(seq_b)}")
-    seq = int.from_bytes(seq_b, "big")
-    if seq >= _SEQ_LIMIT:
-        raise WireError("seq", f"is negative as the signed 64-bit number it is ({seq - (1 << 64):,}; -1 ends a "
-                               "replay answer): not a batch's")
-    return decode_payload(bytes(payload), topic=_clean_topic(bytes(topic)), seq=seq)
 
 
 # ============================================================================================== the fold
@@ -545,10 +184,23 @@ class _Counter:
 
 
 class StreamFold:
-    """The common stream's state for one source (see the module doc). Lives inside a TierModel."""
+    """The common stream's state for one source (see the module doc). Lives inside a TierModel, which hands it
+    what it writes and reads, never itself: the ledger (``now``), the folds whose counters it writes (the event
+    fold's moves and host hits, whose ``warming`` the model keeps current; the stats fold's hits, lookups and
+    engine-counted moves; the request fold's completions), the meta dict (the pool sizes a capacity falls back
+    to), the model's block size and bytes per block, and its window's restart."""
 
-    def __init__(self, model: TierModel):
-        self.model = model
+    def __init__(self, ledger: Ledger, *, moves: EventFold, stats: StatsFold, requests: RequestFold,
+                 meta: Mapping[str, Any], tokens_per_block: Callable[[], int | None],
+                 bytes_per_block: Callable[[], int | None], restart_window: Callable[[], None]):
+        self._ledger = ledger
+        self._moves = moves
+        self._stats = stats
+        self._requests = requests
+        self._meta = meta
+        self._tokens_per_block = tokens_per_block
+        self._bytes_per_block = bytes_per_block
+        self._restart_window = restart_window
         # tier -> {key: refcount}; key = the hash for KV cache group 0 (every non-hybrid model), else (group, hash):
         # no tuple per block on the hot path
         self.live: dict[str, dict[Any, int]] = {t: {} for t in TIERS}
@@ -655,7 +307,7 @@ class StreamFold:
         if isinstance(lag, bool) or not isinstance(lag, (int, float)) or not 0 <= lag < 1e9:
             return
         n = behind if behind.__class__ is int and 0 <= behind < _U64 else 0
-        now = self.model.now
+        now = self._ledger.now
         stale = self._stale_lag(now)
         if stale or lag >= self.lag_s:
             self.lag_s, self._lag_at = float(lag), now
@@ -670,7 +322,7 @@ class StreamFold:
     def recent_lag(self) -> tuple[float, int]:
         """The most a live batch waited in kvtop in the last ``LAG_WINDOW_S`` (model time), and the batches that
         waited after it then: (0.0, 0) once that is older."""
-        if self._stale_lag(self.model.now):
+        if self._stale_lag(self._ledger.now):
             return 0.0, 0
         return self.lag_s, self.lag_batches
 
@@ -705,7 +357,7 @@ class StreamFold:
         bad = data.get("bad_events")
         if isinstance(bad, int) and bad > 0:
             self.bad_events += bad
-        m = self.model.event_fold  # its moves are the TierModel's (kvtop/tiers/events.py)
+        m = self._moves  # the TierModel's moves (kvtop/tiers/events.py)
         tiers = _MEDIUM_TIER_CACHE
         for ev in events:
             if ev.__class__ is not dict and not isinstance(ev, Mapping):
@@ -895,7 +547,6 @@ class StreamFold:
         url = str(data.get("url", ""))
         self._page = url
         self._page_scrapes[url] = self._page_scrapes.get(url, 0) + 1
-        m = self.model
         if tpb:
             self.tier_tpb.setdefault("gpu", tpb)
         if gpu_blocks is not None:
@@ -946,9 +597,9 @@ class StreamFold:
         if d2h is not None or h2d is not None:
             self.metric_moves["offloaded"] += self._delta("kvbm:d2h", d2h)
             self.metric_moves["onboarded"] += self._delta("kvbm:h2d", h2d)
-            m.stats_fold.moves_seen = True
-            m.stats_fold.offloaded = int(self.metric_moves["offloaded"])
-            m.stats_fold.onboarded = int(self.metric_moves["onboarded"])
+            self._stats.moves_seen = True
+            self._stats.offloaded = int(self.metric_moves["offloaded"])
+            self._stats.onboarded = int(self.metric_moves["onboarded"])
         # KVBM's disk (G3) counters (Dynamo lib/runtime/src/metrics/prometheus_names.rs, kvbm: offload_blocks_h2d
         # "from host to disk", offload_blocks_d2d "from device to disk (bypassing host memory)", onboard_blocks_d2d
         # "from disk to device"; onboard_blocks_d2h, KVBM v2's disk -> host staging, PR #8845). Note the two
@@ -958,7 +609,7 @@ class StreamFold:
         if any(v is not None for v in disk.values()):
             for name, v in disk.items():
                 self.metric_moves[name] = self.metric_moves.get(name, 0.0) + self._delta(name, v)
-            st = m.stats_fold
+            st = self._stats
             st.disk_moves_seen = True
             st.disk_offloaded = int(self.metric_moves["kvbm_offload_blocks_h2d"]
                                     + self.metric_moves["kvbm_offload_blocks_d2d"])
@@ -1013,26 +664,26 @@ class StreamFold:
         tpb = self._tpb("gpu")
         if not tpb:
             return  # held until the block size is known (the first BlockStored or cache_config_info)
-        m = self.model
+        st, ev = self._stats, self._moves
         hits = int(sum(self.hit_tokens.values()) // tpb)
         lookups = int(self.lookup_tokens // tpb)
         host = int(self.hit_tokens.get("host", 0.0) // tpb)
         dh, dl, dhh = hits - self._hits_written, lookups - self._lookups_written, host - self._host_hits_written
         self._hits_written, self._lookups_written, self._host_hits_written = hits, lookups, host
         if dh > 0:
-            m.stats_fold.reuse_seen = True
-        if m.warming:
-            m.stats_fold.warm_hits += dh
-            m.stats_fold.warm_lookups += dl
-            m.event_fold.warm_host_hits += dhh
-            m.stats_fold.warm_host_hits += dhh
+            st.reuse_seen = True
+        if ev.warming:
+            st.warm_hits += dh
+            st.warm_lookups += dl
+            ev.warm_host_hits += dhh
+            st.warm_host_hits += dhh
         else:
-            m.stats_fold.hits += dh
-            m.stats_fold.lookups += dl
+            st.hits += dh
+            st.lookups += dl
             # Host hits from the engine's own counter; written to both of the TierModel's host-hit sources (it
             # reads one of them, never their sum), and the events' onboards never add to them.
-            m.event_fold.host_hits += dhh
-            m.stats_fold.host_hits += dhh
+            ev.host_hits += dhh
+            st.host_hits += dhh
 
     # ------------------------------------------------------------------------------------------ summaries
 
@@ -1050,7 +701,6 @@ class StreamFold:
         totals = data.get("totals")
         if not isinstance(totals, Mapping):
             totals = {}
-        m = self.model
         d: dict[str, int] = {}
         for key in ("hits", "lookups", "host_hits", "offloaded", "onboarded", "evicted_gpu", "evicted_host",
                     "evicted_unknown", "completed", "failed", "disk_prefetched", "disk_onboarded", "disk_offloaded"):
@@ -1066,33 +716,33 @@ class StreamFold:
                 d[key] = 0 if self.batches or self.metrics_scrapes else v
             else:
                 d[key] = v - last if v >= last else v
-        m.stats_fold.hits += d.get("hits", 0)
-        m.stats_fold.lookups += d.get("lookups", 0)
-        ev = m.event_fold
+        st, ev, rq = self._stats, self._moves, self._requests
+        st.hits += d.get("hits", 0)
+        st.lookups += d.get("lookups", 0)
         ev.host_hits += d.get("host_hits", 0)
-        m.stats_fold.host_hits += d.get("host_hits", 0)
+        st.host_hits += d.get("host_hits", 0)
         ev.offloaded += d.get("offloaded", 0)
         ev.onboarded += d.get("onboarded", 0)
         ev.evicted[0] += d.get("evicted_gpu", 0)
         ev.evicted[1] += d.get("evicted_host", 0)
         ev.evicted_unknown += d.get("evicted_unknown", 0)
-        m.request_fold.completed += d.get("completed", 0)
-        m.request_fold.failed += d.get("failed", 0)
+        rq.completed += d.get("completed", 0)
+        rq.failed += d.get("failed", 0)
         if any(k in totals for k in ("disk_prefetched", "disk_onboarded", "disk_offloaded")):
-            st = m.stats_fold  # the agent's disk moves: the engine's own counters, as there
+            # the agent's disk moves: the engine's own counters, as there
             st.disk_moves_seen = True
             st.disk_prefetched += d.get("disk_prefetched", 0)
             st.disk_onboarded += d.get("disk_onboarded", 0)
             st.disk_offloaded += d.get("disk_offloaded", 0)
         if d.get("hits"):
-            m.stats_fold.reuse_seen = True
+            st.reuse_seen = True
         tpb = _count(data.get("tokens_per_block"))
         if tpb:
             self.tier_tpb.setdefault("gpu", tpb)
-        if self.summaries == 1 and m.now is not None:
+        if self.summaries == 1 and self._ledger.now is not None:
             # The first summary's totals are counts since the agent attached, not moves of this instant: the rate
             # window and the history start after them (an older retained meta would otherwise make them a spike).
-            m.restart_window()
+            self._restart_window()
 
     def said_ttft(self) -> tuple[Latency, Latency] | None:
         """TTFT as the agent measured it (its summaries' ``ttft``): since its start, and over its window. ``None``
@@ -1142,7 +792,7 @@ class StreamFold:
     def _tpb(self, tier: str) -> int | None:
         # A tier's own block size, else the GPU's, else any tier's (SGLang's host pages are its GPU pages)
         tpb = self.tier_tpb
-        return tpb.get(tier) or tpb.get("gpu") or next(iter(tpb.values()), None) or self.model.tokens_per_block
+        return tpb.get(tier) or tpb.get("gpu") or next(iter(tpb.values()), None) or self._tokens_per_block()
 
     def _from_tokens(self, tokens: int | None, tier: str) -> int | None:
         tpb = self._tpb(tier)
@@ -1151,9 +801,8 @@ class StreamFold:
         return tokens // tpb
 
     def tier_state(self, tier: str) -> TierState:
-        m = self.model
         tpb = self._tpb(tier)
-        bpb = m.bytes_per_block
+        bpb = self._bytes_per_block()
         if self.summary is not None:
             s = self.summary.get("tiers", {}).get(tier)
             if not isinstance(s, Mapping):
@@ -1165,7 +814,7 @@ class StreamFold:
         if cap is None:
             cap = self._from_tokens(self.capacity_tokens.get(tier), tier)
         if cap is None:
-            meta = m.meta.get({"gpu": "primary_blocks", "host": "secondary_blocks"}.get(tier, ""))
+            meta = self._meta.get({"gpu": "primary_blocks", "host": "secondary_blocks"}.get(tier, ""))
             cap = meta if isinstance(meta, int) else None
         cached: int | None = None
         gauge = self._from_tokens(self.used_tokens.get(tier), tier)
