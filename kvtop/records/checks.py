@@ -33,7 +33,7 @@ from kvtop.compact import read_event
 from kvtop.records.record import SCHEMA_VERSION, Record, SourceId
 from kvtop.textsafe import clean, clean_any
 
-# kv_batch: one message of the engines' common KV event stream (vLLM, SGLang, Dynamo; kvtop/kv_stream.py);
+# kv_batch: one message of the engines' common KV event stream (vLLM, SGLang, Dynamo; kvtop/sources/kv_wire.py);
 # metrics: an engine's Prometheus samples, verbatim; summary: another kvtop's fold of a source (kvtop agent).
 KINDS = ("meta", "stats", "kv_event", "gpu", "host", "request", "kv_batch", "metrics", "summary")
 
