@@ -44,7 +44,7 @@ LogEntry = tuple[float, str, str]  # (epoch seconds, level, text): a line of Ses
 
 def fold_repeats(lines: Iterable[str]) -> list[str]:
     """Lines with each run of equal ones said once, counted: ["a", "a", "a", "b"] -> ["a x3", "b"] (text outputs;
-    the dashboard's event log folds its own, kvtop/ui/widgets.py EventLog)."""
+    the dashboard's event log folds its own, kvtop/ui/panels/events.py EventLog)."""
     out: list[str] = []
     last: str | None = None
     n = 0

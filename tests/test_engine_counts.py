@@ -276,7 +276,8 @@ async def test_the_hit_rate_and_moves_panels_split_the_disk(tmp_path: Any) -> No
 
     from kvtop.records import encode
     from kvtop.ui.app import build_app
-    from kvtop.ui.widgets import HitRatePanel, MovesPanel
+    from kvtop.ui.panels.hit_rate import HitRatePanel
+    from kvtop.ui.panels.moves import MovesPanel
 
     class Settings:
         refresh = 0.25

@@ -183,7 +183,7 @@ def test_a_two_tier_fleets_rows_and_aggregate_have_no_disk_figures(session: Sess
 
 async def test_the_sources_table_shows_a_disk_column_only_with_a_disk_tier(session: Session) -> None:
     from kvtop.ui.app import build_app
-    from kvtop.ui.widgets import SourcesPanel
+    from kvtop.ui.panels.sources import SourcesPanel
 
     class Settings:
         refresh = 0.25

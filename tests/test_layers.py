@@ -453,15 +453,15 @@ def test_the_model_routes_kv_events_straight_to_the_event_folds_hot_path() -> No
 
 UI = PACKAGE / "ui"
 # The private names the dashboard reads off something not its own, all Textual's and all behind one version check
-# with an off switch (kvtop/ui/widgets.py strip_cache_enabled; off, none of the code that reads them is installed):
+# with an off switch (kvtop/ui/strip_reuse.py strip_cache_enabled; off, none of the code that reads them is installed):
 # the repaint hook, probed for here; the screen's set of widgets to repaint (a panel's changed rows go there
 # directly, not through an Update message per panel); a strip's crop cache (the crop of a row written in part,
 # made from the segments in hand). Each is read with getattr and a fallback to Textual's public way. Not a read of
-# another's object, so not listed: widgets.RowStrip, a Strip subclass that sets Strip's private slots itself (its
+# another's object, so not listed: strip_reuse.RowStrip, a Strip subclass that sets Strip's private slots itself (its
 # caches made on first use), used only where Strip's slots are exactly the ones it knows and behind the same check.
-FOREIGN_PRIVATE_ALLOWED = {("widgets.py", "getattr(Widget, '_set_dirty', None)"),
-                           ("widgets.py", "getattr(screen, '_dirty_widgets', None)"),
-                           ("widgets.py", "getattr(strip, '_crop_cache', None)")}
+FOREIGN_PRIVATE_ALLOWED = {("strip_reuse.py", "getattr(Widget, '_set_dirty', None)"),
+                           ("strip_reuse.py", "getattr(screen, '_dirty_widgets', None)"),
+                           ("strip_reuse.py", "getattr(strip, '_crop_cache', None)")}
 _NAME_READERS = ("getattr", "hasattr")
 
 
@@ -617,7 +617,8 @@ def test_replay_up_to_its_first_screen_loads_none_of_the_other_modes() -> None:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     loaded = result["modules"]
     # The probe saw the dashboard and the replay running: the deferred modules were not just never reached.
-    assert {"kvtop.ui.app", "kvtop.ui.widgets", "kvtop.sources.replay", "kvtop.compose"} <= set(loaded)
+    assert {"kvtop.ui.app", "kvtop.ui.panel", "kvtop.ui.panels.header", "kvtop.sources.replay",
+            "kvtop.compose"} <= set(loaded)
     assert result["records_in"] > 0
     assert [m for m in loaded if _under(m, DEFERRED_FROM_REPLAY) and m not in PRICING] == []
     # The dataclasses replay's first screen defines are @frozen / @mutable (kvtop/values.py), which compile

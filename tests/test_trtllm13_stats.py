@@ -325,7 +325,8 @@ async def test_a_three_tier_run_on_the_dashboard(tmp_path: Any) -> None:
     from recordings import session_from_recording
 
     from kvtop.ui.app import build_app
-    from kvtop.ui.widgets import HeaderBar, TierPanel
+    from kvtop.ui.panels.header import HeaderBar
+    from kvtop.ui.panels.tier import TierPanel
 
     class Settings:
         refresh = 0.25
@@ -511,7 +512,7 @@ async def test_the_header_flags_missing_iterations(tmp_path: Any) -> None:
 
     from kvtop.records import SourceId, encode
     from kvtop.ui.app import build_app
-    from kvtop.ui.widgets import HeaderBar
+    from kvtop.ui.panels.header import HeaderBar
 
     class Settings:
         refresh = 0.25

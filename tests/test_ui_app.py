@@ -15,7 +15,13 @@ from kvtop.records import SourceId, make, read_jsonl
 from kvtop.session import Session
 from kvtop.tiers import TierModel
 from kvtop.ui.app import KvtopApp, build_app, layout_for
-from kvtop.ui.widgets import EventLog, HelpScreen, HitRatePanel, Panel, PriorityPanel, SourcesPanel, TierPanel
+from kvtop.ui.panel import Panel
+from kvtop.ui.panels.events import EventLog
+from kvtop.ui.panels.help import HelpScreen
+from kvtop.ui.panels.hit_rate import HitRatePanel
+from kvtop.ui.panels.priority import PriorityPanel
+from kvtop.ui.panels.sources import SourcesPanel
+from kvtop.ui.panels.tier import TierPanel
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
 

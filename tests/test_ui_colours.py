@@ -19,7 +19,7 @@ from recordings import session_from_recording
 from kvtop.palette import PALETTES, TIERS
 from kvtop.tiers import TierState
 from kvtop.ui.app import build_app
-from kvtop.ui.widgets import Panel
+from kvtop.ui.panel import Panel
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
 

@@ -20,9 +20,12 @@ from textual.geometry import Region
 from kvtop.records import SourceId, read_jsonl
 from kvtop.session import Session
 from kvtop.ui import app as app_module
-from kvtop.ui import widgets
+from kvtop.ui import panel as panel_module
+from kvtop.ui import strip_reuse
 from kvtop.ui.app import KvtopApp, build_app
-from kvtop.ui.widgets import Panel, strip_cache_enabled
+from kvtop.ui.panel import Panel
+from kvtop.ui.panels import header as header_panel
+from kvtop.ui.strip_reuse import strip_cache_enabled
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
 
@@ -85,7 +88,7 @@ async def test_a_screen_updated_refresh_by_refresh_matches_a_fresh_one(size: tup
     assert live == await _fresh_screen(session, size)  # ...and what was repainted adds up to the whole
 
 
-@pytest.mark.skipif(not widgets._CACHE_RENDERS, reason=f"strip reuse off: {widgets.STRIP_CACHE_REASON}")
+@pytest.mark.skipif(not strip_reuse.CACHE_RENDERS, reason=f"strip reuse off: {strip_reuse.STRIP_CACHE_REASON}")
 async def test_an_unchanged_panel_hands_the_compositor_its_last_strips() -> None:
     session = _session()
     records = list(read_jsonl(BUSY_RECORDING))
@@ -129,8 +132,8 @@ def test_with_the_strip_reuse_off_the_public_path_draws_the_same_screen() -> Non
     repo = Path(__file__).resolve().parents[1]
     env = {**os.environ, "KVTOP_UI_STRIP_CACHE": "0", "PYTHONPATH": str(repo)}
     probe = subprocess.run(
-        [sys.executable, "-c", "from kvtop.ui.widgets import Panel, _CACHE_RENDERS\n"
-         "print(_CACHE_RENDERS, '_set_dirty' in Panel.__dict__, 'render_lines' in Panel.__dict__)"],
+        [sys.executable, "-c", "from kvtop.ui.panel import Panel\nfrom kvtop.ui.strip_reuse import CACHE_RENDERS\n"
+         "print(CACHE_RENDERS, '_set_dirty' in Panel.__dict__, 'render_lines' in Panel.__dict__)"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert probe.stdout.split() == ["False", "False", "False"], probe.stderr
     out = subprocess.run(
@@ -154,14 +157,14 @@ def test_the_declared_textual_floor_is_the_one_ci_tests_and_the_reuse_starts_at(
     assert floor is not None
     ci = re.search(r"^TEXTUAL_FLOOR=(\d+)\.(\d+)\.\d+$", (repo / ".ci" / "run").read_text(), re.M)
     assert ci is not None
-    assert (int(floor[1]), int(floor[2])) == (int(ci[1]), int(ci[2])) == widgets.STRIP_CACHE_TEXTUAL[0]
+    assert (int(floor[1]), int(floor[2])) == (int(ci[1]), int(ci[2])) == strip_reuse.STRIP_CACHE_TEXTUAL[0]
 
 
 def test_the_version_check_reads_textuals_own_version() -> None:
     from importlib.metadata import version
 
-    assert widgets._textual_version() == version("textual")
-    assert widgets.STRIP_CACHE_REASON.endswith(version("textual")) or not widgets._CACHE_RENDERS
+    assert strip_reuse.installed_textual_version() == version("textual")
+    assert strip_reuse.STRIP_CACHE_REASON.endswith(version("textual")) or not strip_reuse.CACHE_RENDERS
 
 
 def _write(grid: list[list[Any]], y: int, x: int, strips: Any) -> None:
@@ -176,7 +179,7 @@ def _write(grid: list[list[Any]], y: int, x: int, strips: Any) -> None:
 @pytest.mark.slow
 async def test_what_the_terminal_is_sent_adds_up_to_the_screen() -> None:
     """Rows are written only up to their last changed cell (update_lines' regions, the crops seeded in
-    widgets.seed_crop): a terminal that applied every update as sent must hold exactly the screen drawn fresh."""
+    strip_reuse.seed_crop): a terminal that applied every update as sent must hold exactly the screen drawn fresh."""
     from textual._compositor import ChopsUpdate, Compositor, LayoutUpdate
 
     records = list(read_jsonl(BUSY_RECORDING))
@@ -228,20 +231,21 @@ async def test_what_the_terminal_is_sent_adds_up_to_the_screen() -> None:
 
 
 def test_a_row_strip_is_a_strip_in_everything_but_when_it_makes_its_caches() -> None:
-    """widgets.RowStrip (a changed row's strip, its caches made on first use) against Textual's Strip made from the
+    """strip_reuse.RowStrip (a changed row's strip, its caches made on first use) against Textual's Strip made from the
     same segments: every read the compositor and the writer make, and the crops and divisions they keep."""
     from rich.console import Console
     from rich.segment import Segment
     from rich.style import Style
     from textual.strip import Strip
 
-    if widgets._CACHE_RENDERS:
-        assert widgets._row_strip_fits() and widgets._Row is widgets.RowStrip  # this Textual takes the lean strip
+    if strip_reuse.CACHE_RENDERS:
+        # this Textual takes the lean strip
+        assert strip_reuse.row_strip_fits() and strip_reuse.ROW_STRIP is strip_reuse.RowStrip
     red, dim = Style(color="red", bold=True), Style(color="#808080", bgcolor="#101010")
     segments = [Segment("│", dim), Segment(" GPU ", red), Segment("██▌", red), Segment(" 12.3k", dim),
                 Segment("  ", None), Segment("│", dim)]
     width = sum(s.cell_length for s in segments)
-    lean, plain = widgets.RowStrip(list(segments), width), Strip(list(segments), width)
+    lean, plain = strip_reuse.RowStrip(list(segments), width), Strip(list(segments), width)
     console = Console(color_system="truecolor", width=width)
     assert list(lean) == list(plain) and lean.cell_length == plain.cell_length == width and lean.text == plain.text
     assert lean.render(console) == plain.render(console)
@@ -255,7 +259,7 @@ def test_a_row_strip_is_a_strip_in_everything_but_when_it_makes_its_caches() -> 
     assert list(lean.extend_cell_length(width + 3, dim)) == list(plain.extend_cell_length(width + 3, dim))
     assert list(lean.crop_extend(1, width + 2, dim)) == list(plain.crop_extend(1, width + 2, dim))
     assert lean.link_ids == plain.link_ids
-    widgets.seed_crop(lean, list(segments), 8)  # the crop the writer asks for, seeded from the segments in hand
+    strip_reuse.seed_crop(lean, list(segments), 8)  # the crop the writer asks for, seeded from the segments in hand
     assert list(lean.crop(0, 8)) == list(plain.crop(0, 8))
     with pytest.raises(AttributeError):
         lean.no_such_cache  # noqa: B018 - only Strip's own caches are made on demand
@@ -273,9 +277,9 @@ async def test_the_header_is_built_again_only_when_what_it_shows_changes() -> No
     app = build_app(session, Settings(), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        header = app.screen.query_one("#header", widgets.HeaderBar)
+        header = app.screen.query_one("#header", header_panel.HeaderBar)
         base = header.data
-        assert isinstance(base, widgets.HeaderData) and base.data_time is not None and base.uptime_s is not None
+        assert isinstance(base, header_panel.HeaderData) and base.data_time is not None and base.uptime_s is not None
         rng = random.Random(15)
         skipped = built = 0
         for _ in range(300):
@@ -299,11 +303,11 @@ async def test_the_header_is_built_again_only_when_what_it_shows_changes() -> No
             shown = list(header._lines)
             header.update_lines(full=True)
             assert header._lines == shown  # skipped or not, the screen holds what the new data draws
-            assert widgets.same_header(data, nxt) is (not changed)
+            assert header_panel.same_header(data, nxt) is (not changed)
         assert skipped > 50 and built > 50
-        assert not widgets.same_header(base, dataclasses.replace(base, data_time=base.data_time + 1.0))
-        assert not widgets.same_header(base, dataclasses.replace(base, uptime_s=None))
-        assert not widgets.same_header(base, dataclasses.replace(base, data_time=float("nan")))
+        assert not header_panel.same_header(base, dataclasses.replace(base, data_time=base.data_time + 1.0))
+        assert not header_panel.same_header(base, dataclasses.replace(base, uptime_s=None))
+        assert not header_panel.same_header(base, dataclasses.replace(base, data_time=float("nan")))
 
 
 @pytest.mark.slow
@@ -311,5 +315,5 @@ async def test_a_panels_kept_parts_emptied_as_it_draws_change_nothing_on_screen(
     """Panel._segments keeps each (text, style) part's segment with the resolved styles, and empties them all
     past PART_CACHE: kept a few parts at a time (emptied several times a row), the terminal still holds the
     screen drawn fresh."""
-    monkeypatch.setattr(widgets, "PART_CACHE", 5)
+    monkeypatch.setattr(panel_module, "PART_CACHE", 5)
     await test_what_the_terminal_is_sent_adds_up_to_the_screen()

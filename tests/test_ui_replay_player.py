@@ -20,7 +20,8 @@ from kvtop.compose import build_attach_session
 from kvtop.records import Record, read_jsonl
 from kvtop.tiers import TierModel
 from kvtop.ui.app import DEFAULT_REFRESH_S, REFRESH_STEPS, KvtopApp, build_app
-from kvtop.ui.widgets import EventLog, HeaderBar
+from kvtop.ui.panels.events import EventLog
+from kvtop.ui.panels.header import HeaderBar
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
 

@@ -13,8 +13,9 @@ from textual.message import Message
 from kvtop.records import SourceId, make
 from kvtop.session import Session
 from kvtop.ui.app import KvtopApp, build_app
+from kvtop.ui.panels.sources import SourcesPanel
+from kvtop.ui.panels.tier import TierPanel
 from kvtop.ui.table import TableState, arrange, cursor_index
-from kvtop.ui.widgets import SourcesPanel, TierPanel
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
 
@@ -349,7 +350,7 @@ async def test_R_shows_the_requests_in_flight_then_newest_first_and_back() -> No
         await pilot.pause()
         await pilot.press("R")
         await pilot.pause()
-        from kvtop.ui.widgets import RequestsTable
+        from kvtop.ui.panels.requests_table import RequestsTable
 
         table = app.screen.query_one(RequestsTable)
         assert app.screen.has_class("-reqs") and table.display
@@ -370,7 +371,7 @@ async def test_R_shows_the_requests_in_flight_then_newest_first_and_back() -> No
 
 
 async def test_the_requests_view_sorts_filters_and_opens_a_row() -> None:
-    from kvtop.ui.widgets import RequestsTable
+    from kvtop.ui.panels.requests_table import RequestsTable
 
     app = build_app(requests_session(), Settings(), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -505,7 +506,7 @@ async def test_a_driven_runs_requests_view_lists_its_requests_in_flight_then_don
 
     from kvtop import runner
     from kvtop.settings import load_settings
-    from kvtop.ui.widgets import RequestsTable
+    from kvtop.ui.panels.requests_table import RequestsTable
 
     settings = load_settings({"engine": "sim", "concurrency": "4", "duration": "60"}, environ={})
     session = runner.build_session(settings, sample_gpu=False)
@@ -540,7 +541,7 @@ async def test_small_screens_keep_the_tables_sort_and_filter_in_view() -> None:
     requests view's sorted column whole."""
     from recordings import fleet_session, session_from_recording
 
-    from kvtop.ui.widgets import RequestsTable
+    from kvtop.ui.panels.requests_table import RequestsTable
 
     app = build_app(fleet_session(), Settings(), run_session=False)
     async with app.run_test(size=(80, 24)) as pilot:

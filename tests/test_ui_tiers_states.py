@@ -15,7 +15,8 @@ from kvtop.records import make
 from kvtop.tiers import TierState
 from kvtop.ui import app as app_module
 from kvtop.ui.app import STALE_AFTER_S, build_app
-from kvtop.ui.widgets import HeaderBar, TierPanel
+from kvtop.ui.panels.header import HeaderBar
+from kvtop.ui.panels.tier import TierPanel
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
 
@@ -243,7 +244,9 @@ async def test_hiding_the_event_log_keeps_the_key_footer() -> None:
 # ---------------------------------------------------------------------------------------------- failures
 
 async def test_failed_requests_say_why_in_the_panel_the_log_and_the_help() -> None:
-    from kvtop.ui.widgets import EventLog, HelpScreen, RequestPanel
+    from kvtop.ui.panels.events import EventLog
+    from kvtop.ui.panels.help import HelpScreen
+    from kvtop.ui.panels.requests import RequestPanel
 
     session = session_from_recording()
     last = session.model.now
@@ -280,7 +283,12 @@ async def test_200x60_uses_the_room() -> None:
     """200x60 uses its room for legibility, not for blank rows: three-row tier bars with their share in big digits,
     a tall hit-rate chart, two-row move sparklines, a wider memory bar; no panel of the two columns more than a
     third blank (the memory panel was 6 blank rows of 8, the per-priority one 8 of 11), the log 8 lines."""
-    from kvtop.ui.widgets import EventLog, HitRatePanel, MemoryPanel, Panel, PriorityPanel, SourcesPanel, big_figure
+    from kvtop.ui.panel import Panel
+    from kvtop.ui.panels.events import EventLog
+    from kvtop.ui.panels.hit_rate import HitRatePanel, big_figure
+    from kvtop.ui.panels.memory import MemoryPanel
+    from kvtop.ui.panels.priority import PriorityPanel
+    from kvtop.ui.panels.sources import SourcesPanel
 
     app = build_app(session_from_recording(), Settings(), run_session=False)
     async with app.run_test(size=(200, 60)) as pilot:
@@ -322,7 +330,7 @@ async def test_200x60_uses_the_room() -> None:
 
 async def test_the_palettes_screenshot_goes_to_the_working_directory(tmp_path: Any, monkeypatch: pytest.MonkeyPatch
                                                                      ) -> None:
-    from kvtop.ui.widgets import EventLog
+    from kvtop.ui.panels.events import EventLog
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "no-home"))   # no ~/Downloads anywhere

@@ -16,7 +16,10 @@ import pytest
 
 from kvtop.values import frozen, mutable
 
-MODULES = ("kvtop.tiers.state", "kvtop.tiers.snapshot", "kvtop.tiers.verdict", "kvtop.ui.widgets", "kvtop.fleet",
+MODULES = ("kvtop.tiers.state", "kvtop.tiers.snapshot", "kvtop.tiers.verdict", "kvtop.fleet",
+           "kvtop.ui.panels.header", "kvtop.ui.panels.tier", "kvtop.ui.panels.hit_rate", "kvtop.ui.panels.moves",
+           "kvtop.ui.panels.priority", "kvtop.ui.panels.sources", "kvtop.ui.panels.requests_table",
+           "kvtop.ui.panels.requests", "kvtop.ui.panels.memory", "kvtop.ui.panels.events",
            "kvtop.occupancy", "kvtop.session", "kvtop.settings", "kvtop.problems", "kvtop.runner",
            "kvtop.engines.sizing", "kvtop.engines.sim.sweep.replay_accel", "kvtop.engines.sim.sweep.belady",
            "kvtop.ui.table", "kvtop.palette")

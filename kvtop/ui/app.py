@@ -47,6 +47,18 @@ from kvtop.tiers.departures import describe as describe_left
 from kvtop.tiers.snapshot import reading
 from kvtop.tiers.state import RequestRow
 from kvtop.ui import format as fmt
+from kvtop.ui.panels.clickable import TableHeaderClicked, TableRowClicked
+from kvtop.ui.panels.events import EventLog
+from kvtop.ui.panels.header import HeaderBar, HeaderData, VerdictLine, replay_badge, replay_clock
+from kvtop.ui.panels.help import HelpScreen, KeyHints
+from kvtop.ui.panels.hit_rate import HitData, HitRatePanel, WhatIfData, what_if_data
+from kvtop.ui.panels.memory import GpuMemoryRow, MemoryData, MemoryPanel
+from kvtop.ui.panels.moves import MovesData, MovesPanel
+from kvtop.ui.panels.priority import PriorityData, PriorityPanel
+from kvtop.ui.panels.requests import RequestData, RequestPanel
+from kvtop.ui.panels.requests_table import RequestsData, RequestsTable
+from kvtop.ui.panels.sources import FleetData, SourcesPanel
+from kvtop.ui.panels.tier import TierData, TierPanel, tier_label
 from kvtop.ui.table import TableState, arrange, cursor_index
 from kvtop.ui.themes import (
     DEFAULT_THEME,
@@ -56,38 +68,6 @@ from kvtop.ui.themes import (
     load_theme,
     load_themes,
     tier_variables,
-)
-from kvtop.ui.widgets import (
-    EventLog,
-    FleetData,
-    GpuMemoryRow,
-    HeaderBar,
-    HeaderData,
-    HelpScreen,
-    HitData,
-    HitRatePanel,
-    KeyHints,
-    MemoryData,
-    MemoryPanel,
-    MovesData,
-    MovesPanel,
-    PriorityData,
-    PriorityPanel,
-    RequestData,
-    RequestPanel,
-    RequestsData,
-    RequestsTable,
-    SourcesPanel,
-    TableHeaderClicked,
-    TableRowClicked,
-    TierData,
-    TierPanel,
-    VerdictLine,
-    WhatIfData,
-    replay_badge,
-    replay_clock,
-    tier_label,
-    what_if_data,
 )
 
 # The clock the screen reads for uptime and log times. A module attribute so that tests freeze it (an autouse

@@ -1,0 +1,141 @@
+"""Every use of Textual's private names in the dashboard, behind one version check and an off switch."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.cells import cell_len
+from rich.segment import Segment
+from textual.cache import FIFOCache
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.widget import Widget
+
+if TYPE_CHECKING:
+    from kvtop.ui.panel import Panel
+
+
+def seed_crop(strip: Strip, segments: list[Segment], end: int) -> None:
+    """Put ``strip.crop(0, end)`` in the strip's crop cache, made as Strip.crop makes it (the same segments, the
+    one cut by the same ``split_cells``) but from the segments in hand: Textual crops every row whose marked
+    region stops short of the row's end before writing it, and its general crop (a walk that splits the first
+    segment too) cost more than the bytes it saves. Where a Textual's Strip has no such cache, nothing is put."""
+    cache = getattr(strip, "_crop_cache", None)  # may lack: Strip's private cache, in any other Textual
+    if cache is None:
+        return
+    out: list[Segment] = []
+    pos = 0
+    for segment in segments:
+        text = segment.text
+        end_pos = pos + (len(text) if text.isascii() else cell_len(text))
+        if end_pos < end:
+            out.append(segment)
+            pos = end_pos
+        else:
+            out.append(segment.split_cells(end - pos)[0])
+            break
+    cache[(0, end)] = ROW_STRIP(out, end)
+
+
+# A Strip makes seven caches when it is made (Textual 7.0 to 8.x: FIFOCaches for divide, crop, style, filter, line
+# length, crop-and-extend and offsets). A changed row's strip (``Panel._framed``) and its crop are made ~33 times a
+# busy refresh and use two of them (the compositor divides the row, the writer crops it), so RowStrip makes each
+# cache when it is first asked for: 2.8% of a refresh's instructions (callgrind, bench/bench_ui_refresh.py).
+# Strip's private slot names: used only where Strip's slots are exactly these (and with the strip reuse's version
+# check and off switch); anything else, and a changed row is a plain Strip.
+STRIP_CACHES: dict[str, int] = {"_divide_cache": 4, "_crop_cache": 16, "_style_cache": 16, "_filter_cache": 4,
+                                "_line_length_cache": 4, "_crop_extend_cache": 4, "_offsets_cache": 4}
+STRIP_SLOTS = frozenset({"_segments", "_cell_length", "_render_cache", "_link_ids", "_cell_count", *STRIP_CACHES})
+
+
+class RowStrip(Strip):
+    """A Strip, the same in every way but when its caches are made (on first use, not all seven in __init__)."""
+
+    __slots__ = ()
+
+    def __init__(self, segments: list[Segment], cell_length: int) -> None:  # not super().__init__: it makes them all
+        self._segments = segments   # the caller's new list, never changed after (Strip copies whatever it is given)
+        self._cell_length = cell_length
+        self._render_cache = None
+        self._link_ids = None
+        self._cell_count = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for a slot not set yet: a cache, made now with Strip's own size for it.
+        size = STRIP_CACHES.get(name)
+        if size is None:
+            raise AttributeError(name)
+        cache: FIFOCache[Any, Any] = FIFOCache(size)
+        setattr(self, name, cache)
+        return cache
+
+
+def row_strip_fits() -> bool:
+    slots = getattr(Strip, "__slots__", ())  # may lack: a Strip without slots, in any other Textual
+    return set(slots) == STRIP_SLOTS and Strip.__init__.__code__.co_argcount == 3
+
+
+
+STRIP_CACHE_TEXTUAL = ((7, 0), (9, 0))  # [first, past-last) Textual (major, minor) the reuse is tested on
+STRIP_CACHE_ENV = "KVTOP_UI_STRIP_CACHE"
+
+
+def installed_textual_version() -> str | None:
+    """Textual's installed version, from its dist-info folder's name beside the package (~1 ms), else from
+    importlib.metadata (which scans every installed distribution: 39 ms of start-up on the dev box)."""
+    import textual
+
+    here = Path(textual.__file__).resolve().parents[1]
+    for info in here.glob("textual-*.dist-info"):
+        return info.name[len("textual-"):-len(".dist-info")]
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("textual")
+    except PackageNotFoundError:
+        return None
+
+
+def strip_cache_enabled(textual_version: str | None = None, environ: Any = None) -> tuple[bool, str]:
+    """Whether Panel reuses its last strips (Textual's private ``Widget._set_dirty``), and why (for the log)."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if str(env.get(STRIP_CACHE_ENV, "1")).strip().lower() in ("0", "false", "no", "off"):
+        return False, f"{STRIP_CACHE_ENV}={env.get(STRIP_CACHE_ENV)}"
+    if textual_version is None:
+        textual_version = installed_textual_version()
+        if textual_version is None:
+            return False, "Textual's version is unknown"
+    match = re.match(r"(\d+)\.(\d+)", textual_version)
+    if match is None:
+        return False, f"Textual {textual_version}: not a version kvtop can read"
+    first, past = STRIP_CACHE_TEXTUAL
+    if not first <= (int(match[1]), int(match[2])) < past:
+        return False, f"Textual {textual_version} is outside {first[0]}.{first[1]} to {past[0]}.x, where it is tested"
+    if not callable(getattr(Widget, "_set_dirty", None)):  # may lack: a private hook, gone in any release
+        return False, f"Textual {textual_version} has no Widget._set_dirty"
+    return True, f"Textual {textual_version}"
+
+
+CACHE_RENDERS, STRIP_CACHE_REASON = strip_cache_enabled()
+# The strip a changed row is framed in (Panel._framed, seed_crop: both only on the strip reuse's path).
+ROW_STRIP: type[Strip] = RowStrip if CACHE_RENDERS and row_strip_fits() else Strip
+
+
+def repaint_direct(self: Panel, regions: list[Region]) -> None:
+    # Changed rows straight to the screen's set of widgets to repaint, as the screen's own Update handler puts
+    # them there: Widget.refresh would mark the rows the same way, then clear the panel's layout and style caches
+    # (nothing in them changed: a row's text is not its size or its styles) and wake the panel's own message pump
+    # only to post an Update message to the screen, one per panel and refresh (~5 a busy refresh). Until the
+    # panel was drawn once (the screen's compositor has it), and where a Textual has no such set, Textual's way.
+    screen = self._screen
+    dirty = getattr(screen, "_dirty_widgets", None)  # may lack: Screen's private set, in any other Textual
+    if self._rendered is None or screen is None or not isinstance(dirty, set):
+        self.refresh(*regions)
+        return
+    self._set_dirty(*regions)
+    dirty.add(self)
+    screen.check_idle()
