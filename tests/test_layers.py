@@ -632,3 +632,146 @@ def test_replay_up_to_its_first_screen_loads_none_of_the_other_modes() -> None:
 # @frozen does not support: they stay dataclasses too (~1.1 ms of the first screen).
 COMPILED_DATACLASSES = ["kvtop.engines.gpus.GpuProfile", "kvtop.engines.models.ModelShape",
                         "kvtop.records.record.Record", "kvtop.records.record.SourceId"]
+
+
+
+# ------------------------------------------------------------------------------------- Textual's private names
+
+# kvtop/ui/strip_reuse.py is the one dashboard file that may touch Textual's private names (its version check and off
+# switch: strip_cache_enabled); Panel takes it as a mixin only when that is on. Anywhere else in kvtop/ui a private
+# name of Textual's (its private modules, a private method overridden or called, a private attribute read or
+# written, on a panel's own Textual base or on any Textual object) would be code that no version check guards.
+PRIVATE_TEXTUAL_ALLOWED = {"strip_reuse.py"}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+@cache
+def _textual_privates_of_module(path: str) -> dict[str, frozenset[str]]:
+    """Per class of one Textual source file: the private names it defines (methods, class attributes, slots and the
+    ``self._x`` it sets or reads)."""
+    tree = ast.parse(Path(path).read_text(), path)
+    out = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        names = set()
+        for sub in ast.walk(node):
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(sub.name):
+                names.add(sub.name)
+            elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in ("self", "cls")\
+                    and _private(sub.attr):
+                names.add(sub.attr)
+            elif isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and _private(sub.id):
+                names.add(sub.id)
+            elif isinstance(sub, ast.Constant) and isinstance(sub.value, str) and _private(sub.value):
+                names.add(sub.value)   # __slots__ entries
+        out[node.name] = frozenset(names)
+    return out
+
+
+def _textual_privates(cls: type) -> frozenset[str]:
+    """The private names of the Textual classes in ``cls``'s MRO."""
+    import inspect
+
+    names: set[str] = set()
+    for k in cls.__mro__:
+        if k.__module__.split(".")[0] == "textual":
+            names |= _textual_privates_of_module(inspect.getfile(k)).get(k.__name__, frozenset())
+    return frozenset(names)
+
+
+@cache
+def _all_textual_privates() -> frozenset[str]:
+    import textual
+
+    names: set[str] = set()
+    for path in Path(textual.__file__).parent.rglob("*.py"):
+        for found in _textual_privates_of_module(str(path)).values():
+            names |= found
+    return frozenset(names)
+
+
+def _textual_private_uses(tree: ast.AST, file: str, classes: dict[str, type]) -> list[str]:
+    """Uses of Textual's private names in one module: an import of a private Textual module or name; in a class with
+    a Textual base (``classes``: the module's classes by name), a method named as, or ``self.``/``cls.``/``super().``
+    attribute of, a private name of that base; anywhere, a private name of any Textual class read off another
+    object, by attribute or by ``getattr``/``hasattr``/``setattr`` with the name written out."""
+    found = []
+    textual_all = _all_textual_privates()
+
+    def hit(node: ast.AST, what: str) -> None:
+        found.append(f"{file}:{getattr(node, 'lineno', 0)}: {what}")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "textual":
+            if any(_private(part) for part in (node.module or "").split(".")) or \
+                    any(_private(alias.name) for alias in node.names):
+                hit(node, f"from {node.module} import {', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "textual" and any(_private(p) for p in alias.name.split(".")):
+                    hit(node, f"import {alias.name}")
+    own_nodes: set[int] = set()
+    for cls_node in ast.walk(tree):
+        if not isinstance(cls_node, ast.ClassDef) or cls_node.name not in classes:
+            continue
+        privates = _textual_privates(classes[cls_node.name])
+        for sub in ast.walk(cls_node):
+            if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)) and sub.name in privates:
+                hit(sub, f"{cls_node.name}.{sub.name}")
+            elif isinstance(sub, ast.Attribute) and sub.attr in privates and (
+                    (isinstance(sub.value, ast.Name) and sub.value.id in ("self", "cls")) or
+                    (isinstance(sub.value, ast.Call) and isinstance(sub.value.func, ast.Name)
+                     and sub.value.func.id == "super")):
+                hit(sub, ast.unparse(sub))
+            if isinstance(sub, ast.Attribute):
+                own_nodes.add(id(sub))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in textual_all and id(node) not in own_nodes and not (
+                isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            hit(node, ast.unparse(node))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 \
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value in textual_all:
+            hit(node, ast.unparse(node))
+    return sorted(set(found), key=lambda hit: (int(hit.split(":")[1]), hit))
+
+
+def _ui_module_classes(path: Path) -> dict[str, type]:
+    import importlib
+
+    module = importlib.import_module(".".join(path.relative_to(REPO).with_suffix("").parts))
+    return {name: value for name, value in vars(module).items()
+            if isinstance(value, type) and value.__module__ == module.__name__}
+
+
+def test_the_textual_private_name_check_sees_what_it_forbids() -> None:
+    from textual.widget import Widget
+
+    class Mine(Widget):
+        pass
+
+    code = ("from textual._compositor import Compositor\nimport textual._context\nfrom textual.widget import _x\n"
+            "class Mine(Widget):\n    def _set_dirty(self, *r):\n        super()._set_dirty(*r)\n"
+            "    def render_line(self, y):\n        return self._styles_cache\n"
+            "    def mine(self):\n        self._own = 1\n        return self._own\n"
+            "a = getattr(screen, '_dirty_widgets', None)\nb = strip._crop_cache\nc = row._not_textuals_at_all\n")
+    assert _textual_private_uses(ast.parse(code), "t.py", {"Mine": Mine}) == [
+        "t.py:1: from textual._compositor import Compositor", "t.py:2: import textual._context",
+        "t.py:3: from textual.widget import _x", "t.py:5: Mine._set_dirty", "t.py:6: super()._set_dirty",
+        "t.py:8: self._styles_cache", "t.py:12: getattr(screen, '_dirty_widgets', None)", "t.py:13: strip._crop_cache"]
+
+
+def test_only_strip_reuse_uses_textuals_private_names() -> None:
+    """Issue 25: the screen's rendering engine used four private Textual surfaces from widgets.py, beside nine panels.
+    They are all in kvtop/ui/strip_reuse.py now (and it does use them: the check sees them there)."""
+    found = {}
+    for path in sorted(UI.rglob("*.py")):
+        hits = _textual_private_uses(ast.parse(path.read_text(), str(path)), path.name, _ui_module_classes(path))
+        if hits:
+            found[str(path.relative_to(UI))] = hits
+    assert set(found) == PRIVATE_TEXTUAL_ALLOWED, found
+    assert len(found["strip_reuse.py"]) >= 4   # _set_dirty overridden and called, _dirty_widgets, _crop_cache...

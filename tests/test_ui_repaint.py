@@ -133,7 +133,8 @@ def test_with_the_strip_reuse_off_the_public_path_draws_the_same_screen() -> Non
     env = {**os.environ, "KVTOP_UI_STRIP_CACHE": "0", "PYTHONPATH": str(repo)}
     probe = subprocess.run(
         [sys.executable, "-c", "from kvtop.ui.panel import Panel\nfrom kvtop.ui.strip_reuse import CACHE_RENDERS\n"
-         "print(CACHE_RENDERS, '_set_dirty' in Panel.__dict__, 'render_lines' in Panel.__dict__)"],
+         "from kvtop.ui.strip_reuse import StripReuse\nfrom textual.widget import Widget\n"
+         "print(CACHE_RENDERS, issubclass(Panel, StripReuse), Panel.render_lines is not Widget.render_lines)"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert probe.stdout.split() == ["False", "False", "False"], probe.stderr
     out = subprocess.run(

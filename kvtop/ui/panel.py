@@ -26,7 +26,7 @@ from textual.strip import Strip
 from textual.style import Style as TextualStyle
 from textual.widget import Widget
 
-from kvtop.ui.strip_reuse import CACHE_RENDERS, ROW_STRIP, repaint_direct, seed_crop
+from kvtop.ui.strip_reuse import CACHE_RENDERS, StripReuse
 from kvtop.ui.themes import tier_style
 
 # Styles, as theme variables: themes/*.toml set them (kvtop/ui/themes.py fills in any a theme leaves out). A tier's
@@ -137,18 +137,11 @@ def fit(ln: Line, width: int) -> Line:
     return tuple(out)
 
 
-# Panel.render_lines hands the compositor a clean panel's last strips again. That needs to see every time Textual marks
-# the panel dirty, which it does through Widget._set_dirty: a private method, so the reuse is on only for the Textual
-# releases it is tested on (.ci/run runs the UI tests on the floor, 7.0.0, and on the pinned 8.2.8) and can be
-# switched off (KVTOP_UI_STRIP_CACHE=0). Off, Panel keeps Textual's public Line API alone (render_line per line,
-# refresh(*regions) per changed run of lines): the same screen (tests/test_ui_repaint.py runs both paths), at the
-
-
 def fit_lines(lines: Sequence[Line], width: int, height: int) -> list[Line]:
     return [fit(ln, width) for ln in lines[: max(height, 0)]]
 
 
-class Panel(Widget):
+class LinePanel(Widget):
     """A panel that repaints only the lines whose text or style changed.
 
     Why line by line (measured, 120x40, dev box): re-rendering a whole bordered panel costs 1-4.7 ms in Textual
@@ -283,96 +276,6 @@ class Panel(Widget):
         self._rendered = None
         self._frame = None
 
-    def _set_dirty(self, *regions: Region) -> None:
-        # Textual's one way of marking a widget's lines for repainting (a refresh, a resize, a restyle, a theme).
-        # Regions (content rows) come from update_lines' refresh: only those rows of the last strips are stale;
-        # anything else (no region) makes them all stale.
-        if regions and self._rendered is not None:
-            rows = self._dirty_rows
-            for region in regions:
-                rows.update(range(region.y, region.bottom))
-        else:
-            self._rendered = None
-            self._frame = None
-        super()._set_dirty(*regions)
-
-    def render_lines(self, crop: Region) -> list[Strip]:
-        """The panel's strips, border and all: the last ones again while nothing marked the panel dirty, and only
-        the changed content rows made afresh when update_lines marked some.
-
-        Textual's compositor renders every widget that overlaps the bounding box of a repaint, and a busy refresh
-        changes lines in most panels, so each refresh visited every panel on the screen, restyling (from cache,
-        but line by line, with the colour filter) the unchanged panels as well: a third of the compositor's time.
-        A changed row is framed here (``_framed``: the border cells Textual drew, around the row's strip, through
-        the app's colour filters), not through Textual's general line styling (border, padding, tint, opacity,
-        outline and hatch, looked up per line): that path is kept for full repaints, and for any panel whose rows
-        it did not draw exactly as ``_framed`` does (checked on every full repaint, in ``_learn_frame``).
-        """
-        filters = tuple(self.app.get_line_filters())
-        rendered = self._rendered
-        if rendered is not None and rendered[0] == crop and rendered[1] == filters:
-            rows = self._dirty_rows
-            if not rows:
-                return rendered[2]
-            frame = self._frame
-            if frame is not None:
-                strips = rendered[2].copy()
-                top, height = frame[0], frame[1]
-                ends = self._row_ends
-                for row in rows:
-                    if 0 <= row < height:
-                        strips[row + top] = self._framed(row, filters, frame, ends.get(row))
-                rows.clear()
-                ends.clear()
-                self._rendered = (crop, filters, strips)
-                return strips
-        strips = super().render_lines(crop)
-        self._dirty_rows.clear()
-        self._row_ends.clear()
-        self._rendered = (crop, filters, strips)
-        self._frame = self._learn_frame(crop, filters, strips)
-        return strips
-
-    def _framed(self, row: int, filters: tuple[Any, ...], frame: tuple[Any, ...], end: int | None = None) -> Strip:
-        """Content row ``row`` as the compositor wants it: the border cells around the row's segments, in styles
-        already through the app's colour filters (resolved once per style string, as for ``render_line``).
-        ``end``: the cells of the row update_lines marked, from the left border (the changed part)."""
-        _top, _height, left, right, _background, width = frame
-        segments, _ = self._segments(self._line(row), self._filtered_styles, frame, filters)
-        if left is not None:
-            segments.insert(0, left)
-            segments.append(right)
-        strip = ROW_STRIP(segments, width)
-        if end is not None and end < width:
-            seed_crop(strip, segments, end)
-        return strip
-
-    def _learn_frame(self, crop: Region, filters: tuple[Any, ...], strips: list[Strip]) -> tuple[Any, ...] | None:
-        """The border cells of the rows Textual just drew, if ``_framed`` makes every content row exactly as it
-        did (same segments, same styles); None keeps Textual's path for this panel until its next restyle."""
-        size = self.outer_size
-        if crop != size.region or len(strips) != size.height:
-            return None
-        top = self.content_region.y - self.region.y
-        height = self.content_size.height
-        if height <= 0 or top < 0 or top + height > len(strips):
-            return None
-        background = self.background_colors[1]
-        first = list(strips[top])
-        inner = len(list(self.render_line(0)))
-        if len(first) == inner + 2:
-            left, right = first[0], first[-1]
-        elif len(first) == inner:
-            left = right = None
-        else:
-            return None
-        frame = (top, height, left, right, background, size.width)
-        self._filtered_styles.clear()
-        for row in range(height):
-            if list(self._framed(row, filters, frame)) != list(strips[top + row]):
-                return None
-        return frame
-
     def render_line(self, y: int) -> Strip:
         strip = self._strips.get(y)
         if strip is None:
@@ -455,9 +358,11 @@ class Panel(Widget):
             self._screen = self.screen if self.is_mounted else None
         return inner
 
-if CACHE_RENDERS:
-    Panel._repaint = repaint_direct  # type: ignore[method-assign]
-else:
-    # Off: not a line of the private hook is installed; Textual's own render_lines and _set_dirty run as they are.
-    del Panel._set_dirty, Panel.render_lines, Panel._framed, Panel._learn_frame
 
+if CACHE_RENDERS:
+    class Panel(StripReuse, LinePanel):
+        """A LinePanel that hands the compositor its last strips again while nothing changed
+        (kvtop/ui/strip_reuse.py: on only for the Textual releases it is tested on, and with an off switch)."""
+else:
+    class Panel(LinePanel):  # type: ignore[no-redef]
+        """A LinePanel on Textual's public Line API alone (the strip reuse is off: kvtop/ui/strip_reuse.py)."""

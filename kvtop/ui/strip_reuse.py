@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.cells import cell_len
 from rich.segment import Segment
+from rich.style import Style as RichStyle
 from textual.cache import FIFOCache
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
-
-if TYPE_CHECKING:
-    from kvtop.ui.panel import Panel
 
 
 def seed_crop(strip: Strip, segments: list[Segment], end: int) -> None:
@@ -78,6 +77,11 @@ def row_strip_fits() -> bool:
 
 
 
+# Panel.render_lines hands the compositor a clean panel's last strips again. That needs to see every time Textual marks
+# the panel dirty, which it does through Widget._set_dirty: a private method, so the reuse is on only for the Textual
+# releases it is tested on (.ci/run runs the UI tests on the floor, 7.0.0, and on the pinned 8.2.8) and can be
+# switched off (KVTOP_UI_STRIP_CACHE=0). Off, Panel keeps Textual's public Line API alone (render_line per line,
+# refresh(*regions) per changed run of lines): the same screen (tests/test_ui_repaint.py runs both paths), at the
 STRIP_CACHE_TEXTUAL = ((7, 0), (9, 0))  # [first, past-last) Textual (major, minor) the reuse is tested on
 STRIP_CACHE_ENV = "KVTOP_UI_STRIP_CACHE"
 
@@ -125,17 +129,123 @@ CACHE_RENDERS, STRIP_CACHE_REASON = strip_cache_enabled()
 ROW_STRIP: type[Strip] = RowStrip if CACHE_RENDERS and row_strip_fits() else Strip
 
 
-def repaint_direct(self: Panel, regions: list[Region]) -> None:
-    # Changed rows straight to the screen's set of widgets to repaint, as the screen's own Update handler puts
-    # them there: Widget.refresh would mark the rows the same way, then clear the panel's layout and style caches
-    # (nothing in them changed: a row's text is not its size or its styles) and wake the panel's own message pump
-    # only to post an Update message to the screen, one per panel and refresh (~5 a busy refresh). Until the
-    # panel was drawn once (the screen's compositor has it), and where a Textual has no such set, Textual's way.
-    screen = self._screen
-    dirty = getattr(screen, "_dirty_widgets", None)  # may lack: Screen's private set, in any other Textual
-    if self._rendered is None or screen is None or not isinstance(dirty, set):
-        self.refresh(*regions)
-        return
-    self._set_dirty(*regions)
-    dirty.add(self)
-    screen.check_idle()
+class StripReuse(Widget):
+    """The strip reuse, mixed into Panel (kvtop/ui/panel.py) only where ``strip_cache_enabled()``: every override of
+    a Textual private method and every read of a Textual private name the dashboard makes is here.
+
+    It reads the LinePanel's own line model (``_segments``, ``_line``) and keeps its state in the attributes below,
+    which LinePanel makes (and empties on a restyle)."""
+
+    _rendered: tuple[Region, tuple[Any, ...], list[Strip]] | None
+    _dirty_rows: set[int]
+    _frame: tuple[Any, ...] | None
+    _row_ends: dict[int, int]
+    _filtered_styles: dict[str | None, RichStyle]
+    _screen: Any
+    _segments: Callable[..., tuple[list[Segment], int]]
+    _line: Callable[[int], Any]
+
+    def _repaint(self, regions: list[Region]) -> None:
+        # Changed rows straight to the screen's set of widgets to repaint, as the screen's own Update handler puts
+        # them there: Widget.refresh would mark the rows the same way, then clear the panel's layout and style caches
+        # (nothing in them changed: a row's text is not its size or its styles) and wake the panel's own message pump
+        # only to post an Update message to the screen, one per panel and refresh (~5 a busy refresh). Until the
+        # panel was drawn once (the screen's compositor has it), and where a Textual has no such set, Textual's way.
+        screen = self._screen
+        dirty = getattr(screen, "_dirty_widgets", None)  # may lack: Screen's private set, in any other Textual
+        if self._rendered is None or screen is None or not isinstance(dirty, set):
+            self.refresh(*regions)
+            return
+        self._set_dirty(*regions)
+        dirty.add(self)
+        screen.check_idle()
+
+    def _set_dirty(self, *regions: Region) -> None:
+        # Textual's one way of marking a widget's lines for repainting (a refresh, a resize, a restyle, a theme).
+        # Regions (content rows) come from update_lines' refresh: only those rows of the last strips are stale;
+        # anything else (no region) makes them all stale.
+        if regions and self._rendered is not None:
+            rows = self._dirty_rows
+            for region in regions:
+                rows.update(range(region.y, region.bottom))
+        else:
+            self._rendered = None
+            self._frame = None
+        super()._set_dirty(*regions)
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        """The panel's strips, border and all: the last ones again while nothing marked the panel dirty, and only
+        the changed content rows made afresh when update_lines marked some.
+
+        Textual's compositor renders every widget that overlaps the bounding box of a repaint, and a busy refresh
+        changes lines in most panels, so each refresh visited every panel on the screen, restyling (from cache,
+        but line by line, with the colour filter) the unchanged panels as well: a third of the compositor's time.
+        A changed row is framed here (``_framed``: the border cells Textual drew, around the row's strip, through
+        the app's colour filters), not through Textual's general line styling (border, padding, tint, opacity,
+        outline and hatch, looked up per line): that path is kept for full repaints, and for any panel whose rows
+        it did not draw exactly as ``_framed`` does (checked on every full repaint, in ``_learn_frame``).
+        """
+        filters = tuple(self.app.get_line_filters())
+        rendered = self._rendered
+        if rendered is not None and rendered[0] == crop and rendered[1] == filters:
+            rows = self._dirty_rows
+            if not rows:
+                return rendered[2]
+            frame = self._frame
+            if frame is not None:
+                strips = rendered[2].copy()
+                top, height = frame[0], frame[1]
+                ends = self._row_ends
+                for row in rows:
+                    if 0 <= row < height:
+                        strips[row + top] = self._framed(row, filters, frame, ends.get(row))
+                rows.clear()
+                ends.clear()
+                self._rendered = (crop, filters, strips)
+                return strips
+        strips = super().render_lines(crop)
+        self._dirty_rows.clear()
+        self._row_ends.clear()
+        self._rendered = (crop, filters, strips)
+        self._frame = self._learn_frame(crop, filters, strips)
+        return strips
+
+    def _framed(self, row: int, filters: tuple[Any, ...], frame: tuple[Any, ...], end: int | None = None) -> Strip:
+        """Content row ``row`` as the compositor wants it: the border cells around the row's segments, in styles
+        already through the app's colour filters (resolved once per style string, as for ``render_line``).
+        ``end``: the cells of the row update_lines marked, from the left border (the changed part)."""
+        _top, _height, left, right, _background, width = frame
+        segments, _ = self._segments(self._line(row), self._filtered_styles, frame, filters)
+        if left is not None:
+            segments.insert(0, left)
+            segments.append(right)
+        strip = ROW_STRIP(segments, width)
+        if end is not None and end < width:
+            seed_crop(strip, segments, end)
+        return strip
+
+    def _learn_frame(self, crop: Region, filters: tuple[Any, ...], strips: list[Strip]) -> tuple[Any, ...] | None:
+        """The border cells of the rows Textual just drew, if ``_framed`` makes every content row exactly as it
+        did (same segments, same styles); None keeps Textual's path for this panel until its next restyle."""
+        size = self.outer_size
+        if crop != size.region or len(strips) != size.height:
+            return None
+        top = self.content_region.y - self.region.y
+        height = self.content_size.height
+        if height <= 0 or top < 0 or top + height > len(strips):
+            return None
+        background = self.background_colors[1]
+        first = list(strips[top])
+        inner = len(list(self.render_line(0)))
+        if len(first) == inner + 2:
+            left, right = first[0], first[-1]
+        elif len(first) == inner:
+            left = right = None
+        else:
+            return None
+        frame = (top, height, left, right, background, size.width)
+        self._filtered_styles.clear()
+        for row in range(height):
+            if list(self._framed(row, filters, frame)) != list(strips[top + row]):
+                return None
+        return frame
