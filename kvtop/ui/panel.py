@@ -14,7 +14,7 @@ GiB columns, then its border, through the screen's ``-medium`` / ``-compact`` cl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
@@ -141,7 +141,10 @@ def fit_lines(lines: Sequence[Line], width: int, height: int) -> list[Line]:
     return [fit(ln, width) for ln in lines[: max(height, 0)]]
 
 
-class LinePanel(Widget):
+D = TypeVar("D")  # the panel's data: a frozen value of its own module (kvtop/ui/panels/), made by kvtop/ui/views.py
+
+
+class LinePanel(Widget, Generic[D]):
     """A panel that repaints only the lines whose text or style changed.
 
     Why line by line (measured, 120x40, dev box): re-rendering a whole bordered panel costs 1-4.7 ms in Textual
@@ -163,7 +166,7 @@ class LinePanel(Widget):
 
     def __init__(self, *, id: str | None = None, classes: str | None = None):
         super().__init__(id=id, classes=classes)
-        self.data: Any = None
+        self.data: D | None = None
         self._lines: list[Line] = []
         self._strips: dict[int, Strip] = {}
         self._rich_styles: dict[str | None, RichStyle] = {}
@@ -191,7 +194,7 @@ class LinePanel(Widget):
         if state != self.state:
             self.state = state
 
-    def show(self, data: Any) -> bool:
+    def show(self, data: D) -> bool:
         """Show new data; returns True when it differed (and the changed lines were marked for repaint)."""
         if data == self.data:
             return False
@@ -304,7 +307,7 @@ class LinePanel(Widget):
         # blanks around a few new figures, and the parts seen before are neither measured nor made again.
         if len(cache) > PART_CACHE:
             cache.clear()   # styles too: resolved again on first use (~15 a panel)
-        segments = []
+        segments: list[Segment] = []
         append = segments.append
         length = 0
         for part in ln:
@@ -314,7 +317,7 @@ class LinePanel(Widget):
                 rich = cache.get(style)
                 if rich is None:
                     rich = cache[style] = self._resolve(style, frame, filters)
-                made = cache[part] = (Segment(text, rich),  # type: ignore[index]
+                made = cache[part] = (Segment(text, rich),  # type: ignore[index,assignment]
                                       len(text) if text.isascii() else cell_len(text))
             append(made[0])
             length += made[1]
@@ -340,7 +343,7 @@ class LinePanel(Widget):
             segments = [Segment(" ", rich)]
             for line_filter in filters:
                 segments = line_filter.apply(segments, frame[4])
-            rich = segments[0].style
+            rich = cast(RichStyle, segments[0].style)   # a filter keeps a styled segment styled
         return rich
 
     @property
@@ -360,9 +363,9 @@ class LinePanel(Widget):
 
 
 if CACHE_RENDERS:
-    class Panel(StripReuse, LinePanel):
+    class Panel(StripReuse, LinePanel[D]):
         """A LinePanel that hands the compositor its last strips again while nothing changed
         (kvtop/ui/strip_reuse.py: on only for the Textual releases it is tested on, and with an off switch)."""
 else:
-    class Panel(LinePanel):  # type: ignore[no-redef]
+    class Panel(LinePanel[D]):  # type: ignore[no-redef]
         """A LinePanel on Textual's public Line API alone (the strip reuse is off: kvtop/ui/strip_reuse.py)."""

@@ -237,6 +237,8 @@ class StripReuse(Widget):
         background = self.background_colors[1]
         first = list(strips[top])
         inner = len(list(self.render_line(0)))
+        left: Segment | None
+        right: Segment | None
         if len(first) == inner + 2:
             left, right = first[0], first[-1]
         elif len(first) == inner:

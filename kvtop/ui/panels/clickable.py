@@ -12,6 +12,7 @@ from kvtop.ui.panel import (
     S_ERR,
     S_OK,
     S_WARN,
+    D,
     Panel,
     padded,
 )
@@ -41,7 +42,7 @@ class TableHeaderClicked(Message):
         self.column = column
 
 
-class ClickableTable(Panel):
+class ClickableTable(Panel[D]):
     """A panel whose lines are a table: ``build`` notes where its header's columns and its rows are
     (``_clicks_at``), and a click there posts TableHeaderClicked or TableRowClicked for the app to act on."""
 

@@ -32,7 +32,7 @@ LEVEL_STYLE = {"info": S_DIM, "warn": "$warning", "warning": "$warning", "error"
 LEVEL_MARK = {"info": "·", "warn": "▲", "warning": "▲", "error": "✖"}
 
 
-class EventLog(Panel):
+class EventLog(Panel[None]):
     """The session's log, aggregated and rate-limited.
 
     Aggregated: a line whose text differs from one of the last ``RECENT`` lines only in its numbers ("request 12

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
-from kvtop.sources.replay import speed_text
+from kvtop.sources.replay import ReplayPlayer, speed_text
 from kvtop.ui import format as fmt
 from kvtop.ui.panel import (
     S_DIM,
@@ -49,7 +49,7 @@ def replay_clock(s: float) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
 
 
-def replay_badge(player: Any) -> ReplayBadge:
+def replay_badge(player: ReplayPlayer) -> ReplayBadge:
     """The badge of a ReplayPlayer (kvtop/sources/replay.py) now."""
     length = player.length_s
     return ReplayBadge(int(player.position_s), None if length is None else round(length),
@@ -153,10 +153,10 @@ def same_header(a: HeaderData, b: HeaderData) -> bool:
     return all(getattr(a, name) == getattr(b, name) for name in _HEADER_STEADY)
 
 
-class HeaderBar(Panel):
+class HeaderBar(Panel[HeaderData]):
     """Engine, version, model, SIM badge, block size, uptime; data freshness and quality badges."""
 
-    def show(self, data: Any) -> bool:
+    def show(self, data: HeaderData) -> bool:
         old = self.data
         if isinstance(old, HeaderData) and isinstance(data, HeaderData) and self._lines and same_header(old, data):
             self.data = data   # the newest figures, for readers; the lines on screen are what they would build

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvtop.tiers import HitRate
 from kvtop.ui import format as fmt
 from kvtop.ui.panel import (
     BLANK,
@@ -56,7 +57,7 @@ def what_if_data(advice: Mapping[str, Any]) -> WhatIfData:
 
 @frozen
 class HitData:
-    hit: Any                            # kvtop.tiers.HitRate
+    hit: HitRate
     history: tuple[float | None, ...]   # hit rate per history step, oldest first
     window_s: float | None
     # Live what-if (kvtop.tiers.whatif); None hides the line (a session without the estimate, or another
@@ -84,7 +85,7 @@ def big_figure(text: str) -> list[str]:
     return rows
 
 
-class HitRatePanel(Panel):
+class HitRatePanel(Panel[HitData]):
     """Hit rate over the window (big, when there is room), cumulative, split by the tier that served the hit,
     and its history as a sparkline."""
 

@@ -43,14 +43,14 @@ class MemoryData:
     host_blocks: int | None = None  # the host tier's pool in blocks: 0 is no host pool ("none"), None unknown
 
 
-class MemoryPanel(Panel):
+class MemoryPanel(Panel[MemoryData]):
     """GPU memory per device (NVML) and host memory (the engine's RSS, its pinned KV pool, what is left)."""
 
     def on_mount(self) -> None:
         super().on_mount()
         self.border_title = "Memory"
 
-    def show(self, data: Any) -> bool:
+    def show(self, data: MemoryData) -> bool:
         changed = super().show(data)
         if changed:
             warn = any(g.used is not None and g.total and g.used > 0.95 * g.total for g in data.gpus)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvtop.tiers import Moves, Rates
 from kvtop.ui import format as fmt
 from kvtop.ui.panel import (
     BLANK,
@@ -24,8 +25,8 @@ from kvtop.values import frozen
 
 @frozen
 class MovesData:
-    rates: Any                      # kvtop.tiers.Rates
-    moves: Any                      # kvtop.tiers.Moves
+    rates: Rates
+    moves: Moves
     history: tuple[tuple[float, ...], ...]  # (offload, onboard, evict GPU, evict host) per step
     known: bool = True              # False: moves come from KV events and none were seen (shown as "?", not 0)
     # why blocks left their tier since start, each count marked "engine" (its events say it) or "inferred"
@@ -33,7 +34,7 @@ class MovesData:
     left: str | None = None
 
 
-class MovesPanel(Panel):
+class MovesPanel(Panel[MovesData]):
     """Blocks moved per second over the window, totals since start, history per row."""
 
     # (verb, from tier, to tier, rate, total, sparkline style): a move's sparkline is in the colour of the tier

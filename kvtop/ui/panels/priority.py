@@ -33,7 +33,7 @@ class PriorityData:
     bytes_per_block: int | None = None
 
 
-class PriorityPanel(Panel):
+class PriorityPanel(Panel[PriorityData]):
     """Cached blocks by retention priority in each tier, and the hit rate of requests sent at that priority."""
 
     def on_mount(self) -> None:

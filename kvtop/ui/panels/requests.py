@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from kvtop.ui import format as fmt
 from kvtop.ui.panel import (
     BLANK,
@@ -38,14 +36,14 @@ class RequestData:
     by_source: tuple[tuple[str, float | None, float | None, int], ...] = ()
 
 
-class RequestPanel(Panel):
+class RequestPanel(Panel[RequestData]):
     """In flight, done, failed, request and token rates, TTFT and end-to-end percentiles."""
 
     def on_mount(self) -> None:
         super().on_mount()
         self.border_title = "Requests"
 
-    def show(self, data: Any) -> bool:
+    def show(self, data: RequestData) -> bool:
         changed = super().show(data)
         if changed:
             self._set_state("warn" if data.failed else "ok")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from kvtop.tiers.state import RequestRow
 from kvtop.ui import format as fmt
 from kvtop.ui.panel import (
     BLANK,
@@ -32,7 +33,7 @@ from kvtop.values import frozen
 
 @frozen
 class RequestsData:
-    rows: tuple[Any, ...]           # kvtop.tiers.state.RequestRow: in flight, then finished newest first (arranged)
+    rows: tuple[RequestRow, ...]    # in flight, then finished newest first (arranged)
     cursor: int = -1
     sort: str | None = None
     descending: bool = True
@@ -42,7 +43,7 @@ class RequestsData:
     note: str = ""                  # why no row is in flight where the engine says some are
 
 
-class RequestsTable(ClickableTable):
+class RequestsTable(ClickableTable[RequestsData]):
     """The requests view (R): recent and in-flight requests, one row each, sorted and filtered as the sources table
     is. Finished ones from the ``request`` records (the last RECENT_REQUESTS), in flight from the workload driver
     of a driven run, else from the engine's ``requestStats`` where it sends them (enable_iter_req_stats)."""
@@ -54,7 +55,7 @@ class RequestsTable(ClickableTable):
         ("host", 6, "host"), ("disk", 6, "disk"), ("TTFT", 9, "ttft"), ("e2e", 9, "e2e"), ("prio", 5, "priority"),
         ("error", 6, "error"))
     DROP = ("disk", "priority", "reused", "e2e", "host", "prompt", "gpu", "error")
-    SORT_VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {
+    SORT_VALUES: ClassVar[dict[str, Callable[[RequestRow], Any]]] = {
         "key": lambda r: (0, int(r.key), "") if r.key.isdigit() else (1, 0, r.key), "state": lambda r: r.state,
         "prompt": lambda r: r.prompt_tokens, "reused": lambda r: r.reused_blocks, "gpu": lambda r: r.gpu_blocks,
         "host": lambda r: r.host_blocks, "disk": lambda r: r.disk_blocks, "ttft": lambda r: r.ttft_s,
@@ -64,7 +65,7 @@ class RequestsTable(ClickableTable):
     NAMES: ClassVar[dict[str, str]] = {"key": "request", **{what: h for h, _, what in COLUMNS}}
 
     @staticmethod
-    def row_text(row: Any) -> str:
+    def row_text(row: RequestRow) -> str:
         """What the filter looks in: the request's id, its state and its error."""
         return f"{row.key} {row.state} {row.error or ''}"
 
@@ -73,7 +74,7 @@ class RequestsTable(ClickableTable):
         self.border_title = "Requests"
         self.border_subtitle = "R: back · o/O sort · / filter · j/k move · Enter: details"
 
-    def show(self, data: Any) -> bool:
+    def show(self, data: RequestsData) -> bool:
         changed = super().show(data)
         if changed:
             title = f"Requests{' of ' + data.source if data.source else ''} · {fmt.count(data.of)}"
@@ -87,7 +88,7 @@ class RequestsTable(ClickableTable):
         return changed
 
     @staticmethod
-    def _cell(row: Any, what: str) -> tuple[str, str]:
+    def _cell(row: RequestRow, what: str) -> tuple[str, str]:
         if what == "state":
             style = S_ERR if row.state == "failed" else S_DIM if row.state == "done" else S_OK
             return (row.state, style)

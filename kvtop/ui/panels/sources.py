@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from kvtop.fleet import FleetRow
 from kvtop.ui import format as fmt
 from kvtop.ui.panel import (
     BLANK,
@@ -31,8 +32,8 @@ from kvtop.values import frozen
 
 @frozen
 class FleetData:
-    rows: tuple[Any, ...]           # kvtop.fleet.FleetRow per source shown (filtered, sorted: kvtop/ui/table.py)
-    total: Any                      # kvtop.fleet.FleetRow: the aggregate ("all"), over every source
+    rows: tuple[FleetRow, ...]      # per source shown (filtered, sorted: kvtop/ui/table.py)
+    total: FleetRow                 # the aggregate ("all"), over every source
     selected: int                   # the row the big panels show (-1: the filter hides it)
     cursor: int = -1                # the cursor's row (j/k, a click; Enter opens it), -1: none
     sort: str | None = None         # the column sorted by (SourcesPanel.COLUMNS' names, "key"), None: arrival
@@ -42,7 +43,7 @@ class FleetData:
 
 
 
-class SourcesPanel(ClickableTable):
+class SourcesPanel(ClickableTable[FleetData]):
     """Every attached source side by side, one row each, and the fleet's aggregate row ("all").
 
     Shown only while two or more sources have sent data (the screen's ``-fleet`` class). Columns drop right to
@@ -68,7 +69,7 @@ class SourcesPanel(ClickableTable):
     SUBTITLE = "all: sums · hit = hits / lookups · TTFT p99 = max of the sources'"
     # What each column sorts by (a FleetRow's figure; None is unknown and goes last), and the order the sort key
     # (o) steps through them: the hit rate first, so one key sorts a fleet by it.
-    SORT_VALUES: ClassVar[dict[str, Callable[[Any], Any]]] = {
+    SORT_VALUES: ClassVar[dict[str, Callable[[FleetRow], Any]]] = {
         "key": lambda r: r.key, "status": lambda r: r.status, "gpu": lambda r: r.gpu_in_use,
         "host": lambda r: r.host_cached, "disk": lambda r: r.disk_cached if r.has_disk else None,
         "hit_window": lambda r: r.hit_window, "hit_cumulative": lambda r: r.hit_cumulative,
@@ -80,7 +81,7 @@ class SourcesPanel(ClickableTable):
     NAMES: ClassVar[dict[str, str]] = {"key": "source", **{what: h for h, _, what in (*COLUMNS, DISK_COLUMN)}}
 
     @staticmethod
-    def row_text(row: Any) -> str:
+    def row_text(row: FleetRow) -> str:
         """What the filter looks in: the source's key and its status."""
         return f"{row.key} {row.status or ''}"
 
@@ -89,7 +90,7 @@ class SourcesPanel(ClickableTable):
         self.border_title = "Sources"
         self.border_subtitle = self.SUBTITLE
 
-    def show(self, data: Any) -> bool:
+    def show(self, data: FleetData) -> bool:
         changed = super().show(data)
         if changed:
             of = data.of or len(data.rows)
@@ -105,7 +106,7 @@ class SourcesPanel(ClickableTable):
         return changed
 
     @staticmethod
-    def _cell(row: Any, what: str) -> tuple[str, str]:
+    def _cell(row: FleetRow, what: str) -> tuple[str, str]:
         if what == "status":
             return (row.status or "?", STATUS_STYLE.get(row.status or "", S_DIM))
         if what == "gpu":
@@ -135,7 +136,7 @@ class SourcesPanel(ClickableTable):
             cols = [c for c in cols if c[2] != what]
         return cols
 
-    def _row(self, row: Any, cols: list[tuple[str, int, str]], key_w: int, mark: str, key_style: str,
+    def _row(self, row: FleetRow, cols: list[tuple[str, int, str]], key_w: int, mark: str, key_style: str,
              status: tuple[str, str] | None = None, cursor: bool = False) -> Line:
         label = row.label  # the source's name (kvtop agent --run), else its key
         key = label if len(label) <= key_w else "…" + label[-(key_w - 1):]

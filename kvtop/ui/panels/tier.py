@@ -6,6 +6,7 @@ from typing import Any
 
 from kvtop.occupancy import cells as bar_cells
 from kvtop.occupancy import occupancy
+from kvtop.tiers import TierState
 from kvtop.ui import format as fmt
 from kvtop.ui.panel import (
     BLANK,
@@ -29,7 +30,7 @@ from kvtop.values import frozen
 class TierData:
     label: str                 # "GPU" / "host" / "disk"
     medium: str                # "HBM" / "pinned DRAM"
-    state: Any                 # kvtop.tiers.TierState
+    state: TierState
     note: str | None = None    # why a tier is unknown or absent, in words
     history: tuple[float | None, ...] = ()  # the headline share per history step (200x60 only)
 
@@ -43,7 +44,7 @@ def tier_label(name: str) -> tuple[str, str]:
     return TIER_LABELS.get(name.lower(), (name, ""))
 
 
-class TierPanel(Panel):
+class TierPanel(Panel[TierData]):
     """One tier as one stacked bar, in use | cached and idle | empty, whose parts never overlap and add up to the
     pool (kvtop.occupancy), with the exact counts beside it.
 
@@ -64,7 +65,7 @@ class TierPanel(Panel):
         super().on_resize()
         self._title()   # the subtitle's detail follows the width
 
-    def show(self, data: Any) -> bool:
+    def show(self, data: TierData) -> bool:
         changed = super().show(data)
         if changed:
             self._title()
@@ -83,7 +84,7 @@ class TierPanel(Panel):
             return "ok"
         if d.label == "GPU":
             # Little of the pool left for new requests: admission will soon wait (GUARANTEED_NO_EVICT).
-            left = st.free_blocks
+            left = st.free_blocks or 0   # known: checked above
         else:
             # Host blocks are never held for long, so "free" is always ~all of them; what matters is whether
             # the pool is full of cached blocks, where every new offload drops the oldest one.
@@ -119,7 +120,8 @@ class TierPanel(Panel):
 
     def _rows(self) -> tuple[tuple[str, str, int | None, str], ...]:
         """(name, style, blocks, glyph) for the three parts, in bar order: the tier's colour and its shades."""
-        d: TierData = self.data
+        d = self.data
+        assert d is not None   # drawn only once shown
         o = occupancy(d.state)
         idle_name = "cached idle" if d.label == "GPU" else "cached"
         parts = (("in use", "in-use", o.in_use), (idle_name, "cached", o.cached_idle), ("empty", "empty", o.empty))
@@ -137,7 +139,8 @@ class TierPanel(Panel):
 
     def _headline(self, short: bool = False) -> Line:
         """GPU: the share in use; other tiers: the share cached (what moves there)."""
-        d: TierData = self.data
+        d = self.data
+        assert d is not None   # drawn only once shown
         o = occupancy(d.state)
         cap = o.capacity
         if d.label == "GPU":
@@ -149,7 +152,8 @@ class TierPanel(Panel):
     def _bar(self, width: int) -> Line:
         """The stacked bar: in use | cached idle | empty, cells adding up to ``width``. Unknown parts are drawn
         dotted: with no KV events the GPU's free blocks cannot be split into cached and empty."""
-        d: TierData = self.data
+        d = self.data
+        assert d is not None   # drawn only once shown
         o = occupancy(d.state)
         cap = o.capacity
         if cap is None or o.in_use is None:
@@ -244,9 +248,9 @@ class TierPanel(Panel):
             # 200x60: the headline share over time, one cell a step, on a fixed 0-100% scale, as tall as the
             # panel's rows left (six at 200x60, two with a disk tier), the label and span on its bottom row.
             spark_w = max(width - 16, 1)
-            rows = min(height - len(lines) - 1, 6)
+            spark_rows = min(height - len(lines) - 1, 6)
             label = f"{'in use' if d.label == 'GPU' else 'cached'} % "
-            chart = fmt.sparkrows(d.history, spark_w, rows, top=1.0)
+            chart = fmt.sparkrows(d.history, spark_w, spark_rows, top=1.0)
             lines.append(BLANK)
             lines += [line_of((" " * len(label), ""), (row, tier_style(d.label))) for row in chart[:-1]]
             lines.append(line_of((label, S_DIM), (chart[-1], tier_style(d.label)),
@@ -258,7 +262,8 @@ class TierPanel(Panel):
     def _thick_bar(self, width: int) -> list[Line]:
         """The bar three rows thick, the headline share beside it in GLYPHS (the back of the room reads it), the
         word under what it counts on the middle row."""
-        d: TierData = self.data
+        d = self.data
+        assert d is not None   # drawn only once shown
         o = occupancy(d.state)
         part = o.in_use if d.label == "GPU" else o.cached_idle
         big = [row.rjust(10) for row in big_figure(self._share(part, o.capacity))]  # "100%" is 10 cells
