@@ -14,6 +14,10 @@ What the screen reads, by type and nothing else:
   anything change" is ``snapshot is shown``, and only a changed one is drawn again (~0.23 ms to take one).
 With 2+ sources that have data, a sources table (kvtop.fleet: one row each and the aggregate) takes the
 per-priority and memory panels' place.
+
+The app keeps the bindings, actions, timers, message handlers and what is cached between refreshes; what each panel
+is shown is made by kvtop/ui/views.py (pure: snapshot -> the panel's typed data), and drawn by the panel's own module
+in kvtop/ui/panels/ (on the line model of kvtop/ui/panel.py).
 """
 
 from __future__ import annotations
@@ -37,28 +41,27 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input
 from textual.worker import Worker
 
-from kvtop.fleet import FleetRow, combine, source_row, source_status
+from kvtop.fleet import FleetRow, source_row, source_status
 from kvtop.occupancy import occupancy
 from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
 from kvtop.settings import SettingsError, remember_choices, ui_choices
 from kvtop.sources.replay import SEEK_S, STEP_S, speed_text
 from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
-from kvtop.tiers.departures import describe as describe_left
 from kvtop.tiers.snapshot import reading
 from kvtop.tiers.state import RequestRow
 from kvtop.ui import format as fmt
 from kvtop.ui.panels.clickable import TableHeaderClicked, TableRowClicked
 from kvtop.ui.panels.events import EventLog
-from kvtop.ui.panels.header import HeaderBar, HeaderData, VerdictLine, replay_badge, replay_clock
+from kvtop.ui.panels.header import HeaderBar, HeaderData, VerdictLine, replay_clock
 from kvtop.ui.panels.help import HelpScreen, KeyHints
-from kvtop.ui.panels.hit_rate import HitData, HitRatePanel, WhatIfData, what_if_data
-from kvtop.ui.panels.memory import GpuMemoryRow, MemoryData, MemoryPanel
-from kvtop.ui.panels.moves import MovesData, MovesPanel
-from kvtop.ui.panels.priority import PriorityData, PriorityPanel
+from kvtop.ui.panels.hit_rate import HitRatePanel, WhatIfData
+from kvtop.ui.panels.memory import MemoryPanel
+from kvtop.ui.panels.moves import MovesPanel
+from kvtop.ui.panels.priority import PriorityPanel
 from kvtop.ui.panels.requests import RequestData, RequestPanel
 from kvtop.ui.panels.requests_table import RequestsData, RequestsTable
-from kvtop.ui.panels.sources import FleetData, SourcesPanel
-from kvtop.ui.panels.tier import TierData, TierPanel, tier_label
+from kvtop.ui.panels.sources import SourcesPanel
+from kvtop.ui.panels.tier import TierPanel, tier_label
 from kvtop.ui.table import TableState, arrange, cursor_index
 from kvtop.ui.themes import (
     DEFAULT_THEME,
@@ -68,6 +71,24 @@ from kvtop.ui.themes import (
     load_theme,
     load_themes,
     tier_variables,
+)
+from kvtop.ui.views import (
+    changed,
+    fleet_data,
+    fold_statuses,
+    has_data,
+    header_data,
+    hit_data,
+    memory_data,
+    moves_data,
+    priority_data,
+    requests_data,
+    sparkline_series,
+    tier_data,
+    tier_states,
+    ttft_by_source,
+    verdict_lines,
+    what_if_data,
 )
 
 # The clock the screen reads for uptime and log times. A module attribute so that tests freeze it (an autouse
@@ -81,7 +102,6 @@ DEFAULT_REFRESH_S = 0.25
 REFRESH_STEPS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 REPLAY_ACTIONS = frozenset({"seek_back", "seek_forward", "seek_home", "seek_end", "step", "step_back"})
 STALE_AFTER_S = 5.0      # no record for this long: the header says so (an engine with no requests is quiet too)
-LAG_SHOWN_S = 0.5        # the stream's live batches waited this long behind a replay: the header says so
 SPARK_POINTS = 120       # history points kept for sparklines: 2 minutes at the model's 1 s step
 XL_SPARK_POINTS = 600    # 200x60: the model's whole history (600 steps), the sparklines are ~170 cells wide
 XL = (180, 50)           # from this size up the wide layout uses the room (200x60 is the reference)
@@ -92,25 +112,8 @@ COMPACT = (60, 20)       # below either: one- and two-line panels (40x12 must st
 # the source set, the selection or a status shows at once.
 FLEET_REFRESH_S = 1.0
 SAID_KEPT = 256          # texts of the session's log remembered, so that a status it said is not said twice
-SOURCE_LABELS = {"gpu_hit": "GPU", "host_hit": "host", "disk_hit": "disk", "miss": "miss"}  # the TTFT table's
 CURVE_EVERY_S = 5.0      # the size advice's curve: read once per this much model time
 OPTIMUM_EVERY_S = 60.0   # ...and its optimum at most once per this much wall time (47 ms at 100k lookups)
-
-
-def _fold_statuses(sources: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
-    """The header's statuses with those that several names share said once: a fleet's agents all "online" read
-    "4 agents online", not four badges that push everything else off the line (issue 24). In first-seen order."""
-    by_status: dict[str, list[str]] = {}
-    for name, st in sources:
-        by_status.setdefault(st, []).append(name)
-    out: list[tuple[str, str]] = []
-    for st, names in by_status.items():
-        if len(names) == 1:
-            out.append((names[0], st))
-        else:
-            what = "agents" if all(n.startswith("agent-") for n in names) else "sources"
-            out.append((f"{len(names):,} {what}", st))
-    return tuple(out)
 
 
 def layout_for(width: int, height: int) -> str:
@@ -132,29 +135,6 @@ class ScreenSettings(Protocol):
     def theme(self) -> str: ...                # a theme's name or a .toml path
     @property
     def duration(self) -> float | None: ...    # s, then the session is stopped
-
-
-def _words(value: Any) -> str | None:
-    """A meta value the header shows as words: None stays None, anything else is text without control characters
-    (a recording's meta is anyone's JSON: a model of -1 reached the line model as an int)."""
-    return None if value is None else fmt.clean(str(value))
-
-
-def tier_states(snap: TierSnapshot) -> list[TierState]:
-    """A snapshot's tiers in order: GPU, host, then disk where the engine has one."""
-    return list(snap.tiers) or [snap.gpu, snap.host]
-
-
-def _has_data(snap: TierSnapshot) -> bool:
-    gpu = snap.gpu
-    return (gpu.free_blocks is not None or gpu.cached_blocks is not None or bool(snap.gpus)
-            or snap.host_memory is not None or snap.hit_rate.lookups > 0)
-
-
-def _changed(snap: TierSnapshot, shown: TierSnapshot | None) -> bool:
-    """Whether ``snap`` differs from the one ``shown``. A TierModel hands out the same snapshot until it folds
-    something, so identity says it; a look-alike model (not a TierModel: a test's) is read as it is, every time."""
-    return snap is not shown or not isinstance(snap, TierSnapshot)
 
 
 class FilterInput(Input):
@@ -554,7 +534,7 @@ class KvtopApp(App[int]):
         # devices are never forgotten): 64 busy sources cost no snapshot each per refresh, only the shown one.
         if self._with_data.get(key) is model:
             return True
-        if _has_data(reading(model)):
+        if has_data(reading(model)):
             self._with_data[key] = model
             return True
         return False
@@ -588,7 +568,7 @@ class KvtopApp(App[int]):
         # One immutable reading of the fold (kvtop/tiers/snapshot.py) that every panel below reads; a model that
         # folded nothing since hands out the same one, which is how a refresh knows nothing changed.
         snap = reading(live)
-        if not _changed(snap, self._shown) and not self._force:
+        if not changed(snap, self._shown) and not self._force:
             # Nothing was folded since the last refresh: only the header's clock can have moved. An idle engine
             # then costs a header line a second, not a redraw of every panel four times a second.
             self._watch_freshness(now)
@@ -604,14 +584,11 @@ class KvtopApp(App[int]):
         self._show_tiers(tiers, live, snap)
         hit_history, moves_history = self._history(live, snap)
         rates = snap.rates
-        self._panels["hit"].show(HitData(snap.hit_rate, hit_history, snap.window_s, self._what_if(live, snap)))
-        moves = snap.moves
-        self._panels["moves"].show(MovesData(rates, moves, moves_history,
-                                             known=moves.source != "events" or q.events_seen,
-                                             left=describe_left(moves.left_said, moves.left_inferred)))
+        self._panels["hit"].show(hit_data(snap, hit_history, self._what_if(live, snap)))
+        self._panels["moves"].show(moves_data(snap, rates, moves_history, q))
         self._panels["requests"].show(self._requests(live, snap, rates, view))
-        self._panels["prio"].show(self._priorities(snap, gpu, host))
-        self._panels["memory"].show(self._memory(snap, host, view))
+        self._panels["prio"].show(priority_data(snap, gpu, host))
+        self._panels["memory"].show(memory_data(snap, host, view))
         self._show_requests()
         self.shown_data_time = snap.now
         self.refreshes += 1
@@ -647,19 +624,8 @@ class KvtopApp(App[int]):
         step = None if snap.now is None else int(snap.now / (snap.history_step_s or 1.0))
         cold = snap.cold  # TensorRT-LLM's V2 manager: host and disk reported as one sum
         for panel, st in zip(panels, tiers):
-            label, medium = tier_label(st.name)
-            medium = st.medium or medium  # a host tier whose offloads go to files says so
-            history = self._tier_history(live, st, label, step)
-            note = None
-            if label != "GPU" and cold is not None and cold.capacity_blocks is not None:
-                note = (f"host+disk together: {fmt.count(cold.in_use_blocks or 0)} of "
-                        f"{fmt.count(cold.capacity_blocks)} blocks in use (TensorRT-LLM's V2 stats do not split them)")
-            elif label != "GPU":
-                if st.capacity_blocks is None:
-                    note = f"{label} pool size unknown (no created event or meta yet)"
-                elif st.capacity_blocks and st.cached_blocks is None:
-                    note = f"no KV events: {label} occupancy unknown (enable event_buffer_max_size)"
-            panel.show(TierData(label, medium, st, note, history))
+            history = self._tier_history(live, st, tier_label(st.name)[0], step)
+            panel.show(tier_data(st, cold, history))
 
     def _tier_history(self, live: TierModel, st: TierState, label: str, step: int | None
                       ) -> tuple[float | None, ...]:
@@ -747,8 +713,7 @@ class KvtopApp(App[int]):
             state.cursor = None
         cursor = cursor_index(keys, state, own)
         selected = next((i for i, r in enumerate(shown) if r.key == own), -1)
-        self._panels["sources"].show(FleetData(tuple(shown), combine(rows), selected, cursor, state.sort,
-                                               state.descending, state.filter, len(rows)))
+        self._panels["sources"].show(fleet_data(shown, rows, selected, cursor, state))
 
     @staticmethod
     def _own_key(view: SessionView) -> str:
@@ -760,7 +725,7 @@ class KvtopApp(App[int]):
         changed."""
         snap = reading(model)
         hit = self._fleet_rows.get(key)
-        if hit is None or _changed(snap, hit[0]) or hit[1] != status:
+        if hit is None or changed(snap, hit[0]) or hit[1] != status:
             hit = self._fleet_rows[key] = (snap, status, source_row(key, snap, status))
         return hit[2]
 
@@ -864,9 +829,6 @@ class KvtopApp(App[int]):
 
     def _header(self, now: float, key: str, snap: TierSnapshot, q: Quality | None) -> HeaderData:
         view = self._view if self._view is not None else self.session.view()
-        meta = dict(view.meta)
-        meta.update(snap.meta)
-        started = view.started_at
         stale = None
         finished = self.finished_reason()
         player = view.player
@@ -877,50 +839,16 @@ class KvtopApp(App[int]):
             if not self._seen.get("stale"):
                 self._seen["stale"] = True
                 self.note("warn", f"no new data for {STALE_AFTER_S:.0f} s")
-        flags = []
-        if q is None:
-            pass
-        elif q.events_dropped:
-            flags.append(f"{q.events_dropped} events dropped")
-        elif q.counts_approximate:
-            # A late attacher to a vLLM/SGLang stream cannot know what was cached before: say so, not just "≈"
-            flags.append("counts since attach" if snap.since_attach else "counts ≈")
-        if snap.bad_records:
-            flags.append(f"{snap.bad_records} bad records")
-        # a snapshot's (a look-alike model, a test's or an embedder's, has no summary reads)
-        stream = snap.summary_reads.get("stream") if isinstance(snap, TierSnapshot) else None
-        if stream and stream.get("lag_s", 0) >= LAG_SHOWN_S:
-            # live batches of the stream waited behind a replay (kvtop/sources/kv_events_zmq.py)
-            n = stream.get("lag_batches", 0)
-            flags.append(f"stream {stream['lag_s']:.1f} s behind" + (f" ({n:,} batches)" if n else ""))
-        if q is not None and q.host_without_events:
-            flags.append("host unknown")
-        if active := view.problems:
-            flags.append(f"{len(active)} problem{'s' if len(active) > 1 else ''}: {active[0].kind}")
-        if n_stale := view.stale_sources:
-            flags.append(f"{n_stale} source{'s' if n_stale > 1 else ''} stale")
-        if q is not None and q.stats_iterations_missing:
-            flags.append(f"{q.stats_iterations_missing} iterations missing")  # another reader of the stats queue
         # Statuses of sources (their keys) are in the sources table's status column, not in the header.
         models = view.models
-        sources = _fold_statuses(tuple((n, s) for n, s in view.status.items()
-                                       if s not in ("ok", "done") and not (self._fleet_shown and n in models)))
+        sources = fold_statuses(tuple((n, s) for n, s in view.status.items()
+                                      if s not in ("ok", "done") and not (self._fleet_shown and n in models)))
         nsrc = len(self._sources())
         label = f"{self.source_index % nsrc + 1}/{nsrc} {key}" if nsrc > 1 else None
-        simulated = bool(meta.get("simulated")) or meta.get("engine") == "sim"
-        return HeaderData(
-            engine=_words(meta.get("engine")), engine_version=_words(meta.get("engine_version")),
-            model=_words(meta.get("model")), gpu=_words(meta.get("gpu")), simulated=simulated,
-            sim_reason=_words(meta.get("sim_reason")),
-            tokens_per_block=snap.tokens_per_block or meta.get("tokens_per_block"),
-            bytes_per_block=snap.bytes_per_block or meta.get("bytes_per_block"),
-            uptime_s=None if started is None else now - float(started), data_time=snap.now,
-            paused=self.paused or (player is not None and player.paused),
-            stale_s=None if stale is None else float(int(stale)), flags=tuple(flags),
-            finished=finished, paused_at=self._paused_at if self.paused else None,
-            sources=sources, source_label=label, stats_schema=None if q is None else q.stats_schema,
-            verdict=self._verdict(snap), replay=None if player is None else replay_badge(player),
-            refresh_s=None if self.refresh_s == DEFAULT_REFRESH_S else self.refresh_s)
+        return header_data(now, snap, q, view, stale_s=stale, finished=finished, paused=self.paused,
+                           paused_at=self._paused_at if self.paused else None, sources=sources, source_label=label,
+                           verdict=self._verdict(snap),
+                           refresh_s=None if self.refresh_s == DEFAULT_REFRESH_S else self.refresh_s)
 
     def _verdict(self, snap: TierSnapshot) -> tuple[VerdictLine, ...]:
         """The verdict line's parts, from the snapshot (kvtop/tiers/verdict.py). Before the first record there is
@@ -934,8 +862,7 @@ class KvtopApp(App[int]):
         key = (math.floor(snap.now), tuple((t, v.says) for t, v in verdicts.items()))
         if key != self._verdict_key:
             self._verdict_key = key
-            self._verdict_lines = tuple(VerdictLine(v.says, v.text(), v.basis.split(":", 1)[0], v.short_text(), t)
-                                        for t, v in verdicts.items())
+            self._verdict_lines = verdict_lines(snap)
         return self._verdict_lines
 
     def _history(self, live: TierModel, snap: TierSnapshot
@@ -955,8 +882,7 @@ class KvtopApp(App[int]):
             history = tuple(hist[-self.spark_points:])
             # The sparklines' series, made once per history step with the points (not at every refresh), so the
             # panels' data compare by identity while the step lasts.
-            self._series = (tuple(h.hit_rate for h in history), tuple(
-                (h.offloaded_per_s, h.onboarded_per_s, h.evicted_gpu_per_s, h.evicted_host_per_s) for h in history))
+            self._series = sparkline_series(history)
         return self._series
 
     def _requests(self, live: TierModel, snap: TierSnapshot, rates: Rates, view: SessionView) -> RequestData:
@@ -968,49 +894,14 @@ class KvtopApp(App[int]):
                           lambda n: f"{n} request{'s' * (n > 1)} failed: {fmt.clean(req.last_error or '?')}")
         in_flight = view.in_flight if view.in_flight is not None else req.in_flight  # the driver's, when one runs
         windowed = req.window_ttft.count > 0
-        ttft = req.window_ttft if windowed else req.ttft
-        e2e = req.window_e2e if req.window_e2e.count > 0 else req.e2e
         # TTFT by prefix source over the same span as the TTFT row (the window while it has requests), taken once
         # a second of data time as the verdict line is: its two rows drawn again at every refresh of a busy stream
         # were 0.40M instructions a refresh (bench_ui_refresh.py --callgrind, with and without them)
         key = (None if snap.now is None else math.floor(snap.now), windowed)
         if key != self._by_source_key or not req.ttft_by_source:
             self._by_source_key = key
-            rows = ((SOURCE_LABELS.get(source, source), whole if not windowed else win)
-                    for source, whole, win in req.ttft_by_source)
-            self._by_source = tuple((label, lat.p50_s, lat.p99_s, lat.count) for label, lat in rows if lat.count)
-        return RequestData(in_flight, req.completed, req.failed, rates.requests_per_s, rates.output_tokens_per_s,
-                           rates.prompt_tokens_per_s, ttft.p50_s, ttft.p99_s, e2e.p50_s, e2e.p99_s, windowed,
-                           req.last_error, self._by_source)
-
-    @staticmethod
-    def _priorities(snap: TierSnapshot, gpu: TierState, host: TierState) -> PriorityData:
-        by = snap.cached_by_priority
-        hit = snap.hit_rate_by_priority
-        gpu_by, host_by = by.get("gpu", {}), by.get("host", {})
-        order = sorted(set(gpu_by) | set(host_by), key=lambda p: -1 if p is None else p, reverse=True)
-        rows = tuple((p, gpu_by.get(p, 0), host_by.get(p, 0), hit.get(p)) for p in order)
-        split_by = snap.hit_split_by_priority
-        split = tuple((s.gpu, s.host) if (s := split_by.get(p)) is not None else (None, None) for p in order)
-        return PriorityData(rows, gpu.capacity_blocks, host.capacity_blocks, split, gpu.bytes_per_block)
-
-    @staticmethod
-    def _memory(snap: TierSnapshot, host: TierState, view: SessionView) -> MemoryData:
-        gpus = tuple(GpuMemoryRow(g.index, g.name, g.memory_used_bytes, g.memory_total_bytes,
-                                  g.data.get("utilization_gpu_pct")) for _, g in sorted(snap.gpus.items()))
-        hm = snap.host_memory
-        rss = pinned = avail = total = None
-        if hm is not None:
-            data = hm.data or {}
-            # The host source names them process_rss_bytes / system_available_bytes; take either spelling.
-            rss = hm.rss_bytes if hm.rss_bytes is not None else data.get("process_rss_bytes")
-            avail = hm.available_bytes if hm.available_bytes is not None else data.get("system_available_bytes")
-            pinned = hm.pinned_pool_bytes
-            total = data.get("system_total_bytes")
-        meta = {**view.meta, **snap.meta}
-        # The simulator's pools are no memory of this machine's: the panel says so ("simulated")
-        simulated = bool(meta.get("simulated")) or meta.get("engine") == "sim"
-        return MemoryData(gpus, snap.gpu_error, rss, pinned, avail, total, simulated, host.capacity_blocks)
+            self._by_source = ttft_by_source(req, windowed)
+        return requests_data(req, rates, in_flight, self._by_source)
 
     # ------------------------------------------------------------------------------------------ actions
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from kvtop.tiers import HitRate
@@ -35,24 +34,6 @@ class WhatIfData:
     # (label, hit rate, optimal hit rate) per size, in size order; a figure None until known
     points: tuple[tuple[str, float | None, float | None], ...] = ()
     advice: str | None = None                # the recommendation in words
-
-
-CURVE_SIZES = (("0", 0.0), ("½", 0.5), ("1", 1.0), ("2", 2.0), ("4", 4.0))  # the line's sizes, x the host pool
-
-
-def what_if_data(advice: Mapping[str, Any]) -> WhatIfData:
-    """``Session.size_advice()``'s summary as the line's figures: the points at ``CURVE_SIZES`` (a figure the
-    advice lacks reads "?")."""
-    host = advice.get("host_blocks")
-    host = host if isinstance(host, int) else None
-    by_size = {p.get("host_blocks"): p for p in advice.get("points") or () if isinstance(p, dict)}
-    points = []
-    for label, f in CURVE_SIZES:
-        p = by_size.get(round(f * host)) if host is not None else None
-        points.append((label, None if p is None else p.get("hit_rate"),
-                       None if p is None else p.get("optimal_hit_rate")))
-    rec = advice.get("recommendation") or {}
-    return WhatIfData(host, tuple(points), rec.get("text") if isinstance(rec, dict) else None)
 
 
 @frozen

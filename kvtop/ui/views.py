@@ -1,0 +1,242 @@
+"""The view-model: pure functions from what the session says and its model's snapshot to each panel's typed data
+(kvtop/ui/panels/: one data class beside each panel).
+
+Nothing here keeps state, reads a clock or touches Textual: KvtopApp (kvtop/ui/app.py) keeps what is cached between
+refreshes (the sparklines' series once per history step, the verdict once a second of data time...), the timers and
+the log lines a change is worth, and calls these to make what each panel is shown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvtop.fleet import FleetRow, combine
+from kvtop.session import SessionView
+from kvtop.sources.replay import ReplayPlayer
+from kvtop.tiers import HistoryPoint, Quality, Rates, Requests, TierSnapshot, TierState
+from kvtop.tiers.departures import describe as describe_left
+from kvtop.ui import format as fmt
+from kvtop.ui.panels.header import HeaderData, VerdictLine, replay_badge
+from kvtop.ui.panels.hit_rate import HitData, WhatIfData
+from kvtop.ui.panels.memory import GpuMemoryRow, MemoryData
+from kvtop.ui.panels.moves import MovesData
+from kvtop.ui.panels.priority import PriorityData
+from kvtop.ui.panels.requests import RequestData
+from kvtop.ui.panels.sources import FleetData
+from kvtop.ui.panels.tier import TierData, tier_label
+from kvtop.ui.table import TableState
+
+SOURCE_LABELS = {"gpu_hit": "GPU", "host_hit": "host", "disk_hit": "disk", "miss": "miss"}  # the TTFT table's
+CURVE_SIZES = (("0", 0.0), ("½", 0.5), ("1", 1.0), ("2", 2.0), ("4", 4.0))  # the line's sizes, x the host pool
+LAG_SHOWN_S = 0.5        # the stream's live batches waited this long behind a replay: the header says so
+
+# The sparklines' series: the hit rate, and the moves per second (offload, onboard, evict GPU, evict host).
+Series = tuple[tuple[float | None, ...], tuple[tuple[float, float, float, float], ...]]
+# TTFT by where the prefix came from: (label, p50 s, p99 s, requests)
+BySource = tuple[tuple[str, float | None, float | None, int], ...]
+
+
+def words(value: Any) -> str | None:
+    """A meta value the header shows as words: None stays None, anything else is text without control characters
+    (a recording's meta is anyone's JSON: a model of -1 reached the line model as an int)."""
+    return None if value is None else fmt.clean(str(value))
+
+
+def tier_states(snap: TierSnapshot) -> list[TierState]:
+    """A snapshot's tiers in order: GPU, host, then disk where the engine has one."""
+    return list(snap.tiers) or [snap.gpu, snap.host]
+
+
+def has_data(snap: TierSnapshot) -> bool:
+    gpu = snap.gpu
+    return (gpu.free_blocks is not None or gpu.cached_blocks is not None or bool(snap.gpus)
+            or snap.host_memory is not None or snap.hit_rate.lookups > 0)
+
+
+def changed(snap: TierSnapshot, shown: TierSnapshot | None) -> bool:
+    """Whether ``snap`` differs from the one ``shown``. A TierModel hands out the same snapshot until it folds
+    something, so identity says it; a look-alike model (not a TierModel: a test's) is read as it is, every time."""
+    return snap is not shown or not isinstance(snap, TierSnapshot)
+
+
+def fold_statuses(sources: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The header's statuses with those that several names share said once: a fleet's agents all "online" read
+    "4 agents online", not four badges that push everything else off the line (issue 24). In first-seen order."""
+    by_status: dict[str, list[str]] = {}
+    for name, st in sources:
+        by_status.setdefault(st, []).append(name)
+    out: list[tuple[str, str]] = []
+    for st, names in by_status.items():
+        if len(names) == 1:
+            out.append((names[0], st))
+        else:
+            what = "agents" if all(n.startswith("agent-") for n in names) else "sources"
+            out.append((f"{len(names):,} {what}", st))
+    return tuple(out)
+
+
+def header_flags(snap: TierSnapshot, q: Quality | None, view: SessionView) -> list[str]:
+    """The header's warnings, most telling first: events dropped, approximate counts, bad records, a stream behind
+    a replay, the host unknown, active problems, stale sources, iterations missing."""
+    flags = []
+    if q is None:
+        pass
+    elif q.events_dropped:
+        flags.append(f"{q.events_dropped} events dropped")
+    elif q.counts_approximate:
+        # A late attacher to a vLLM/SGLang stream cannot know what was cached before: say so, not just "≈"
+        flags.append("counts since attach" if snap.since_attach else "counts ≈")
+    if snap.bad_records:
+        flags.append(f"{snap.bad_records} bad records")
+    # a snapshot's (a look-alike model, a test's or an embedder's, has no summary reads)
+    stream = snap.summary_reads.get("stream") if isinstance(snap, TierSnapshot) else None
+    if stream and stream.get("lag_s", 0) >= LAG_SHOWN_S:
+        # live batches of the stream waited behind a replay (kvtop/sources/kv_events_zmq.py)
+        n = stream.get("lag_batches", 0)
+        flags.append(f"stream {stream['lag_s']:.1f} s behind" + (f" ({n:,} batches)" if n else ""))
+    if q is not None and q.host_without_events:
+        flags.append("host unknown")
+    if active := view.problems:
+        flags.append(f"{len(active)} problem{'s' if len(active) > 1 else ''}: {active[0].kind}")
+    if n_stale := view.stale_sources:
+        flags.append(f"{n_stale} source{'s' if n_stale > 1 else ''} stale")
+    if q is not None and q.stats_iterations_missing:
+        flags.append(f"{q.stats_iterations_missing} iterations missing")  # another reader of the stats queue
+    return flags
+
+
+def header_data(now: float, snap: TierSnapshot, q: Quality | None, view: SessionView, *, stale_s: float | None,
+                finished: str | None, paused: bool, paused_at: float | None, sources: tuple[tuple[str, str], ...],
+                source_label: str | None, verdict: tuple[VerdictLine, ...], refresh_s: float | None) -> HeaderData:
+    """The header's data: the session's meta under the snapshot's, the run's state and the flags."""
+    meta = dict(view.meta)
+    meta.update(snap.meta)
+    started = view.started_at
+    player: ReplayPlayer | None = view.player
+    simulated = bool(meta.get("simulated")) or meta.get("engine") == "sim"
+    return HeaderData(
+        engine=words(meta.get("engine")), engine_version=words(meta.get("engine_version")),
+        model=words(meta.get("model")), gpu=words(meta.get("gpu")), simulated=simulated,
+        sim_reason=words(meta.get("sim_reason")),
+        tokens_per_block=snap.tokens_per_block or meta.get("tokens_per_block"),
+        bytes_per_block=snap.bytes_per_block or meta.get("bytes_per_block"),
+        uptime_s=None if started is None else now - float(started), data_time=snap.now,
+        paused=paused or (player is not None and player.paused),
+        stale_s=None if stale_s is None else float(int(stale_s)), flags=tuple(header_flags(snap, q, view)),
+        finished=finished, paused_at=paused_at,
+        sources=sources, source_label=source_label, stats_schema=None if q is None else q.stats_schema,
+        verdict=verdict, replay=None if player is None else replay_badge(player), refresh_s=refresh_s)
+
+
+def verdict_lines(snap: TierSnapshot) -> tuple[VerdictLine, ...]:
+    """The verdict line's parts, from the snapshot (kvtop/tiers/verdict.py); a disk tier's follows the host's."""
+    return tuple(VerdictLine(v.says, v.text(), v.basis.split(":", 1)[0], v.short_text(), t)
+                 for t, v in snap.verdict.items())
+
+
+def tier_data(st: TierState, cold: TierState | None, history: tuple[float | None, ...]) -> TierData:
+    """A tier's panel data, with the note its panel shows where its figures are missing or merged."""
+    label, medium = tier_label(st.name)
+    medium = st.medium or medium  # a host tier whose offloads go to files says so
+    note = None
+    if label != "GPU" and cold is not None and cold.capacity_blocks is not None:
+        note = (f"host+disk together: {fmt.count(cold.in_use_blocks or 0)} of "
+                f"{fmt.count(cold.capacity_blocks)} blocks in use (TensorRT-LLM's V2 stats do not split them)")
+    elif label != "GPU":
+        if st.capacity_blocks is None:
+            note = f"{label} pool size unknown (no created event or meta yet)"
+        elif st.capacity_blocks and st.cached_blocks is None:
+            note = f"no KV events: {label} occupancy unknown (enable event_buffer_max_size)"
+    return TierData(label, medium, st, note, history)
+
+
+def sparkline_series(history: Sequence[HistoryPoint]) -> Series:
+    """The sparklines' series from the history points shown: the hit rate, and the moves per second."""
+    return (tuple(h.hit_rate for h in history), tuple(
+        (h.offloaded_per_s, h.onboarded_per_s, h.evicted_gpu_per_s, h.evicted_host_per_s) for h in history))
+
+
+def what_if_data(advice: Mapping[str, Any]) -> WhatIfData:
+    """``Session.size_advice()``'s summary as the line's figures: the points at ``CURVE_SIZES`` (a figure the
+    advice lacks reads "?")."""
+    host = advice.get("host_blocks")
+    host = host if isinstance(host, int) else None
+    by_size = {p.get("host_blocks"): p for p in advice.get("points") or () if isinstance(p, dict)}
+    points = []
+    for label, f in CURVE_SIZES:
+        p = by_size.get(round(f * host)) if host is not None else None
+        points.append((label, None if p is None else p.get("hit_rate"),
+                       None if p is None else p.get("optimal_hit_rate")))
+    rec = advice.get("recommendation") or {}
+    return WhatIfData(host, tuple(points), rec.get("text") if isinstance(rec, dict) else None)
+
+
+def hit_data(snap: TierSnapshot, history: tuple[float | None, ...], what_if: WhatIfData | None) -> HitData:
+    return HitData(snap.hit_rate, history, snap.window_s, what_if)
+
+
+def moves_data(snap: TierSnapshot, rates: Rates, history: tuple[tuple[float, float, float, float], ...],
+               q: Quality) -> MovesData:
+    moves = snap.moves
+    return MovesData(rates, moves, history, known=moves.source != "events" or q.events_seen,
+                     left=describe_left(moves.left_said, moves.left_inferred))
+
+
+def ttft_by_source(req: Requests, windowed: bool) -> BySource:
+    """TTFT by prefix source over the same span as the TTFT row (the window while it has requests)."""
+    rows = ((SOURCE_LABELS.get(source, source), whole if not windowed else win)
+            for source, whole, win in req.ttft_by_source)
+    return tuple((label, lat.p50_s, lat.p99_s, lat.count) for label, lat in rows if lat.count)
+
+
+def requests_data(req: Requests, rates: Rates, in_flight: int | None, by_source: BySource) -> RequestData:
+    """The requests panel's data: the window's latencies while it has requests, the run's otherwise."""
+    windowed = req.window_ttft.count > 0
+    ttft = req.window_ttft if windowed else req.ttft
+    e2e = req.window_e2e if req.window_e2e.count > 0 else req.e2e
+    return RequestData(in_flight, req.completed, req.failed, rates.requests_per_s, rates.output_tokens_per_s,
+                       rates.prompt_tokens_per_s, ttft.p50_s, ttft.p99_s, e2e.p50_s, e2e.p99_s, windowed,
+                       req.last_error, by_source)
+
+
+def priority_data(snap: TierSnapshot, gpu: TierState, host: TierState) -> PriorityData:
+    by = snap.cached_by_priority
+    hit = snap.hit_rate_by_priority
+    gpu_by, host_by = by.get("gpu", {}), by.get("host", {})
+    order = sorted(set(gpu_by) | set(host_by), key=lambda p: -1 if p is None else p, reverse=True)
+    rows = tuple((p, gpu_by.get(p, 0), host_by.get(p, 0), hit.get(p)) for p in order)
+    split_by = snap.hit_split_by_priority
+    split = tuple((s.gpu, s.host) if (s := split_by.get(p)) is not None else (None, None) for p in order)
+    return PriorityData(rows, gpu.capacity_blocks, host.capacity_blocks, split, gpu.bytes_per_block)
+
+
+def memory_data(snap: TierSnapshot, host: TierState, view: SessionView) -> MemoryData:
+    gpus = tuple(GpuMemoryRow(g.index, g.name, g.memory_used_bytes, g.memory_total_bytes,
+                              g.data.get("utilization_gpu_pct")) for _, g in sorted(snap.gpus.items()))
+    hm = snap.host_memory
+    rss = pinned = avail = total = None
+    if hm is not None:
+        data = hm.data or {}
+        # The host source names them process_rss_bytes / system_available_bytes; take either spelling.
+        rss = hm.rss_bytes if hm.rss_bytes is not None else data.get("process_rss_bytes")
+        avail = hm.available_bytes if hm.available_bytes is not None else data.get("system_available_bytes")
+        pinned = hm.pinned_pool_bytes
+        total = data.get("system_total_bytes")
+    meta = {**view.meta, **snap.meta}
+    # The simulator's pools are no memory of this machine's: the panel says so ("simulated")
+    simulated = bool(meta.get("simulated")) or meta.get("engine") == "sim"
+    return MemoryData(gpus, snap.gpu_error, rss, pinned, avail, total, simulated, host.capacity_blocks)
+
+
+def fleet_data(shown: Sequence[FleetRow], rows: Sequence[FleetRow], selected: int, cursor: int,
+               state: TableState) -> FleetData:
+    """The sources table's data: the rows shown (filtered and sorted), the aggregate over every source."""
+    return FleetData(tuple(shown), combine(rows), selected, cursor, state.sort, state.descending, state.filter,
+                     len(rows))
+
+
+__all__ = ["CURVE_SIZES", "SOURCE_LABELS", "changed", "fleet_data", "fold_statuses", "has_data", "header_data",
+           "header_flags", "hit_data", "memory_data", "moves_data", "priority_data", "requests_data",
+           "sparkline_series", "tier_data", "tier_states", "ttft_by_source", "verdict_lines", "what_if_data",
+           "words"]
