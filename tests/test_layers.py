@@ -538,7 +538,7 @@ def test_the_dashboard_checks_see_what_they_forbid() -> None:
 
 def test_the_dashboard_reads_no_private_name_of_anything_not_its_own() -> None:
     """Issue 15: the screen read ``getattr(self.session, "_producers", ())`` (and once the fold's ``_req_records``)."""
-    found = [hit for path in sorted(UI.glob("*.py"))
+    found = [hit for path in sorted(UI.rglob("*.py"))
              for hit in _foreign_private_reads(ast.parse(path.read_text(), str(path)), path.name)]
     assert found == []
 
@@ -547,7 +547,7 @@ def test_the_dashboard_reads_session_and_model_by_type_not_by_getattr() -> None:
     """Issue 15: 46 getattr calls in kvtop/ui/app.py read the session, the settings and the model as if any
     field might be missing (``getattr(model, "history_step_s", 1.0)``, ``getattr(v, "cumulative", v)``)."""
     duck, unexplained = [], []
-    for path in sorted(UI.glob("*.py")):
+    for path in sorted(UI.rglob("*.py")):
         source = path.read_text()
         duck += _duck_typed_reads(ast.parse(source, str(path)), path.name)
         unexplained += _unexplained_named_reads(source, path.name)
