@@ -73,6 +73,8 @@ from kvtop.ui.themes import (
     tier_variables,
 )
 from kvtop.ui.views import (
+    BySource,
+    Series,
     changed,
     fleet_data,
     fold_statuses,
@@ -135,6 +137,29 @@ class ScreenSettings(Protocol):
     def theme(self) -> str: ...                # a theme's name or a .toml path
     @property
     def duration(self) -> float | None: ...    # s, then the session is stopped
+
+
+class Kept:
+    """What the view-model (kvtop/ui/views.py) made, kept between refreshes with the key it was made for: the
+    sparklines' series once a history step, the verdict line and the TTFT-by-prefix rows once a second of data
+    time, the size advice's curve once CURVE_EVERY_S of model time (its optimum once OPTIMUM_EVERY_S of wall time),
+    each tier's sparkline points once a history step. A replay that sought back starts a new one."""
+
+    __slots__ = ("hist_key", "series", "whatif_key", "whatif", "optimum_at", "verdict_key", "verdict_lines",
+                 "by_source_key", "by_source", "tier_hist", "tier_hist_step")
+
+    def __init__(self) -> None:
+        self.hist_key: tuple[int, int | None] | None = None
+        self.series: Series = ((), ())
+        self.whatif_key: tuple[Any, ...] | None = None
+        self.whatif: WhatIfData | None = None
+        self.optimum_at: float | None = None  # time.monotonic() of the last read of the size advice's optimum
+        self.verdict_key: tuple[Any, ...] | None = None
+        self.verdict_lines: tuple[VerdictLine, ...] = ()
+        self.by_source_key: tuple[Any, ...] | None = None
+        self.by_source: BySource = ()
+        self.tier_hist: dict[tuple[int, str], deque[float | None]] = {}
+        self.tier_hist_step: dict[tuple[int, str], int] = {}
 
 
 class FilterInput(Input):
@@ -352,10 +377,9 @@ class KvtopApp(App[int]):
         self._seen: dict[str, Any] = {}
         self._last_records = -1
         self._last_change_at: float | None = None
-        self._hist_key: tuple[int, int | None] | None = None
-        self._series: tuple[tuple[float | None, ...], tuple[tuple[float, float, float, float], ...]] = ((), ())
         self._panels: dict[str, Any] = {}
         self._shown: TierSnapshot | None = None  # the snapshot the panels show
+        self._kept = Kept()   # what views.py made, kept between refreshes until its key moves
         self._force = True
         self._with_data: dict[str, TierModel] = {}  # sources seen with data: data once there never goes
         self.fleet_refresh_s = FLEET_REFRESH_S
@@ -372,18 +396,9 @@ class KvtopApp(App[int]):
         self._req_seen: tuple[Any, Any] = ((), ())  # the snapshot's (running, recent) the rows were made from
         self._req_all: list[Any] = []               # in flight, then finished newest first
         self._req_arranged: list[Any] = []
-        self._whatif_key: tuple[Any, ...] | None = None
-        self._verdict_key: tuple[Any, ...] | None = None   # the verdict line's, once a second (_verdict)
-        self._verdict_lines: tuple[VerdictLine, ...] = ()
-        self._by_source_key: tuple[Any, ...] | None = None   # the TTFT-by-prefix rows', once a second (_requests)
-        self._by_source: tuple[tuple[str, float | None, float | None, int], ...] = ()
-        self._whatif: WhatIfData | None = None
-        self._optimum_at: float | None = None  # time.monotonic() of the last read of the size advice's optimum
         self._finished: str | None = None        # why the session ended, once it has (finished_reason)
         self.spark_points = SPARK_POINTS
         self.xl = False
-        self._tier_hist: dict[tuple[int, str], deque[float | None]] = {}
-        self._tier_hist_step: dict[tuple[int, str], int] = {}
         self._paused_at: float | None = None     # the model time the frozen figures show
         self._refresh_timer: Any = None
         self._replay_generation = 0              # the replay's fold restarts seen (ReplayPlayer.generation)
@@ -486,7 +501,7 @@ class KvtopApp(App[int]):
         points = XL_SPARK_POINTS if xl else SPARK_POINTS
         if points != self.spark_points or xl != self.xl:
             self.spark_points, self.xl = points, xl
-            self._hist_key = None
+            self._kept.hist_key = None
             self._fleet_key = None
             self._force = True
             if self._panels:   # a resize, not the first layout (the panels are wired after it)
@@ -601,10 +616,8 @@ class KvtopApp(App[int]):
         What the screen kept of the old ones (by identity) goes, so that nothing of a later position shows."""
         self._with_data.clear()
         self._fleet_rows.clear()
-        self._tier_hist.clear()
-        self._tier_hist_step.clear()
-        self._fleet_key = self._hist_key = self._whatif_key = self._verdict_key = self._by_source_key = None
-        self._optimum_at = None
+        self._kept = Kept()
+        self._fleet_key = None
         self._shown = None
         self._force = True
 
@@ -632,11 +645,11 @@ class KvtopApp(App[int]):
         """The tier's headline share (GPU in use, others cached) once per history step, for the 200x60 layout's
         sparkline under each bar; kept for every layout so that a resize shows the past, not a blank."""
         key = (id(live), label)
-        hist = self._tier_hist.get(key)
+        hist = self._kept.tier_hist.get(key)
         if hist is None:
-            hist = self._tier_hist[key] = deque(maxlen=XL_SPARK_POINTS)
-        if step is not None and self._tier_hist_step.get(key) != step:
-            self._tier_hist_step[key] = step
+            hist = self._kept.tier_hist[key] = deque(maxlen=XL_SPARK_POINTS)
+        if step is not None and self._kept.tier_hist_step.get(key) != step:
+            self._kept.tier_hist_step[key] = step
             o = occupancy(st)
             part = o.in_use if label == "GPU" else o.cached_idle
             hist.append(part / o.capacity if part is not None and o.capacity else None)
@@ -651,21 +664,21 @@ class KvtopApp(App[int]):
         if self._view is None or live is not self._view.model:
             return None
         key = (id(live), None if snap.now is None else int(snap.now // CURVE_EVERY_S))
-        if key != self._whatif_key:
-            self._whatif_key = key
+        if key != self._kept.whatif_key:
+            self._kept.whatif_key = key
             now = time.monotonic()
-            optimum = self._optimum_at is None or now - self._optimum_at >= OPTIMUM_EVERY_S
+            optimum = self._kept.optimum_at is None or now - self._kept.optimum_at >= OPTIMUM_EVERY_S
             try:
                 advice = self.session.size_advice(optimum=optimum)
                 if optimum:
-                    self._optimum_at = now
+                    self._kept.optimum_at = now
             except Exception:  # an estimate that fails shows "?", never takes the screen down
                 advice = {}
             if advice is None:    # the session folds no estimate: no line
-                self._whatif = None
+                self._kept.whatif = None
             else:
-                self._whatif = what_if_data(advice)
-        return self._whatif
+                self._kept.whatif = what_if_data(advice)
+        return self._kept.whatif
 
     def _refresh_fleet(self, view: SessionView) -> None:
         """The sources table: shown (the screen's ``-fleet`` class) while 2+ sources have data."""
@@ -860,10 +873,10 @@ class KvtopApp(App[int]):
             return ()
         verdicts = snap.verdict
         key = (math.floor(snap.now), tuple((t, v.says) for t, v in verdicts.items()))
-        if key != self._verdict_key:
-            self._verdict_key = key
-            self._verdict_lines = verdict_lines(snap)
-        return self._verdict_lines
+        if key != self._kept.verdict_key:
+            self._kept.verdict_key = key
+            self._kept.verdict_lines = verdict_lines(snap)
+        return self._kept.verdict_lines
 
     def _history(self, live: TierModel, snap: TierSnapshot
                  ) -> tuple[tuple[float | None, ...], tuple[tuple[float, float, float, float], ...]]:
@@ -873,8 +886,8 @@ class KvtopApp(App[int]):
         step = snap.history_step_s or 1.0
         now = snap.now
         key = (id(live), None if now is None else int(now / step))
-        if key != self._hist_key:
-            self._hist_key = key
+        if key != self._kept.hist_key:
+            self._kept.hist_key = key
             hist = snap.history()[-self.spark_points - 1:]
             if len(hist) >= 2 and hist[-1].t - hist[-2].t < 0.5 * step:
                 # A last step only a fraction of a second long turns one block into a spike of blocks/s.
@@ -882,8 +895,8 @@ class KvtopApp(App[int]):
             history = tuple(hist[-self.spark_points:])
             # The sparklines' series, made once per history step with the points (not at every refresh), so the
             # panels' data compare by identity while the step lasts.
-            self._series = sparkline_series(history)
-        return self._series
+            self._kept.series = sparkline_series(history)
+        return self._kept.series
 
     def _requests(self, live: TierModel, snap: TierSnapshot, rates: Rates, view: SessionView) -> RequestData:
         req = snap.requests
@@ -898,10 +911,10 @@ class KvtopApp(App[int]):
         # a second of data time as the verdict line is: its two rows drawn again at every refresh of a busy stream
         # were 0.40M instructions a refresh (bench_ui_refresh.py --callgrind, with and without them)
         key = (None if snap.now is None else math.floor(snap.now), windowed)
-        if key != self._by_source_key or not req.ttft_by_source:
-            self._by_source_key = key
-            self._by_source = ttft_by_source(req, windowed)
-        return requests_data(req, rates, in_flight, self._by_source)
+        if key != self._kept.by_source_key or not req.ttft_by_source:
+            self._kept.by_source_key = key
+            self._kept.by_source = ttft_by_source(req, windowed)
+        return requests_data(req, rates, in_flight, self._kept.by_source)
 
     # ------------------------------------------------------------------------------------------ actions
 
@@ -1004,7 +1017,7 @@ class KvtopApp(App[int]):
 
     def action_reset_window(self) -> None:
         self.session.reset_window()
-        self._hist_key = None
+        self._kept.hist_key = None
         self._fleet_key = None
         self._force = True
         self.post_message(self.WindowReset())
@@ -1289,7 +1302,7 @@ class KvtopApp(App[int]):
         sources = self._sources()
         self.source_index = index
         self.sources_table.cursor = sources[index][0]
-        self._hist_key = None
+        self._kept.hist_key = None
         self._fleet_key = None
         self._force = True
         self.post_message(self.SourceChanged(sources[self.source_index][0]))
