@@ -1,4 +1,13 @@
-"""Every use of Textual's private names in the dashboard, behind one version check and an off switch."""
+"""Every use of Textual's private names in the dashboard, behind one version check and an off switch.
+
+The line model (kvtop/ui/panel.py, LinePanel) draws on Textual's public Line API alone. What is here makes a busy
+refresh cheaper where the Textual is one it is tested on (``strip_cache_enabled``: 7.0 to 8.x, and
+KVTOP_UI_STRIP_CACHE=0 switches it off): StripReuse, the mixin Panel takes only then, hands the compositor a clean
+panel's last strips again (Widget._set_dirty tells it when they went stale) and sends changed rows straight to the
+screen's set of widgets to repaint; RowStrip and seed_crop make a changed row's strip and its crop without Strip's
+seven caches. tests/test_layers.py checks that no other file of kvtop/ui uses a private Textual name;
+tests/test_ui_repaint.py that the screen is the same with it off.
+"""
 
 from __future__ import annotations
 
