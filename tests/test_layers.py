@@ -634,7 +634,6 @@ COMPILED_DATACLASSES = ["kvtop.engines.gpus.GpuProfile", "kvtop.engines.models.M
                         "kvtop.records.record.Record", "kvtop.records.record.SourceId"]
 
 
-
 # ------------------------------------------------------------------------------------- Textual's private names
 
 # kvtop/ui/strip_reuse.py is the one dashboard file that may touch Textual's private names (its version check and off
