@@ -3,7 +3,7 @@
 Three steps, all undone by every reader (``kvtop.records.read_jsonl``), so the fold sees TensorRT-LLM's dicts:
 runs of KV events of one source share a line (``BATCH_KIND``, written by kvtop/sinks/recorder.py: one envelope
 of ~110 bytes instead of one per event, each event's time kept exactly); an offload or onboard is packed into five
-numbers (``pack_event``); and token lists are plain ids (below). Measured in BENCHMARKS.md "Recording size".
+numbers (``pack_event``); and token lists are plain ids (below). Measured in bench/JOURNAL.md "Recording size".
 
 A TensorRT-LLM ``stored`` event lists every token of every block as a dict (``_utils.py``
 ``KVCacheEventSerializer``: ``{"type": "unique_token", "token_id": int, "token_extra_id": int}``): ~55 bytes of
@@ -21,7 +21,7 @@ diffs as TensorRT-LLM's dicts (what the fold reads), and a block's plain tokens 
 recorder writes), whether the line came from an engine (token dicts), a recording (ids) or an older kvtop, so
 the fold sees the same dicts from all three. The ids rather than the dicts because a stored event of a busy
 engine carries ~1,000 token dicts (~35 KB of JSON) that nothing reads one by one: building them was most of the
-cost of reading such a line (BENCHMARKS.md "Stored events as token ids"). ``expand_event`` undoes
+cost of reading such a line (bench/JOURNAL.md "Stored events as token ids"). ``expand_event`` undoes
 ``compact_event`` whole, back to TensorRT-LLM's shape.
 """
 

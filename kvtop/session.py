@@ -175,7 +175,7 @@ class Session:
 
     def _emit_all(self, records: Iterable[Record], to_sinks: bool) -> None:
         """What ``emit`` and ``emit_many`` do (positional: a call by keyword costs ``emit`` ~1% of its instructions,
-        BENCHMARKS.md "Session.emit as emit_many of one")."""
+        bench/JOURNAL.md "Session.emit as emit_many of one")."""
         models, stale, own, whatif = self.models, self.stale, self.model, self.whatif
         sinks = self.sinks if to_sinks else ()
         last_source: Any = None

@@ -15,7 +15,7 @@ classes to a ``@dataclass(frozen=True)`` copy of itself. Not supported (a TypeEr
 or ``kw_only`` fields, InitVar, ``__post_init__``, inheriting from another dataclass.
 
 An accelerator of ``dataclasses.dataclass`` (its reference; the test that holds them equal: tests/test_values.py).
-What pays for it (BENCHMARKS.md, "kvtop/values.py against a plain dataclass", issue 25): with every class a plain
+What pays for it (bench/JOURNAL.md, "kvtop/values.py against a plain dataclass", issue 25): with every class a plain
 ``@dataclass(frozen=True, slots=True)`` (``@dataclass(slots=True)`` for ``@mutable``) the first screen of ``kvtop
 replay`` took 1,399.7M instructions against 1,244.6M (+12.5%), 28-39 ms more CPU on the dev box (270.5 -> 298.6 ms
 median), past the 20 ms a user at start-up is taken to feel; so it stays.

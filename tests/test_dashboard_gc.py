@@ -1,7 +1,7 @@
 """The dashboard's start-up leaves the garbage collector nothing to walk (kvtop/modes.py, run_dashboard): the
 app is built with collection off, what start-up made is frozen for the run, collection is on during the run
 (young collections every 10,000 objects), and all of it is undone after the run. The cost it saves is in
-BENCHMARKS.md ("An attached kvtop beside nvitop")."""
+bench/JOURNAL.md ("An attached kvtop beside nvitop")."""
 
 from __future__ import annotations
 

@@ -441,7 +441,7 @@ def test_the_stream_fold_is_handed_what_it_writes_never_the_model() -> None:
 
 def test_the_model_routes_kv_events_straight_to_the_event_folds_hot_path() -> None:
     """``TierModel.apply_kv_event`` is the event fold's own bound method, not a wrapper around it: a wrapper
-    would add a call to each of ~50,000 events/s (BENCHMARKS.md, "Folding KV events")."""
+    would add a call to each of ~50,000 events/s (bench/JOURNAL.md, "Folding KV events")."""
     from kvtop.tiers import TierModel
 
     m = TierModel()

@@ -2,7 +2,7 @@
 truth test against kvtop's copy of TensorRT-LLM's block manager (and the simulated engine built on it).
 
 The truth tests print the mean error of the folded cached counts (run with ``-s`` to see it); the figures are in
-BENCHMARKS.md ("Folding KV events").
+bench/JOURNAL.md ("Folding KV events").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The repaint economy of the dashboard (BENCHMARKS.md, "Dashboard cost"): what it skips must never show on screen.
+"""The repaint economy of the dashboard (bench/JOURNAL.md, "Dashboard cost"): what it skips must never show on screen.
 
 A screen that was updated refresh by refresh (only the changed lines repainted, the unchanged panels' strips handed
 to the compositor again) must look exactly like a screen drawn once, fresh, from the same data.

@@ -431,7 +431,7 @@ _H200_COST: dict[str, Any] = {
     # Not measured (it needs TensorRT-LLM itself): TensorRT-LLM's per-request work each iteration that the GPU does
     # not hide (sampler, request bookkeeping in its PyTorch backend). Fitted to ONE published table, v1.0's
     # Llama-3.1-8B FP8 on H200 (kvtop/published 0.98-1.07 over its rows at 7 us, 1.00-1.20 at 0), and checked on
-    # every other row (H100, GH200, 70B at TP1 and TP2, v0.21): BENCHMARKS.md "Cost model".
+    # every other row (H100, GH200, 70B at TP1 and TP2, v0.21): bench/JOURNAL.md "Cost model".
     "request_step_us": 7.0,
 }
 _HBM_READ_DERATE = _H200_COST["hbm_read_GBps"] / 4800.0  # 0.937 of the datasheet

@@ -3,7 +3,7 @@
 Each function here either gives exactly what the reference gives (the same Record, field for field and repr for
 repr: an integer read as a float shows) or ``None``, and the reference then judges and names the input: the
 error texts are all checks.py's. What each one copies, the test that holds them equal and the measurement that
-pays for it are in its docstring; the figures are BENCHMARKS.md's ("The record boundary cut", "The records' one
+pays for it are in its docstring; the figures are bench/JOURNAL.md's ("The record boundary cut", "The records' one
 walk", "Stored events as token ids, msgspec"), and ``python bench/bench_records.py --per-kind --callgrind``
 measures them today.
 
@@ -57,7 +57,7 @@ def bounded_exact(value: Any, depth: int = 0) -> bool:
     Reference: checks.within_bounds, on the objects json gives (an integer past 64 bits, which orjson reads as a
     float, must not pass). Held equal by tests/test_records.py::test_decode_gives_what_the_standard_parser_gives
     and test_orjson_reads_every_integer_within_the_bounds_or_as_a_float. Pays: what lets orjson parse a line at
-    all (BENCHMARKS.md "The record boundary cut": records.decode 18.2 -> 13.3 us a record, with fast_record).
+    all (bench/JOURNAL.md "The record boundary cut": records.decode 18.2 -> 13.3 us a record, with fast_record).
     """
     if depth > _EXACT_DEPTH:
         return False
@@ -103,12 +103,12 @@ def fast_record(obj: dict[str, Any], parsed_fast: bool = False, bounded: bool = 
     the stack), and a key the record does not keep could hold what json refuses.
     ``bounded``: the caller has found every number of ``data`` within the bounds (``within_bounds``).
 
-    Measured: 5.8 -> 4.1 us a record over 27,000 records of a busy recording (BENCHMARKS.md "An attached kvtop").
+    Measured: 5.8 -> 4.1 us a record over 27,000 records of a busy recording (bench/JOURNAL.md "An attached kvtop").
 
     Reference: checks.checked_record. Held equal by
     tests/test_records.py::test_fast_path_gives_exactly_what_the_full_path_gives (hypothesis: near-valid and odd
     envelopes, the same Record or the same error text) and
-    test_fast_path_takes_the_common_records_of_a_busy_recording. Pays: BENCHMARKS.md "The record boundary cut":
+    test_fast_path_takes_the_common_records_of_a_busy_recording. Pays: bench/JOURNAL.md "The record boundary cut":
     5.83 -> 4.05 us a record.
     """
     v = obj.get("v")
@@ -205,7 +205,7 @@ def new_record(kind: str, data: dict[str, Any], source: SourceId, time: float, v
     field for field (tests/test_records.py checks it against ``Record`` and its fields).
 
     Reference: Record(kind, data, source, time, v). Held equal by
-    tests/test_records.py::test_new_record_is_the_dataclass_record. Pays: BENCHMARKS.md "The records' one walk":
+    tests/test_records.py::test_new_record_is_the_dataclass_record. Pays: bench/JOURNAL.md "The records' one walk":
     0.69 -> 0.28 us a record.
     """
     rec = _object_new(Record)
@@ -225,7 +225,7 @@ def loads_exact(text: str | bytes) -> Any:
 
     Reference: checks.loads. Held equal by tests/test_records.py::test_loads_exact_gives_what_json_gives and
     test_loads_exact_of_what_orjson_reads_otherwise. Pays: orjson ~3x faster than json on a batch line
-    (BENCHMARKS.md "The record boundary cut").
+    (bench/JOURNAL.md "The record boundary cut").
     """
     if orjson is not None and text.__class__ is bytes:
         try:
@@ -265,7 +265,7 @@ def ints_exact(raw: bytes) -> bool:
     Reference: json's integers (orjson's where this says True). Held equal by
     tests/test_records.py::test_ints_exact_finds_every_integer_orjson_would_read_as_a_float. Pays:
     decode_tokens_fast's gate without msgspec, ~5 us a 35 KB line where walking its ~1,000 tokens cost what orjson
-    saved (0.157 s against 0.117 s, BENCHMARKS.md "The record boundary cut").
+    saved (0.157 s against 0.117 s, bench/JOURNAL.md "The record boundary cut").
     """
     zeros = raw.translate(_DIGITS_AS_ZERO)
     if _NEG_RUN_19 in zeros:
@@ -287,11 +287,11 @@ def decode_tokens_fast(raw: bytes) -> Record | None:
     a byte-order mark, a lone surrogate, 1e400 or nesting past 1,024 make orjson refuse; every number is then
     walked as ``bounded_exact`` walks them. Any record off the fast paths is ``None``, and the standard path
     then judges and names it. (Without msgspec a busy line costs 0.64-0.90 ms this way, the plain tokens turned
-    into ids in Python; the json path is no faster: BENCHMARKS.md "Stored events as token ids".)
+    into ids in Python; the json path is no faster: bench/JOURNAL.md "Stored events as token ids".)
 
     Reference: checks.loads then checks.checked_record. Held equal by
     tests/test_records.py::test_stored_event_lines_through_orjson_give_what_the_standard_parser_gives. Pays:
-    BENCHMARKS.md "Stored events through orjson, and the collector".
+    bench/JOURNAL.md "Stored events through orjson, and the collector".
     """
     if msgspec is not None:
         rec = decode_stored_typed(raw)
@@ -344,7 +344,7 @@ def decode_stored_typed(raw: bytes) -> Record | None:
     Reference: checks.loads then checks.checked_record. Held equal by
     tests/test_records.py::test_stored_lines_through_msgspec_give_what_the_standard_parser_gives (hypothesis,
     1,500 lines), test_bad_stored_lines_get_the_standard_paths_error and
-    test_nesting_near_the_recursion_limit_in_a_stored_line_is_judged_as_json_judges_it. Pays: BENCHMARKS.md
+    test_nesting_near_the_recursion_limit_in_a_stored_line_is_judged_as_json_judges_it. Pays: bench/JOURNAL.md
     "Stored events as token ids, msgspec": 2,092,599 -> 1,286,479 instructions a 35 KB line.
     """
     try:
@@ -413,11 +413,11 @@ def decode_fast(raw: bytes) -> Record | None:
     orjson refuses what the standard parser takes (NaN and Infinity literals, lone surrogates, a byte-order
     mark, UTF-16, nesting past 1,024) and reads an integer past 64 bits as a float: any of those, and any
     record off the fast path, goes to ``json`` and ``from_obj`` as before, so errors are worded as before.
-    Measured: 11.9 -> 4.1 us a line of JSON for a busy recording's 27,000 lines (BENCHMARKS.md).
+    Measured: 11.9 -> 4.1 us a line of JSON for a busy recording's 27,000 lines (bench/JOURNAL.md).
 
     Reference: checks.loads then the package's from_obj. Held equal by
     tests/test_records.py::test_decode_gives_what_the_standard_parser_gives and
-    test_decode_of_what_orjson_reads_otherwise_is_the_standard_parsers. Pays: BENCHMARKS.md "The record boundary
+    test_decode_of_what_orjson_reads_otherwise_is_the_standard_parsers. Pays: bench/JOURNAL.md "The record boundary
     cut": records.decode 18.2 -> 13.3 us a record, with fast_record.
     """
     try:
@@ -445,7 +445,7 @@ def exact_record(obj: dict[str, Any]) -> Record | None:
     Reference: fast_record(obj, parsed_fast=True), and so checks.checked_record. Held equal by
     tests/test_records.py::test_common_lines_through_the_one_walk_path_give_what_the_standard_parser_gives
     (hypothesis, 2,000 lines) and test_the_one_walk_path_takes_every_common_line_of_the_busy_recording. Pays:
-    BENCHMARKS.md "The records' one walk": all lines 11.1 -> 7.3 us.
+    bench/JOURNAL.md "The records' one walk": all lines 11.1 -> 7.3 us.
     """
     if not obj.keys() <= _ENVELOPE_KEYS:
         return None
@@ -494,7 +494,7 @@ def new_source(key: tuple[str, int, str]) -> SourceId:
 
     Reference: ``SourceId(clean(host, STRING_LEN), rank, clean(run, STRING_LEN))`` as checks.checked_record makes
     it. Held equal by tests/test_records.py::test_fast_path_gives_exactly_what_the_full_path_gives. Pays: ~1.3 us
-    of ~6.5 a record (the cache's comment above; BENCHMARKS.md "The record boundary cut")."""
+    of ~6.5 a record (the cache's comment above; bench/JOURNAL.md "The record boundary cut")."""
     if len(_SOURCE_CACHE) >= _SOURCE_CACHE_MAX:
         _SOURCE_CACHE.clear()
     host, rank, run = key
@@ -533,7 +533,7 @@ def event_exact(data: dict[str, Any]) -> bool:
 
     Reference: bounded_exact(data), read_event(data) and checks.check_kind_data("kv_event", data). Held equal by
     tests/test_records.py::test_fast_event_ok_and_event_exact_hold_to_check_event and the one-walk path's test.
-    Pays: BENCHMARKS.md "The records' one walk": a removed line 5.36 -> 3.09 us, a stored one 91.9 -> 44.3 us.
+    Pays: bench/JOURNAL.md "The records' one walk": a removed line 5.36 -> 3.09 us, a stored one 91.9 -> 44.3 us.
     """
     ev = data.get("data")
     if ev.__class__ is not dict or data.get("event_id").__class__ is not int:
@@ -594,7 +594,7 @@ def stats_exact(data: dict[str, Any]) -> bool:
 
     Reference: bounded_exact(data) and checks.check_kind_data("stats", data). Held equal by
     tests/test_records.py::test_common_lines_through_the_one_walk_path_give_what_the_standard_parser_gives.
-    Pays: BENCHMARKS.md "The records' one walk": a stats line 12.41 -> 8.89 us.
+    Pays: bench/JOURNAL.md "The records' one walk": a stats line 12.41 -> 8.89 us.
     """
     kv = data.get("kvCacheStats")
     if kv is not None and kv.__class__ is not dict:

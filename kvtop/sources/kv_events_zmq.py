@@ -46,7 +46,7 @@ lost; the batch is a seq gap): it costs its size while it is received, never the
 of a multipart message whose first frames it has queued. What kvtop has not read yet waits in ZMQ's queue, at most
 ``RCVHWM`` (10,000) messages: past that ZMQ drops, and the drops are seq gaps, counted lost. (ZMQ bounds a queue in
 messages, not bytes: a vLLM step's batch is 1-20 KB, so ~10-200 MB at most; at 100,000, as before, a flood of 9 KB
-batches it could not keep up with grew kvtop to 592 MB in 25 s and on, now 143 MB: BENCHMARKS.md, "A flood".) The
+batches it could not keep up with grew kvtop to 592 MB in 25 s and on, now 143 MB: bench/JOURNAL.md, "A flood".) The
 fold's live blocks are bounded apart (kvtop/tiers/stream.py ``LIVE_CAP``). A socket monitor counts the publisher's
 disconnects (``zmq.disconnected``) and connects again.
 

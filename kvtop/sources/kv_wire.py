@@ -334,7 +334,7 @@ def _decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[s
     An accelerator. Its reference: :func:`decode_payload` and :func:`normalize_event` (the spec; what this returns
     is what they return, and anything they would wrap, refuse or drop fails here and goes to them). Held equal by
     tests/test_stream_fuzz.py ``test_the_typed_decode_gives_what_the_checking_path_gives`` (hypothesis, both paths
-    on the same messages: the same batch, or the same error). Paid for by BENCHMARKS.md, "A ZMQ attach beside
+    on the same messages: the same batch, or the same error). Paid for by bench/JOURNAL.md, "A ZMQ attach beside
     nvitop": 543 -> 96 us a 50-event vLLM-shaped batch on the dev box (the token lists left undecoded)."""
     try:
         body = _BODY.decode(payload)

@@ -4,7 +4,7 @@ stream's quality counts (drops, duplicates, restarts, unknown hashes, stale entr
 kvtop/tiers/model.py's docstring; this module is how they are folded fast.
 
 Hot path: ``EventFold.apply`` (the model's ``apply_kv_event``) must keep up with an 8-GPU node's ~50,000 events/s
-with room to spare (BENCHMARKS.md, "Folding KV events"). Each block is one packed int in a dict (see ``Pool``),
+with room to spare (bench/JOURNAL.md, "Folding KV events"). Each block is one packed int in a dict (see ``Pool``),
 the frequent offload, onboard and single-block removal are folded inline, nothing is allocated per removed or
 updated event, and a zero-cost ``try`` (CPython 3.11+) turns malformed input into a counted bad record whose
 reason is found afterwards, off the hot path.

@@ -23,7 +23,7 @@ that a reader may not expect (each one is reproduced on purpose):
 - Block hashes are TensorRT-LLM's ``BlockKeyHasher`` (unsigned 64-bit, chained through the parent's hash); they
   are computed only while events are enabled, the one place they are visible.
 
-Speed (``kvtop sim --trace`` allocates 1.9M blocks for the synthetic trace; BENCHMARKS.md, "Simulator speed"). The
+Speed (``kvtop sim --trace`` allocates 1.9M blocks for the synthetic trace; bench/JOURNAL.md, "Simulator speed"). The
 steps are TensorRT-LLM's; how the state is held is chosen for CPython, each choice with its invariant where it is
 defined, and tests/test_block_manager_golden.py holds the result to the unoptimized implementation's, event by
 event:

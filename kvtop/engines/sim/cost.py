@@ -35,7 +35,7 @@ token (the LM head runs on the last prompt token only: no context logits by defa
 
 Checked on the H200 against plain-PyTorch steps captured in CUDA graphs (bench/results/h200-cost-2026-12-01-*,
 Llama-3.1-8B bf16): decode batch 1 x 2,048 context 5.09 ms measured, batch 64 x 1,024 7.19 ms, batch 256 x 2,048
-23.3 ms; BENCHMARKS.md "Cost model" has the model's figures beside them and beside TensorRT-LLM's published
+23.3 ms; bench/JOURNAL.md "Cost model" has the model's figures beside them and beside TensorRT-LLM's published
 throughput tables.
 
 Host copies: bandwidth from the profile's large pinned copies plus a fixed per-block latency, which on the H200

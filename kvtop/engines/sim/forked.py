@@ -2,7 +2,7 @@
 optimum's curve there while it replays the block manager here.
 
 The two are independent passes over the same parsed trace, ~0.14 s (the LRU replay) and ~0.11 s (Belady's MIN)
-on the Mooncake trace at 512 tokens a block, 1.5 s and 0.9 s at 32 (BENCHMARKS.md, "Host-cache sweeps"), so on
+on the Mooncake trace at 512 tokens a block, 1.5 s and 0.9 s at 32 (bench/JOURNAL.md, "Host-cache sweeps"), so on
 two free cores the command takes the longer of them instead of their sum. A fork, not ``multiprocessing``: the
 child has the parsed trace and the imported modules already (a spawned interpreter would start Python, import
 kvtop and receive the trace again: ~60 ms of imports alone, half the pass it would take over), and only the

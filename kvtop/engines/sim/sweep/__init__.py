@@ -9,7 +9,7 @@ fastest, one module each:
   batching, so no timing and no requests running side by side. Its hit rates are not the timed replay's
   (``offline.run_trace``: up to 256 requests at once, whose blocks crowd the GPU tier, and requests sharing a prefix
   that prefill side by side before either stores it): on the Mooncake trace 12.5% against 4.2% with no host tier,
-  16.8% against 10.9% with 64 GB (BENCHMARKS.md, "Host-cache sweeps"). What it answers fast is how the block
+  16.8% against 10.9% with 64 GB (bench/JOURNAL.md, "Host-cache sweeps"). What it answers fast is how the block
   manager's policy uses a host tier of each size, and how far that is from the optimum. One replay per host size.
 - ``host_curve`` (one_pass.py, ``--one-pass``): every host size from one replay, at the largest size. The host tier
   is a FIFO of its H slots: each offload pushes a block at the back and takes the front slot; an onboard takes a

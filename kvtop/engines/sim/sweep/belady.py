@@ -108,7 +108,7 @@ def belady_curve(requests: Sequence[TraceRequest], capacities: Sequence[int], to
 # heap of its entries by next use, the farthest first: a reference to a node at level L walks the levels above L,
 # swapping where a level's farthest entry is used later than the carried one. The Mooncake trace at 512 tokens a
 # block, 16 sizes: 122k references, 43k walks, 130k swaps; the whole curve in ~0.1 s of CPU against 1.17 s for 16
-# passes of MIN over the tree (in one process, alternated, load ~5.7: BENCHMARKS.md, "Host-cache sweeps"). Not with
+# passes of MIN over the tree (in one process, alternated, load ~5.7: bench/JOURNAL.md, "Host-cache sweeps"). Not with
 # blocks of fewer tokens: a trace block then takes 1 to 512 / tokens_per_block units of room (its last one fewer),
 # and MIN over items of several sizes is no stack algorithm (nor optimal).
 

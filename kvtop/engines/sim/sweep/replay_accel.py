@@ -8,7 +8,7 @@ onboarded and reused, request by request, with only what a hit-rate sweep reads 
   longer than their hash ids, the batches on and off at every block size) and
   ``test_hit_replay_is_the_block_manager_replay_on_the_shipped_slice``: counters, each onboard's (distance, offload
   counts) and where each request's onboards start, exactly.
-- The measurement that pays for it: BENCHMARKS.md, "Host-cache sweeps" (the 01:50 UTC run of 2026-12-02): the
+- The measurement that pays for it: bench/JOURNAL.md, "Host-cache sweeps" (the 01:50 UTC run of 2026-12-02): the
   Mooncake trace's replay, 16 host sizes, 0.77 -> ~0.15 s at 512 tokens a block and 4.4 -> ~1.5 s at 32; the
   first cut (aeb335f) 0.77 -> 0.26 s.
 
@@ -46,7 +46,7 @@ an onboard (one less: so with one host block the onboard's victim is not offload
 Each step below names the ``BlockManager`` method it stands for. ``replay`` holds the state and the per-request
 steps; ``_take_steps`` and ``_tree_steps`` build the closures over that state once a replay (closures, not methods:
 a cell or default-argument read where an attribute read of ``self`` costs more). Split from one 388-line function
-for 0.05-0.25% of the instructions (BENCHMARKS.md, "The sweep's replay accelerator in named steps").
+for 0.05-0.25% of the instructions (bench/JOURNAL.md, "The sweep's replay accelerator in named steps").
 """
 
 from __future__ import annotations
