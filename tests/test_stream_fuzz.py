@@ -184,17 +184,17 @@ def test_hostile_streams_render_on_the_dashboard(messages: list[list[bytes]], pa
 
 
 def _decode_both(frames: list[bytes]) -> tuple[Any, Any]:
-    from kvtop.sources import kv_wire
+    from kvtop.sources import kv_wire_fast
 
     out = []
     for fast in (True, False):
-        kv_wire.FAST_DECODE = fast
+        kv_wire_fast.ENABLED = fast
         try:
             out.append(decode_frames(frames))
         except WireError as exc:
             out.append(("WireError", str(exc)))
         finally:
-            kv_wire.FAST_DECODE = True
+            kv_wire_fast.ENABLED = True
     return out[0], out[1]
 
 
@@ -229,10 +229,10 @@ def test_the_typed_decode_gives_what_the_checking_path_gives(frames: list[bytes]
 
 
 def test_the_typed_decode_takes_vllm_shapes_and_leaves_the_rest() -> None:
-    from kvtop.sources.kv_wire import _decode_typed
+    from kvtop.sources.kv_wire_fast import decode_typed
 
     body = msgpack.packb([1.7e9, [stored([1, 2], tokens=300), removed([1]), cleared()], 0], use_bin_type=True)
-    ts, rank, events = _decode_typed(body)
+    ts, rank, events = decode_typed(body)
     assert (ts, rank, [e["type"] for e in events]) == (1.7e9, 0, ["BlockStored", "BlockRemoved", "AllBlocksCleared"])
     assert events[0]["num_tokens"] == 600 and events[0]["block_hashes"] == [1, 2]
     # what the checking path must judge: a negative (signed) hash, bytes digests, positional events, a map envelope,
@@ -240,4 +240,4 @@ def test_the_typed_decode_takes_vllm_shapes_and_leaves_the_rest() -> None:
     for odd in ([1.7e9, [stored([-5])], 0], [1.7e9, [stored([b"\x01" * 32])], 0],
                 [1.7e9, [stored([1], array=True)], 0], {"ts": 1.7e9, "events": [], "data_parallel_rank": 0},
                 [1.7e9, [{**stored([1]), "new_field": 1}], 0], [1.7e9, [{**stored([1]), "lora_id": math.nan}], 0]):
-        assert _decode_typed(msgpack.packb(odd, use_bin_type=True)) is None, odd
+        assert decode_typed(msgpack.packb(odd, use_bin_type=True)) is None, odd

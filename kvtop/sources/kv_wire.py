@@ -27,7 +27,7 @@ bytes; kvtop's MQTT publisher leaves them out of TensorRT-LLM events for the sam
 does not read (``extra_keys``: multimodal hashes and cache salts) are dropped too, and so are the user's session
 id and cache salt (``EVENT_FIELDS`` says, field by field, what is read, kept or dropped, and why).
 
-The typed decode (:func:`_decode_typed`) is this decoder's accelerator; :func:`decode_payload` and
+The typed decode (kvtop/sources/kv_wire_fast.py) is this decoder's accelerator; :func:`decode_payload` and
 :func:`normalize_event` are the spec it is held to (its docstring says by which test, and what it saves).
 """
 
@@ -35,10 +35,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-import msgspec
-from msgspec import UNSET, Meta, Raw, Struct, UnsetType
+from kvtop.sources import kv_wire_fast
+from kvtop.sources.kv_wire_limits import MAX_EVENTS, MAX_HASHES, MAX_SMALL, U64
 
 __all__ = [
     "EVENT_FIELDS",
@@ -49,7 +49,7 @@ __all__ = [
     "normalize_event",
 ]
 
-_U64 = 1 << 64
+_U64 = U64
 _MASK = _U64 - 1
 EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 # Positional field order of older vLLM's array-encoded events (vLLM before PR #42892; PR #42892's description shows
@@ -86,9 +86,9 @@ EVENT_FIELDS = {
 }
 # Fields never kept in a record (see EVENT_FIELDS): the user's tokens, session and salt.
 _DROPPED_FIELDS = frozenset(k for k, why in EVENT_FIELDS.items() if why.startswith("dropped"))
-_MAX_EVENTS = 100_000  # one engine step's batch; a message claiming more is not a KV event batch
-_MAX_HASHES = 1_000_000
-_MAX_SMALL = 1 << 20  # ranks, block sizes, KV cache groups: small numbers; a larger one is not this format
+_MAX_EVENTS = MAX_EVENTS
+_MAX_HASHES = MAX_HASHES
+_MAX_SMALL = MAX_SMALL
 _SEQ_LIMIT = 1 << 63  # seq is signed on the wire (vLLM packs it so, and -1 ends a replay answer): 2^63 and up is < 0
 
 
@@ -206,10 +206,11 @@ def normalize_event(raw: Any, path: str = "event") -> dict[str, Any]:
 def decode_payload(payload: bytes, *, topic: str = "", seq: int = 0) -> Batch:
     """The msgpack body ``[ts, [events], dp_rank]``; a bad event is skipped and counted, a bad body raises.
 
-    A body in vLLM's own shape (map events of the known fields, u64 hashes) goes through :func:`_decode_typed`
-    first; anything else (and anything that fails it) through the checking path below, the spec."""
-    if FAST_DECODE:
-        typed = _decode_typed(payload)
+    A body in vLLM's own shape (map events of the known fields, u64 hashes) goes through the typed decode
+    (kvtop/sources/kv_wire_fast.py) first; anything else (and anything that fails it) through the checking path
+    below, the spec."""
+    if kv_wire_fast.ENABLED:
+        typed = kv_wire_fast.decode_typed(payload)
         if typed is not None:
             return Batch(topic, seq, typed[0], typed[1], typed[2])
     import msgpack
@@ -247,130 +248,6 @@ def decode_payload(payload: bytes, *, topic: str = "", seq: int = 0) -> Batch:
             bad += 1
             first_bad = first_bad or f"events[{i}]: {type(exc).__name__}: {exc}"
     return Batch(topic, seq, None if ts is None else float(ts), rank, out, bad, first_bad)
-
-
-# ---------------------------------------------------------------------------------------- the typed decode
-
-FAST_DECODE = True  # tests turn it off to hold the two paths equal (tests/test_stream_fuzz.py)
-
-# msgspec types for a batch exactly as vLLM 0.33 encodes it (kv_events.py: ``KVEventBatch`` array-like, events as
-# maps tagged by ``type``), each field bounded as :func:`normalize_event` bounds it: a value it would wrap, refuse or
-# drop (a negative or bytes hash, a NaN, a nested value where a scalar goes, an unknown field or event type, a map
-# envelope, a positional event) fails here, and the checking path reads the message. Token lists are left undecoded
-# (``msgspec.Raw``: their count is in the msgpack header): they are ~90% of a batch's bytes. (msgspec is imported by
-# kvtop.records already.)
-_u64 = Annotated[int, Meta(ge=0)]          # msgpack has no integer past 2^64
-_small = Annotated[int, Meta(ge=0, lt=_MAX_SMALL)]
-_num = Annotated[float, Meta(ge=-float(_U64), le=float(_U64))]   # NaN and inf fail the bounds
-_extra = str | bool | int | _num | None | UnsetType   # a scalar the checking path keeps verbatim
-
-
-class _Stored(Struct, tag="BlockStored", tag_field="type", forbid_unknown_fields=True):
-    block_hashes: list[_u64]
-    parent_block_hash: _u64 | None = None
-    token_ids: Raw | UnsetType = UNSET
-    block_size: Annotated[int, Meta(gt=0, lt=_MAX_SMALL)] | None = None
-    lora_id: _extra = UNSET
-    medium: str | None = None
-    lora_name: _extra = UNSET
-    extra_keys: Raw | UnsetType = UNSET       # dropped whatever it holds (EVENT_FIELDS)
-    group_idx: _small | None | UnsetType = UNSET
-    kv_cache_spec_kind: _extra = UNSET
-    kv_cache_spec_sliding_window: _extra = UNSET
-    locality: _extra = UNSET
-    ownership: _extra = UNSET
-    session_id: Raw | UnsetType = UNSET       # dropped
-    cache_salt: Raw | UnsetType = UNSET       # dropped
-    lookahead_token_ids: Raw | UnsetType = UNSET   # dropped
-
-
-class _Removed(Struct, tag="BlockRemoved", tag_field="type", forbid_unknown_fields=True):
-    block_hashes: list[_u64]
-    medium: str | None = None
-    group_idx: _small | None | UnsetType = UNSET
-    kv_cache_spec_kind: _extra = UNSET
-    kv_cache_spec_sliding_window: _extra = UNSET
-    locality: _extra = UNSET
-    ownership: _extra = UNSET
-    session_id: Raw | UnsetType = UNSET
-    cache_salt: Raw | UnsetType = UNSET
-
-
-# the scalars both paths keep verbatim (EVENT_FIELDS "kept"), in vLLM's field order
-_KEPT_STORED = ("lora_id", "lora_name", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
-                "locality", "ownership")
-_KEPT_REMOVED = ("group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality", "ownership")
-
-
-class _Cleared(Struct, tag="AllBlocksCleared", tag_field="type", forbid_unknown_fields=True):
-    pass
-
-
-class _Body(Struct, array_like=True):
-    ts: _num | None
-    events: list[_Stored | _Removed | _Cleared]
-    rank: _small | None = None
-
-
-_BODY = msgspec.msgpack.Decoder(_Body)
-
-
-def _token_count(raw: Any) -> int | None:
-    """The length of an undecoded msgpack array (fixarray, array 16, array 32); None for anything else."""
-    head = memoryview(raw)[:5]
-    b = head[0] if len(head) else 0
-    if 0x90 <= b <= 0x9F:
-        return b & 0x0F
-    if b == 0xDC:
-        return int.from_bytes(head[1:3], "big")
-    if b == 0xDD:
-        return int.from_bytes(head[1:5], "big")
-    return None
-
-
-def _decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[str, Any]]] | None:
-    """``(ts, rank, events)`` as the checking path gives them, or None where it must judge the message.
-
-    An accelerator. Its reference: :func:`decode_payload` and :func:`normalize_event` (the spec; what this returns
-    is what they return, and anything they would wrap, refuse or drop fails here and goes to them). Held equal by
-    tests/test_stream_fuzz.py ``test_the_typed_decode_gives_what_the_checking_path_gives`` (hypothesis, both paths
-    on the same messages: the same batch, or the same error). Paid for by bench/JOURNAL.md, "A ZMQ attach beside
-    nvitop": 543 -> 96 us a 50-event vLLM-shaped batch on the dev box (the token lists left undecoded)."""
-    try:
-        body = _BODY.decode(payload)
-    except (msgspec.MsgspecError, RecursionError):
-        return None
-    events = body.events
-    if len(events) > _MAX_EVENTS:
-        return None
-    out: list[dict[str, Any]] = []
-    append = out.append
-    for e in events:
-        if isinstance(e, _Removed):     # exact classes (msgspec Structs, no subclasses): a C-level check
-            if len(e.block_hashes) > _MAX_HASHES:
-                return None
-            d: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": e.block_hashes, "medium": e.medium}
-            for name in _KEPT_REMOVED:
-                value = getattr(e, name)
-                if value is not UNSET:
-                    d[name] = value
-        elif isinstance(e, _Stored):
-            if len(e.block_hashes) > _MAX_HASHES:
-                return None
-            d = {"type": "BlockStored", "block_hashes": e.block_hashes, "medium": e.medium,
-                 "parent_block_hash": e.parent_block_hash, "block_size": e.block_size}
-            if e.token_ids is not UNSET:
-                n = _token_count(e.token_ids)
-                if n is not None:
-                    d["num_tokens"] = n
-            for name in _KEPT_STORED:
-                value = getattr(e, name)
-                if value is not UNSET:
-                    d[name] = value
-        else:
-            d = {"type": "AllBlocksCleared"}
-        append(d)
-    return (None if body.ts is None else float(body.ts)), body.rank, out
 
 
 def _clean_topic(raw: bytes) -> str:
