@@ -344,21 +344,40 @@ class ZmqKvEventSource:
     async def _read(self, ctx: Any, rs: RankState, sock: Any) -> None:
         import zmq
 
-        # Woken once, read what is queued without waiting (up to READ_BURST): an awaited receive a message cost
-        # ~25 us of asyncio futures, a fifth of a 50-event batch's whole decode and fold (bench/bench_zmq_flood.py)
+        # Woken by the socket's file descriptor (asyncio's reader callback), then read what is queued without
+        # waiting, up to READ_BURST. An awaited poll a message cost ~80 us of zmq.asyncio's futures on the dev box,
+        # as much as decoding and folding a 50-event batch (bench/bench_zmq_flood.py; BENCHMARKS.md "An attached
+        # kvtop beside nvitop"). ZMQ's descriptor is edge-triggered: it says "look", not "a message is there", so
+        # every wake-up reads until EAGAIN and checks ZMQ_EVENTS again before sleeping.
         raw: Any = zmq.Socket.shadow(sock.underlying)
-        while not self._stop.requested:
-            if not await sock.poll(int(POLL_S * 1000)):
-                continue
-            for _ in range(READ_BURST):
-                try:
-                    frames = raw.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._handle(ctx, rs, frames, not raw.getsockopt(_EVENTS) & _POLLIN)
-                if self._stop.requested:
-                    return
-            await asyncio.sleep(0)   # the other ranks, the replay tasks and the dashboard get their turn
+        loop = asyncio.get_running_loop()
+        woken = asyncio.Event()
+        fd = raw.getsockopt(zmq.FD)
+        loop.add_reader(fd, woken.set)
+        try:
+            while not self._stop.requested:
+                read = 0
+                while read < READ_BURST:
+                    try:
+                        frames = raw.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    read += 1
+                    self._handle(ctx, rs, frames, not raw.getsockopt(_EVENTS) & _POLLIN)
+                    if self._stop.requested:
+                        return
+                if read == READ_BURST:
+                    await asyncio.sleep(0)   # the other ranks, the replay tasks and the dashboard get their turn
+                    continue
+                woken.clear()
+                if raw.getsockopt(_EVENTS) & _POLLIN:   # one came between the last read and the clear
+                    continue
+                wake = loop.call_later(POLL_S, woken.set)   # and at least this often, to notice a stop
+                await woken.wait()
+                wake.cancel()
+        finally:
+            with contextlib.suppress(Exception):
+                loop.remove_reader(fd)
 
     async def _watch(self, rs: RankState, sock: Any, monitor: Any) -> None:
         """The SUB socket's disconnects: a publisher gone, or a connection ZMQ ended (a protocol error, after which
