@@ -1,9 +1,9 @@
 """A kvtop module as it was at an older commit, read from git history into a fresh module (not a copy in the tree).
 
 bench/bench_sim.py measures the block manager against the one before the speed work, and
-tests/test_block_manager_golden.py checks the optimized one gives that one's logs. Both used to read a 601-line
-frozen copy kept in bench/; ``git show REV:kvtop/engines/sim/block_manager.py`` gives the same text (the copy was
-842a6f7's file with a two-line header), so the copy is gone and the history is the baseline (issue 15).
+tests/engines/sim/test_block_manager_golden.py checks the optimized one gives that one's logs. Both used to read a
+601-line frozen copy kept in bench/; ``git show REV:kvtop/engines/sim/block_manager.py`` gives the same text (the copy
+was 842a6f7's file with a two-line header), so the copy is gone and the history is the baseline (issue 15).
 
 The module is executed as its own top-level module: its ``from kvtop...`` imports resolve against today's tree
 (842a6f7's block manager imports only kvtop.engines.sim.retention's priorities and KvCacheRetentionConfig, as the

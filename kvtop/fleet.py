@@ -1,7 +1,7 @@
 """Many sources at once: one row of figures per source (``host/rank/run``) and the fleet's aggregate row.
 
 Pure functions over TierModels, no Textual, so the dashboard's sources table and anything headless share them
-and they are tested with numbers (tests/test_fleet.py).
+and they are tested with numbers (tests/commands/test_fleet.py).
 
 How the aggregate is formed (the "all" row):
 - block counts and per-second rates are sums over the sources;

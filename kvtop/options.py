@@ -3,7 +3,7 @@
 ``kvtop``, ``kvtop attach`` / ``replay``, ``kvtop sim``, ``kvtop agent`` and ``kvtop estimate`` each take the
 settings that mean something to them (``ATTACH_SETTINGS``, ``SIM_SETTINGS``...), declared here from the field's
 name, doc, kind and default, so that an option is spelled, documented and validated the same way in every subcommand
-(tests/test_cli.py checks that no subcommand declares a setting by hand).
+(tests/commands/test_cli.py checks that no subcommand declares a setting by hand).
 """
 
 from __future__ import annotations

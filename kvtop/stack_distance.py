@@ -7,7 +7,7 @@ use them without loading the simulator.
 
 - ``host_hits_at``: the host hits a host tier of each size would have had, from each onboard's place in the host
   FIFO (``host_hits_python``, or ``host_hits_numpy`` from ``NUMPY_FROM_ONBOARDS`` onboards;
-  tests/test_sim_sweep_fast.py holds both to one Fenwick-tree pass per size, tests/oracles/host_hits.py).
+  tests/engines/sim/test_sim_sweep_fast.py holds both to one Fenwick-tree pass per size, tests/oracles/host_hits.py).
 - ``min_hits_at``: Belady's MIN for every cache size in one pass of the priority stack cut into levels
   (``next_uses``, ``min_levels``; the argument is in kvtop/engines/sim/sweep/belady.py's "Belady, every size in one
   pass").
@@ -56,7 +56,7 @@ def host_hits_python(onboards: list[tuple[int, int, int]], request_starts: list[
     are two bisections per onboard. The sizes in between count the hits at that size among the onboards in front
     (``[lo, i)``: onboards come in onboard-count order, ``lo`` the first onboarded at or after this block's offload,
     of blocks offloaded before it). One walk replaced one Fenwick-tree pass per size (5,038 onboards, 15 sizes:
-    ~0.085 -> ~0.025 s; tests/test_sim_sweep_fast.py holds it to that pass)."""
+    ~0.085 -> ~0.025 s; tests/engines/sim/test_sim_sweep_fast.py holds it to that pass)."""
     order = sorted(set(sizes))
     n = len(onboards)
     in_front_max = in_front_at_largest(onboards)
@@ -104,8 +104,8 @@ def in_front_at_largest(onboards: list[tuple[int, int, int]]) -> list[int]:
     onboarded before its offload (onboard counts never fall: a bisection of them all). The sorted list's insertions
     move only the offload counts above this one's, which are within the host tier's size of the newest (the block
     was offloaded fewer than that many offloads ago): the Mooncake trace's 5,038 onboards at 512 tokens a block, 20.8 ->
-    5.0 ms against the two Fenwick trees it replaced (in one process, best of 25; tests/test_sim_sweep_fast.py holds
-    it to the definition)."""
+    5.0 ms against the two Fenwick trees it replaced (in one process, best of 25;
+    tests/engines/sim/test_sim_sweep_fast.py holds it to the definition)."""
     onboarded_at = [now for _, _, now in onboards]
     offloaded_before: list[int] = []
     out = []

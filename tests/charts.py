@@ -1,5 +1,5 @@
-"""Helpers for the report's chart tests (tests/test_report.py, tests/test_trtllm13_stats.py): the figures a plot
-function draws, kept open to be read, and the check that no two of a figure's texts overlap as drawn."""
+"""Helpers for the report's chart tests (tests/commands/test_report.py, tests/tiers/test_trtllm13_stats.py): the figures
+a plot function draws, kept open to be read, and the check that no two of a figure's texts overlap as drawn."""
 
 from __future__ import annotations
 

@@ -20,6 +20,9 @@ from typing import Any
 import msgpack
 import zmq
 
+from kvtop.records import Record, SourceId
+from kvtop.sources.kv_wire import decode_payload
+
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
@@ -147,3 +150,12 @@ class Publisher:
         if self._thread is not None:
             self._thread.join(timeout=2)
         self.ctx.destroy(linger=0)
+
+
+# A decoded batch as a kv_batch Record of one source (the tests that fold events without a socket).
+SRC = SourceId("127.0.0.1:5557", 0, "t")
+
+
+def batch(seq: int, events: list, t: float = 100.0, **extra) -> Record:
+    b = decode_payload(payload(events))
+    return Record(kind="kv_batch", data={**b.record_data(), "seq": seq, **extra}, source=SRC, time=t)

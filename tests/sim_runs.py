@@ -318,3 +318,19 @@ def record_sim_run(path: str | Path, *, n_requests: int = 60, host_cache_size: i
         for rec in records:
             fh.write(encode(rec) + "\n")
     return {"records": len(records), "meta": meta, "hit_rate": stats["cacheHitRate"]}
+
+
+def unique_prompts(n: int, tokens: int, repeat_every: int = 0, seed: int = 0) -> list[WorkItem]:
+    """`n` prompts of `tokens` tokens that share nothing, but every `repeat_every`-th repeats an earlier one (long
+    evicted from the GPU: a host hit where the tier kept it)."""
+    rng = random.Random(seed)
+    items: list[WorkItem] = []
+    prompts: list[tuple[int, ...]] = []
+    for i in range(n):
+        if repeat_every and i and i % repeat_every == 0:
+            prompt = prompts[rng.randrange(len(prompts))]
+        else:
+            prompt = tuple(range(10_000_000 * (i + 1), 10_000_000 * (i + 1) + tokens))
+            prompts.append(prompt)
+        items.append(WorkItem(0.0, prompt, 8))
+    return items

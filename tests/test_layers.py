@@ -5,7 +5,7 @@ function (a lazy import is still a dependency; only ``if TYPE_CHECKING:`` blocks
 From that graph:
 
 - no import cycles among kvtop modules;
-- only ``kvtop/ui/`` imports textual or rich (tests/test_ui_boundary.py checks the same in a fresh interpreter);
+- only ``kvtop/ui/`` imports textual or rich (tests/ui/test_ui_boundary.py checks the same in a fresh interpreter);
 - sinks never import sources (both may share neutral modules: kvtop/mqtt_wire.py);
 - engines never import the workload (the driver drives engines, not the other way);
 - the fold (kvtop.tiers, the engines' stream fold kvtop.tiers.stream among them, kvtop.occupancy) and the records

@@ -45,7 +45,7 @@ def test_the_readme_says_report_and_plot_need_the_report_extra() -> None:
 
 
 # kvtop report without matplotlib prints its comparison and writes the page without charts (one line on stderr):
-# tests/test_report.py::test_without_matplotlib_the_comparison_still_prints.
+# tests/commands/test_report.py::test_without_matplotlib_the_comparison_still_prints.
 @pytest.mark.parametrize("argv, first", [
     (["sim", "--trace", "tests/data/mooncake_slice.jsonl", "--host-cache", "0,8GB", "--plot", "x.png"],
      "kvtop: --plot: kvtop sim --plot needs matplotlib: pip install 'kvtop-monitor[report]'"),

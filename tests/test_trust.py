@@ -968,7 +968,7 @@ def test_ctrl_c_in_a_real_terminal_quits_the_dashboard_with_130(tmp_path: Path) 
     import shlex
     import uuid
 
-    from test_ui_tmux import Pane
+    from tmux_pane import Pane
 
     server = f"kvtop-trust-{uuid.uuid4().hex[:8]}"
     status = tmp_path / "status"

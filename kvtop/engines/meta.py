@@ -116,8 +116,8 @@ def real_engine_meta(*, model: Any = None, model_dirs: tuple[Any, ...] = (), kv_
 
 
 # What kvtop reads from a TensorRT-LLM ``LLM`` (names from tensorrt_llm/llmapi/llm.py and llm_args.py; the
-# stand-in in tests/test_engine_meta.py refuses any other): ``LLM.args`` and ``LLM._hf_model_dir`` (the checkpoint
-# directory the model loader resolved, a hub id's local snapshot); ``args.model``, ``args.kv_cache_config``;
+# stand-in in tests/engines/test_engine_meta.py refuses any other): ``LLM.args`` and ``LLM._hf_model_dir`` (the
+# checkpoint directory the model loader resolved, a hub id's local snapshot); ``args.model``, ``args.kv_cache_config``;
 # ``KvCacheConfig.dtype``, ``tokens_per_block``, ``host_cache_size`` and, on 1.3+, ``disk_cache_size``.
 LLM_ATTRS = ("args", "_hf_model_dir")
 ARGS_ATTRS = ("model", "kv_cache_config")

@@ -24,7 +24,7 @@ The package, a spec and its accelerators told apart (issue 25):
 - kvtop/records/record.py: the values, :class:`Record` and :class:`SourceId`;
 - kvtop/records/checks.py: the one spec, every error named, with the bounds every number of ``data`` is held to
   (2^64 a number, 2^40 a block count, ``time`` between 1970 and 2100, strings of kvtop's own kinds cleaned);
-- kvtop/records/fast.py: the orjson and msgspec paths, each held to checks.py by tests/test_records.py.
+- kvtop/records/fast.py: the orjson and msgspec paths, each held to checks.py by tests/records/test_records.py.
 
 A line or payload is at most ``MAX_LINE_BYTES`` (8 MiB; ``read_jsonl(max_line_bytes=...)``): the largest real
 message, 2,000 events of a busy engine with token ids, is ~4 MB.

@@ -3,7 +3,7 @@
 Each check raises :class:`RecordError` naming the field (a dotted path, ``"data.kvCacheStats.freeNumBlocks"``) and
 the problem; nothing else escapes (no KeyError, TypeError, OverflowError, RecursionError). ``checked_record`` is
 the whole of it, step by step, the first failure named; it is the reference that every faster path of
-kvtop/records/fast.py is held to (tests/test_records.py), and what judges and names every record those paths
+kvtop/records/fast.py is held to (tests/records/test_records.py), and what judges and names every record those paths
 leave.
 
 Bounds (the record boundary is where one absurd value is stopped, so nothing behind it has to cope):

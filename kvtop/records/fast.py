@@ -9,7 +9,7 @@ measures them today.
 
 orjson (~3x faster than json on records) and msgspec (typed decoding: a stored event's token dicts straight to
 ids) are dependencies; without either, ``orjson`` / ``msgspec`` here are ``None`` and every line goes through
-checks.py's path (tests/test_records.py runs the busy recording both ways).
+checks.py's path (tests/records/test_records.py runs the busy recording both ways).
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ def bounded_exact(value: Any, depth: int = 0) -> bool:
     float that large sends the line to the standard parser, whose objects then decide. Unlike ``within_bounds`` it
     walks ``tokens`` too (a token id past 64 bits stays an integer, as the standard parser keeps it), and it is
     ``False`` past ``_EXACT_DEPTH`` levels. Its integers are not compared: orjson's are all within -2^63 ..
-    2^64-1 (tests/test_records.py holds orjson to that), inside the bounds.
+    2^64-1 (tests/records/test_records.py holds orjson to that), inside the bounds.
 
     Reference: checks.within_bounds, on the objects json gives (an integer past 64 bits, which orjson reads as a
-    float, must not pass). Held equal by tests/test_records.py::test_decode_gives_what_the_standard_parser_gives
+    float, must not pass). Held equal by tests/records/test_records.py::test_decode_gives_what_the_standard_parser_gives
     and test_orjson_reads_every_integer_within_the_bounds_or_as_a_float. Pays: what lets orjson parse a line at
     all (bench/JOURNAL.md "The record boundary cut": records.decode 18.2 -> 13.3 us a record, with fast_record).
     """
@@ -93,7 +93,7 @@ def fast_record(obj: dict[str, Any], parsed_fast: bool = False, bounded: bool = 
     """The record of ``obj`` when it has the common shape, checked as ``checked_record`` checks it, in fewer
     Python-level steps; ``None`` for anything else (rarer shapes and every bad record), which
     ``checked_record`` then judges and names. Every check of the full path is made here or by delegating to it:
-    a record this accepts is one that path accepts, and the same Record comes out (tests/test_records.py checks
+    a record this accepts is one that path accepts, and the same Record comes out (tests/records/test_records.py checks
     that over hypothesis-generated records).
 
     ``parsed_fast``: ``obj`` came from orjson (``decode``): every number of ``data`` must then also pass
@@ -106,7 +106,7 @@ def fast_record(obj: dict[str, Any], parsed_fast: bool = False, bounded: bool = 
     Measured: 5.8 -> 4.1 us a record over 27,000 records of a busy recording (bench/JOURNAL.md "An attached kvtop").
 
     Reference: checks.checked_record. Held equal by
-    tests/test_records.py::test_fast_path_gives_exactly_what_the_full_path_gives (hypothesis: near-valid and odd
+    tests/records/test_records.py::test_fast_path_gives_exactly_what_the_full_path_gives (hypothesis: near-valid and odd
     envelopes, the same Record or the same error text) and
     test_fast_path_takes_the_common_records_of_a_busy_recording. Pays: bench/JOURNAL.md "The record boundary cut":
     5.83 -> 4.05 us a record.
@@ -159,7 +159,7 @@ def fast_event_ok(data: dict[str, Any], bounded: bool = False) -> bool:
     ``bounded``: ``bounded_exact(data)`` passed, which implies ``within_bounds(data)``.
 
     Reference: checks.check_kind_data("kv_event", data) (checks.check_event). Held equal by
-    tests/test_records.py::test_fast_event_ok_and_event_exact_hold_to_check_event (hypothesis: valid and invalid
+    tests/records/test_records.py::test_fast_event_ok_and_event_exact_hold_to_check_event (hypothesis: valid and invalid
     events, the same verdict; the error text is then checks.py's, as decode gives it). Pays: part of
     fast_record's figure (a kv_event's checks without the paths built).
     """
@@ -202,11 +202,11 @@ _object_new = object.__new__
 def new_record(kind: str, data: dict[str, Any], source: SourceId, time: float, v: int) -> Record:
     """``Record(kind, data, source, time, v)`` without the frozen dataclass's ``__init__`` (its five
     ``object.__setattr__`` calls: 0.69 -> 0.28 us a record, ~10% of decoding a removed event); the same instance,
-    field for field (tests/test_records.py checks it against ``Record`` and its fields).
+    field for field (tests/records/test_records.py checks it against ``Record`` and its fields).
 
     Reference: Record(kind, data, source, time, v). Held equal by
-    tests/test_records.py::test_new_record_is_the_dataclass_record. Pays: bench/JOURNAL.md "The records' one walk":
-    0.69 -> 0.28 us a record.
+    tests/records/test_records.py::test_new_record_is_the_dataclass_record. Pays: bench/JOURNAL.md "The records' one
+    walk": 0.69 -> 0.28 us a record.
     """
     rec = _object_new(Record)
     fields_ = rec.__dict__
@@ -223,7 +223,7 @@ def loads_exact(text: str | bytes) -> Any:
     of 2^63 or more (how orjson reads an integer past 64 bits), else (or when orjson refuses it) through json,
     so its errors too are json's. For a recording's batch lines and MQTT payloads, which are many records.
 
-    Reference: checks.loads. Held equal by tests/test_records.py::test_loads_exact_gives_what_json_gives and
+    Reference: checks.loads. Held equal by tests/records/test_records.py::test_loads_exact_gives_what_json_gives and
     test_loads_exact_of_what_orjson_reads_otherwise. Pays: orjson ~3x faster than json on a batch line
     (bench/JOURNAL.md "The record boundary cut").
     """
@@ -263,7 +263,7 @@ def ints_exact(raw: bytes) -> bool:
     sends the line to the standard parser. A 64-bit block hash (~half of them have 20 digits) passes.
 
     Reference: json's integers (orjson's where this says True). Held equal by
-    tests/test_records.py::test_ints_exact_finds_every_integer_orjson_would_read_as_a_float. Pays:
+    tests/records/test_records.py::test_ints_exact_finds_every_integer_orjson_would_read_as_a_float. Pays:
     decode_tokens_fast's gate without msgspec, ~5 us a 35 KB line where walking its ~1,000 tokens cost what orjson
     saved (0.157 s against 0.117 s, bench/JOURNAL.md "The record boundary cut").
     """
@@ -290,7 +290,7 @@ def decode_tokens_fast(raw: bytes) -> Record | None:
     into ids in Python; the json path is no faster: bench/JOURNAL.md "Stored events as token ids".)
 
     Reference: checks.loads then checks.checked_record. Held equal by
-    tests/test_records.py::test_stored_event_lines_through_orjson_give_what_the_standard_parser_gives. Pays:
+    tests/records/test_records.py::test_stored_event_lines_through_orjson_give_what_the_standard_parser_gives. Pays:
     bench/JOURNAL.md "Stored events through orjson, and the collector".
     """
     if msgspec is not None:
@@ -339,10 +339,10 @@ def decode_stored_typed(raw: bytes) -> Record | None:
     envelope or source that the fast path would not look at (msgspec and json may differ on one nested ~1,000
     deep), and all that msgspec refuses and json takes (NaN, a byte-order mark, lone surrogates, UTF-16).
     What msgspec takes, json takes alike: integers of any size up to the same 4,300 digits, floats correctly
-    rounded, the last of repeated keys (tests/test_records.py compares them over hypothesis-made lines).
+    rounded, the last of repeated keys (tests/records/test_records.py compares them over hypothesis-made lines).
 
     Reference: checks.loads then checks.checked_record. Held equal by
-    tests/test_records.py::test_stored_lines_through_msgspec_give_what_the_standard_parser_gives (hypothesis,
+    tests/records/test_records.py::test_stored_lines_through_msgspec_give_what_the_standard_parser_gives (hypothesis,
     1,500 lines), test_bad_stored_lines_get_the_standard_paths_error and
     test_nesting_near_the_recursion_limit_in_a_stored_line_is_judged_as_json_judges_it. Pays: bench/JOURNAL.md
     "Stored events as token ids, msgspec": 2,092,599 -> 1,286,479 instructions a 35 KB line.
@@ -416,7 +416,7 @@ def decode_fast(raw: bytes) -> Record | None:
     Measured: 11.9 -> 4.1 us a line of JSON for a busy recording's 27,000 lines (bench/JOURNAL.md).
 
     Reference: checks.loads then the package's from_obj. Held equal by
-    tests/test_records.py::test_decode_gives_what_the_standard_parser_gives and
+    tests/records/test_records.py::test_decode_gives_what_the_standard_parser_gives and
     test_decode_of_what_orjson_reads_otherwise_is_the_standard_parsers. Pays: bench/JOURNAL.md "The record boundary
     cut": records.decode 18.2 -> 13.3 us a record, with fast_record.
     """
@@ -432,7 +432,7 @@ def decode_fast(raw: bytes) -> Record | None:
 # What orjson's objects spare a check: its integers are always within -2^63 .. 2^64-1 (inside the bounds), as it
 # reads any other integer as a float, so only floats (of magnitude 2^63 or more: such an integer, or a number out
 # of the bounds) and nesting (past _EXACT_DEPTH) can make them differ from the standard path's or fail its
-# bounds. The walks below look at nothing else; tests/test_records.py holds them to bounded_exact and the full
+# bounds. The walks below look at nothing else; tests/records/test_records.py holds them to bounded_exact and the full
 # path over hypothesis-made lines.
 _NEG_EXACT_FLOAT = -_EXACT_FLOAT
 
@@ -443,7 +443,7 @@ def exact_record(obj: dict[str, Any]) -> Record | None:
     kind's checks walked it three times. ``None`` for anything else, which the standard path then judges.
 
     Reference: fast_record(obj, parsed_fast=True), and so checks.checked_record. Held equal by
-    tests/test_records.py::test_common_lines_through_the_one_walk_path_give_what_the_standard_parser_gives
+    tests/records/test_records.py::test_common_lines_through_the_one_walk_path_give_what_the_standard_parser_gives
     (hypothesis, 2,000 lines) and test_the_one_walk_path_takes_every_common_line_of_the_busy_recording. Pays:
     bench/JOURNAL.md "The records' one walk": all lines 11.1 -> 7.3 us.
     """
@@ -493,8 +493,8 @@ def new_source(key: tuple[str, int, str]) -> SourceId:
     or orjson's integers, which always are).
 
     Reference: ``SourceId(clean(host, STRING_LEN), rank, clean(run, STRING_LEN))`` as checks.checked_record makes
-    it. Held equal by tests/test_records.py::test_fast_path_gives_exactly_what_the_full_path_gives. Pays: ~1.3 us
-    of ~6.5 a record (the cache's comment above; bench/JOURNAL.md "The record boundary cut")."""
+    it. Held equal by tests/records/test_records.py::test_fast_path_gives_exactly_what_the_full_path_gives. Pays: ~1.3
+    us of ~6.5 a record (the cache's comment above; bench/JOURNAL.md "The record boundary cut")."""
     if len(_SOURCE_CACHE) >= _SOURCE_CACHE_MAX:
         _SOURCE_CACHE.clear()
     host, rank, run = key
@@ -532,7 +532,7 @@ def event_exact(data: dict[str, Any]) -> bool:
     (its key escaped in the line, else the line went to ``decode_tokens_fast``) is left to the standard path.
 
     Reference: bounded_exact(data), read_event(data) and checks.check_kind_data("kv_event", data). Held equal by
-    tests/test_records.py::test_fast_event_ok_and_event_exact_hold_to_check_event and the one-walk path's test.
+    tests/records/test_records.py::test_fast_event_ok_and_event_exact_hold_to_check_event and the one-walk path's test.
     Pays: bench/JOURNAL.md "The records' one walk": a removed line 5.36 -> 3.09 us, a stored one 91.9 -> 44.3 us.
     """
     ev = data.get("data")
@@ -593,7 +593,7 @@ def stats_exact(data: dict[str, Any]) -> bool:
     passes; one walk, the block counts of ``kvCacheStats`` / ``kvCacheIterationStats`` checked in it.
 
     Reference: bounded_exact(data) and checks.check_kind_data("stats", data). Held equal by
-    tests/test_records.py::test_common_lines_through_the_one_walk_path_give_what_the_standard_parser_gives.
+    tests/records/test_records.py::test_common_lines_through_the_one_walk_path_give_what_the_standard_parser_gives.
     Pays: bench/JOURNAL.md "The records' one walk": a stats line 12.41 -> 8.89 us.
     """
     kv = data.get("kvCacheStats")

@@ -63,7 +63,8 @@ MISS_COLOR = "#8c959f"    # a miss (recomputed): neither tier
 TOTAL_COLOR = "black"     # a figure of no one tier (all hits, GPU + host)
 GIB = 1 << 30
 # Runs (the TTFT CDFs, the comparison's bars): hues at least 30 degrees off the three tiers' (no blue, orange or
-# purple: a run's bar next to the hit split's must not read as a tier), or greys; tests/test_report.py checks it.
+# purple: a run's bar next to the hit split's must not read as a tier), or greys; tests/commands/test_report.py checks
+# it.
 RUN_COLORS = ("#222222", "#2ca02c", "#e377c2", "#7f7f7f", "#bcbd22", "#006d5b", "#c51b7d", "#66a61e")
 MAX_BAD_LINES_SHOWN = 50
 _BINS = 60  # time bins per chart: one per second of a one-minute run, coarser for longer ones

@@ -42,8 +42,8 @@ that ends 1 s or more behind counts the messages it never read (``zmq.unread``, 
 Memory: a message over ``MAX_MESSAGE_BYTES`` (8 MiB, as MQTT's payload limit) is refused unread (a bad message,
 lost; the batch is a seq gap): it costs its size while it is received, never the ~5x that unpacking it took (one
 113 MB message cost 613 MB). Not ZMQ's own ``MAXMSGSIZE``: libzmq 4.3 aborts the process (``Assertion failed:
-!_more (src/fq.cpp:80)``, 2 runs in 12 of tests/test_zmq_replay.py's 9 MB message) when it refuses the last frame
-of a multipart message whose first frames it has queued. What kvtop has not read yet waits in ZMQ's queue, at most
+!_more (src/fq.cpp:80)``, 2 runs in 12 of tests/sources/test_zmq_replay.py's 9 MB message) when it refuses the last
+frame of a multipart message whose first frames it has queued. What kvtop has not read yet waits in ZMQ's queue, at most
 ``RCVHWM`` (10,000) messages: past that ZMQ drops, and the drops are seq gaps, counted lost. (ZMQ bounds a queue in
 messages, not bytes: a vLLM step's batch is 1-20 KB, so ~10-200 MB at most; at 100,000, as before, a flood of 9 KB
 batches it could not keep up with grew kvtop to 592 MB in 25 s and on, now 143 MB: bench/JOURNAL.md, "A flood".) The

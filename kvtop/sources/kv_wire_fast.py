@@ -2,7 +2,7 @@
 ``decode_payload``'s checking path): a batch exactly as vLLM 0.33 encodes it, decoded by msgspec into typed events
 with the token lists left undecoded, or None where the spec must judge the message.
 
-Reference: kv_wire.decode_payload with ``ENABLED`` off. Held equal by tests/test_stream_fuzz.py
+Reference: kv_wire.decode_payload with ``ENABLED`` off. Held equal by tests/sources/test_stream_fuzz.py
 test_the_typed_decode_gives_what_the_checking_path_gives (hypothesis: hostile messages and vLLM's own shapes, the
 same batch or the same error) and test_the_typed_decode_takes_vllm_shapes_and_leaves_the_rest. Pays:
 BENCHMARKS.md "An attached kvtop beside nvitop" (the ZMQ attach): 543 -> 96 us a 50-event batch on the dev box,
@@ -18,7 +18,7 @@ from msgspec import UNSET, Meta, Raw, Struct, UnsetType
 
 from kvtop.sources.kv_wire_limits import MAX_EVENTS, MAX_HASHES, MAX_SMALL, U64
 
-ENABLED = True  # tests turn it off to hold the two paths equal (tests/test_stream_fuzz.py)
+ENABLED = True  # tests turn it off to hold the two paths equal (tests/sources/test_stream_fuzz.py)
 
 # msgspec types for a batch exactly as vLLM 0.33 encodes it (kv_events.py: ``KVEventBatch`` array-like, events as
 # maps tagged by ``type``), each field bounded as :func:`normalize_event` bounds it: a value it would wrap, refuse or
@@ -100,8 +100,8 @@ def decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[st
 
     An accelerator. Its reference: :func:`decode_payload` and :func:`normalize_event` (the spec; what this returns
     is what they return, and anything they would wrap, refuse or drop fails here and goes to them). Held equal by
-    tests/test_stream_fuzz.py ``test_the_typed_decode_gives_what_the_checking_path_gives`` (hypothesis, both paths
-    on the same messages: the same batch, or the same error). Paid for by bench/JOURNAL.md, "A ZMQ attach beside
+    tests/sources/test_stream_fuzz.py ``test_the_typed_decode_gives_what_the_checking_path_gives`` (hypothesis, both
+    paths on the same messages: the same batch, or the same error). Paid for by bench/JOURNAL.md, "A ZMQ attach beside
     nvitop": 543 -> 96 us a 50-event vLLM-shaped batch on the dev box (the token lists left undecoded)."""
     try:
         body = _BODY.decode(payload)

@@ -60,7 +60,7 @@ Data quality (``quality``), never hidden:
 - Per-priority cached counts drift in two more ways no event shows: timed priorities that lapse back to 35, and
   TensorRT-LLM's ``updated`` priority event for a partially matched block that is then copied rather than reused
   (``loadOrAllocateBlocks`` enqueues the event before its partial-match branch; the copied block keeps its
-  priority). Both are counted in the truth test (tests/test_tiers.py).
+  priority). Both are counted in the truth test (tests/tiers/test_tiers.py).
 
 How it is built: ``TierModel`` composes small folds, each owning its state and knowing no other fold: KV cache
 events and their hot path (kvtop/tiers/events.py), iteration stats (stats.py), request records (requests.py),

@@ -23,7 +23,7 @@ folds), at host sizes 0, H/4, H/2, 3H/4, H (the host pool now: exactly the run's
   prompt was all cached stores nothing at prefill; its release store (generated blocks under the prompt's last
   full block) shows its prompt then, unless a prefill store of that same chain already counted it.
 
-Limits (each measured against the simulator in tests/test_sizeadvice.py: a shared-prefix trace through the block
+Limits (each measured against the simulator in tests/tiers/test_sizeadvice.py: a shared-prefix trace through the block
 manager one request at a time, its events folded as they come):
 - At and below H the curve is ``kvtop sim --one-pass``'s on the same stream, to 0.05 points. It holds the GPU
   tier as it was: a host hit and a recomputed block both end up on the GPU (as ``host_curve`` assumes; within 1

@@ -30,7 +30,7 @@ The prices, and ``basis`` names where each came from, so that every number can b
 The TTFT line ("-38 ms TTFT p50 on 31% of requests", driven runs: kvtop sees every request and where its prefix
 came from) compares the tier's hit requests with themselves as misses: their TTFT plus, per hit block, a prefill
 less a load. Checked against the truth the simulator gives, the same workload with and without the tier
-(tests/test_verdict.py): a run it pays on, one it costs on (stores of blocks almost never loaded back), one it is
+(tests/tiers/test_verdict.py): a run it pays on, one it costs on (stores of blocks almost never loaded back), one it is
 idle on.
 """
 

@@ -6,7 +6,7 @@ KVTOP_UI_STRIP_CACHE=0 switches it off): StripReuse, the mixin Panel takes only 
 panel's last strips again (Widget._set_dirty tells it when they went stale) and sends changed rows straight to the
 screen's set of widgets to repaint; RowStrip and seed_crop make a changed row's strip and its crop without Strip's
 seven caches. tests/test_layers.py checks that no other file of kvtop/ui uses a private Textual name;
-tests/test_ui_repaint.py that the screen is the same with it off.
+tests/ui/test_ui_repaint.py that the screen is the same with it off.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def row_strip_fits() -> bool:
 # the panel dirty, which it does through Widget._set_dirty: a private method, so the reuse is on only for the Textual
 # releases it is tested on (.ci/run runs the UI tests on the floor, 7.0.0, and on the pinned 8.2.8) and can be
 # switched off (KVTOP_UI_STRIP_CACHE=0). Off, Panel keeps Textual's public Line API alone (render_line per line,
-# refresh(*regions) per changed run of lines): the same screen (tests/test_ui_repaint.py runs both paths), at the
+# refresh(*regions) per changed run of lines): the same screen (tests/ui/test_ui_repaint.py runs both paths), at the
 STRIP_CACHE_TEXTUAL = ((7, 0), (9, 0))  # [first, past-last) Textual (major, minor) the reuse is tested on
 STRIP_CACHE_ENV = "KVTOP_UI_STRIP_CACHE"
 

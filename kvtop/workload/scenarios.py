@@ -54,7 +54,7 @@ class Scenario:
 # example has 230 tokens, whose prefill (~5 ms for Qwen3-8B on the simulated H200) is hardly longer than their onboard:
 # a presenter could not show the gain. At ~4,100 tokens (131 blocks of 32 with the 64 answer tokens) a miss's TTFT is
 # 92 ms and a host hit's, which onboards 128 blocks (0.6 GB over PCIe), 18 ms, on the simulated H200 with Qwen3-8B
-# (kvtop --engine sim --scenario ab --host-cache 10GB; tests/test_cli.py holds the gap above 40 ms).
+# (kvtop --engine sim --scenario ab --host-cache 10GB; tests/commands/test_cli.py holds the gap above 40 ms).
 AB_PROMPT_TOKENS = 4096
 
 

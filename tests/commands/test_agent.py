@@ -23,7 +23,7 @@ from kvtop.tiers import TierModel
 
 def test_summary_round_trips_into_a_remote_tier_model():
     """What the agent folds is what the dashboard shows: gauges as they are, totals diffed into its own rates."""
-    from test_kv_stream import batch
+    from kv_publisher import batch
 
     local = TierModel()
     local.apply(batch(0, [stored([1, 2, 3, 4])], t=1.0))
@@ -50,10 +50,9 @@ def test_summary_round_trips_into_a_remote_tier_model():
 def test_the_agents_verdict_travels_checked():
     """A far dashboard shows the verdict of the agent, which saw the engine's iterations and requests; what a
     summary claims is checked (a says outside the five, a NaN, control characters in its words)."""
-    from sim_runs import fold_simulated
-    from test_verdict import _unique
+    from sim_runs import fold_simulated, unique_prompts
 
-    local, _ = fold_simulated(_unique(60, 2048), primary_blocks=1024, secondary_blocks=8192)
+    local, _ = fold_simulated(unique_prompts(60, 2048), primary_blocks=1024, secondary_blocks=8192)
     said = local.verdict["host"]
     assert said.says == "idle" and said.spent_s
     remote = TierModel()
@@ -74,7 +73,7 @@ def test_the_agents_verdict_travels_checked():
 
 
 def test_summary_is_small():
-    from test_kv_stream import batch
+    from kv_publisher import batch
 
     m = TierModel()
     m.apply(batch(0, [stored(list(range(1000)))], t=1.0))
@@ -148,7 +147,7 @@ def test_agent_bad_options_say_what_is_wrong():
 
 
 def test_raw_records_beside_summaries_are_not_counted_twice():
-    from test_kv_stream import batch
+    from kv_publisher import batch
 
     local = TierModel()
     remote = TierModel()
@@ -169,7 +168,7 @@ def test_raw_records_beside_summaries_are_not_counted_twice():
 
 def test_a_prometheus_scrape_of_a_dashboard_serves_the_agents_sources():
     """The fleet from summaries, for Prometheus: kvtop attach mqtt:// --prometheus-port exports each source."""
-    from test_kv_stream import batch
+    from kv_publisher import batch
 
     from kvtop.session import Session
     from kvtop.sinks.prometheus import PrometheusExporter
@@ -222,7 +221,7 @@ class _Sent:
 
 
 def test_ttft_and_token_rates_travel_in_summaries_and_unknown_stays_unknown(tmp_path):
-    from test_kv_stream import batch
+    from kv_publisher import batch
 
     local = _fold(_sim_recording(tmp_path / "run.jsonl"))
     req, rates = local.requests, local.rates

@@ -10,7 +10,7 @@ import pytest
 
 from kvtop import cli
 
-BUSY = Path(__file__).parent / "data" / "busy.jsonl"
+BUSY = Path(__file__).parents[1] / "data" / "busy.jsonl"
 
 
 def _summary(capsys: pytest.CaptureFixture[str], argv: list[str], status: int = 0) -> dict:

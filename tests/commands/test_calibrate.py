@@ -65,7 +65,7 @@ def test_a_calibrated_profile_drives_estimate_and_the_simulator(tmp_path: Path) 
     from kvtop.engines.sim.llm import SamplingParams, SimLLM
     from kvtop.estimate import estimate
 
-    measured = json.loads((Path(__file__).parents[1] / "profiles" / "h200-calibrated-2026-12-01.json")
+    measured = json.loads((Path(__file__).parents[2] / "profiles" / "h200-calibrated-2026-12-01.json")
                           .read_text())["measured"]
     slow_measured = dict(measured)
     for key in ("gemm_layer_s_bf16", "gemm_layer_s_fp8", "gemm_layer_s_fp8fast"):

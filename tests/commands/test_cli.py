@@ -18,7 +18,7 @@ import pytest
 from kvtop.commands.run import build_parser, cli_values
 from kvtop.settings import Settings, SettingsError, load_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QWEN3_8B_KV_BYTES_PER_TOKEN = 2 * 36 * 8 * 128 * 2  # 147,456 (Qwen3-8B config.json, bf16)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "kv_cache_offloading.py"
 PROMPT_BLOCKS = math.ceil(230 / 16)  # the example's prompts: 230 tokens in 16-token blocks
 

@@ -142,8 +142,8 @@ D = SourceId(host="node-d", rank=0, run="disk")
 def emit_disk_source(session: Session) -> None:
     """A V2-manager engine with a disk cache of 11 blocks (meta as the meta builder writes it for
     ``KvCacheConfig(host_cache_size=7 blocks, disk_cache_size=11 blocks)``) and one iteration of the V2 stats
-    (tests/test_trtllm13_stats.py's payload: GPU pool 20 + 10 blocks, 16 in use; host + disk 11 of 18 in use)."""
-    from test_trtllm13_stats import V2_STATS
+    (tests/tiers/test_trtllm13_stats.py's payload: GPU pool 20 + 10 blocks, 16 in use; host + disk 11 of 18 in use)."""
+    from trtllm_serve_fake import V2_STATS
 
     from kvtop.engines.meta import real_engine_meta
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import time
 
-from kv_publisher import stored
-from test_kv_stream import batch
+from kv_publisher import batch, stored
 
 from kvtop import run_summary
 from kvtop.agent import summary_data

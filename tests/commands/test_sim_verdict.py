@@ -16,7 +16,7 @@ import pytest
 
 from kvtop.commands.sim import sweep_verdict
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _write(path: Path, requests: list[dict[str, Any]]) -> Path:

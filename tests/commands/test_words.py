@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kv_publisher import Publisher, removed, stored
-from test_kv_stream import SRC, batch
+from kv_publisher import SRC, Publisher, batch, removed, stored
 
 from kvtop import run_summary
 from kvtop.agent import summary_data
@@ -23,7 +22,7 @@ from kvtop.records import Record, SourceId
 from kvtop.session import Session
 from kvtop.tiers import TierModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOT_JSON = "json: not valid JSON (Expecting value: line 1 column 1 (char 0))"
 
 

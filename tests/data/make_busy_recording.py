@@ -6,7 +6,7 @@
 Why it drives the simulator's engine core directly instead of ``SimLLM.generate_async``: SimLLM's engine thread
 picks requests up as they arrive on the wall clock, so which requests share an iteration (and therefore every
 block id and event) would depend on thread timing. Here arrivals are stamped in simulated time and the core is
-stepped by hand, so the same arguments always write the same bytes (tests/test_ui_recording.py checks it).
+stepped by hand, so the same arguments always write the same bytes (tests/ui/test_ui_recording.py checks it).
 
 The workload is built to show every tier movement within seconds: at scale 1, a GPU pool of 1,024 blocks (32K
 tokens) that fills after ~15 requests, a host pool of ~900 blocks that catches what the GPU evicts, four long

@@ -1,8 +1,8 @@
 """One meta builder for a real engine (kvtop/engines/meta.py): a driven run, ``kvtop.watch(llm)`` and ``kvtop attach
 http://`` all learn the KV block's size, so GiB figures are known on real-engine-shaped data.
 
-The engine is the recording stand-in for ``tensorrt_llm`` of tests/test_trtllm_builder.py: its classes accept only
-the keyword names TensorRT-LLM's pydantic models have (llm_args.py, cited there) and record every read of an
+The engine is the recording stand-in for ``tensorrt_llm`` of tests/engines/test_trtllm_builder.py: its classes accept
+only the keyword names TensorRT-LLM's pydantic models have (llm_args.py, cited there) and record every read of an
 attribute the real class lacks (``unknown_reads``), so a misspelt or invented name fails these tests instead of
 silently reading None. The served payloads are TensorRT-LLM's documented /metrics example (trtllm-kv.md 1.5).
 """
@@ -181,7 +181,7 @@ def test_watch_meta_of_a_llm_whose_model_is_a_local_dir(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- attach http
 
 def test_attach_http_knows_gib_from_the_model_id_and_the_stats() -> None:
-    from test_transport_trtllm_serve import METRICS_EXAMPLE, FakeServe
+    from trtllm_serve_fake import METRICS_EXAMPLE, FakeServe
 
     from kvtop.sources.trtllm_serve import TrtllmServeSource
 
@@ -202,7 +202,7 @@ def test_attach_http_knows_gib_from_the_model_id_and_the_stats() -> None:
 def test_attach_http_says_why_gib_stay_unknown() -> None:
     import json
 
-    from test_transport_trtllm_serve import FakeServe
+    from trtllm_serve_fake import FakeServe
 
     from kvtop.sources.trtllm_serve import TrtllmServeSource
 

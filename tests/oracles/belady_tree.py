@@ -1,11 +1,11 @@
 """The oracle of kvtop/engines/sim/sweep/belady.py: Belady's MIN over the trace's prefix tree, one pass per capacity.
 
 ``belady_curve`` answers from one pass of a levelled priority stack (512 tokens a block or more) or one pass per
-capacity over the flat references (fewer tokens a block); tests/test_sim_sweep_fast.py holds both to this one,
-which is MIN as its definition reads over the tree (on a miss with the cache full, evict the cached leaf whose
+capacity over the flat references (fewer tokens a block); tests/engines/sim/test_sim_sweep_fast.py holds both to this
+one, which is MIN as its definition reads over the tree (on a miss with the cache full, evict the cached leaf whose
 next use is farthest, and do not insert a block used later than every candidate). It shipped in the sweep as
 ``belady_curve(method="tree")`` until issue 25 and ran only in the tests, so it lives here. Its own reference (the
-tree's MIN before the dead-suffix skip and the pending parent) is in tests/test_sim_sweep_fast.py.
+tree's MIN before the dead-suffix skip and the pending parent) is in tests/engines/sim/test_sim_sweep_fast.py.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def belady_hits(plan: Plan, capacity: int, first_measured: int = 0, skip_dead: b
     is only ever inserted into free room (on a full cache the bypass keeps it out), and a node with no next use is
     the first leaf evicted (its key is the farthest), so free room and dead nodes together stay the same room for
     the nodes that have a next use, whose set is then the same; the nodes not inserted are most of a trace's misses
-    (a request's own suffix), 40% less time (tests/test_sim_sweep_fast.py checks it against ``skip_dead=False``)."""
+    (a request's own suffix), 40% less time (tests/engines/sim/test_sim_sweep_fast.py checks it against
+    ``skip_dead=False``)."""
     if capacity <= 0:
         return 0
     nodes, weights, next_use, parent, starts = plan.nodes, plan.weights, plan.next_use, plan.parent, plan.starts

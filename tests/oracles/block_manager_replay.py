@@ -1,8 +1,8 @@
 """The oracle of kvtop/engines/sim/sweep/replay_accel.py: the block manager's own replay, noting each onboard.
 
 ``replay_accel.replay`` is the block manager's trace replay (``sweep.replay_trace`` over a ``BlockManager``)
-specialised to a hit-rate sweep; tests/test_sim_sweep_fast.py holds it to ``replay_trace`` over this recorder
-exactly: the counters, each onboard's (distance in the host tier's queue, offload count at its offload, at the
+specialised to a hit-rate sweep; tests/engines/sim/test_sim_sweep_fast.py holds it to ``replay_trace`` over this
+recorder exactly: the counters, each onboard's (distance in the host tier's queue, offload count at its offload, at the
 onboard) and where each request's onboards start. It shipped in kvtop/engines/sim/sweep.py as
 ``_DistanceRecorder`` until issue 25 and ran only in the tests, so it lives here.
 """

@@ -1,6 +1,6 @@
 """The oracle of kvtop/stack_distance.py's one-pass host counts (``host_hits_python``, ``host_hits_numpy``): each
 host size counted on its own, one Fenwick-tree pass per size, as the one-pass curve counted before its one walk
-over all sizes (commit 7293152). tests/test_sim_sweep_fast.py holds the walk to it; ``Fenwick`` shipped in
+over all sizes (commit 7293152). tests/engines/sim/test_sim_sweep_fast.py holds the walk to it; ``Fenwick`` shipped in
 kvtop/engines/sim/sweep.py until issue 25 and only this count used it, so both live here.
 """
 

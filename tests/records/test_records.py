@@ -477,7 +477,7 @@ def test_fast_path_takes_the_common_records_of_a_busy_recording() -> None:
     from kvtop.records.fast import fast_record as _fast_record
 
     taken = 0
-    for line in (Path(__file__).parent / "data" / "busy.jsonl").read_bytes().splitlines():
+    for line in (Path(__file__).parents[1] / "data" / "busy.jsonl").read_bytes().splitlines():
         obj = json.loads(line)
         if obj["kind"] not in ("kv_event", "stats") or obj["data"].get("data", {}).get("type") == "created":
             continue   # a created event (one per run) is left to the full path
@@ -564,7 +564,7 @@ def test_decode_takes_the_busy_recording_through_orjson_where_it_can() -> None:
     from kvtop.records import fast
 
     taken = 0
-    lines = (Path(__file__).parent / "data" / "busy.jsonl").read_bytes().splitlines()
+    lines = (Path(__file__).parents[1] / "data" / "busy.jsonl").read_bytes().splitlines()
     for line in lines:
         if records._BATCH_MARK in line[:80]:
             continue
@@ -574,7 +574,7 @@ def test_decode_takes_the_busy_recording_through_orjson_where_it_can() -> None:
     assert taken > 0.8 * len(lines)
 
 
-BUSY = Path(__file__).parent / "data" / "busy.jsonl"
+BUSY = Path(__file__).parents[1] / "data" / "busy.jsonl"
 
 
 def _read_busy_without(module: str, result: str) -> str:
@@ -590,7 +590,7 @@ def _read_busy_without(module: str, result: str) -> str:
             "lines = list(records.read_jsonl(sys.argv[1]))\n"
             f"print({result})\n")
     out = subprocess.run([sys.executable, "-c", code, str(BUSY)], capture_output=True, text=True, check=True,
-                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     return out.stdout
 
 
@@ -707,7 +707,7 @@ def test_decode_takes_the_stored_events_with_tokens_through_msgspec() -> None:
     behind it (where msgspec refuses a line)."""
     from kvtop.records import fast
 
-    lines = [line for line in (Path(__file__).parent / "data" / "busy.jsonl").read_bytes().splitlines()
+    lines = [line for line in (Path(__file__).parents[1] / "data" / "busy.jsonl").read_bytes().splitlines()
              if b'"tokens"' in line]
     assert len(lines) > 50
     for line in lines:

@@ -95,7 +95,7 @@ def test_reading_a_trace_does_not_import_the_records() -> None:
 
     code = ("import sys; from kvtop.workload.trace import read_trace; "
             "list(read_trace(sys.argv[1])); print('kvtop.records' in sys.modules, 'msgspec' in sys.modules)")
-    trace = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+    trace = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
     if not trace.exists():
         pytest.skip("the shared Mooncake trace is not here")
     out = subprocess.run([sys.executable, "-c", code, str(trace)], capture_output=True, text=True, check=True)

@@ -21,7 +21,7 @@ from kvtop.sinks.recorder import Recorder
 from kvtop.sources.replay import replay, replay_into
 from kvtop.tiers import TierModel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SRC = SourceId("h", 0, "rec")
 
 # Writes ~5,000 records/s, stamping each with the wall time it was handed to the recorder, and reports

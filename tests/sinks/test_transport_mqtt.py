@@ -28,7 +28,7 @@ from kvtop.sources.mqtt import (
 )
 from kvtop.tiers import TierModel
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECRET = "s3cret-pw-91"
 
 

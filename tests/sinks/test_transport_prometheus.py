@@ -13,7 +13,7 @@ from kvtop.records import SourceId, make
 from kvtop.sinks.prometheus import PrometheusExporter
 from kvtop.tiers import TierModel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SRC = SourceId("gpu-07", 0, "prom")
 
 EXPECTED = [

@@ -29,7 +29,7 @@ from kvtop.problems import EXIT_LOST_DATA, Problems
 from kvtop.records import Record
 from kvtop.sources.trtllm_serve import EVENTS, TrtllmServeSource
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CREATED = [{"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [101256, 0]},
             "window_size": 4096}]
 

@@ -7,20 +7,12 @@ import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kv_publisher import cleared, payload, removed, stored
+from kv_publisher import SRC, batch, cleared, payload, removed, stored
 
-from kvtop.records import Record, RecordError, SourceId, decode, encode, make
+from kvtop.records import Record, RecordError, decode, encode, make
 from kvtop.sources.kv_wire import WireError, decode_frames, decode_payload, normalize_event
 from kvtop.tiers import TierModel
 from kvtop.tiers.stream import tier_of
-
-SRC = SourceId("127.0.0.1:5557", 0, "t")
-
-
-def batch(seq: int, events: list, t: float = 100.0, **extra) -> Record:
-    b = decode_payload(payload(events))
-    return Record(kind="kv_batch", data={**b.record_data(), "seq": seq, **extra}, source=SRC, time=t)
-
 
 # ----------------------------------------------------------------------------------------------- decoder
 

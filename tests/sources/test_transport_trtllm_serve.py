@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
+from trtllm_serve_fake import METRICS_EXAMPLE, FakeServe
 
 from kvtop.records import Record
 from kvtop.sources.trtllm_serve import EVENTS, HINTS, PERF, STATS, TrtllmServeSource, request_from_perf
 from kvtop.tiers import TierModel
 
-# trtllm-kv.md 1.5, verbatim from TensorRT-LLM's trtllm-serve docs, less its "..." line (not JSON).
-METRICS_EXAMPLE = json.loads((Path(__file__).parent / "data" / "trtllm_serve_metrics_example.json").read_text())
 # trtllm-kv.md 2.2 shapes (KVCacheEventSerializer, 1.x), a pool of 101256 GPU blocks and no host pool.
 EVENTS_EXAMPLE = [
     {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [101256, 0]}, "window_size": 4096},
@@ -38,74 +33,6 @@ PERF_EXAMPLE = [{"request_id": 7, "perf_metrics": {
                        "first_token_time": 1200.56, "server_first_token_time": None, "last_token_time": 1201.0},
     "kv_cache_metrics": {"num_total_allocated_blocks": 3, "num_new_allocated_blocks": 3, "num_reused_blocks": 4,
                          "num_missed_blocks": 3121}}}]
-
-
-class FakeServe:
-    """trtllm-serve's monitoring routes. Each route serves its queued answers once, then its default forever
-    (drain-once queues, like the real server). ``status[path]`` makes a route answer an HTTP error."""
-
-    def __init__(self, port: int = 0) -> None:
-        self.queues: dict[str, list[Any]] = {"/metrics": [], "/kv_cache_events": [], "/perf_metrics": []}
-        self.status: dict[str, int] = {}
-        self.hits: dict[str, int] = {}
-        self.methods: dict[str, str] = {}
-        self.raw: dict[str, bytes] = {}
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:  # keep pytest output clean
-                pass
-
-            def _answer(self, method: str) -> None:
-                path = self.path
-                fake.hits[path] = fake.hits.get(path, 0) + 1
-                fake.methods[path] = method
-                allowed = {"/metrics": "GET", "/perf_metrics": "GET", "/kv_cache_events": "POST",
-                           "/version": "GET", "/v1/models": "GET", "/prometheus/metrics": "GET"}
-                code = fake.status.get(path, 200)
-                if path not in allowed or code == 404:
-                    return self._send(404, b'{"detail":"Not Found"}')
-                if allowed[path] != method:
-                    return self._send(405, b'{"detail":"Method Not Allowed"}')
-                if code != 200:
-                    return self._send(code, b'{"detail":"boom"}')
-                if path in fake.raw:
-                    return self._send(200, fake.raw[path])
-                if path == "/version":
-                    return self._send(200, b'{"version": "1.2.0"}')
-                if path == "/v1/models":
-                    return self._send(200, json.dumps({"object": "list", "data": [
-                        {"id": "Qwen/Qwen3-8B", "object": "model", "owned_by": "tensorrt_llm"}]}).encode())
-                if path == "/prometheus/metrics":  # text, served from raw (above) when a test sets it
-                    return self._send(404, b'{"detail":"Not Found"}')
-                queue = fake.queues[path]
-                body = queue.pop(0) if queue else []
-                self._send(200, json.dumps(body).encode())
-
-            def _send(self, code: int, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                self._answer("GET")
-
-            def do_POST(self) -> None:  # noqa: N802
-                length = int(self.headers.get("Content-Length") or 0)
-                self.rfile.read(length)
-                self._answer("POST")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.port = self.server.server_address[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

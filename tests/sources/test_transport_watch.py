@@ -20,7 +20,7 @@ from kvtop.records import Record, read_jsonl
 from kvtop.sources.replay import replay_into
 from kvtop.tiers import TierModel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def make_llm(max_tokens: int = 4096) -> Any:

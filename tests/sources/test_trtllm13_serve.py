@@ -6,7 +6,7 @@ labels of TensorRT-LLM's ``MetricsCollector`` (tensorrt_llm/metrics/collector.py
 ``trtllm_kv_cache_max_blocks`` / ``_free_blocks`` / ``_used_blocks`` / ``_tokens_per_block`` / ``_hit_rate`` /
 ``_host_utilization``, Counters ``trtllm_kv_cache_reused_blocks`` / ``_missed_blocks`` / ``_onboard_bytes_total`` /
 ``trtllm_num_requests_completed_total``, labels ``model_name`` and ``engine_type``). The server is the trtllm-serve
-stand-in of tests/test_transport_trtllm_serve.py; the JSON stats there are 1.2's documented /metrics example.
+stand-in of tests/sources/test_transport_trtllm_serve.py; the JSON stats there are 1.2's documented /metrics example.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from test_transport_trtllm_serve import METRICS_EXAMPLE, FakeServe
+from trtllm_serve_fake import METRICS_EXAMPLE, FakeServe
 
 from kvtop.sources.trtllm_prometheus import parse_samples, stats_from_prometheus
 from kvtop.sources.trtllm_serve import DRAINED_HINT, PROM, STATS, TrtllmServeSource

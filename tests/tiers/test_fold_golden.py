@@ -18,7 +18,7 @@ import pytest
 from kvtop.records import read_jsonl
 from kvtop.tiers.whatif import WhatIf
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BEFORE = "e1b0853"  # main before the fold's fast paths
 BUSY = ROOT / "tests" / "data" / "busy.jsonl"
 

@@ -84,7 +84,7 @@ def fold(*events: dict[str, Any], model: TierModel | None = None) -> TierModel:
 
 # trtllm-kv.md 1.5: the docs' /metrics example, verbatim but for the "..." (not JSON) that ends it.
 # trtllm-kv.md 1.5, verbatim from the trtllm-serve docs (less its "..." line, not JSON)
-DOCS_EXAMPLE = (Path(__file__).parent / "data" / "trtllm_serve_metrics_example.json").read_text()
+DOCS_EXAMPLE = (Path(__file__).parents[1] / "data" / "trtllm_serve_metrics_example.json").read_text()
 
 
 def test_docs_example_alone_gives_free_and_hit_rate_but_not_a_capacity_it_cannot_know() -> None:
@@ -824,7 +824,7 @@ def test_simulated_run_splits_per_priority_hits_like_the_whole_run() -> None:
     machine did not always give (issue 26: 1 run in 4 failed at load 5-6); here 159 requests in 3 s, 3 suffice."""
     out = subprocess.run([sys.executable, "-m", "kvtop", "--headless", "--json", "--duration", "3", "--speed", "0",
                           "--engine", "sim", "--scenario", "ab", "--host-cache", "10GB"],
-                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
     s = json.loads(out.stdout)
     assert s["moves"]["onboarded_blocks"] > 0
     (only,) = s["hit_rate_by_priority"].values()

@@ -19,68 +19,10 @@ import copy
 from typing import Any
 
 import pytest
+from trtllm_serve_fake import V2_STATS, pool_group
 
 from kvtop.records import RecordError, make
 from kvtop.tiers import TierModel
-
-
-def _zero_window(**kv: Any) -> dict[str, Any]:
-    keys = ("primaryMaxNumBlocks", "primaryFreeNumBlocks", "primaryUsedNumBlocks", "primaryEvictableNumBlocks",
-            "primaryPeakFreeNumBlocks", "primaryPeakUsedNumBlocks", "primaryPeakEvictableNumBlocks",
-            "iterAllocTotalBlocks", "iterAllocNewBlocks", "iterReusedBlocks", "iterFullReusedBlocks",
-            "iterPartialReusedBlocks", "iterMissedBlocks", "iterCacheHitRate", "iterGenAllocBlocks",
-            "iterOnboardBlocks", "iterOnboardBytes", "iterOffloadBlocks", "iterOffloadBytes",
-            "iterIntraDeviceCopyBlocks", "iterIntraDeviceCopyBytes", "iterHostDroppedBlocks", "iterHostDroppedBytes")
-    out: dict[str, Any] = dict.fromkeys(keys, 0)
-    out["iterCacheHitRate"] = 0.0
-    out.update(kv)
-    return out
-
-
-def _pool(pid: int, slot: int, windows: list[int], **kv: Any) -> dict[str, Any]:
-    w = _zero_window(**kv)
-    for k in ("iterReusedBlocks", "iterFullReusedBlocks", "iterPartialReusedBlocks", "iterMissedBlocks",
-              "iterCacheHitRate"):
-        del w[k]  # KV_CACHE_ITERATION_STATS_POOL_GROUP_KEYS has no reuse keys
-    return {"poolGroupId": pid, "slotSize": [slot], "windowSizes": windows, **w}
-
-
-V2_STATS: dict[str, Any] = {
-    "iter": 7, "numCompletedRequests": 0, "numActiveRequests": 2, "numQueuedRequests": 0,
-    "kvCacheIterationStats": {
-        "32": _zero_window(iterAllocNewBlocks=2, iterReusedBlocks=3, iterMissedBlocks=1, iterCacheHitRate=0.75),
-        "64": _zero_window(iterAllocNewBlocks=4, iterReusedBlocks=2, iterMissedBlocks=2, iterCacheHitRate=0.5),
-    },
-    "iterSuspendedRequests": 2, "iterResumedRequests": 1, "iterDiskPrefetchBlocks": 7,
-    "iterCachedTokensByLevel": [12, 8, 0], "kvCacheLevelTiers": ["gpu", "host", "disk"],
-    "kvCacheIterationStatsByPoolGroup": {
-        "0": _pool(0, 4096, [32, 64], primaryMaxNumBlocks=20, primaryFreeNumBlocks=8, primaryUsedNumBlocks=12,
-                   primaryEvictableNumBlocks=3, primaryPeakFreeNumBlocks=18, primaryPeakUsedNumBlocks=14,
-                   primaryPeakEvictableNumBlocks=7, iterAllocNewBlocks=6),
-        "1": _pool(1, 2048, [], primaryMaxNumBlocks=10, primaryFreeNumBlocks=6, primaryUsedNumBlocks=4,
-                   primaryEvictableNumBlocks=1, primaryPeakFreeNumBlocks=9, primaryPeakUsedNumBlocks=5,
-                   primaryPeakEvictableNumBlocks=2, iterOnboardBlocks=1, iterOnboardBytes=2048),
-    },
-    "kvCacheIterationStatsByColdPoolGroup": {
-        "0": {"coldPoolGroupId": 0, "slotSize": [4096], "windowSizes": [32, 64], "secondaryMaxNumBlocks": 18,
-              "secondaryFreeNumBlocks": 7, "secondaryUsedNumBlocks": 11, "secondaryEvictableNumBlocks": 4,
-              "secondaryPeakFreeNumBlocks": 14, "secondaryPeakUsedNumBlocks": 13,
-              "secondaryPeakEvictableNumBlocks": 6},
-    },
-    "kvCacheIterationStatsByLifecycle": {
-        "0": {"lifeCycleId": 0, "poolGroupId": 0, "windowSize": 32, "kind": "attention", "iterReusedBlocks": 3,
-              "iterFullReusedBlocks": 0, "iterPartialReusedBlocks": 0, "iterMissedBlocks": 1,
-              "iterCacheHitRate": 0.75, "iterFullReusedBlocksByLevel": [2, 0, 0],
-              "iterPartialReusedBlocksByLevel": [0, 1, 0]},
-        "1": {"lifeCycleId": 1, "poolGroupId": 0, "windowSize": 64, "kind": "attention", "iterReusedBlocks": 2,
-              "iterFullReusedBlocks": 0, "iterPartialReusedBlocks": 0, "iterMissedBlocks": 2,
-              "iterCacheHitRate": 0.5},
-        "2": {"lifeCycleId": 2, "poolGroupId": 1, "windowSize": None, "kind": "ssm", "snapshotStats": {
-            "iterSnapshotLookups": 5, "iterSnapshotHits": 3, "iterSnapshotMisses": 2, "iterSnapshotHitRate": 0.6,
-            "iterReusedTokens": 24, "iterUnreusedTokens": 16, "iterAlignedSnapshotHits": 2,
-            "iterUnalignedSnapshotHits": 1}},
-    },
-}
 
 
 def test_v2_views_fold_into_three_tiers() -> None:
@@ -558,10 +500,10 @@ def _pools(d: dict[str, Any]) -> dict[str, Any]:
      "ByLifecycle.0.iterReusedBlocks"),
     # 20,000 pool groups (each possible alone) and their unbounded sum; 300 lifecycles
     (lambda d: d.__setitem__("kvCacheIterationStatsByPoolGroup", {
-        str(i): _pool(i, 4096, [32], primaryMaxNumBlocks=1 << 40, primaryFreeNumBlocks=1 << 40)
+        str(i): pool_group(i, 4096, [32], primaryMaxNumBlocks=1 << 40, primaryFreeNumBlocks=1 << 40)
         for i in range(20_000)}), "kvCacheIterationStatsByPoolGroup"),
     (lambda d: d.__setitem__("kvCacheIterationStatsByPoolGroup", {
-        str(i): _pool(i, 4096, [32], primaryMaxNumBlocks=1 << 40, primaryFreeNumBlocks=1 << 40)
+        str(i): pool_group(i, 4096, [32], primaryMaxNumBlocks=1 << 40, primaryFreeNumBlocks=1 << 40)
         for i in range(2)}), "kvCacheIterationStatsByPoolGroup.*.primaryMaxNumBlocks"),
     (lambda d: d["kvCacheIterationStatsByLifecycle"].update({
         str(i): dict(d["kvCacheIterationStatsByLifecycle"]["1"]) for i in range(3, 300)}),

@@ -16,29 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sim_runs import WorkItem, fold_simulated, zipf_prefix_workload
+from sim_runs import WorkItem, fold_simulated, unique_prompts, zipf_prefix_workload
 
 from kvtop.records import SourceId, make
 from kvtop.tiers import TierModel
 from kvtop.tiers.verdict import MIN_FIT_ITERATIONS, IterationFit, TierEvidence, decide
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _unique(n: int, tokens: int, repeat_every: int = 0, seed: int = 0) -> list[WorkItem]:
-    """`n` prompts of `tokens` tokens that share nothing, but every `repeat_every`-th repeats an earlier one (long
-    evicted from the GPU: a host hit where the tier kept it)."""
-    rng = random.Random(seed)
-    items: list[WorkItem] = []
-    prompts: list[tuple[int, ...]] = []
-    for i in range(n):
-        if repeat_every and i and i % repeat_every == 0:
-            prompt = prompts[rng.randrange(len(prompts))]
-        else:
-            prompt = tuple(range(10_000_000 * (i + 1), 10_000_000 * (i + 1) + tokens))
-            prompts.append(prompt)
-        items.append(WorkItem(0.0, prompt, 8))
-    return items
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _with_and_without(items: list[WorkItem], host_blocks: int) -> tuple[Any, float]:
@@ -65,7 +49,7 @@ def test_verdict_pays_where_the_tier_shortens_the_run() -> None:
 @pytest.mark.slow
 def test_verdict_costs_where_stores_are_almost_never_loaded_back() -> None:
     """Unique 2,048-token prompts, one in 40 a repeat: 15k blocks offloaded, 329 loaded back."""
-    v, truth = _with_and_without(_unique(250, 2048, repeat_every=40), 65536)
+    v, truth = _with_and_without(unique_prompts(250, 2048, repeat_every=40), 65536)
     assert truth < -0.5                   # the tier lengthened the run by 1.2 s
     assert v.says == "costs"
     assert v.loaded_blocks > 0
@@ -77,7 +61,7 @@ def test_verdict_costs_where_stores_are_almost_never_loaded_back() -> None:
 
 @pytest.mark.slow
 def test_verdict_idle_where_nothing_comes_back() -> None:
-    v, truth = _with_and_without(_unique(250, 2048), 65536)
+    v, truth = _with_and_without(unique_prompts(250, 2048), 65536)
     assert v.says == "idle" and v.loaded_blocks == 0 and v.stored_blocks > 10_000
     assert truth < -0.5                   # idle is not free: its stores cost the run time
     assert v.spent_s == pytest.approx(-truth, rel=0.25)

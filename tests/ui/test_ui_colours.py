@@ -37,7 +37,7 @@ class Settings:
 
 
 def _three_tier_session() -> Any:
-    """The busy recording with a disk tier under the host (as tests/test_ui_tiers_states.py makes one)."""
+    """The busy recording with a disk tier under the host (as tests/ui/test_ui_tiers_states.py makes one)."""
     session = session_from_recording()
     model = session.model
     disk = TierState("disk", 1000, 0, 400, 1000, 32, 4718592)

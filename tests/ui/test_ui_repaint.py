@@ -129,7 +129,7 @@ def test_the_private_strip_reuse_is_on_only_where_tested_and_not_switched_off(ve
 def test_with_the_strip_reuse_off_the_public_path_draws_the_same_screen() -> None:
     """The fallback (Textual's public Line API alone) is the path any untested Textual gets: the screen updated
     refresh by refresh must match a fresh one there too, and not a line of the private hook may be installed."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "KVTOP_UI_STRIP_CACHE": "0", "PYTHONPATH": str(repo)}
     probe = subprocess.run(
         [sys.executable, "-c", "from kvtop.ui.panel import Panel\nfrom kvtop.ui.strip_reuse import CACHE_RENDERS\n"
@@ -152,7 +152,7 @@ def test_the_declared_textual_floor_is_the_one_ci_tests_and_the_reuse_starts_at(
     are one number: a floor moved in one place only would claim a range nothing tests."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     deps = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["dependencies"]
     floor = next(re.fullmatch(r"textual>=(\d+)\.(\d+)", d) for d in deps if d.startswith("textual"))
     assert floor is not None

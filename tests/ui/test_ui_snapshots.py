@@ -1,8 +1,8 @@
 """Snapshots of the screen: each theme at 200x60, 120x40, 80x24 and 40x12, on the committed busy recording, time
 frozen: kvtop's colour code (GPU, host and disk one colour each, kvtop/palette.py) in all three themes.
 
-Regenerate after a deliberate change with ``pytest tests/test_ui_snapshots.py --snapshot-update`` and look at
-every SVG in ``tests/__snapshots__/test_ui_snapshots/`` before committing them.
+Regenerate after a deliberate change with ``pytest tests/ui/test_ui_snapshots.py --snapshot-update`` and look at
+every SVG in ``tests/ui/__snapshots__/test_ui_snapshots/`` before committing them.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 from recordings import REPO
-from test_ui_tmux import Pane
+from tmux_pane import Pane
 
 from kvtop.agent import summary_data
 from kvtop.mqtt_wire import topic_for

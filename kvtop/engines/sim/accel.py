@@ -1,7 +1,7 @@
 """Accelerated second copies of block manager calls, for the engine loop's hot paths.
 
 Each function here must leave a ``BlockManager`` exactly as the reference calls it names would (same blocks,
-counters and events); ``tests/test_sim_fast_paths.py`` holds each to its reference.
+counters and events); ``tests/engines/sim/test_sim_fast_paths.py`` holds each to its reference.
 
 - ``add_token_each``: ``BlockManager.add_token`` once per request of an engine step, in turn (reference:
   ``add_token``; test: ``test_add_token_each_is_add_token_per_request_until_the_pool_runs_dry``). One call per step

@@ -25,8 +25,8 @@ that a reader may not expect (each one is reproduced on purpose):
 
 Speed (``kvtop sim --trace`` allocates 1.9M blocks for the synthetic trace; bench/JOURNAL.md, "Simulator speed"). The
 steps are TensorRT-LLM's; how the state is held is chosen for CPython, each choice with its invariant where it is
-defined, and tests/test_block_manager_golden.py holds the result to the unoptimized implementation's, event by
-event:
+defined, and tests/engines/sim/test_block_manager_golden.py holds the result to the unoptimized implementation's, event
+by event:
 - block keys are bytes, a run form for consecutive ids and packed ids otherwise (see "block keys" below), cut once
   per request (``_Sequence.full_keys``); a prompt may come as ``TokenRuns`` and is then never expanded to ints;
 - allocation takes a batch of blocks in one loop with the eviction policy's operations inlined
@@ -945,7 +945,7 @@ class BlockManager:
     def _find_matching(self, root: KVCacheBlock, key: bytes) -> tuple[bool, int, KVCacheBlock | None]:
         """``findMatchingBlock``: (partial, matched tokens, block) for the child of ``root`` matching ``key``.
 
-        (Signature kept as it was: tests/test_tiers.py hooks it in a subclass.)"""
+        (Signature kept as it was: tests/tiers/test_tiers.py hooks it in a subclass.)"""
         if not key or root.children is None:
             return False, 0, None
         block = root.child(key)

@@ -10,7 +10,8 @@ result, a few floats, crosses the pipe.
 
 What the caller sees is the same as computing in process, in every case:
 
-- the result, the same value (tests/test_sim_forked.py holds the command's output with and without the fork);
+- the result, the same value (tests/engines/sim/test_sim_forked.py holds the command's output with and without the
+fork);
 - an exception the function raised, raised again here (its type and message; the child's traceback is lost);
 - a child that ended without a result (killed by a signal, out of memory, a result that does not pickle): the
   function is run again here, and ``on_lost`` is told why (``kvtop sim`` writes it to stderr), so the answer is

@@ -12,7 +12,7 @@ workload changes its digest.
 
 To see which step diverges, run this file as a script with ``--dump CASE`` on both versions and diff the output.
 Recompute the table (only for an intended behaviour change, with the reason in the commit) with
-``python tests/test_block_manager_golden.py``.
+``python tests/engines/sim/test_block_manager_golden.py``.
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def digest(log: list[Any]) -> str:
 
 # Computed with the unoptimized implementation (commit 842a6f7); see the module docstring. Recomputed once when the
 # log began to record the total of evicted blocks instead of its split by tier (the split's counting of offload
-# targets was fixed; tests/test_tiers.py checks it exactly): the new digests were computed on the code before that
+# targets was fixed; tests/tiers/test_tiers.py checks it exactly): the new digests were computed on the code before that
 # fix and after it, and were identical. Recomputed again for issue 12.1: timed priorities that expire in the same
 # millisecond now expire in release order, as TensorRT-LLM's nanosecond release stamps make them (the block id broke
 # the tie before), which changed 32 of the 48 older block-manager digests and engine seed 1: ties are common (one
@@ -310,7 +310,8 @@ def digest(log: list[Any]) -> str:
 # matches wherever no timed priority can tie (test_expiry_ties_are_the_only_difference_from_842a6f7).
 # Engine seed 2 recomputed for the capacity scheduler's beneficialToSkip (capacityScheduler.cpp): a request whose
 # first block not in the reuse tree is one a request scheduled before it is computing waits an iteration and
-# reuses it (tests/test_scheduler.py); the block manager digests are the block manager's alone and did not move.
+# reuses it (tests/engines/sim/test_scheduler.py); the block manager digests are the block manager's alone and did not
+# move.
 GOLDEN: dict[str, str] = {
     "host_larger_than_gpu/1": "9b8fb9e9785eeb3861af1e071212014d",
     "host_larger_than_gpu/2": "0d9ef4c68b41801ac6d39a2b3b195e49",
@@ -376,11 +377,11 @@ GOLDEN: dict[str, str] = {
 # paused and not yet started ones interleaved, at most max_batch_size of them (py_executor.py _fetch_new_requests),
 # so a request that beneficialToSkip passed over keeps its place before later ones (its context gets the token
 # budget first, GUARANTEED_NO_EVICT weighs it before a later chunked context, MAX_UTILIZATION pauses the later
-# ones for it; tests/test_capacity_scheduler_port.py). The slice's block counters did not move; the 300-request
-# replay's reused blocks neither (4,797), its onboards did: 2,106 -> 1,312 (offloads 94,585 -> 93,791). Seeds 2 and 3
-# and the traces again for the micro-batch scheduler's token budget (docs/trtllm-kv.md 9.4: a first chunk is charged
-# its whole prompt, chunks are whole blocks, a context left out is not allocated): the slice's block counters did
-# not move, 2,005 -> 2,009 iterations, at most 119 -> 109 requests in a batch; the 300-request replay 4,797 -> 4,798
+# ones for it; tests/engines/sim/test_capacity_scheduler_port.py). The slice's block counters did not move; the
+# 300-request replay's reused blocks neither (4,797), its onboards did: 2,106 -> 1,312 (offloads 94,585 -> 93,791).
+# Seeds 2 and 3 and the traces again for the micro-batch scheduler's token budget (docs/trtllm-kv.md 9.4: a first chunk
+# is charged its whole prompt, chunks are whole blocks, a context left out is not allocated): the slice's block counters
+# did not move, 2,005 -> 2,009 iterations, at most 119 -> 109 requests in a batch; the 300-request replay 4,797 -> 4,798
 # reused, 1,312 -> 1,797 onboarded, 1,296 -> 1,299 iterations. Seeds 2 and 3 once more when the iteration stats
 # began to count a fetched request as active (numActiveRequests, numNewActiveRequests, numQueuedRequests and the
 # queue latency to the fetch, as py_executor.py _get_init_iter_stats): only those four stats keys moved, in 114
@@ -397,7 +398,7 @@ ENGINE_GOLDEN: dict[int, str] = {
 # pre-optimization block manager (842a6f7's) run in a thread with a 512 MB stack and a recursion limit of 100,000
 # (that one is recursive still). Recomputed for beneficialToSkip (see ENGINE_GOLDEN's note): 3,392 -> 5,712 blocks
 # reused, 2,025 -> 2,017 iterations.
-TRACE_SLICE = Path(__file__).resolve().parent / "data" / "mooncake_slice.jsonl"
+TRACE_SLICE = Path(__file__).resolve().parents[2] / "data" / "mooncake_slice.jsonl"
 TRACE_SLICE_8GB: dict[str, Any] = {
     "host_cache_bytes": 8000000000,
     "primary_blocks": 25054,
@@ -425,7 +426,7 @@ TRACE_SLICE_8GB: dict[str, Any] = {
 # clone). The first 300 requests of the synthetic Mooncake trace at 32 tokens per block, Qwen3-8B on H200 sizing
 # (25,054 GPU blocks) and a 64 GB host cache (13,563 blocks), as the unoptimized replay counted them, recomputed
 # for beneficialToSkip (see GOLDEN): 3,437 -> 4,797 blocks reused, 1,301 -> 1,296 iterations.
-TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[4] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 TRACE_300: dict[str, Any] = {
     "host_cache_bytes": 64000000000,
     "primary_blocks": 25054,
@@ -466,7 +467,7 @@ def test_token_runs_prompts_behave_as_lists(case: str) -> None:
 
 
 def _git_baseline() -> Any:
-    path = Path(__file__).resolve().parent.parent / "bench" / "git_baseline.py"
+    path = Path(__file__).resolve().parents[3] / "bench" / "git_baseline.py"
     if not path.exists():
         pytest.skip("bench/git_baseline.py is not here")
     spec = importlib.util.spec_from_file_location("git_baseline", path)

@@ -225,8 +225,8 @@ def test_max_utilization_delays_a_duplicate_and_reuses(kv_tokens: int) -> None:
 # ------------------------------------------------------------------ what capacitySchedulerTest.cpp does not cover
 # Traced by hand through capacityScheduler.cpp (``MaxUtilizationScheduler::operator()``, ``beneficialToSkip``,
 # ``GuaranteedNoEvictScheduler::impl``) and py_executor.py (``_fetch_new_requests``); the tree kvtop's block manager
-# keeps is TensorRT-LLM's (tests/test_block_manager_golden.py). A = tokens 0-20, B = tokens 0-19 then its own 11,
-# C = tokens 1000-1020: A and B share their first two blocks, C shares nothing.
+# keeps is TensorRT-LLM's (tests/engines/sim/test_block_manager_golden.py). A = tokens 0-20, B = tokens 0-19 then its
+# own 11, C = tokens 1000-1020: A and B share their first two blocks, C shares nothing.
 A_PROMPT, B_PROMPT, C_PROMPT = iota(21), iota(20) + iota(10, 100) + [200], iota(21, 1000)
 
 

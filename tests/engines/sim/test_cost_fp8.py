@@ -32,7 +32,7 @@ from kvtop.engines.sim.cost import CostModel
 from kvtop.engines.sim.llm import KvCacheConfig, SimLLM
 from kvtop.engines.sizing import primary_blocks
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 PROFILE = ROOT / "profiles" / "h200-calibrated-2026-12-01.json"
 
 LLAMA_8B_CONFIG = {

@@ -184,8 +184,8 @@ def test_kvtop_sim_replays_a_trace_under_either_policy() -> None:
     assert (max_util["requests"], max_util["failed"], max_util["paused"]) == (499, 0, 3)
     # simulated time: the cost model's (3,657 / 3,578 before the step's per-layer kernels and the decode KV read
     # rate by size, issue 12 part 2: Qwen3-8B's 36 layers, batches of a few requests); 3,645 -> 3,646 when the
-    # schedulers began to walk the active list in submission order (tests/test_capacity_scheduler_port.py), 3,647
-    # with the micro-batch scheduler's token budget
+    # schedulers began to walk the active list in submission order (tests/engines/sim/test_capacity_scheduler_port.py),
+    # 3,647 with the micro-batch scheduler's token budget
     assert (no_evict["iterations"], max_util["iterations"]) == (3647, 3566)
     assert (no_evict["reused_blocks"], max_util["reused_blocks"]) == (2586, 4599)
 

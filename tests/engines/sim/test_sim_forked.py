@@ -18,7 +18,7 @@ from test_sim_sweep import SLICE, run_kvtop
 
 from kvtop.engines.sim import forked
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="kvtop forks on Linux only")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SLICE = ROOT / "tests" / "data" / "mooncake_slice.jsonl"
 
 

@@ -263,7 +263,7 @@ def test_request_keys_at_512_are_the_tokens_keys(drawn: list[tuple[list[int], in
 def test_hit_replay_is_the_block_manager_replay_on_the_shipped_slice() -> None:
     from kvtop.workload.trace import read_trace
 
-    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    requests = list(read_trace(Path(__file__).parents[2] / "data" / "mooncake_slice.jsonl"))
     # (GPU blocks, host blocks, tokens a block, onboards): the host tier used, a request skipped at 130 and 200 blocks
     for primary, host, tpb, onboarded in ((2000, 30000, 32, 12333), (3000, 3000, 32, 1059), (200, 2000, 512, 783),
                                           (130, 1, 512, 1)):
@@ -302,7 +302,7 @@ def test_in_front_at_largest_on_the_shipped_slice() -> None:
     from kvtop.engines.sim.sweep import replay_accel
     from kvtop.workload.trace import read_trace
 
-    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    requests = list(read_trace(Path(__file__).parents[2] / "data" / "mooncake_slice.jsonl"))
     run = replay_accel.replay(requests, 200, 2000, 512, record_onboards=True)
     in_front = stack_distance.in_front_at_largest(run.onboards)
     assert in_front == _in_front_by_definition(run.onboards)
@@ -327,7 +327,7 @@ def test_one_pass_python_counts_on_the_shipped_slice() -> None:
     from kvtop.engines.sim.sweep import replay_accel
     from kvtop.workload.trace import read_trace
 
-    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    requests = list(read_trace(Path(__file__).parents[2] / "data" / "mooncake_slice.jsonl"))
     sizes = [0, 500, 1000, 2000, 4000, 8000, 16000, 29999, 30000]
     run = replay_accel.replay(requests, 2000, 30000, 32, record_onboards=True)
     in_front = stack_distance.in_front_at_largest(run.onboards)
@@ -354,7 +354,7 @@ def test_one_pass_numpy_counts_on_the_shipped_slice() -> None:
     from kvtop.stack_distance import in_front_at_largest as _in_front_at_largest
     from kvtop.workload.trace import read_trace
 
-    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    requests = list(read_trace(Path(__file__).parents[2] / "data" / "mooncake_slice.jsonl"))
     sizes = [0, 500, 1000, 2000, 4000, 8000, 16000, 30000]
     for gpu in (2000, 6000):
         fast = host_curve(requests, gpu, sizes, 32, vectorized=True)
@@ -497,7 +497,7 @@ def test_belady_gives_the_reference_hits_on_the_shipped_slice() -> None:
     from kvtop.engines.sim.sweep.belady import belady_plan
     from kvtop.workload.trace import read_trace
 
-    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    requests = list(read_trace(Path(__file__).parents[2] / "data" / "mooncake_slice.jsonl"))
     plan = belady_plan(requests, 32)
     hits = [belady_hits(plan, c) for c in (100, 2000, 6000, 20000)]
     assert hits == [_referencebelady_hits(plan, c) for c in (100, 2000, 6000, 20000)]
@@ -624,7 +624,7 @@ def test_belady_one_pass_on_the_shipped_slice() -> None:
     from kvtop.engines.sim.sweep.belady import belady_plan
     from kvtop.workload.trace import read_trace
 
-    requests = list(read_trace(Path(__file__).parent / "data" / "mooncake_slice.jsonl"))
+    requests = list(read_trace(Path(__file__).parents[2] / "data" / "mooncake_slice.jsonl"))
     plan = belady_plan(requests, 512)
     total = sum(plan.weights)
     capacities = [60 + 7 * k for k in range(16)] + [400, 1000]

@@ -20,9 +20,9 @@ fastest, one module each:
   it in the same prompt (reuse stops at the first miss), is below H, the older onboards counted for that H. What it
   assumes: the GPU tier evolves as in the largest size's replay whatever H is (an onboarded block and a recomputed
   one both end up on the GPU; their eviction order can differ). The largest size is exact (it is the replay);
-  tests/test_sim_sweep.py holds the others within 1 point of full replays. The replay is ``replay_accel.replay``,
-  the accelerator of the block manager's replay for this use (the same counters and onboards, exactly; its
-  docstring names its reference, its test and its measurement).
+  tests/engines/sim/test_sim_sweep.py holds the others within 1 point of full replays. The replay is
+  ``replay_accel.replay``, the accelerator of the block manager's replay for this use (the same counters and onboards,
+  exactly; its docstring names its reference, its test and its measurement).
 - ``belady_curve`` (belady.py, ``--belady``): the offline optimum for a cache of GPU + host blocks (Belady's MIN
   over the trace's prefix tree: on a miss with the cache full, evict the cached leaf whose next use is farthest,
   and do not insert a block used later than every candidate), the bound that says how far TensorRT-LLM's

@@ -73,9 +73,9 @@ def belady_curve(requests: Sequence[TraceRequest], capacities: Sequence[int], to
 
     ``method``: ``"levels"``, every capacity from one pass of ``_min_levels`` (where every trace block takes one
     unit of room: ``tokens_per_block`` >= 512, or ``as_peer``); ``"flat"``, one ``_min_hits`` pass per capacity
-    over the flat references (any room). None: levels where they apply, else flat. tests/test_sim_sweep_fast.py
-    holds both to the same hits as MIN over the prefix tree, one pass per capacity (its oracle,
-    tests/oracles/belady_tree.py)."""
+    over the flat references (any room). None: levels where they apply, else flat.
+    tests/engines/sim/test_sim_sweep_fast.py holds both to the same hits as MIN over the prefix tree, one pass per
+    capacity (its oracle, tests/oracles/belady_tree.py)."""
     unit_room = as_peer or tokens_per_block >= TRACE_BLOCK_TOKENS
     if method is None:
         method = "levels" if unit_room else "flat"

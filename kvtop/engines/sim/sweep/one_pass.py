@@ -20,7 +20,7 @@ def host_curve(requests: Sequence[TraceRequest], primary_blocks: int, host_sizes
     """Hit rates for every host size (in blocks) from one replay at the largest (see the package docstring).
 
     ``vectorized``: count the sizes with numpy (None: when the replay onboarded more than ``NUMPY_FROM_ONBOARDS``
-    blocks, where it pays for numpy's import); both ways give the same counts (tests/test_sim_sweep.py)."""
+    blocks, where it pays for numpy's import); both ways give the same counts (tests/engines/sim/test_sim_sweep.py)."""
     sizes = sorted(set(int(h) for h in host_sizes))
     if not sizes or sizes[0] < 0:
         raise ValueError("host_sizes: expected block counts >= 0")

@@ -35,7 +35,7 @@ def replay_trace(bm: BlockManager, requests: Sequence[TraceRequest], after_add: 
         store(rid)
         # add_token per generated token but the last, in one call. The engine generates hash((digest, position))
         # ids (core.generated_token); here every request generates the run GENERATED_TOKEN_BASE, +1, +2, ...
-        # instead, and the block manager does exactly the same (tests/test_sim_sweep_fast.py holds it to the
+        # instead, and the block manager does exactly the same (tests/engines/sim/test_sim_sweep_fast.py holds it to the
         # engine's ids, per request): a generated id is never a prompt id, so a key holding one equals another key
         # only under the same parent block, where both requests' tokens so far are equal, so their prompts are
         # equal (a prompt id and a generated id never stand at the same place), and so are the engine's generated

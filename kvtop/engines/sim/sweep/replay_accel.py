@@ -3,7 +3,8 @@ onboarded and reused, request by request, with only what a hit-rate sweep reads 
 
 - Reference: ``sweep.replay_trace`` over TensorRT-LLM's block manager (``block_manager.BlockManager``, the ground
   truth), each onboard noted as tests/oracles/block_manager_replay.py's ``DistanceRecorder`` notes it.
-- The test that holds them equal: tests/test_sim_sweep_fast.py, ``test_hit_replay_is_the_block_manager_replay``
+- The test that holds them equal: tests/engines/sim/test_sim_sweep_fast.py,
+``test_hit_replay_is_the_block_manager_replay``
   (hypothesis, randomized traces: tiny pools, host tiers of 0 to 3 blocks, repeated prompts, partial blocks, prompts
   longer than their hash ids, the batches on and off at every block size) and
   ``test_hit_replay_is_the_block_manager_replay_on_the_shipped_slice``: counters, each onboard's (distance, offload
