@@ -38,6 +38,28 @@ def session_from_recording(path: str | os.PathLike[str] = BUSY_RECORDING, *, upt
     return session
 
 
+def three_tier_session() -> Session:
+    """The busy recording with a disk tier under the host: a model whose ``tiers`` lists GPU, host and a disk of
+    1,000 blocks (400 cached), everything else the recording's own."""
+    from kvtop.tiers import TierState
+
+    session = session_from_recording()
+    model = session.model
+    disk = TierState("disk", 1000, 0, 400, 1000, 32, 4718592)
+
+    class ThreeTiers:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(model, name)
+
+        @property
+        def tiers(self) -> list[TierState]:
+            return [model.gpu, model.host, disk]
+
+    session.model = ThreeTiers()  # type: ignore[assignment]
+    session.models = {}
+    return session
+
+
 # The fleet fixture: three sources from the busy recording, each a different stretch of it (the whole 8 s, the
 # first 5 s, the first 3 s) moved in time so that all three end together, as live engines would.
 FLEET_SOURCES = ((SourceId(host="node-a", rank=0, run="chat"), None),
@@ -87,4 +109,4 @@ def dashboard_screen(session: Any, size: tuple[int, int] = (120, 40)) -> str:
 
 
 __all__ = ["BUSY_RECORDING", "FLEET_SOURCES", "FROZEN_NOW", "FROZEN_STARTED_AT", "REPO", "dashboard_screen",
-           "fleet_session", "session_from_recording"]
+           "fleet_session", "session_from_recording", "three_tier_session"]

@@ -14,10 +14,9 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from recordings import session_from_recording
+from recordings import three_tier_session
 
 from kvtop.palette import PALETTES, TIERS
-from kvtop.tiers import TierState
 from kvtop.ui.app import build_app
 from kvtop.ui.panel import Panel
 
@@ -36,23 +35,6 @@ class Settings:
         self.theme = theme
 
 
-def _three_tier_session() -> Any:
-    """The busy recording with a disk tier under the host (as tests/ui/test_ui_tiers_states.py makes one)."""
-    session = session_from_recording()
-    model = session.model
-    disk = TierState("disk", 1000, 0, 400, 1000, 32, 4718592)
-
-    class ThreeTiers:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(model, name)
-
-        @property
-        def tiers(self) -> list[TierState]:
-            return [model.gpu, model.host, disk]
-
-    session.model = ThreeTiers()  # type: ignore[assignment]
-    session.models = {}
-    return session
 
 
 def _rows(panel: Panel) -> list[list[tuple[str, str | None]]]:
@@ -130,7 +112,7 @@ def _spread(hues: list[float]) -> float:
 @pytest.mark.parametrize("size", [(120, 40), (200, 60)])
 @pytest.mark.parametrize("theme", THEMES)
 async def test_each_tier_keeps_one_colour_in_every_panel(theme: str, size: tuple[int, int]) -> None:
-    app = build_app(_three_tier_session(), Settings(theme), run_session=False)
+    app = build_app(three_tier_session(), Settings(theme), run_session=False)
     async with app.run_test(size=size) as pilot:
         await pilot.pause()
         app.refresh_view()

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from recordings import FROZEN_NOW, session_from_recording
+from recordings import FROZEN_NOW, session_from_recording, three_tier_session
 
 from kvtop.occupancy import cells, occupancy
 from kvtop.records import make
@@ -110,20 +110,7 @@ async def test_at_80x24_the_host_headline_is_its_cached_share() -> None:
 
 async def test_a_third_tier_gets_its_own_panel() -> None:
     """A model whose ``tiers`` lists GPU, host and disk: three bars, the disk one under the host one."""
-    session = session_from_recording()
-    model = session.model
-    disk = TierState("disk", 1000, 0, 400, 1000, 32, 4718592)
-
-    class ThreeTiers:
-        def __getattr__(self, name: str) -> Any:
-            return getattr(model, name)
-
-        @property
-        def tiers(self) -> list[TierState]:
-            return [model.gpu, model.host, disk]
-
-    session.model = ThreeTiers()  # type: ignore[assignment]
-    session.models = {}
+    session = three_tier_session()
     app = build_app(session, Settings(), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
