@@ -38,6 +38,19 @@ def session_from_recording(path: str | os.PathLike[str] = BUSY_RECORDING, *, upt
     return session
 
 
+class Messages:
+    """A message hook (``app.run_test(message_hook=...)``) that keeps what the app posted, by type."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def __call__(self, message: Any) -> None:
+        self.seen.append(message)
+
+    def of(self, kind: type) -> list[Any]:
+        return [m for m in self.seen if isinstance(m, kind)]
+
+
 def three_tier_session() -> Session:
     """The busy recording with a disk tier under the host: a model whose ``tiers`` lists GPU, host and a disk of
     1,000 blocks (400 cached), everything else the recording's own."""
@@ -108,5 +121,5 @@ def dashboard_screen(session: Any, size: tuple[int, int] = (120, 40)) -> str:
     return asyncio.run(show())
 
 
-__all__ = ["BUSY_RECORDING", "FLEET_SOURCES", "FROZEN_NOW", "FROZEN_STARTED_AT", "REPO", "dashboard_screen",
+__all__ = ["BUSY_RECORDING", "FLEET_SOURCES", "Messages", "FROZEN_NOW", "FROZEN_STARTED_AT", "REPO", "dashboard_screen",
            "fleet_session", "session_from_recording", "three_tier_session"]

@@ -6,10 +6,9 @@ import asyncio
 from typing import Any
 
 import pytest
-from recordings import BUSY_RECORDING, FROZEN_NOW, fleet_session, session_from_recording
+from recordings import BUSY_RECORDING, FROZEN_NOW, Messages, fleet_session, session_from_recording
 from replay_demo import build_replay_session
 from textual.command import CommandPalette
-from textual.message import Message
 
 from kvtop.records import SourceId, make, read_jsonl
 from kvtop.session import Session
@@ -30,19 +29,6 @@ class Settings:
     refresh = 0.25
     theme = "dark"
     duration = None
-
-
-class Messages:
-    """A message hook that keeps what the app posted, by type."""
-
-    def __init__(self) -> None:
-        self.seen: list[Message] = []
-
-    def __call__(self, message: Message) -> None:
-        self.seen.append(message)
-
-    def of(self, kind: type[Message]) -> list[Any]:
-        return [m for m in self.seen if isinstance(m, kind)]
 
 
 def _records() -> list[Any]:

@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 import pytest
-from textual.message import Message
+from recordings import Messages
 
 from kvtop.records import SourceId, make
 from kvtop.session import Session
@@ -27,17 +27,6 @@ class Settings:
     refresh = 0.25
     theme = "dark"
     duration = None
-
-
-class Messages:
-    def __init__(self) -> None:
-        self.seen: list[Message] = []
-
-    def __call__(self, message: Message) -> None:
-        self.seen.append(message)
-
-    def of(self, kind: type[Message]) -> list[Any]:
-        return [m for m in self.seen if isinstance(m, kind)]
 
 
 def _stats(it: int, free: int, reused: int, missed: int) -> dict[str, Any]:
