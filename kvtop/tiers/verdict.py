@@ -212,7 +212,8 @@ class TierVerdict:
         """The verdict in one line of words (the dashboard's, the headless text's)."""
         name = f"{self.tier} tier"
         if self.says == "none":
-            return f"no {name}"
+            return f"no {name}" + ("" if self.basis == f"no {self.tier} pool" else " seen (its size unknown, nothing "
+                                                                                     "stored)")
         if self.says == "idle":
             return f"{name}: idle, {self.stored_blocks:,} blocks stored, none loaded back"
         if self.says == "unknown":
@@ -230,7 +231,7 @@ class TierVerdict:
     def short_text(self) -> str:
         """The same in ~45 characters, for a narrow screen."""
         if self.says == "none":
-            return f"no {self.tier} tier"
+            return f"no {self.tier} tier" + ("" if self.basis == f"no {self.tier} pool" else " seen")
         if self.says == "idle":
             return f"{self.tier}: idle, {self.stored_blocks:,} stored, 0 loaded"
         if self.says == "unknown":
@@ -304,6 +305,11 @@ def decide(tier: str, capacity_blocks: int | None, loaded: int, stored: int, evi
                                "hit_requests": evidence.requests if evidence is not None else 0}
     if not capacity_blocks and not loaded and not stored:
         return TierVerdict(tier, "none", None, None, None, f"no {tier} pool", **common)
+    if capacity_blocks == -1 and not loaded and not stored:
+        # A pool of unknown size that has stored nothing (a vLLM stream without CPU events or /metrics): nothing
+        # says there is one. "idle" (it stores, nothing comes back) read as if there were.
+        return TierVerdict(tier, "none", None, None, None, f"no {tier} pool seen (its size unknown, nothing stored)",
+                           **common)
     fit = fit or {}
     tpb = tokens_per_block or (cost.tokens_per_block if cost is not None else None)
     prefill, prefill_measured = _price(fit["prefill_token"] * tpb if "prefill_token" in fit and tpb else None,

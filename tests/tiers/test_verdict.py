@@ -218,3 +218,18 @@ def test_hostile_meta_never_breaks_the_fold(tmp_path: Path) -> None:
             assert v.says in ("pays", "costs")     # a bad tp is read as 1, as the engine's default
         else:
             assert v.says == "unknown" and v.basis.startswith("not priced: ")
+
+
+def test_a_host_pool_of_unknown_size_that_stored_nothing_is_none_seen_not_idle() -> None:
+    """A vLLM stream without CPU events or /metrics: nothing says there is a host pool. The verdict read "host
+    tier: idle, 0 blocks stored, none loaded back (estimated)", as if there were one; "idle" is a tier that stores
+    and gets nothing back. With something stored it is idle as before."""
+    from kvtop.tiers.verdict import decide
+
+    unseen = decide("host", -1, 0, 0, None, 0, None, 0, None, None, 16)
+    assert (unseen.says, unseen.text(), unseen.short_text()) == (
+        "none", "no host tier seen (its size unknown, nothing stored)", "no host tier seen")
+    none = decide("host", 0, 0, 0, None, 0, None, 0, None, None, 16)
+    assert (none.says, none.text()) == ("none", "no host tier")
+    stored = decide("host", -1, 0, 12, None, 0, None, 0, None, None, 16)
+    assert (stored.says, stored.text()) == ("idle", "host tier: idle, 12 blocks stored, none loaded back")
