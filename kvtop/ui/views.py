@@ -143,10 +143,12 @@ def tier_data(st: TierState, cold: TierState | None, history: tuple[float | None
     if label != "GPU" and cold is not None and cold.capacity_blocks is not None:
         note = (f"host+disk together: {fmt.count(cold.in_use_blocks or 0)} of "
                 f"{fmt.count(cold.capacity_blocks)} blocks in use (TensorRT-LLM's V2 stats do not split them)")
+    elif st.capacity_blocks is None and (label != "GPU" or st.cached_blocks is not None):
+        # the pool's size is what is missing, not the events (a vLLM stream without /metrics: its GPU panel said
+        # "no KV events" over the 20,000 blocks the events had announced)
+        note = f"{label} pool size unknown (no created event, meta or /metrics yet)"
     elif label != "GPU":
-        if st.capacity_blocks is None:
-            note = f"{label} pool size unknown (no created event or meta yet)"
-        elif st.capacity_blocks and st.cached_blocks is None:
+        if st.capacity_blocks and st.cached_blocks is None:
             note = f"no KV events: {label} occupancy unknown (enable event_buffer_max_size)"
     return TierData(label, medium, st, note, history)
 

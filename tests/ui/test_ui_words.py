@@ -97,3 +97,25 @@ def test_the_header_separates_its_parts_and_no_none_reaches_the_screen() -> None
                 assert re.search(r"data \d\d:\d\d:\d\d │ up \d+:\d\d:\d\d", text), size
             else:
                 assert re.search(r"Qwen3-8B │ up \d+:\d\d:\d\d │", text), size
+
+
+async def test_a_stream_without_metrics_says_the_pool_size_is_missing_not_the_events() -> None:
+    """`kvtop attach zmq://` on a vLLM stream and no /metrics (seen in tmux at 120x40): the GPU panel said "no KV
+    events: cached vs empty unknown" over the blocks the events had announced, and the host panel said its note
+    twice. The pool's size is what is missing; each note once."""
+    from kv_publisher import batch, stored
+
+    from kvtop.records import make
+
+    session = Session(source=batch(0, []).source)
+    session.emit(make("meta", {"engine": "vllm", "attach": "zmq"}, session.source, 100.0))
+    for i in range(5):
+        session.emit(batch(i, [stored(list(range(i * 40, i * 40 + 40)), tokens=16)], t=100.0 + i))
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        gpu, host = app.screen.query_one("#tier-gpu").text(), app.screen.query_one("#tier-host").text()
+    assert "no KV events" not in gpu
+    assert gpu.count("GPU pool size unknown (no created event, meta or /metrics yet)") == 1
+    assert host.count("host pool size unknown (no created event, meta or /metrics yet)") == 1
+    assert "reuse tree 200 blocks" in gpu

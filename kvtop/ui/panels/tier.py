@@ -230,8 +230,10 @@ class TierPanel(Panel[TierData]):
                           (f" {fmt.pct(free / cap if cap and free is not None else None, digits=0)}"
                            if width >= 60 else "", S_DIM)]
             lines.append(line_of(*parts))
+        noted = False   # the note said once: here, or as the hint below
         if o.cached_idle is None and height > len(lines):
             why = d.note or "no KV events: cached vs empty unknown"
+            noted = d.note is not None
             lines.append(styled(why, S_WARN))
         if height >= 8 and len(lines) < height - 1:
             tree = st.cached_blocks
@@ -242,8 +244,9 @@ class TierPanel(Panel[TierData]):
                                      *([(f" · idle {fmt.count(idle)}-{fmt.count(idle + o.slack)}", S_DIM)]
                                        if o.slack else [])))
         if len(lines) < height:
-            hint = d.note or (self.GPU_HINT if d.label == "GPU" else self.HOST_HINT)
-            lines.append(styled(hint, S_WARN if d.note else S_DIM))
+            note = None if noted else d.note
+            hint = note or (self.GPU_HINT if d.label == "GPU" else self.HOST_HINT)
+            lines.append(styled(hint, S_WARN if note else S_DIM))
         if d.history and len(lines) < height - 1:
             # 200x60: the headline share over time, one cell a step, on a fixed 0-100% scale, as tall as the
             # panel's rows left (six at 200x60, two with a disk tier), the label and span on its bottom row.
