@@ -62,6 +62,7 @@ from kvtop.ui.panels.requests import RequestData, RequestPanel
 from kvtop.ui.panels.requests_table import RequestsData, RequestsTable
 from kvtop.ui.panels.sources import SourcesPanel
 from kvtop.ui.panels.tier import TierPanel, tier_label
+from kvtop.ui.state import Kept
 from kvtop.ui.table import TableState, arrange, cursor_index
 from kvtop.ui.themes import (
     DEFAULT_THEME,
@@ -73,8 +74,6 @@ from kvtop.ui.themes import (
     tier_variables,
 )
 from kvtop.ui.views import (
-    BySource,
-    Series,
     changed,
     fleet_data,
     fold_statuses,
@@ -137,29 +136,6 @@ class ScreenSettings(Protocol):
     def theme(self) -> str: ...                # a theme's name or a .toml path
     @property
     def duration(self) -> float | None: ...    # s, then the session is stopped
-
-
-class Kept:
-    """What the view-model (kvtop/ui/views.py) made, kept between refreshes with the key it was made for: the
-    sparklines' series once a history step, the verdict line and the TTFT-by-prefix rows once a second of data
-    time, the size advice's curve once CURVE_EVERY_S of model time (its optimum once OPTIMUM_EVERY_S of wall time),
-    each tier's sparkline points once a history step. A replay that sought back starts a new one."""
-
-    __slots__ = ("hist_key", "series", "whatif_key", "whatif", "optimum_at", "verdict_key", "verdict_lines",
-                 "by_source_key", "by_source", "tier_hist", "tier_hist_step")
-
-    def __init__(self) -> None:
-        self.hist_key: tuple[int, int | None] | None = None
-        self.series: Series = ((), ())
-        self.whatif_key: tuple[Any, ...] | None = None
-        self.whatif: WhatIfData | None = None
-        self.optimum_at: float | None = None  # time.monotonic() of the last read of the size advice's optimum
-        self.verdict_key: tuple[Any, ...] | None = None
-        self.verdict_lines: tuple[VerdictLine, ...] = ()
-        self.by_source_key: tuple[Any, ...] | None = None
-        self.by_source: BySource = ()
-        self.tier_hist: dict[tuple[int, str], deque[float | None]] = {}
-        self.tier_hist_step: dict[tuple[int, str], int] = {}
 
 
 class FilterInput(Input):
