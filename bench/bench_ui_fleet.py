@@ -49,7 +49,10 @@ async def measure(sources: int, refreshes: int) -> dict[str, Any]:
         await pilot.pause()
         t = records[-1].time
         for mode, fleet_s in (("selected_row_ms", 1e9), ("full_table_ms", 0.0)):
-            app.fleet_refresh_s = fleet_s
+            if hasattr(app, "fleet"):   # kvtop/ui/state.py FleetView; a tree before it had the app's own attribute
+                app.fleet.refresh_s = fleet_s
+            else:
+                app.fleet_refresh_s = fleet_s
             costs = []
             for i in range(refreshes):
                 t += 0.25

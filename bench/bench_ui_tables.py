@@ -51,7 +51,7 @@ async def measure(sources: int, refreshes: int) -> dict[str, Any]:
         for i in range(sources):
             session.emit(summary(i, rnd))
     app = build_app(session, Settings(), run_session=False)
-    app.fleet_refresh_s = 1e9   # between full reads: only the shown source's row is read again
+    app.fleet.refresh_s = 1e9   # between full reads: only the shown source's row is read again
     out: dict[str, Any] = {"sources": sources, "refreshes": refreshes}
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()

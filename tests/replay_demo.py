@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     refreshes: list[tuple[float, float | None, float, float, float]] = []
     if args.bench_out:
         # Per refresh: when, the model time shown, its cost, this process's CPU so far, the replay's CPU so far.
-        app.on_refreshed = lambda t, data_t, cost: refreshes.append(
+        app.timing.on_refreshed = lambda t, data_t, cost: refreshes.append(
             (t, data_t, cost, time.process_time(), replay.cpu_s))
     app.run()
     if args.bench_out:

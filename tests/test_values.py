@@ -22,7 +22,7 @@ MODULES = ("kvtop.tiers.state", "kvtop.tiers.snapshot", "kvtop.tiers.verdict", "
            "kvtop.ui.panels.requests", "kvtop.ui.panels.memory", "kvtop.ui.panels.events",
            "kvtop.occupancy", "kvtop.session", "kvtop.settings", "kvtop.problems", "kvtop.runner",
            "kvtop.engines.sizing", "kvtop.engines.sim.sweep.replay_accel", "kvtop.engines.sim.sweep.belady",
-           "kvtop.ui.table", "kvtop.palette")
+           "kvtop.ui.table", "kvtop.ui.state", "kvtop.palette")
 
 
 def _frozen_classes() -> list[type]:
@@ -63,12 +63,12 @@ def test_the_classes_are_found() -> None:
     names = {c.__name__ for c in CLASSES}
     # @frozen: state 11, widgets 13 (the replay's badge), snapshot, fleet, occupancy, session, verdict, palette 1
     # each; @mutable: Settings, Problem, EngineChoice, LogLine, TableState; engines: @frozen GpuPool, @mutable
-    # ReplayResult and sweep.belady.Plan
-    assert len(CLASSES) == 38
+    # ReplayResult and sweep.belady.Plan; the app's state (kvtop/ui/state.py): @frozen Layout, 8 @mutable
+    assert len(CLASSES) == 47
     assert {"TierState", "Quality", "Requests", "TierSnapshot", "SessionView", "HeaderData", "FleetRow", "Settings",
             "Problem", "LogLine", "EngineChoice", "GpuPool", "ReplayResult", "Plan", "TierVerdict",
-            "VerdictLine", "ReplayBadge", "TierColours"} <= names
-    assert sum(not c.__dataclass_params__.frozen for c in CLASSES) == 7
+            "VerdictLine", "ReplayBadge", "TierColours", "Timing", "FleetView", "Layout"} <= names
+    assert sum(not c.__dataclass_params__.frozen for c in CLASSES) == 15
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)

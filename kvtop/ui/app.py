@@ -15,9 +15,11 @@ What the screen reads, by type and nothing else:
 With 2+ sources that have data, a sources table (kvtop.fleet: one row each and the aggregate) takes the
 per-priority and memory panels' place.
 
-The app keeps the bindings, actions, timers, message handlers and what is cached between refreshes; what each panel
-is shown is made by kvtop/ui/views.py (pure: snapshot -> the panel's typed data), and drawn by the panel's own module
-in kvtop/ui/panels/ (on the line model of kvtop/ui/panel.py).
+The app keeps the bindings, actions, timers and message handlers; what it keeps between refreshes is in small typed
+state objects, one idea each (kvtop/ui/state.py: ``timing``, ``shown``, ``fleet``, ``req_view``, ``layout``,
+``themes``, ``remembered``, and its own ``_kept`` and ``_told``); what each panel is shown is made by
+kvtop/ui/views.py (pure: snapshot -> the panel's typed data), and drawn by the panel's own module in
+kvtop/ui/panels/ (on the line model of kvtop/ui/panel.py).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from kvtop.ui.panels.requests import RequestData, RequestPanel
 from kvtop.ui.panels.requests_table import RequestsData, RequestsTable
 from kvtop.ui.panels.sources import SourcesPanel
 from kvtop.ui.panels.tier import TierPanel, tier_label
-from kvtop.ui.state import Kept
+from kvtop.ui.state import FleetView, Kept, Layout, Remembered, RequestsView, Shown, Themes, Timing, Told
 from kvtop.ui.table import TableState, arrange, cursor_index
 from kvtop.ui.themes import (
     DEFAULT_THEME,
@@ -221,8 +223,6 @@ class DashboardScreen(Screen[None]):
 class KvtopApp(App[int]):
     """kvtop's dashboard. Build it with :func:`build_app`."""
 
-    _startup_variables: dict[str, str] | None = None  # the theme's CSS variables as __init__ gave the stylesheet
-
     CSS_PATH = "kvtop.tcss"
     TITLE = "kvtop"
     ENABLE_COMMAND_PALETTE = True
@@ -326,82 +326,48 @@ class KvtopApp(App[int]):
         self.session: DashboardSession = for_dashboard(session)
         self.settings = settings
         self.run_session = run_session
-        self.refresh_s = float(settings.refresh if settings is not None and settings.refresh else DEFAULT_REFRESH_S)
-        self.duration_s = None if settings is None else settings.duration
-        self.theme_names: list[str] = []
-        self._theme_errors: list[str] = []
-        self._theme_paths: dict[str, str] = {}   # a theme loaded from a file: its name -> the path given
-        self._theme_seen: str | None = None
-        # The settings file the theme and layout choices are remembered in (kvtop.settings.remember_choices);
-        # None (a test's or an embedder's settings): nothing is remembered.
-        self.config_file = config_file
-        self.remember_problem: str | None = None   # why the last choice could not be remembered, None: it was
+        self.timing = Timing(
+            float(settings.refresh if settings is not None and settings.refresh else DEFAULT_REFRESH_S),
+            None if settings is None else settings.duration)
+        # config_file: the settings file the theme and layout choices are remembered in
+        # (kvtop.settings.remember_choices); None (a test's or an embedder's settings): nothing is remembered.
+        self.remembered = Remembered(config_file)
+        self.themes = Themes()
         self._register_themes(settings.theme if settings is not None and settings.theme else DEFAULT_THEME)
-        self.source_index = 0
-        self.refreshes = 0              # refreshes that read the model (not paused)
-        self.last_refresh_cost_s = 0.0  # wall time of the last refresh_view, for the bench
-        self.shown_data_time: float | None = None  # the model time of the figures on screen now
-        # Called after each refresh with (monotonic time, model time shown, refresh cost in s): the bench's probe.
-        self.on_refreshed: Callable[[float, float | None, float], None] | None = None
+        self.shown = Shown()
+        self._kept = Kept()   # what views.py made, kept between refreshes until its key moves
+        self._told = Told()
+        self.fleet = FleetView(FLEET_REFRESH_S)
+        self.req_view = RequestsView()
+        self.layout = Layout(SPARK_POINTS)
         self._session_worker: Worker[None] | None = None
         self._dashboard: DashboardScreen | None = None
-        self._view: SessionView | None = None    # the session as the last refresh read it
-        self._log_last: LogEntry | None = None
-        # The newest texts of the session's log (at most SAID_KEPT): a status change the session said itself
-        # ("agent-a/0/x: online", through Session.on_source_status) is not said again by _watch_model.
-        self._session_said: dict[str, None] = {}
-        self._seen: dict[str, Any] = {}
-        self._last_records = -1
-        self._last_change_at: float | None = None
         self._panels: dict[str, Any] = {}
-        self._shown: TierSnapshot | None = None  # the snapshot the panels show
-        self._kept = Kept()   # what views.py made, kept between refreshes until its key moves
-        self._force = True
-        self._with_data: dict[str, TierModel] = {}  # sources seen with data: data once there never goes
-        self.fleet_refresh_s = FLEET_REFRESH_S
-        self._fleet_rows: dict[str, tuple[TierSnapshot, str | None, FleetRow]] = {}  # key -> (snapshot, status, row)
-        self._fleet_key: tuple[Any, ...] | None = None
-        self._fleet_at = float("-inf")
-        self._fleet_shown = False
-        self.sources_table = TableState()   # the sources table's sort, filter and cursor (kvtop/ui/table.py)
-        self._fleet_all: list[FleetRow] = []        # every source's row, in the session's order
-        self._fleet_arranged: list[FleetRow] = []   # ...as the table shows them: filtered, sorted
-        self._fleet_selected = 0                    # the index in _fleet_all of the source the big panels show
-        self.requests_view = False                  # R: the requests view in the panels' place
-        self.requests_table = TableState()
-        self._req_seen: tuple[Any, Any] = ((), ())  # the snapshot's (running, recent) the rows were made from
-        self._req_all: list[Any] = []               # in flight, then finished newest first
-        self._req_arranged: list[Any] = []
-        self._finished: str | None = None        # why the session ended, once it has (finished_reason)
-        self.spark_points = SPARK_POINTS
-        self.xl = False
-        self._paused_at: float | None = None     # the model time the frozen figures show
-        self._refresh_timer: Any = None
-        self._replay_generation = 0              # the replay's fold restarts seen (ReplayPlayer.generation)
+        self._view: SessionView | None = None    # the session as the last refresh read it
 
     # ------------------------------------------------------------------------------------------ themes
 
     def _register_themes(self, wanted: str) -> None:
         themes, errors = load_themes()
-        self._theme_errors = errors
+        self.themes.errors = errors
         for theme in themes:
             self.register_theme(theme)
-        self.theme_names = [t.name for t in themes]
+        self.themes.names = [t.name for t in themes]
         name = wanted
         if wanted.endswith(".toml") or "/" in wanted:
             try:
                 theme = load_theme(Path(wanted).expanduser())
             except ThemeError as exc:
-                self._theme_errors.append(str(exc))
+                self.themes.errors.append(str(exc))
                 name = DEFAULT_THEME
             else:
                 self.register_theme(theme)
-                if theme.name not in self.theme_names:
-                    self.theme_names.append(theme.name)
+                if theme.name not in self.themes.names:
+                    self.themes.names.append(theme.name)
                 name = theme.name
-                self._theme_paths[name] = wanted
+                self.themes.paths[name] = wanted
         if name not in self.available_themes:
-            self._theme_errors.append(f"theme {wanted!r} not found (have {', '.join(self.theme_names)})")
+            self.themes.errors.append(f"theme {wanted!r} not found (have {', '.join(self.themes.names)})")
             name = DEFAULT_THEME if DEFAULT_THEME in self.available_themes else "textual-dark"
         self.theme = name
         # The theme's variables go into the stylesheet now, while it holds no rules, so that the rules read them
@@ -409,11 +375,11 @@ class KvtopApp(App[int]):
         # kvtop.tcss and App's CSS into a fresh stylesheet whose parse cache is then dropped, so that the screen's
         # registration parsed kvtop.tcss once more (51M instructions, ~4% of replay's first screen, for rules
         # the same as those the first parse makes): refresh_css skips it (below).
-        self._startup_variables = self.get_css_variables()
-        self.stylesheet.set_variables(self._startup_variables)
+        self.themes.startup_variables = self.get_css_variables()
+        self.stylesheet.set_variables(self.themes.startup_variables)
 
     def refresh_css(self, animate: bool = True) -> None:
-        startup, self._startup_variables = self._startup_variables, None
+        startup, self.themes.startup_variables = self.themes.startup_variables, None
         if startup is not None and not self.screen_stack and startup == self.get_css_variables():
             return  # the start's: the stylesheet has these variables and no screen has been styled yet
         super().refresh_css(animate)
@@ -451,23 +417,23 @@ class KvtopApp(App[int]):
         self._dashboard = screen
         view = self._view = self.session.view()
         self._feed_log(view)  # the session's earlier lines first, so the log reads in time order
-        for err in self._theme_errors:
+        for err in self.themes.errors:
             self.note("warn", err)
         self._restore_choices()
-        self._theme_seen = self.theme
+        self.themes.seen = self.theme
         with contextlib.suppress(AttributeError):   # t's theme, or one picked in the palette, is remembered
             self.theme_changed_signal.subscribe(self, self._theme_changed)
         meta = view.meta
         what = " ".join(str(x) for x in (meta.get("engine"), meta.get("model")) if x)
-        self.note("info", f"kvtop dashboard{' on ' + what if what else ''}: refresh {self.refresh_s:g} s, "
+        self.note("info", f"kvtop dashboard{' on ' + what if what else ''}: refresh {self.timing.refresh_s:g} s, "
                           f"theme {self.theme} (? for help)")
         if self.run_session:
             self._session_worker = self.run_worker(self._run_session(), name="session", group="session",
                                                    exit_on_error=False)
-            if self.duration_s:
-                self.set_timer(float(self.duration_s), self._duration_reached, name="duration")
+            if self.timing.duration_s:
+                self.set_timer(float(self.timing.duration_s), self._duration_reached, name="duration")
         self.refresh_view()
-        self._refresh_timer = self.set_interval(self.refresh_s, self.refresh_view, name="refresh")
+        self.timing.timer = self.set_interval(self.timing.refresh_s, self.refresh_view, name="refresh")
 
 
     def layout_changed(self, mode: str) -> None:
@@ -475,11 +441,12 @@ class KvtopApp(App[int]):
         even for one source."""
         xl = mode == "xl"
         points = XL_SPARK_POINTS if xl else SPARK_POINTS
-        if points != self.spark_points or xl != self.xl:
-            self.spark_points, self.xl = points, xl
+        layout = Layout(points, xl)
+        if layout != self.layout:
+            self.layout = layout
             self._kept.hist_key = None
-            self._fleet_key = None
-            self._force = True
+            self.fleet.key = None
+            self.shown.force = True
             if self._panels:   # a resize, not the first layout (the panels are wired after it)
                 self.refresh_view()
 
@@ -489,16 +456,16 @@ class KvtopApp(App[int]):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the screen stays up to show what happened
-            self._finished = self._finished or f"stopped: {type(exc).__name__}"
+            self._told.finished = self._told.finished or f"stopped: {type(exc).__name__}"
             self.note("error", f"session stopped: {type(exc).__name__}: {exc}")
         else:
-            self._finished = self._finished or "session finished"
+            self._told.finished = self._told.finished or "session finished"
             self.note("info", "session finished; the screen keeps its last figures (q quits)")
         self.refresh_view()
 
     def _duration_reached(self) -> None:
-        self._finished = f"--duration {self.duration_s:g} s reached"
-        self.note("info", f"--duration {self.duration_s} s reached")
+        self._told.finished = f"--duration {self.timing.duration_s:g} s reached"
+        self.note("info", f"--duration {self.timing.duration_s} s reached")
         self.session.stop()
 
     def note(self, level: str, text: str) -> None:
@@ -523,16 +490,16 @@ class KvtopApp(App[int]):
     def _has_data(self, key: str, model: TierModel) -> bool:
         # Each source's snapshot is read only until it has data, which it then keeps (block counts, lookups and
         # devices are never forgotten): 64 busy sources cost no snapshot each per refresh, only the shown one.
-        if self._with_data.get(key) is model:
+        if self.fleet.with_data.get(key) is model:
             return True
         if has_data(reading(model)):
-            self._with_data[key] = model
+            self.fleet.with_data[key] = model
             return True
         return False
 
     def current_model(self) -> tuple[str, TierModel]:
         sources = self._sources()
-        return sources[self.source_index % len(sources)]
+        return sources[self.fleet.index % len(sources)]
 
     def refresh_view(self) -> None:
         """Read the session and its model's snapshot, and show them. On the UI loop every ``refresh_s``; never
@@ -543,8 +510,8 @@ class KvtopApp(App[int]):
         view = self._view = self.session.view()
         self._feed_log(view)
         player = view.player
-        if player is not None and player.generation != self._replay_generation:
-            self._replay_generation = player.generation
+        if player is not None and player.generation != self.shown.replay_generation:
+            self.shown.replay_generation = player.generation
             self._fold_restarted()
         if self.paused:
             # The figures stay frozen; the header still knows whether records arrive (a paused screen over a
@@ -559,14 +526,14 @@ class KvtopApp(App[int]):
         # One immutable reading of the fold (kvtop/tiers/snapshot.py) that every panel below reads; a model that
         # folded nothing since hands out the same one, which is how a refresh knows nothing changed.
         snap = reading(live)
-        if not changed(snap, self._shown) and not self._force:
+        if not changed(snap, self.shown.snapshot) and not self.shown.force:
             # Nothing was folded since the last refresh: only the header's clock can have moved. An idle engine
             # then costs a header line a second, not a redraw of every panel four times a second.
             self._watch_freshness(now)
             self._panels["header"].show(self._header(now, key, snap, self._quality()))
             return
-        self._shown = snap
-        self._force = False
+        self.shown.snapshot = snap
+        self.shown.force = False
         q = snap.quality
         self._watch_model(now, snap, q)
         self._panels["header"].show(self._header(now, key, snap, q))
@@ -581,25 +548,25 @@ class KvtopApp(App[int]):
         self._panels["prio"].show(priority_data(snap, gpu, host))
         self._panels["memory"].show(memory_data(snap, host, view))
         self._show_requests()
-        self.shown_data_time = snap.now
-        self.refreshes += 1
-        self.last_refresh_cost_s = time.perf_counter() - t0
-        if self.on_refreshed is not None:
-            self.on_refreshed(time.monotonic(), snap.now, self.last_refresh_cost_s)
+        self.shown.data_time = snap.now
+        self.timing.refreshes += 1
+        self.timing.last_cost_s = time.perf_counter() - t0
+        if self.timing.on_refreshed is not None:
+            self.timing.on_refreshed(time.monotonic(), snap.now, self.timing.last_cost_s)
 
     def _fold_restarted(self) -> None:
         """The replay sought back: the session's models are new ones, folded again from the recording's start.
         What the screen kept of the old ones (by identity) goes, so that nothing of a later position shows."""
-        self._with_data.clear()
-        self._fleet_rows.clear()
+        self.fleet.with_data.clear()
+        self.fleet.rows.clear()
         self._kept = Kept()
-        self._fleet_key = None
-        self._shown = None
-        self._force = True
+        self.fleet.key = None
+        self.shown.snapshot = None
+        self.shown.force = True
 
     def _quality(self) -> Quality | None:
         """The quality of the figures on screen (the shown snapshot's), None before the first draw."""
-        return None if self._shown is None else self._shown.quality
+        return None if self.shown.snapshot is None else self.shown.snapshot.quality
 
     def _show_tiers(self, tiers: list[TierState], live: TierModel, snap: TierSnapshot) -> None:
         """A TierPanel per tier, in the model's order (GPU, host, then disk where the engine has one): a tier
@@ -629,7 +596,7 @@ class KvtopApp(App[int]):
             o = occupancy(st)
             part = o.in_use if label == "GPU" else o.cached_idle
             hist.append(part / o.capacity if part is not None and o.capacity else None)
-        return tuple(hist)[-self.spark_points:] if self.xl else ()
+        return tuple(hist)[-self.layout.spark_points:] if self.layout.xl else ()
 
     def _what_if(self, live: TierModel, snap: TierSnapshot) -> WhatIfData | None:
         """``session.size_advice()``'s curve (host sizes 0, ½, 1, 2, 4 times the pool; the run's own cumulative
@@ -659,45 +626,45 @@ class KvtopApp(App[int]):
     def _refresh_fleet(self, view: SessionView) -> None:
         """The sources table: shown (the screen's ``-fleet`` class) while 2+ sources have data."""
         sources = self._sources()
-        fleet = len(sources) > 1 or self.xl   # 200x60 has room for the table even with one source
+        fleet = len(sources) > 1 or self.layout.xl   # 200x60 has room for the table even with one source
         if len(sources) == 1:
             sources = [(self._own_key(view), sources[0][1])]
-        if fleet != self._fleet_shown:
-            self._fleet_shown = fleet
+        if fleet != self.fleet.shown:
+            self.fleet.shown = fleet
             if self._dashboard is not None:
                 self._dashboard.set_class(fleet, "-fleet")  # restyles the screen: only when it changes
-            self._fleet_key = None
+            self.fleet.key = None
         if not fleet:
             return
-        selected = self.source_index % len(sources)
+        selected = self.fleet.index % len(sources)
         statuses = tuple(source_status(k, view.status) for k, _ in sources)
         key = (tuple(k for k, _ in sources), selected, statuses)
         t = time.monotonic()
-        cache = self._fleet_rows
-        if key == self._fleet_key and t - self._fleet_at < self.fleet_refresh_s:
+        cache = self.fleet.rows
+        if key == self.fleet.key and t - self.fleet.read_at < self.fleet.refresh_s:
             # Between full reads only the selected row follows its model, at the refresh rate, so that it agrees
             # with the big panels that show the same source.
             k, model = sources[selected]
-            if self._fleet_row(k, model, statuses[selected]) is not self._fleet_all[selected]:
-                self._fleet_all = [cache[k][2] for k, _ in sources]
+            if self._fleet_row(k, model, statuses[selected]) is not self.fleet.rows_all[selected]:
+                self.fleet.rows_all = [cache[k][2] for k, _ in sources]
                 self._show_fleet()
             return
-        self._fleet_key, self._fleet_at = key, t
-        self._fleet_all = [self._fleet_row(k, model, st) for (k, model), st in zip(sources, statuses)]
-        self._fleet_selected = selected
+        self.fleet.key, self.fleet.read_at = key, t
+        self.fleet.rows_all = [self._fleet_row(k, model, st) for (k, model), st in zip(sources, statuses)]
+        self.fleet.selected = selected
         self._show_fleet()
 
     def _show_fleet(self, top: bool = False) -> None:
         """The sources table from the rows last read: filtered and sorted as the table is (kvtop/ui/table.py),
         the source the big panels show and the cursor located in it. Also on a sort, filter or cursor key, paused
         or not (the rows are those on screen; nothing is read)."""
-        rows = self._fleet_all
+        rows = self.fleet.rows_all
         if not rows:
             return
-        state = self.sources_table
-        shown = self._fleet_arranged = arrange(rows, state, SourcesPanel.SORT_VALUES, SourcesPanel.row_text)
+        state = self.fleet.table
+        shown = self.fleet.arranged = arrange(rows, state, SourcesPanel.SORT_VALUES, SourcesPanel.row_text)
         keys = [r.key for r in shown]
-        own = rows[self._fleet_selected % len(rows)].key
+        own = rows[self.fleet.selected % len(rows)].key
         if top:   # sorted afresh: the top of the table is what is wanted (the highest hit rate...), as it changes
             state.cursor = None
         cursor = cursor_index(keys, state, own)
@@ -713,31 +680,31 @@ class KvtopApp(App[int]):
         """A source's row, read again only when its model folded something since (a new snapshot) or its status
         changed."""
         snap = reading(model)
-        hit = self._fleet_rows.get(key)
+        hit = self.fleet.rows.get(key)
         if hit is None or changed(snap, hit[0]) or hit[1] != status:
-            hit = self._fleet_rows[key] = (snap, status, source_row(key, snap, status))
+            hit = self.fleet.rows[key] = (snap, status, source_row(key, snap, status))
         return hit[2]
 
     def _watch_freshness(self, now: float) -> None:
-        if self._last_change_at is None:
-            self._last_change_at = now
+        if self._told.last_change_at is None:
+            self._told.last_change_at = now
 
     def _track_freshness(self, now: float, snap: TierSnapshot) -> None:
         """When a record last arrived (the fold's count of them moved): what the stale badge measures."""
         records = snap.records_applied + snap.bad_records
-        if records != self._last_records or self._last_change_at is None:
-            if self._seen.get("stale") and self._last_records >= 0:
+        if records != self._told.last_records or self._told.last_change_at is None:
+            if self._told.seen.get("stale") and self._told.last_records >= 0:
                 self.note("info", "data flowing again")
-            self._seen["stale"] = False
-            self._last_records = records
-            self._last_change_at = now
+            self._told.seen["stale"] = False
+            self._told.last_records = records
+            self._told.last_change_at = now
 
     def finished_reason(self) -> str | None:
         """Why no more data will come, or None while the session runs: its run ended (``--duration``, an
         error, the producers done), or every producer it reported on has finished (a replay that reached its end:
         the session itself waits for q)."""
-        if self._finished is not None:
-            return self._finished
+        if self._told.finished is not None:
+            return self._told.finished
         view = self._view if self._view is not None else self.session.view()
         if view.player is not None and view.player.at_end:
             return "replay finished"   # the player waits at the end for a seek back: its producer goes on
@@ -768,21 +735,21 @@ class KvtopApp(App[int]):
             bad = st in ("offline", "failed", "error") or str(st).startswith("disconnected")
             def line(v: Any, n: str = name) -> str | None:
                 text = f"{n}: {v}"
-                return None if text in self._session_said else text  # the session's log said it already
+                return None if text in self._told.session_said else text  # the session's log said it already
 
             self._on_change(f"status:{name}", None if st == "done" else st, "warn" if bad else "info", line)
 
     def _on_increase(self, key: str, value: int, level: str, text: Callable[[int], str]) -> None:
-        old = self._seen.get(key, 0)
+        old = self._told.seen.get(key, 0)
         if value > old:
             self.note(level, text(value - old))
-        self._seen[key] = value
+        self._told.seen[key] = value
 
     def _on_change(self, key: str, value: Any, level: str, text: Callable[[Any], str | None]) -> None:
-        if key in self._seen and self._seen[key] == value:
+        if key in self._told.seen and self._told.seen[key] == value:
             return
-        first = key not in self._seen
-        self._seen[key] = value
+        first = key not in self._told.seen
+        self._told.seen[key] = value
         if value in (None, False) or (first and value == "ok"):
             return
         line = text(value)
@@ -795,16 +762,16 @@ class KvtopApp(App[int]):
         if not log:
             return
         last = log[-1]
-        if last is self._log_last:
+        if last is self._told.log_last:
             return
         new: list[LogEntry] = []
         for entry in reversed(log):  # newest first, back to the last one shown: O(new entries)
-            if entry is self._log_last:
+            if entry is self._told.log_last:
                 break
             new.append(entry)
-        self._log_last = last
+        self._told.log_last = last
         panel = self._panels["events"]
-        said = self._session_said
+        said = self._told.session_said
         for entry in reversed(new):
             try:
                 t, level, text = entry
@@ -822,22 +789,22 @@ class KvtopApp(App[int]):
         finished = self.finished_reason()
         player = view.player
         held = player is not None and (player.paused or player.seeking)   # no records come: none are due
-        if (finished is None and not held and self._last_change_at is not None
-                and now - self._last_change_at >= STALE_AFTER_S):
-            stale = now - self._last_change_at
-            if not self._seen.get("stale"):
-                self._seen["stale"] = True
+        if (finished is None and not held and self._told.last_change_at is not None
+                and now - self._told.last_change_at >= STALE_AFTER_S):
+            stale = now - self._told.last_change_at
+            if not self._told.seen.get("stale"):
+                self._told.seen["stale"] = True
                 self.note("warn", f"no new data for {STALE_AFTER_S:.0f} s")
         # Statuses of sources (their keys) are in the sources table's status column, not in the header.
         models = view.models
         sources = fold_statuses(tuple((n, s) for n, s in view.status.items()
-                                      if s not in ("ok", "done") and not (self._fleet_shown and n in models)))
+                                      if s not in ("ok", "done") and not (self.fleet.shown and n in models)))
         nsrc = len(self._sources())
-        label = f"{self.source_index % nsrc + 1}/{nsrc} {key}" if nsrc > 1 else None
+        label = f"{self.fleet.index % nsrc + 1}/{nsrc} {key}" if nsrc > 1 else None
         return header_data(now, snap, q, view, stale_s=stale, finished=finished, paused=self.paused,
-                           paused_at=self._paused_at if self.paused else None, sources=sources, source_label=label,
+                           paused_at=self.shown.paused_at if self.paused else None, sources=sources, source_label=label,
                            verdict=self._verdict(snap),
-                           refresh_s=None if self.refresh_s == DEFAULT_REFRESH_S else self.refresh_s)
+                           refresh_s=None if self.timing.refresh_s == DEFAULT_REFRESH_S else self.timing.refresh_s)
 
     def _verdict(self, snap: TierSnapshot) -> tuple[VerdictLine, ...]:
         """The verdict line's parts, from the snapshot (kvtop/tiers/verdict.py). Before the first record there is
@@ -864,11 +831,11 @@ class KvtopApp(App[int]):
         key = (id(live), None if now is None else int(now / step))
         if key != self._kept.hist_key:
             self._kept.hist_key = key
-            hist = snap.history()[-self.spark_points - 1:]
+            hist = snap.history()[-self.layout.spark_points - 1:]
             if len(hist) >= 2 and hist[-1].t - hist[-2].t < 0.5 * step:
                 # A last step only a fraction of a second long turns one block into a spike of blocks/s.
                 hist = hist[:-1]
-            history = tuple(hist[-self.spark_points:])
+            history = tuple(hist[-self.layout.spark_points:])
             # The sparklines' series, made once per history step with the points (not at every refresh), so the
             # panels' data compare by identity while the step lasts.
             self._kept.series = sparkline_series(history)
@@ -898,7 +865,7 @@ class KvtopApp(App[int]):
         # Show the change with the keypress, not at the next timer tick (up to 0.25 s later): the PAUSED badge
         # on pause (a snapshot under load caught the screen before the tick), fresh figures on resume.
         if not paused:
-            self._force = True
+            self.shown.force = True
         self.refresh_view()
 
     def watch_show_events(self, shown: bool) -> None:
@@ -913,7 +880,7 @@ class KvtopApp(App[int]):
             self._replay_changed("pause" if paused else "play")
             return
         if not self.paused:
-            self._paused_at = self.shown_data_time
+            self.shown.paused_at = self.shown.data_time
         self.paused = not self.paused
         self.post_message(self.PauseToggled(self.paused))
 
@@ -941,7 +908,7 @@ class KvtopApp(App[int]):
             player.faster()
             self._replay_changed("speed")
             return
-        self.set_refresh(max([s for s in REFRESH_STEPS if s < self.refresh_s] or [REFRESH_STEPS[0]]))
+        self.set_refresh(max([s for s in REFRESH_STEPS if s < self.timing.refresh_s] or [REFRESH_STEPS[0]]))
 
     def action_slower(self) -> None:
         """-: a replay plays slower; else the screen refreshes less often (up to REFRESH_STEPS[-1])."""
@@ -950,19 +917,19 @@ class KvtopApp(App[int]):
             player.slower()
             self._replay_changed("speed")
             return
-        self.set_refresh(min([s for s in REFRESH_STEPS if s > self.refresh_s] or [REFRESH_STEPS[-1]]))
+        self.set_refresh(min([s for s in REFRESH_STEPS if s > self.timing.refresh_s] or [REFRESH_STEPS[-1]]))
 
     def set_refresh(self, refresh_s: float) -> None:
         """Refresh every ``refresh_s`` from now on (the timer is started again)."""
-        if refresh_s == self.refresh_s:
+        if refresh_s == self.timing.refresh_s:
             edge = "fastest" if refresh_s <= REFRESH_STEPS[0] else "slowest"
             self.notify(f"refresh every {refresh_s:g} s: the {edge} ({REFRESH_STEPS[0]:g}-{REFRESH_STEPS[-1]:g} s)",
                         timeout=2)
             return
-        self.refresh_s = refresh_s
-        if self._refresh_timer is not None:
-            self._refresh_timer.stop()
-            self._refresh_timer = self.set_interval(refresh_s, self.refresh_view, name="refresh")
+        self.timing.refresh_s = refresh_s
+        if self.timing.timer is not None:
+            self.timing.timer.stop()
+            self.timing.timer = self.set_interval(refresh_s, self.refresh_view, name="refresh")
         self.post_message(self.RefreshChanged(refresh_s))
         self.refresh_view()
 
@@ -994,8 +961,8 @@ class KvtopApp(App[int]):
     def action_reset_window(self) -> None:
         self.session.reset_window()
         self._kept.hist_key = None
-        self._fleet_key = None
-        self._force = True
+        self.fleet.key = None
+        self.shown.force = True
         self.post_message(self.WindowReset())
         self.refresh_view()
 
@@ -1004,10 +971,10 @@ class KvtopApp(App[int]):
     def _restore_choices(self) -> None:
         """The layout last chosen (the settings file's [ui] table): the event log, the requests view, the tables'
         sorts. What cannot be read or used is said in the log, and the rest is used."""
-        if not self.config_file:
+        if not self.remembered.config_file:
             return
         try:
-            ui = ui_choices(self.config_file)
+            ui = ui_choices(self.remembered.config_file)
         except SettingsError as exc:
             self.note("warn", f"{exc}: the dashboard's last choices are not restored")
             return
@@ -1031,35 +998,35 @@ class KvtopApp(App[int]):
                 bad.append(f"{table}_sort = {fmt.clean(repr(text), 30)} (one of {', '.join(panel.SORT_VALUES)}, "
                            "- first for descending)")
         for what in bad:
-            self.note("warn", f"settings file {self.config_file} [ui] {what}: ignored")
+            self.note("warn", f"settings file {self.remembered.config_file} [ui] {what}: ignored")
 
     def _theme_changed(self, _theme: Any) -> None:
-        if self.theme != self._theme_seen:   # not the start's own theme, published late
-            self._theme_seen = self.theme
+        if self.theme != self.themes.seen:   # not the start's own theme, published late
+            self.themes.seen = self.theme
             self._remember(theme=True)
 
     def _remember(self, theme: bool = False) -> None:
         """Remember the layout (and with ``theme``, the theme) in the settings file; a file or folder that cannot
         be written is said in the log and a toast (once per reason), and the dashboard goes on."""
-        if not self.config_file or self._dashboard is None:
+        if not self.remembered.config_file or self._dashboard is None:
             return
-        ui = {"events": bool(self.show_events), "view": "requests" if self.requests_view else "dashboard",
-              "sources_sort": self.sources_table.to_text(), "requests_sort": self.requests_table.to_text()}
-        settings = {"theme": self._theme_paths.get(self.theme, self.theme)} if theme else {}
+        ui = {"events": bool(self.show_events), "view": "requests" if self.req_view.shown else "dashboard",
+              "sources_sort": self.fleet.table.to_text(), "requests_sort": self.req_view.table.to_text()}
+        settings = {"theme": self.themes.paths.get(self.theme, self.theme)} if theme else {}
         try:
-            remember_choices(self.config_file, settings, ui)
+            remember_choices(self.remembered.config_file, settings, ui)
         except SettingsError as exc:
             problem = str(exc)
             self.note("warn", f"not remembered: {problem}")
-            if problem != self.remember_problem:
+            if problem != self.remembered.problem:
                 self.notify(f"kvtop cannot remember this choice: {problem}", severity="warning", timeout=8)
-            self.remember_problem = problem
+            self.remembered.problem = problem
         else:
-            self.remember_problem = None
+            self.remembered.problem = None
 
     def action_cycle_theme(self) -> None:
-        names = [n for n in PREFERRED_ORDER if n in self.theme_names] + \
-                [n for n in self.theme_names if n not in PREFERRED_ORDER]
+        names = [n for n in PREFERRED_ORDER if n in self.themes.names] + \
+                [n for n in self.themes.names if n not in PREFERRED_ORDER]
         if not names:
             return
         i = names.index(self.theme) + 1 if self.theme in names else 0
@@ -1076,16 +1043,16 @@ class KvtopApp(App[int]):
         if len(sources) <= 1:
             self.notify("only one source is attached", timeout=2)
             return
-        shown = self._fleet_arranged if self._fleet_shown else []
-        if shown and len(shown) < len(sources) or self.sources_table.sort is not None:
+        shown = self.fleet.arranged if self.fleet.shown else []
+        if shown and len(shown) < len(sources) or self.fleet.table.sort is not None:
             # the next row down the table as it is sorted and filtered (the cursor goes with it)
-            own = sources[self.source_index % len(sources)][0]
+            own = sources[self.fleet.index % len(sources)][0]
             keys = [r.key for r in shown]
             at = keys.index(own) + 1 if own in keys else 0
             if keys:
                 self._show_source(keys[at % len(keys)])
             return
-        self._select_source((self.source_index + 1) % len(sources))
+        self._select_source((self.fleet.index + 1) % len(sources))
 
     def _show_source(self, key: str) -> bool:
         """The big panels show source ``key`` (a row of the sources table); False if it is not attached."""
@@ -1100,20 +1067,20 @@ class KvtopApp(App[int]):
     def _table(self) -> str | None:
         """The table the table keys act on: the requests view while it is shown, else the sources table while it
         is shown, else None."""
-        if self.requests_view:
+        if self.req_view.shown:
             return "requests"
-        return "sources" if self._fleet_shown and self._fleet_all else None
+        return "sources" if self.fleet.shown and self.fleet.rows_all else None
 
     def _spec(self, table: str) -> tuple[TableState, type[SourcesPanel] | type[RequestsTable], list[Any]]:
         """A table's state, its panel's class (columns, sort values, filter text) and its rows as shown."""
         if table == "requests":
-            return self.requests_table, RequestsTable, self._req_arranged
-        return self.sources_table, SourcesPanel, self._fleet_arranged
+            return self.req_view.table, RequestsTable, self.req_view.arranged
+        return self.fleet.table, SourcesPanel, self.fleet.arranged
 
     def _own_row(self, table: str) -> str | None:
         """The row the cursor falls back to: the source the big panels show (the requests view: none)."""
-        if table == "sources" and self._fleet_all:
-            return self._fleet_all[self._fleet_selected % len(self._fleet_all)].key
+        if table == "sources" and self.fleet.rows_all:
+            return self.fleet.rows_all[self.fleet.selected % len(self.fleet.rows_all)].key
         return None
 
     def _no_table(self) -> None:
@@ -1186,7 +1153,7 @@ class KvtopApp(App[int]):
         if table == "sources":
             self._show_source(key)
             return
-        row = next((r for r in self._req_arranged if r.key == key), None)
+        row = next((r for r in self.req_view.arranged if r.key == key), None)
         if row is None:
             return
         said = (f"request {fmt.clean(row.key, 64)}: {row.state}, prompt {fmt.count(row.prompt_tokens)} tokens, "
@@ -1234,21 +1201,21 @@ class KvtopApp(App[int]):
 
     def action_toggle_requests(self, remember: bool = True) -> None:
         """R: the requests view in the place of the panels, or the panels again."""
-        self.requests_view = not self.requests_view
+        self.req_view.shown = not self.req_view.shown
         if self._dashboard is not None:
-            self._dashboard.set_class(self.requests_view, "-reqs")
-        if self.requests_view:
+            self._dashboard.set_class(self.req_view.shown, "-reqs")
+        if self.req_view.shown:
             self._show_requests()
-        self.post_message(self.RequestsToggled(self.requests_view))
+        self.post_message(self.RequestsToggled(self.req_view.shown))
         if remember:
             self._remember()
 
     def _show_requests(self, top: bool = False) -> None:
         """The requests view from the shown snapshot: the engine's in flight, then the finished newest first,
         filtered and sorted (kvtop/ui/table.py)."""
-        if not self.requests_view or self._dashboard is None:
+        if not self.req_view.shown or self._dashboard is None:
             return
-        snap = self._shown if self._shown is not None else reading(self.current_model()[1])
+        snap = self.shown.snapshot if self.shown.snapshot is not None else reading(self.current_model()[1])
         req = snap.requests
         running, recent = req.running, req.recent
         view = self._view
@@ -1256,12 +1223,12 @@ class KvtopApp(App[int]):
         if flight:   # the workload driver's own requests in flight (their ids are those their records will have)
             running = tuple(RequestRow(str(k), "running", None, prompt, None, None, None, None, None, None, None,
                                        prio, None) for k, (_t, prompt, prio) in sorted(flight.items()))
-        if running != self._req_seen[0] or recent is not self._req_seen[1]:
-            self._req_seen = (running, recent)
-            self._req_all = [*running, *reversed(recent)]
-        rows = self._req_all
-        state = self.requests_table
-        shown = self._req_arranged = arrange(rows, state, RequestsTable.SORT_VALUES, RequestsTable.row_text)
+        if running != self.req_view.seen[0] or recent is not self.req_view.seen[1]:
+            self.req_view.seen = (running, recent)
+            self.req_view.rows_all = [*running, *reversed(recent)]
+        rows = self.req_view.rows_all
+        state = self.req_view.table
+        shown = self.req_view.arranged = arrange(rows, state, RequestsTable.SORT_VALUES, RequestsTable.row_text)
         if top:
             state.cursor = None
         in_flight = view.in_flight if view is not None and view.in_flight is not None else req.in_flight
@@ -1276,12 +1243,12 @@ class KvtopApp(App[int]):
 
     def _select_source(self, index: int) -> None:
         sources = self._sources()
-        self.source_index = index
-        self.sources_table.cursor = sources[index][0]
+        self.fleet.index = index
+        self.fleet.table.cursor = sources[index][0]
         self._kept.hist_key = None
-        self._fleet_key = None
-        self._force = True
-        self.post_message(self.SourceChanged(sources[self.source_index][0]))
+        self.fleet.key = None
+        self.shown.force = True
+        self.post_message(self.SourceChanged(sources[self.fleet.index][0]))
         self.refresh_view()
 
     def action_help(self) -> None:
@@ -1289,7 +1256,7 @@ class KvtopApp(App[int]):
             self.pop_screen()
             return
         # the requests on screen (the shown snapshot's), else the current model's now
-        req = (self._shown if self._shown is not None else reading(self.current_model()[1])).requests
+        req = (self.shown.snapshot if self.shown.snapshot is not None else reading(self.current_model()[1])).requests
         self.push_screen(HelpScreen(req.last_error, req.failed))
         self.post_message(self.HelpShown())
 

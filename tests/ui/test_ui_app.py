@@ -48,8 +48,8 @@ async def test_build_app_reads_refresh_and_theme_from_settings() -> None:
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         assert app.theme == "light"
-        assert app.refresh_s == 0.5
-        assert {"dark", "light", "high-contrast"} <= set(app.theme_names)
+        assert app.timing.refresh_s == 0.5
+        assert {"dark", "light", "high-contrast"} <= set(app.themes.names)
 
 
 async def test_q_quits_with_status_0_and_stops_the_session() -> None:
@@ -77,7 +77,7 @@ async def test_p_pauses_updates_and_resumes() -> None:
     async with app.run_test(size=(120, 40), message_hook=hook) as pilot:
         app.refresh_view()
         before = _gpu_panel(app).data
-        shown_at = app.shown_data_time
+        shown_at = app.shown.data_time
         await pilot.press("p")
         assert app.paused
         for r in records[half:]:
@@ -86,13 +86,13 @@ async def test_p_pauses_updates_and_resumes() -> None:
         app.refresh_view()
         await pilot.pause()
         assert _gpu_panel(app).data == before      # ...and the screen did not
-        assert app.shown_data_time == shown_at
+        assert app.shown.data_time == shown_at
         assert app.screen.query_one("#header").data.paused
         await pilot.press("p")
         await pilot.pause()
         assert not app.paused
         assert _gpu_panel(app).data.state == session.model.gpu
-        assert app.shown_data_time == session.model.now
+        assert app.shown.data_time == session.model.now
     assert [m.paused for m in hook.of(KvtopApp.PauseToggled)] == [True, False]
 
 
@@ -216,7 +216,7 @@ async def test_a_live_replay_fills_the_screen_and_quits_cleanly() -> None:
         gpu = _gpu_panel(app).data.state
         assert (gpu.capacity_blocks, app.screen.query_one("#tier-host").data.state.capacity_blocks) == (256, 227)
         assert replay.emitted == 3324
-        assert app.last_refresh_cost_s < 0.05   # a refresh never holds the loop long (typically ~1 ms)
+        assert app.timing.last_cost_s < 0.05   # a refresh never holds the loop long (typically ~1 ms)
         log = app.screen.query_one(EventLog)
         assert any("replay finished: 3324 records" in line.text for line in log.lines)
         await pilot.press("q")
@@ -450,7 +450,7 @@ async def test_the_sources_table_follows_new_records_at_most_once_a_second() -> 
     app = build_app(session, Settings(), run_session=False)
     # The full reads' period, long enough that the steps below always fall within one, as a second did not on a
     # loaded machine (the test failed twice at load 5-6); set to 0 below to see a full read.
-    app.fleet_refresh_s = 3600.0
+    app.fleet.refresh_s = 3600.0
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         before = _sources_panel(app).data
@@ -464,7 +464,7 @@ async def test_the_sources_table_follows_new_records_at_most_once_a_second() -> 
         # Within the second only the selected source's row (node-a, the one the big panels show) follows.
         assert mid.rows[1] is before.rows[1] and mid.rows[2] is before.rows[2]
         assert mid.rows[0].requests_per_s != before.rows[0].requests_per_s
-        app.fleet_refresh_s = 0.0
+        app.fleet.refresh_s = 0.0
         app.refresh_view()
         after = _sources_panel(app).data
         assert after.rows[1] != before.rows[1]
@@ -612,7 +612,7 @@ async def test_one_failed_request_is_logged_once_however_often_the_screen_refres
             app.refresh_view()
         failed = [(line.text, line.count) for line in app.screen.query_one(EventLog).lines if "failed" in line.text]
         assert failed == [("1 request failed: out of blocks", 1)]
-        assert app.refreshes >= 20
+        assert app.timing.refreshes >= 20
 
 
 async def test_a_refresh_with_nothing_folded_draws_no_panel_again() -> None:
@@ -621,15 +621,15 @@ async def test_a_refresh_with_nothing_folded_draws_no_panel_again() -> None:
     app = build_app(session, Settings(), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        drawn, data = app.refreshes, _gpu_panel(app).data
+        drawn, data = app.timing.refreshes, _gpu_panel(app).data
         for _ in range(3):
             app.refresh_view()
-        assert app.refreshes == drawn and _gpu_panel(app).data is data
+        assert app.timing.refreshes == drawn and _gpu_panel(app).data is data
         session.emit(make("stats", {"iter": 10**6, "numActiveRequests": 0}, source=session.source,
                           time=session.model.now + 1.0))
         app.refresh_view()
-        assert app.refreshes == drawn + 1
-        assert app.shown_data_time == session.model.now
+        assert app.timing.refreshes == drawn + 1
+        assert app.shown.data_time == session.model.now
 
 
 async def test_the_header_and_requests_show_what_the_sessions_view_says() -> None:

@@ -50,7 +50,7 @@ def hits_of(records: list[Record]) -> tuple[int, int]:
 
 def shown_hits(app: KvtopApp) -> tuple[int, int]:
     app.refresh_view()
-    hr = app._shown.hit_rate if app._shown is not None else None
+    hr = app.shown.snapshot.hit_rate if app.shown.snapshot is not None else None
     assert hr is not None
     return hr.hits, hr.lookups
 
@@ -213,14 +213,14 @@ async def test_plus_and_minus_change_the_refresh_interval_live_within_floor_and_
     app = build_app(session_from_recording(), Settings(), run_session=False)
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
-        assert app.refresh_s == DEFAULT_REFRESH_S and app.screen.query_one(HeaderBar).data.refresh_s is None
+        assert app.timing.refresh_s == DEFAULT_REFRESH_S and app.screen.query_one(HeaderBar).data.refresh_s is None
         await pilot.press("minus")
-        assert app.refresh_s == 0.5 and app._refresh_timer._interval == 0.5
+        assert app.timing.refresh_s == 0.5 and app.timing.timer._interval == 0.5
         assert app.screen.query_one(HeaderBar).data.refresh_s == 0.5
         await pilot.press("minus", "minus", "minus", "minus")
-        assert app.refresh_s == REFRESH_STEPS[-1] == 5.0   # the ceiling
+        assert app.timing.refresh_s == REFRESH_STEPS[-1] == 5.0   # the ceiling
         await pilot.press(*["plus"] * 7)
-        assert app.refresh_s == REFRESH_STEPS[0] == 0.1 and app._refresh_timer._interval == 0.1   # the floor
+        assert app.timing.refresh_s == REFRESH_STEPS[0] == 0.1 and app.timing.timer._interval == 0.1   # the floor
         log = [line.text for line in app.screen.query_one(EventLog).lines]
         assert log[-1] == "refresh every 0.1 s (+/-: 0.1 to 5 s)"
         # live, the player's keys are not bound: p still freezes the screen

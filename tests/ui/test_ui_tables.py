@@ -266,7 +266,7 @@ async def test_a_table_sorted_before_its_figures_came_keeps_the_cursor_on_its_to
     for src in ids:
         session.emit(make("stats", _stats(0, 90, 0, 0), src, T0))
     app = build_app(session, Settings(), run_session=False)
-    app.fleet_refresh_s = 0.0
+    app.fleet.refresh_s = 0.0
     async with app.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         await pilot.press("o")
@@ -410,7 +410,7 @@ async def test_the_theme_and_layout_chosen_are_remembered_in_the_settings_file(t
         await pilot.pause()
         await pilot.press("t", "e", "o", "O", "R", "o")
         await pilot.pause()
-        assert app.remember_problem is None
+        assert app.remembered.problem is None
     data = tomllib.loads(path.read_text())
     assert data == {"refresh": 0.5, "model": "Qwen/Qwen3-8B", "theme": "light",
                     "ui": {"mine": 3, "events": False, "view": "requests", "sources_sort": "hit_window",
@@ -422,8 +422,8 @@ async def test_the_theme_and_layout_chosen_are_remembered_in_the_settings_file(t
     async with again.run_test(size=(120, 40)) as pilot:
         await pilot.pause()
         assert again.screen.has_class("-reqs") and not again.show_events
-        assert (again.sources_table.sort, again.sources_table.descending) == ("hit_window", False)
-        assert (again.requests_table.sort, again.requests_table.descending) == ("ttft", True)
+        assert (again.fleet.table.sort, again.fleet.table.descending) == ("hit_window", False)
+        assert (again.req_view.table.sort, again.req_view.table.descending) == ("ttft", True)
         await pilot.press("R")
         await pilot.pause()
         lowest = min((k for k in hit if hit[k] is not None), key=lambda k: hit[k])  # type: ignore[arg-type,return-value]
@@ -439,12 +439,12 @@ async def test_a_settings_file_that_cannot_be_written_is_said_and_the_dashboard_
         await pilot.pause()
         await pilot.press("e", "e", "o")
         await pilot.pause()
-        assert app.remember_problem is not None and "cannot save to" in app.remember_problem
+        assert app.remembered.problem is not None and "cannot save to" in app.remembered.problem
         log = [ln.text for ln in app.screen.query_one("#events").lines]
         assert any(t.startswith("not remembered: settings file: cannot save to") for t in log)
         toasts = [str(n.message) for n in app._notifications if "cannot remember" in str(n.message)]
         assert len(toasts) == 1   # one toast per reason, however often it fails
-        assert app.show_events and app.sources_table.sort == "hit_window"   # the choices themselves took effect
+        assert app.show_events and app.fleet.table.sort == "hit_window"   # the choices themselves took effect
     assert blocker.read_text().startswith("a file where")
     # a missing config folder is made
     deep = tmp_path / "new" / "kvtop" / "kvtop.toml"
@@ -465,7 +465,7 @@ async def test_choices_the_dashboard_cannot_use_are_said_and_the_rest_used(tmp_p
         log = [ln.text for ln in app.screen.query_one("#events").lines]
         assert any("[ui] view = 'sideways' (dashboard or requests): ignored" in t for t in log)
         assert any("[ui] sources_sort = '-nope'" in t for t in log)
-        assert not app.show_events and not app.screen.has_class("-reqs") and app.sources_table.sort is None
+        assert not app.show_events and not app.screen.has_class("-reqs") and app.fleet.table.sort is None
 
 
 async def test_the_palette_has_the_requests_view_and_the_tables_commands() -> None:
@@ -483,7 +483,7 @@ async def test_the_palette_has_the_requests_view_and_the_tables_commands() -> No
         await pilot.pause(0.3)
         await pilot.press("enter")
         await pilot.pause(0.1)
-        assert app.requests_view and app.screen.has_class("-reqs")
+        assert app.req_view.shown and app.screen.has_class("-reqs")
 
 
 @pytest.mark.slow

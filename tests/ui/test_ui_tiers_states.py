@@ -281,7 +281,7 @@ async def test_200x60_uses_the_room() -> None:
     async with app.run_test(size=(200, 60)) as pilot:
         await pilot.pause()
         assert app.screen.has_class("-xl") and app.screen.has_class("-wide")
-        assert app.spark_points == 600
+        assert app.layout.spark_points == 600
         assert app.screen.query_one(SourcesPanel).display              # the table, for one source
         assert app.screen.query_one(PriorityPanel).display
         assert app.screen.query_one(EventLog).region.height == 8
@@ -309,7 +309,7 @@ async def test_200x60_uses_the_room() -> None:
                 assert blank * 3 <= len(lines), (panel.id, blank, len(lines))
         await pilot.resize_terminal(120, 40)
         await pilot.pause()
-        assert not app.screen.has_class("-xl") and app.spark_points == 120
+        assert not app.screen.has_class("-xl") and app.layout.spark_points == 120
         assert not app.screen.query_one(SourcesPanel).display
         # the wide layout's one-row bar, its share beside it
         assert _panel(app, "gpu").text().splitlines()[0].rstrip().endswith("25% in use")
