@@ -785,7 +785,8 @@ def _assert_clean(text: str, where: str) -> None:
 def test_mutated_records_fold_and_render_headless_json_prometheus_and_report(tmp_path_factory: Any,
                                                                               lines: list[str]) -> None:
     from kvtop import run_summary
-    from kvtop.report.report import _page, load_run
+    from kvtop.report.report import _page
+    from kvtop.report.runs import load_run
     from kvtop.sinks.prometheus import PrometheusExporter
 
     session, bad = _fold(lines)

@@ -1,5 +1,5 @@
 """``kvtop report RUN.jsonl [RUN2.jsonl ...] -o DIR``: the comparison of recordings on the console, and charts with
-a summary page in DIR (kvtop/report/report.py makes them)."""
+a summary page in DIR (kvtop/report/: runs.py folds, charts.py draws, report.py compares and writes the page)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from kvtop import DISTRIBUTION
+from kvtop.report.charts import matplotlib_missing
 from kvtop.report.report import (
     MAX_BAD_LINES_SHOWN,
-    PREFIX_SOURCES,
     NotARecording,
     build_report,
     cell,
     delta_text,
     direction,
-    matplotlib_missing,
 )
+from kvtop.report.runs import PREFIX_SOURCES
 from kvtop.textsafe import clean
 
 

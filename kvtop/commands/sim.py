@@ -107,7 +107,7 @@ def main(argv: Sequence[str]) -> int:
     a = parser().parse_args(list(argv))
     vars(a).update(options.converted(a, options.SIM_SETTINGS, SIM_DEFAULTS))  # validated as Settings validates
     if a.plot:
-        from kvtop.report.report import matplotlib_missing
+        from kvtop.report.charts import matplotlib_missing
 
         no_plt = matplotlib_missing("kvtop sim --plot")
         if no_plt:
@@ -187,7 +187,7 @@ def main(argv: Sequence[str]) -> int:
                       f"prompts only) {100 * best:5.1f}%")
     baseline = runs.pop(0) if added_baseline else None
     if a.plot:
-        from kvtop.report.report import plot_sweep
+        from kvtop.report.charts import plot_sweep
 
         plot_sweep(runs, a.plot)
     if a.json:
@@ -336,7 +336,7 @@ def _sim_hit_rates(a: argparse.Namespace, requests: list[Any], model: Any, gpu: 
         print(f"{mode}: {len(runs)} sizes in {wall:.1f} s, one request at a time, no engine timing"
               + ("; Belady's MIN over GPU + host blocks, prompts only" if optimum is not None else ""))
     if a.plot:
-        from kvtop.report.report import plot_sweep
+        from kvtop.report.charts import plot_sweep
 
         plot_sweep(runs, a.plot)
     if a.json:

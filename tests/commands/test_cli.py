@@ -380,7 +380,7 @@ def _ab_run(tmp_path: Path, host_cache: str, duration: str, speed: str
             ) -> tuple[dict[str, Any], dict[str, Any]]:
     """`kvtop --engine sim --scenario ab --host-cache X` as the README has it, no pool given: its JSON summary and
     its recording's TTFT by prefix source (kvtop report's classification)."""
-    from kvtop.report.report import load_run
+    from kvtop.report.runs import load_run
 
     rec = tmp_path / f"ab-{host_cache}.jsonl"
     rc, out, err = kvtop(["--engine", "sim", "--scenario", "ab", "--headless", "--json", "--duration", duration,

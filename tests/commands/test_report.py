@@ -14,7 +14,9 @@ from sim_runs import record_sim_run  # noqa: E402
 
 from kvtop.commands.report import main  # noqa: E402
 from kvtop.records import read_jsonl  # noqa: E402
-from kvtop.report.report import build_report, load_run, plot_sweep  # noqa: E402
+from kvtop.report.charts import plot_sweep  # noqa: E402
+from kvtop.report.report import build_report  # noqa: E402
+from kvtop.report.runs import load_run  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BLOCK = 4718592  # one Qwen3-8B block of 32 tokens
@@ -132,7 +134,7 @@ def test_deltas_are_numbers_and_percentages_against_the_first_run() -> None:
 
 
 def test_prefix_source_from_the_request_records() -> None:
-    from kvtop.report.report import prefix_source
+    from kvtop.tiers.requests import prefix_source
 
     assert prefix_source({"reused_blocks": 5, "host_hit_blocks": 0}) == "gpu_hit"
     assert prefix_source({"reused_blocks": 5, "host_hit_blocks": 2}) == "host_hit"
@@ -180,7 +182,7 @@ def test_report_colours_are_the_dashboards(tmp_path: Path) -> None:
     import colorsys
 
     from kvtop.palette import PALETTES
-    from kvtop.report.report import DISK_COLOR, GPU_COLOR, HOST_COLOR, RUN_COLORS
+    from kvtop.report.charts import DISK_COLOR, GPU_COLOR, HOST_COLOR, RUN_COLORS
 
     # the colour code (kvtop/palette.py) as the light theme, the white page's, draws it
     light = PALETTES["light"]
@@ -201,7 +203,7 @@ def test_report_colours_are_the_dashboards(tmp_path: Path) -> None:
 def test_a_two_tier_runs_occupancy_chart_draws_gpu_and_host_only(recordings: dict[str, Path]) -> None:
     """N tiers did not change a two-tier run's chart: the same five series (GPU's three, the host's two where it
     has a pool), in the same colours and order, nothing in the disk colour."""
-    from kvtop.report.report import DISK_COLOR, GPU_COLOR, HOST_COLOR, occupancy_series
+    from kvtop.report.charts import DISK_COLOR, GPU_COLOR, HOST_COLOR, occupancy_series
 
     h0, h64 = load_run(recordings["host0"]), load_run(recordings["host64"])
     gpu = [("GPU capacity", GPU_COLOR, ":"), ("GPU cached", GPU_COLOR, "-"), ("GPU in use", GPU_COLOR, "--")]
@@ -224,15 +226,16 @@ def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_pat
     (16 characters: the TTFT panel once wrote them under every 0.4-wide bar, and they overlapped)."""
     from charts import CapturedPyplot, assert_no_texts_overlap
 
-    from kvtop.report import report as rep
+    from kvtop.report import charts as report_charts
 
-    plt = rep._plt()
+    plt = report_charts._plt()
     capture = CapturedPyplot(plt)
     runs = [load_run(recordings["host0"]), load_run(recordings["host64"])]
     for run, long_name in zip(runs, names or ()):
         run.name = long_name
-    for name, fn in (("compare", rep._plot_compare), ("ttft", rep._plot_ttft), ("hit_rate", rep._plot_hit_rate),
-                     ("occupancy", rep._plot_occupancy), ("moves", rep._plot_moves)):
+    for name, fn in (("compare", report_charts._plot_compare), ("ttft", report_charts._plot_ttft),
+                     ("hit_rate", report_charts._plot_hit_rate), ("occupancy", report_charts._plot_occupancy),
+                     ("moves", report_charts._plot_moves)):
         fn(capture, runs, tmp_path / f"{name}.png")
         fig = capture.closed[-1]
         assert_no_texts_overlap(fig, name)
@@ -254,9 +257,9 @@ def test_the_overlap_check_catches_two_texts_drawn_on_each_other() -> None:
     pytest.importorskip("matplotlib")
     from charts import assert_no_texts_overlap
 
-    from kvtop.report import report as rep
+    from kvtop.report import charts as report_charts
 
-    plt = rep._plt()
+    plt = report_charts._plt()
     fig = plt.figure(figsize=(4, 3))
     fig.text(0.5, 0.5, "GPU in use")
     fig.text(0.5, 0.5, "host capacity")
@@ -337,7 +340,7 @@ def test_a_recording_of_several_runs_is_split_into_its_runs(recordings: dict[str
     """`--record --append` of two runs (two sources), and two runs under one run name (one source, a second
     `meta`): each run folded apart, equal to its own recording folded alone, labelled by file, number and host
     size. Folded as one, the two pools and their hits were summed into a run that never existed."""
-    from kvtop.report.report import load_runs
+    from kvtop.report.runs import load_runs
 
     both = tmp_path / "both.jsonl"
     both.write_bytes(recordings["host0"].read_bytes() + recordings["host64"].read_bytes())
@@ -417,11 +420,12 @@ def test_a_long_recording_keeps_a_bounded_number_of_samples_to_its_end(tmp_path:
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # One Sample per stats record held every one of them: 803 MB for a 2 GB recording (replay: 34 MB). Now at
     # most 2 x MAX_SAMPLES are kept (every 2nd, 4th... record's), the last one always, the hit totals exact.
-    import kvtop.report.report as report
+    import kvtop.report.charts as charts
+    import kvtop.report.runs as runs
     from kvtop.records import SourceId, make
     from kvtop.sinks.recorder import Recorder
 
-    monkeypatch.setattr(report, "MAX_SAMPLES", 8, raising=False)
+    monkeypatch.setattr(runs, "MAX_SAMPLES", 8)
     src = SourceId("h", 0, "long")
     path = tmp_path / "long.jsonl"
     with Recorder(path) as rec:
@@ -438,5 +442,5 @@ def test_a_long_recording_keeps_a_bounded_number_of_samples_to_its_end(tmp_path:
     assert run.samples[-1].hits == 3000 and run.samples[-1].lookups == 10000
     steps = {round(b - a) for a, b in zip(ts[:-2], ts[1:-1])}
     assert len(steps) == 1  # evenly spaced, the last one apart
-    bins = report._bins(run)
+    bins = charts._bins(run)
     assert bins[0][0] == 1.0 and bins[-1][1] == 1000.0

@@ -228,36 +228,39 @@ def test_a_three_tier_run_charts_its_disk_tier(tmp_path: Any) -> None:
     pytest.importorskip("matplotlib")
     from charts import CapturedPyplot, assert_no_texts_overlap
 
-    from kvtop.report import report as rep
+    from kvtop.report import charts as report_charts
+    from kvtop.report import runs
+    from kvtop.report.report import build_report
 
     rec = tmp_path / "disk.jsonl"
     _three_tier_recording(rec)
-    run = rep.load_run(rec)
+    run = runs.load_run(rec)
     assert [list(s.tiers) for s in run.samples] == [["gpu", "host", "disk"]] * 5
-    assert [s.tiers["disk"] for s in run.samples] == [rep.TierPoint(11, None, None)] * 5
-    series = {label: (color, style, ys) for label, color, style, _, ys in rep.occupancy_series(run)}
+    assert [s.tiers["disk"] for s in run.samples] == [runs.TierPoint(11, None, None)] * 5
+    series = {label: (color, style, ys) for label, color, style, _, ys in report_charts.occupancy_series(run)}
     assert list(series) == ["GPU capacity", "GPU in use", "host capacity", "disk capacity", "host+disk in use"]
-    assert series["disk capacity"] == (rep.DISK_COLOR, ":", [11.0] * 5)
-    assert series["host+disk in use"] == (rep.DISK_COLOR, "-.", [11.0, 12.0, 13.0, 14.0, 15.0])
-    assert series["host capacity"] == (rep.HOST_COLOR, ":", [7.0] * 5)
-    assert series["GPU capacity"] == (rep.GPU_COLOR, ":", [30.0] * 5)
-    assert len({rep.GPU_COLOR, rep.HOST_COLOR, rep.DISK_COLOR}) == 3
+    assert series["disk capacity"] == (report_charts.DISK_COLOR, ":", [11.0] * 5)
+    assert series["host+disk in use"] == (report_charts.DISK_COLOR, "-.", [11.0, 12.0, 13.0, 14.0, 15.0])
+    assert series["host capacity"] == (report_charts.HOST_COLOR, ":", [7.0] * 5)
+    assert series["GPU capacity"] == (report_charts.GPU_COLOR, ":", [30.0] * 5)
+    assert len({report_charts.GPU_COLOR, report_charts.HOST_COLOR, report_charts.DISK_COLOR}) == 3
 
     # as drawn: every series a line of its colour, its end labelled, no two labels overlapping
-    plt = rep._plt()
+    plt = report_charts._plt()
     capture = CapturedPyplot(plt)
     png = tmp_path / "occupancy.png"
-    rep._plot_occupancy(capture, [run], png)
+    report_charts._plot_occupancy(capture, [run], png)
     fig = capture.closed[-1]
     ax = fig.axes[0]
     lines = [(line.get_color(), list(line.get_ydata())) for line in ax.get_lines()]
-    assert (rep.DISK_COLOR, [11.0] * 5) in lines and (rep.DISK_COLOR, [11.0, 12.0, 13.0, 14.0, 15.0]) in lines
+    disk = report_charts.DISK_COLOR
+    assert (disk, [11.0] * 5) in lines and (disk, [11.0, 12.0, 13.0, 14.0, 15.0]) in lines
     assert {t.get_text() for t in ax.texts} == set(series)
     assert_no_texts_overlap(fig)
     plt.close(fig)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # and through build_report: the chart written, the page saying what the disk-coloured dash-dot line is
-    build_report_out = rep.build_report([rec], tmp_path / "report")
+    build_report_out = build_report([rec], tmp_path / "report")
     assert str(tmp_path / "report" / "occupancy.png") in build_report_out["files"]
     assert (tmp_path / "report" / "occupancy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Host and disk in use together" in (tmp_path / "report" / "index.html").read_text()
