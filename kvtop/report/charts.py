@@ -12,10 +12,11 @@ from typing import Any
 from kvtop import DISTRIBUTION
 from kvtop.palette import OTHER_TIER
 from kvtop.palette import REPORT as TIER_PALETTE
-from kvtop.report.runs import GIB, PREFIX_SOURCES, RunData, Sample, _percentile
+from kvtop.report.runs import GIB, PREFIX_SOURCES, RunData, Sample, percentile
 
 __all__ = ["DISK_COLOR", "GPU_COLOR", "HOST_COLOR", "MISS_COLOR", "RUN_COLORS", "TIER_COLORS", "matplotlib_missing",
-           "occupancy_series", "plot_sweep"]
+           "occupancy_series", "plot_compare", "plot_hit_rate", "plot_moves", "plot_occupancy", "plot_sweep",
+           "plot_ttft", "pyplot"]
 
 
 # The tier colours: kvtop's colour code (kvtop/palette.py), as the dashboard's light theme draws them (the page is
@@ -44,7 +45,9 @@ def matplotlib_missing(command: str = "kvtop report") -> str | None:
     return None
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot, headless (Agg), in the report's style; without matplotlib a RuntimeError that says what
+    to install."""
     missing = matplotlib_missing()
     if missing:
         raise RuntimeError(missing)
@@ -153,7 +156,7 @@ def occupancy_series(run: RunData) -> list[tuple[str, str, str, list[float], lis
     return out
 
 
-def _plot_occupancy(plt: Any, runs: Sequence[RunData], path: Path) -> None:
+def plot_occupancy(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.2 * len(runs)), squeeze=False, sharex=False)
     for ax, run in zip(axes[:, 0], runs):
         for label, color, style, xs, ys in occupancy_series(run):
@@ -176,7 +179,7 @@ def _plot_occupancy(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_hit_rate(plt: Any, runs: Sequence[RunData], path: Path) -> None:
+def plot_hit_rate(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.0 * len(runs)), squeeze=False)
     for ax, run in zip(axes[:, 0], runs):
         mids, widths, gpu, host = [], [], [], []
@@ -216,7 +219,7 @@ def _plot_hit_rate(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_moves(plt: Any, runs: Sequence[RunData], path: Path) -> None:
+def plot_moves(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 3.0 * len(runs)), squeeze=False)
     for ax, run in zip(axes[:, 0], runs):
         bins = _bins(run)
@@ -245,7 +248,7 @@ def _plot_moves(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_ttft(plt: Any, runs: Sequence[RunData], path: Path) -> None:
+def plot_ttft(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(10, 4))
     with_data = [r for r in runs if r.ttfts]
     if len(with_data) == 1:
@@ -253,7 +256,7 @@ def _plot_ttft(plt: Any, runs: Sequence[RunData], path: Path) -> None:
         ms = [1000 * t for t in run.ttfts]
         ax.hist(ms, bins=40, color=RUN_COLORS[0], alpha=0.8)
         for p, style in ((0.5, "--"), (0.99, ":")):
-            v = _percentile(ms, p)
+            v = percentile(ms, p)
             if v is not None:
                 ax.axvline(v, color="black", ls=style, lw=1)
                 ax.annotate(f"p{int(p * 100)} {v:.1f} ms", (v, 1), xycoords=("data", "axes fraction"),
@@ -289,7 +292,7 @@ def _bar_values(ax: Any, rects: Any, values: Sequence[float | None], fmt: str) -
                     ha="center", va="bottom", fontsize=8)
 
 
-def _plot_compare(plt: Any, runs: Sequence[RunData], path: Path) -> None:
+def plot_compare(plt: Any, runs: Sequence[RunData], path: Path) -> None:
     names = [r.name for r in runs]
     colors = [RUN_COLORS[i % len(RUN_COLORS)] for i in range(len(runs))]
     fig, axes = plt.subplots(1, 4, figsize=(16, 4.4))
@@ -375,7 +378,7 @@ def plot_sweep(runs: Sequence[dict[str, Any]], path: str | Path) -> None:
     `runs`: dicts with `host_cache_bytes` and `cache_hit_rate` (0..1); `onboarded_blocks` and
     `reused_blocks`, when present, split each point's hit rate into the share served from host.
     """
-    plt = _plt()
+    plt = pyplot()
     pts = sorted((float(r["host_cache_bytes"]), float(r["cache_hit_rate"]), r) for r in runs)
     fig, ax = plt.subplots(figsize=(8, 4.5))
     xs = [p[0] / GIB for p in pts]

@@ -42,13 +42,13 @@ from kvtop.report.charts import (
     GPU_COLOR,
     HOST_COLOR,
     MISS_COLOR,
-    _plot_compare,
-    _plot_hit_rate,
-    _plot_moves,
-    _plot_occupancy,
-    _plot_ttft,
-    _plt,
     matplotlib_missing,
+    plot_compare,
+    plot_hit_rate,
+    plot_moves,
+    plot_occupancy,
+    plot_ttft,
+    pyplot,
 )
 from kvtop.report.runs import GIB, PREFIX_SOURCES, RunData, load_runs
 
@@ -348,7 +348,7 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, warmup_reques
     why)]}}`. Raises FileNotFoundError for a missing recording, RuntimeError for charts without matplotlib,
     NotARecording (nothing written) where a file holds no kvtop record at all.
     """
-    plt = _plt() if charts else None
+    plt = pyplot() if charts else None
     out = Path(out_dir)
     runs = [r for p in paths for r in load_runs(p, warmup_requests)]
     not_recordings = _not_recordings(paths, runs)
@@ -366,10 +366,10 @@ def build_report(paths: Sequence[str | Path], out_dir: str | Path, warmup_reques
     charted = [r for r in runs if r.charted]
     images: dict[str, Path] = {}
     if charted and plt is not None:
-        plotters = [("occupancy", _plot_occupancy), ("hit_rate", _plot_hit_rate), ("moves", _plot_moves),
-                    ("ttft", _plot_ttft)]
+        plotters = [("occupancy", plot_occupancy), ("hit_rate", plot_hit_rate), ("moves", plot_moves),
+                    ("ttft", plot_ttft)]
         if len(charted) > 1:
-            plotters.insert(0, ("compare", _plot_compare))
+            plotters.insert(0, ("compare", plot_compare))
         for key, fn in plotters:
             path = out / f"{key}.png"
             fn(plt, charted, path)

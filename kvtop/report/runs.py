@@ -16,7 +16,8 @@ from kvtop.tiers import TierModel
 from kvtop.tiers.requests import prefix_source
 from kvtop.tiers.whatif import WhatIf
 
-__all__ = ["GIB", "PREFIX_SOURCES", "RunData", "Sample", "TierPoint", "host_size", "load_run", "load_runs"]
+__all__ = ["GIB", "PREFIX_SOURCES", "RunData", "Sample", "TierPoint", "host_size", "load_run", "load_runs",
+           "percentile"]
 
 
 GIB = 1 << 30
@@ -81,7 +82,7 @@ class RunData:
 PREFIX_SOURCES = (("gpu_hit", "GPU hit"), ("host_hit", "host hit"), ("miss", "miss"))
 
 
-def _percentile(values: Sequence[float], p: float) -> float | None:
+def percentile(values: Sequence[float], p: float) -> float | None:
     if not values:
         return None
     s = sorted(values)
@@ -202,13 +203,13 @@ class _Fold:
             "requests_failed": self.failed,
             "requests_per_s": completed / run.duration_s if run.duration_s > 0 else None,
             "output_tokens_per_s": output_tokens / run.duration_s if run.duration_s > 0 else None,
-            "ttft_p50_s": _percentile(run.ttfts, 0.50),
-            "ttft_p99_s": _percentile(run.ttfts, 0.99),
-            "e2e_p50_s": _percentile(run.e2es, 0.50),
-            "e2e_p99_s": _percentile(run.e2es, 0.99),
+            "ttft_p50_s": percentile(run.ttfts, 0.50),
+            "ttft_p99_s": percentile(run.ttfts, 0.99),
+            "e2e_p50_s": percentile(run.e2es, 0.50),
+            "e2e_p99_s": percentile(run.e2es, 0.99),
             "ttft_by_source": {k: {"requests": len(run.ttft_by_source.get(k, [])),
-                                   "p50_s": _percentile(run.ttft_by_source.get(k, []), 0.50),
-                                   "p99_s": _percentile(run.ttft_by_source.get(k, []), 0.99)}
+                                   "p50_s": percentile(run.ttft_by_source.get(k, []), 0.50),
+                                   "p99_s": percentile(run.ttft_by_source.get(k, []), 0.99)}
                                for k, _ in PREFIX_SOURCES},
             "hit_rate": hr["cumulative"],
             "gpu_hit_rate": hr["gpu"],

@@ -228,14 +228,14 @@ def test_no_two_labels_of_any_chart_overlap(recordings: dict[str, Path], tmp_pat
 
     from kvtop.report import charts as report_charts
 
-    plt = report_charts._plt()
+    plt = report_charts.pyplot()
     capture = CapturedPyplot(plt)
     runs = [load_run(recordings["host0"]), load_run(recordings["host64"])]
     for run, long_name in zip(runs, names or ()):
         run.name = long_name
-    for name, fn in (("compare", report_charts._plot_compare), ("ttft", report_charts._plot_ttft),
-                     ("hit_rate", report_charts._plot_hit_rate), ("occupancy", report_charts._plot_occupancy),
-                     ("moves", report_charts._plot_moves)):
+    for name, fn in (("compare", report_charts.plot_compare), ("ttft", report_charts.plot_ttft),
+                     ("hit_rate", report_charts.plot_hit_rate), ("occupancy", report_charts.plot_occupancy),
+                     ("moves", report_charts.plot_moves)):
         fn(capture, runs, tmp_path / f"{name}.png")
         fig = capture.closed[-1]
         assert_no_texts_overlap(fig, name)
@@ -259,7 +259,7 @@ def test_the_overlap_check_catches_two_texts_drawn_on_each_other() -> None:
 
     from kvtop.report import charts as report_charts
 
-    plt = report_charts._plt()
+    plt = report_charts.pyplot()
     fig = plt.figure(figsize=(4, 3))
     fig.text(0.5, 0.5, "GPU in use")
     fig.text(0.5, 0.5, "host capacity")

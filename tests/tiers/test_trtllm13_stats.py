@@ -246,10 +246,10 @@ def test_a_three_tier_run_charts_its_disk_tier(tmp_path: Any) -> None:
     assert len({report_charts.GPU_COLOR, report_charts.HOST_COLOR, report_charts.DISK_COLOR}) == 3
 
     # as drawn: every series a line of its colour, its end labelled, no two labels overlapping
-    plt = report_charts._plt()
+    plt = report_charts.pyplot()
     capture = CapturedPyplot(plt)
     png = tmp_path / "occupancy.png"
-    report_charts._plot_occupancy(capture, [run], png)
+    report_charts.plot_occupancy(capture, [run], png)
     fig = capture.closed[-1]
     ax = fig.axes[0]
     lines = [(line.get_color(), list(line.get_ydata())) for line in ax.get_lines()]
