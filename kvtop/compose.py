@@ -253,19 +253,21 @@ def engine_meta(llm: Any, **known: Any) -> dict[str, Any]:
     return meta_from_llm(llm, **known)
 
 
-def add_machine_samplers(session: Session, meta: dict[str, Any], interval_s: float, *, gpu: bool = True) -> None:
+def add_machine_samplers(session: Session, meta: dict[str, Any], interval_s: float, *, gpu: bool = True,
+                         clock: Callable[[], float] | None = None) -> None:
     """GPU memory (NVML: no driver here is the normal case) and host memory, sampled every ``interval_s`` in a
     worker thread (the calls block); the host's pinned pool sized from what the engine said (its host blocks x
-    bytes per block, else its host cache in bytes: /proc cannot measure it, kvtop/sources/host.py)."""
+    bytes per block, else its host cache in bytes: /proc cannot measure it, kvtop/sources/host.py). ``clock``:
+    what their records are stamped with, the engine's records' clock (kvtop/runner.py engine_clock); None: wall."""
     from kvtop.sources.host import HostSource
 
     if gpu:
         from kvtop.sources.nvml import NvmlSource
 
-        nvml = NvmlSource(source=session.source)
+        nvml = NvmlSource(source=session.source, **({"wall_clock": clock} if clock is not None else {}))
         session.add_sampler("nvml", nvml.sample, interval_s)
         session.add_closer(nvml.close)
-    host = HostSource(source=session.source)
+    host = HostSource(source=session.source, **({"clock": clock} if clock is not None else {}))
     if meta.get("secondary_blocks") and meta.get("bytes_per_block"):
         host.set_pinned_pool_from_blocks(int(meta["secondary_blocks"]), int(meta["bytes_per_block"]))
     elif meta.get("host_cache_bytes"):

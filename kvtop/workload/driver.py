@@ -43,7 +43,10 @@ class WorkloadDriver:
                  source: SourceId | None = None, concurrency: int | None = 8, rate: float | None = None,
                  duration_s: float | None = None, max_requests: int | None = None,
                  retention_factory: Callable[[RetentionSpec], Any] | None = None,
-                 sampling_factory: Callable[[int], Any] | None = None, seed: int = 0):
+                 sampling_factory: Callable[[int], Any] | None = None, seed: int = 0,
+                 clock: Callable[[], float] | None = None):
+        """``clock``: what the request records are stamped with (the simulator's clock when it is not paced to the
+        wall clock, kvtop/runner.py engine_clock); None: the wall clock."""
         if rate is None and not concurrency:
             raise ValueError("the driver needs --concurrency (closed loop) or --rate (open loop)")
         if rate is not None and not rate > 0:
@@ -52,6 +55,7 @@ class WorkloadDriver:
         self.scenario = scenario
         self.emit = emit
         self.source = source or SourceId()
+        self.clock = clock
         self.concurrency = concurrency or 1
         self.rate = rate
         self.duration_s = duration_s
@@ -175,4 +179,4 @@ class WorkloadDriver:
             self.running.pop(seq, None)
             self._slot_freed.set()
         self.scenario.on_result(item, output_ids)
-        self.emit(make("request", data, self.source))
+        self.emit(make("request", data, self.source, None if self.clock is None else self.clock()))
