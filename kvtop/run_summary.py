@@ -94,7 +94,8 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("stats_schema") not in (None, "1.0-1.2"):
         lines.append(f"stats: TensorRT-LLM {s['stats_schema']}")
     hr = s.get("hit_rate", {})
-    lines.append(f"hit rate: {pct(hr.get('cumulative'))} (GPU {pct(hr.get('gpu'))}, host {pct(hr.get('host'))})")
+    lines.append(f"hit rate: {pct(hr.get('cumulative'))} (GPU {pct(hr.get('gpu'))}, host {pct(hr.get('host'))})"
+                 + (f"; {hr['unknown_why'].removeprefix('hit rate unknown: ')}" if hr.get("unknown_why") else ""))
     wi = s.get("what_if") or {}
     if wi.get("host_capacity_blocks") == 0:
         # As the dashboard says it: twice no host cache is still none (the estimate once read 17.5% under an

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvtop.engines.names import is_trtllm
+
 __all__ = ["HEALTH_KINDS", "tier_health"]
 
 HEALTH_KINDS = ("tier.host_idle", "tier.host_not_larger", "tier.load_slower", "tier.host_evictions")
@@ -43,10 +45,12 @@ def tier_health(snap: Any) -> dict[str, str]:
         cost = f" (its copies cost {verdict.spent_s:,.1f} s)" if verdict.spent_s else ""
         out["tier.host_idle"] = (f"host tier idle: {moves.offloaded_blocks:,} blocks stored, none loaded back"
                                  f"{cost}: the workload does not ask again for what the GPU evicts")
+    trtllm = is_trtllm(snap.meta.get("engine"))   # TensorRT-LLM's reasons, else the words of any engine
     if gpu_cap and cap <= gpu_cap:
         out["tier.host_not_larger"] = (f"host pool ({cap:,} blocks) no larger than the GPU pool ({gpu_cap:,}): "
-                                       "offload-on-evict fills it with what the GPU just evicted, so it can "
-                                       "hardly add hits")
+                                       + ("offload-on-evict fills it with what the GPU just evicted" if trtllm else
+                                          "it holds little the GPU pool does not hold too")
+                                       + ", so it can hardly add hits")
     if verdict is not None and verdict.load_block_s and verdict.prefill_block_s \
             and verdict.load_block_s > verdict.prefill_block_s:
         out["tier.load_slower"] = (f"loading a block from the host ({verdict.load_block_s * 1e6:,.0f} us) costs "
@@ -60,6 +64,9 @@ def tier_health(snap: Any) -> dict[str, str]:
             and empty >= _ROOM_SHARE * cap:
         out["tier.host_evictions"] = (
             f"host blocks evicted ({rates.evicted_host_per_s:,.1f}/s) while the host pool has room ({empty:,} of "
-            f"{cap:,} empty): an offload takes the host queue's front slot, evicting its block while the empty slots "
-            "onboards left ride the queue behind it; a block's cached descendants also leave with it (freeChildren)")
+            f"{cap:,} empty): " + (
+                "an offload takes the host queue's front slot, evicting its block while the empty slots onboards "
+                "left ride the queue behind it; a block's cached descendants also leave with it (freeChildren)"
+                if trtllm else "the engine's removals say no reason (the moves panel's 'left' line: what kvtop "
+                "inferred)"))
     return out

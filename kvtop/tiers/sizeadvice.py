@@ -296,7 +296,8 @@ def advise(points: list[dict[str, Any]], host_blocks: int | None, bytes_per_bloc
     none = {"text": None, "host_blocks": None, "extra_hit_points": None, "ttft_ms": None}
     here = next((p for p in points if p["host_blocks"] == host_blocks), None)
     if here is None or here["hit_rate"] is None or len(points) < 2:
-        return {**none, "text": "no curve yet: no pool sizes (no created event) or no block lookups seen"}
+        return {**none, "text": ("no curve yet: no pool sizes (no created event, meta or /metrics) or no block "
+                                 "lookups seen")}
     now = here["hit_rate"]
 
     def size(blocks: int) -> str:

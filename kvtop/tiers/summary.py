@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from kvtop.engines.names import hit_rate_unknown_why
+
 if TYPE_CHECKING:
     from kvtop.tiers.model import TierModel
 
@@ -59,7 +61,10 @@ def summary_of(m: Any, live: Mapping[str, Any]) -> dict[str, Any]:
                      "external_hits": hr.external_hits,
                      # the share of lookups each tier served, where the stats say it per cache level (V2)
                      "by_tier": {t: n / hr.lookups for t, n in hits_by_tier.items()} if hr.lookups else {},
-                     "warmup_lookups": live["warm_lookups"], "warmup_hits": live["warm_hits"]},
+                     "warmup_lookups": live["warm_lookups"], "warmup_hits": live["warm_hits"],
+                     # why it is unknown and what gives it, where the source lacks the data (a KV event stream
+                     # without the engine's /metrics), else None
+                     "unknown_why": None if hr.lookups else hit_rate_unknown_why(m.meta, live["stream"])},
         "hit_rate_by_priority": {("none" if p is None else str(p)): {"cumulative": v.cumulative, "gpu": v.gpu,
                                                                       "host": v.host, "lookups": v.lookups}
                                  for p, v in sorted(m.hit_split_by_priority.items(),

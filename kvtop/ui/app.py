@@ -43,6 +43,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input
 from textual.worker import Worker
 
+from kvtop.engines.names import is_trtllm
 from kvtop.fleet import FleetRow, source_row, source_status
 from kvtop.occupancy import occupancy
 from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
@@ -581,7 +582,7 @@ class KvtopApp(App[int]):
         cold = snap.cold  # TensorRT-LLM's V2 manager: host and disk reported as one sum
         for panel, st in zip(panels, tiers):
             history = self._tier_history(live, st, tier_label(st.name)[0], step)
-            panel.show(tier_data(st, cold, history))
+            panel.show(tier_data(st, cold, history, snap.meta.get("engine")))
 
     def _tier_history(self, live: TierModel, st: TierState, label: str, step: int | None
                       ) -> tuple[float | None, ...]:
@@ -1255,9 +1256,10 @@ class KvtopApp(App[int]):
         if isinstance(self.screen, HelpScreen):
             self.pop_screen()
             return
-        # the requests on screen (the shown snapshot's), else the current model's now
-        req = (self.shown.snapshot if self.shown.snapshot is not None else reading(self.current_model()[1])).requests
-        self.push_screen(HelpScreen(req.last_error, req.failed))
+        # the requests on screen (the shown snapshot's), else the current model's now; its engine's words
+        shown = self.shown.snapshot if self.shown.snapshot is not None else reading(self.current_model()[1])
+        req = shown.requests
+        self.push_screen(HelpScreen(req.last_error, req.failed, is_trtllm(shown.meta.get("engine"))))
         self.post_message(self.HelpShown())
 
     async def action_quit(self, return_code: int = 0) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvtop.engines.names import hit_rate_unknown_why, is_trtllm
 from kvtop.fleet import FleetRow, combine
 from kvtop.session import SessionView
 from kvtop.sources.replay import ReplayPlayer
@@ -135,8 +136,11 @@ def verdict_lines(snap: TierSnapshot) -> tuple[VerdictLine, ...]:
                  for t, v in snap.verdict.items())
 
 
-def tier_data(st: TierState, cold: TierState | None, history: tuple[float | None, ...]) -> TierData:
-    """A tier's panel data, with the note its panel shows where its figures are missing or merged."""
+def tier_data(st: TierState, cold: TierState | None, history: tuple[float | None, ...], engine: Any = None
+              ) -> TierData:
+    """A tier's panel data, with the note its panel shows where its figures are missing or merged; ``engine``: the
+    source's meta ``engine``, whose words the panel uses (kvtop/engines/names.py)."""
+    trtllm = is_trtllm(engine)
     label, medium = tier_label(st.name)
     medium = st.medium or medium  # a host tier whose offloads go to files says so
     note = None
@@ -149,8 +153,9 @@ def tier_data(st: TierState, cold: TierState | None, history: tuple[float | None
         note = f"{label} pool size unknown (no created event, meta or /metrics yet)"
     elif label != "GPU":
         if st.capacity_blocks and st.cached_blocks is None:
-            note = f"no KV events: {label} occupancy unknown (enable event_buffer_max_size)"
-    return TierData(label, medium, st, note, history)
+            note = (f"no KV events: {label} occupancy unknown"
+                    + (" (enable event_buffer_max_size)" if trtllm else ""))
+    return TierData(label, medium, st, note, history, trtllm)
 
 
 def sparkline_series(history: Sequence[HistoryPoint]) -> Series:
@@ -175,7 +180,9 @@ def what_if_data(advice: Mapping[str, Any]) -> WhatIfData:
 
 
 def hit_data(snap: TierSnapshot, history: tuple[float | None, ...], what_if: WhatIfData | None) -> HitData:
-    return HitData(snap.hit_rate, history, snap.window_s, what_if)
+    why = None if snap.hit_rate.lookups else hit_rate_unknown_why(
+        getattr(snap, "meta", None), (getattr(snap, "summary_reads", None) or {}).get("stream"))
+    return HitData(snap.hit_rate, history, snap.window_s, what_if, why)
 
 
 def moves_data(snap: TierSnapshot, rates: Rates, history: tuple[tuple[float, float, float, float], ...],
@@ -210,7 +217,8 @@ def priority_data(snap: TierSnapshot, gpu: TierState, host: TierState) -> Priori
     rows = tuple((p, gpu_by.get(p, 0), host_by.get(p, 0), hit.get(p)) for p in order)
     split_by = snap.hit_split_by_priority
     split = tuple((s.gpu, s.host) if (s := split_by.get(p)) is not None else (None, None) for p in order)
-    return PriorityData(rows, gpu.capacity_blocks, host.capacity_blocks, split, gpu.bytes_per_block)
+    cached = sum(t.cached_blocks or 0 for t in tier_states(snap))
+    return PriorityData(rows, gpu.capacity_blocks, host.capacity_blocks, split, gpu.bytes_per_block, cached)
 
 
 def memory_data(snap: TierSnapshot, host: TierState, view: SessionView) -> MemoryData:

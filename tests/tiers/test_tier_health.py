@@ -79,3 +79,27 @@ def test_the_session_reports_and_resolves_them() -> None:
     assert "tier.host_not_larger" in {p.kind for p in s.problems.snapshot() if p.active}
     s.tick(now=12.0, monotonic=100.0 + HEALTH_EVERY_S)
     assert "tier.host_not_larger" not in {p.kind for p in s.problems.snapshot() if p.active}
+
+
+def test_a_vllm_streams_alarms_give_no_tensorrt_llm_reasons() -> None:
+    """A vLLM stream with /metrics (host pool of 64 blocks, GPU of 100): the alarm said TensorRT-LLM's reasons
+    (offload-on-evict; the host queue's front slot, freeChildren) for an engine that has neither. Its words are
+    neutral; a TensorRT-LLM run's keep them."""
+    from kv_publisher import SRC, batch, removed, stored
+
+    m = TierModel()
+    m.apply(make("meta", {"engine": "vllm", "attach": "zmq", "endpoint": "tcp://127.0.0.1:5557"}, SRC, 1.0))
+    m.apply(make("metrics", {"engine": "vllm", "url": "http://127.0.0.1:8000/metrics", "samples": [
+        ["vllm:cache_config_info", {"block_size": "16", "num_gpu_blocks": "100"}, 1.0],
+        ["vllm:kv_offload_config_info", {"cpu_num_chunks": "64"}, 1.0]]}, SRC, 1.0))
+    m.apply(batch(0, [stored(list(range(1, 11)), medium="CPU")], t=2.0))
+    for i in range(1, 20):   # host removals while most of the host pool is empty
+        m.apply(batch(i, [stored([100 + i], medium="CPU"), removed([100 + i], medium="CPU")], t=2.0 + i))
+    alarms = tier_health(m.snapshot())
+    assert alarms["tier.host_not_larger"] == ("host pool (64 blocks) no larger than the GPU pool (100): it holds "
+                                              "little the GPU pool does not hold too, so it can hardly add hits")
+    assert alarms["tier.host_evictions"].endswith("empty): the engine's removals say no reason (the moves panel's "
+                                                  "'left' line: what kvtop inferred)"), alarms["tier.host_evictions"]
+    assert not any(w in " ".join(alarms.values()) for w in ("offload-on-evict", "freeChildren", "front slot"))
+    trt = tier_health(_model(256, 200).snapshot())
+    assert "offload-on-evict fills it with what the GPU just evicted" in trt["tier.host_not_larger"]

@@ -53,23 +53,19 @@ HELP_TEXT = """\
 [b]Tiers[/]  one bar per tier: parts that never overlap and fill the pool. Each
   tier keeps its colour in every panel: [b $kv-gpu]GPU[/], [b $kv-host]host[/], [b $kv-disk]disk[/]
   [$kv-gpu]█[/][$kv-host]█[/] [b]in use[/]      held by running requests
-                 (TensorRT-LLM: capacity - freeNumBlocks)
-  [$kv-gpu-cached]▓[/][$kv-host-cached]▓[/] [b]cached idle[/] reusable KV no request holds: evicted or
+{in_use}  [$kv-gpu-cached]▓[/][$kv-host-cached]▓[/] [b]cached idle[/] reusable KV no request holds: evicted or
                  offloaded first
   [$kv-gpu-empty]░[/][$kv-host-empty]░[/] [b]empty[/]       no request holds it, nothing reusable in it
-  TensorRT-LLM's [b]free[/] (freeNumBlocks) = cached idle + empty: the ┐┘
-  bracket. Its [b]cached[/] (the reuse tree) also counts blocks requests
-  hold: the "reuse tree" line.
+{free}  hold: the "reuse tree" line.
   Headline: GPU % in use, host % cached.
   [$warning]≈[/] the split is an estimate (held blocks taken as cached first), or
-    TensorRT-LLM 1.2 dropped a cached block silently (an upper bound).
-
+{dropped}
 [b]Hit rate[/]  reused prompt blocks / prompt blocks looked up, over the window
   and since start; GPU + host = total (a host hit: onboarded from host).
 [b]Size[/]  "host×0 ½ 1 2 4: 38 38 39 42 42% opt 46": the hit rate with no host
   cache, half, this one (the run's own since start), 2x and 4x, estimated from
   the blocks it moved and dropped; opt: the best any policy could do here.
-[b]Moves[/]  offload GPU→host on eviction, onboard host→GPU on reuse, evict:
+[b]Moves[/]  offload GPU→host {offload}, onboard host→GPU on reuse, evict:
   dropped from a tier. left: why blocks left each tier (evicted, offloaded,
   released, cleared), "(engine)" where its events say so, "(inferred)" where
   kvtop worked it out (vLLM's and SGLang's removals give no reason).
@@ -80,6 +76,29 @@ HELP_TEXT = """\
 [b]Sources[/]  (2+ attached) one row each, ▶ the one shown. [b]all[/]: sums of
   blocks and rates, hit = hits / lookups, TTFT p99 = max of the sources'.
 """
+# The lines above that name an engine's fields: TensorRT-LLM's where the source is TensorRT-LLM or its simulator,
+# the engine's own or neutral words for any other (vLLM, SGLang, Dynamo: kvtop/engines/names.py)
+HELP_TRTLLM = {
+    "in_use": "                 (TensorRT-LLM: capacity - freeNumBlocks)\n",
+    "free": "  TensorRT-LLM's [b]free[/] (freeNumBlocks) = cached idle + empty: the ┐┘\n"
+            "  bracket. Its [b]cached[/] (the reuse tree) also counts blocks requests\n",
+    "dropped": "    TensorRT-LLM 1.2 dropped a cached block silently (an upper bound).\n",
+    "offload": "on eviction",
+}
+HELP_ANY = {
+    "in_use": "",
+    "free": "  [b]free[/] = cached idle + empty: the ┐┘ bracket. The blocks the events\n"
+            "  announced (the reuse tree) also count blocks requests\n",
+    "dropped": "    the stream lost batches or began after the engine did (since attach).\n",
+    "offload": "a copy",
+}
+
+
+def help_text(trtllm: bool = True) -> str:
+    """The help's markup, in the words of the source's engine (``trtllm``: TensorRT-LLM or its simulator)."""
+    return HELP_TEXT.format_map(HELP_TRTLLM if trtllm else HELP_ANY)
+
+
 # On the help's border, so that it shows when the help is taller than the screen (at 120x40 since the replay's keys)
 HELP_HINT = "↑↓ scroll · esc or ? closes this help"
 
@@ -98,13 +117,14 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen Static { width: 100%; height: auto; }
     """
 
-    def __init__(self, last_error: str | None = None, failed: int = 0):
+    def __init__(self, last_error: str | None = None, failed: int = 0, trtllm: bool = True):
         super().__init__()
         self.last_error = last_error
         self.failed = failed
+        self.trtllm = trtllm   # the source is TensorRT-LLM or its simulator: the help names its fields
 
     def compose(self) -> ComposeResult:
-        text = Content.from_markup(HELP_TEXT)
+        text = Content.from_markup(help_text(self.trtllm))
         if self.last_error:
             # The last failed request's error, whole (the panel cuts it to its width), first: stripped of
             # control characters, and put in as plain text, never as markup.

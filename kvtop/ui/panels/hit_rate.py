@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from kvtop.tiers import HitRate
@@ -44,6 +45,9 @@ class HitData:
     # Live what-if (kvtop.tiers.whatif); None hides the line (a session without the estimate, or another
     # source shown).
     what_if: WhatIfData | None = None
+    # Why the hit rate is unknown and what gives it, where the source lacks the data (a KV event stream without
+    # the engine's /metrics: kvtop/engines/names.py hit_rate_unknown_why); shown while nothing was looked up.
+    unknown_why: str | None = None
 
 
 # 3x3 box-drawing glyphs for the big hit-rate figure (the back of the room reads these, not the small digits).
@@ -120,6 +124,15 @@ class HitRatePanel(Panel[HitData]):
                                     (fmt.pct(h.window_gpu, digits=0), S_GPU), " ", ("host", S_HOST), " ",
                                     (fmt.pct(h.window_host, digits=0), S_HOST), *tail, (" total ", S_DIM),
                                     fmt.pct(h.cumulative, digits=0))], width, height)
+        if d.unknown_why and not h.lookups:
+            # No figure to show, the reason instead (where the sparkline and the what-if's "?"s would be): the
+            # totals row, the window's where there is room, then the reason wrapped to the panel.
+            why = [styled(text, S_DIM) for text in textwrap.wrap(d.unknown_why, max(width, 1),
+                                                                 break_on_hyphens=False)]
+            rows = [row(win, h.window, h.window_gpu, h.window_host, h.window_disk, h.window_external, mode),
+                    row("total", h.cumulative, h.gpu, h.host, h.disk, h.external, mode)]
+            # the rows of "?" go first where the reason needs their room (80x24: three rows, all of it reason)
+            return fit_lines([*rows[max(len(why) + 2 - height, 0):], *why], width, height)
         lines: list[Line] = []
         if height >= 6:
             # Whole percent in the big figure: the back of the room needs 38%, and the row under it has 38.5%.

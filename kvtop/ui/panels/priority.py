@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from kvtop.ui import format as fmt
@@ -31,6 +32,9 @@ class PriorityData:
     # size for GiB. Shown where the panel is wide (200x60).
     split: tuple[tuple[float | None, float | None], ...] = ()
     bytes_per_block: int | None = None
+    # blocks cached in any tier, where known: with no priority rows, "no cached blocks yet" is said only where
+    # none are (a vLLM, SGLang or Dynamo stream caches blocks whose events carry no retention priority)
+    cached: int | None = None
 
 
 class PriorityPanel(Panel[PriorityData]):
@@ -46,7 +50,10 @@ class PriorityPanel(Panel[PriorityData]):
         if d is None:
             return BLANK
         if not d.rows:
-            return fit_lines([styled("no cached blocks yet", S_DIM)], width, height)
+            if not d.cached:
+                return fit_lines([styled("no cached blocks yet", S_DIM)], width, height)
+            why = f"no retention priorities in this engine's events ({fmt.count(d.cached)} blocks cached)"
+            return fit_lines([styled(t, S_DIM) for t in textwrap.wrap(why, max(width, 1))], width, height)
         if height == 1:
             parts: list[Any] = [("prio ", "bold")]
             for prio, g, h, _ in d.rows:

@@ -33,6 +33,9 @@ class TierData:
     state: TierState
     note: str | None = None    # why a tier is unknown or absent, in words
     history: tuple[float | None, ...] = ()  # the headline share per history step (200x60 only)
+    # TensorRT-LLM's words apply (its "free", offload-on-evict, host_cache_size): the source is TensorRT-LLM or its
+    # simulator (kvtop/engines/names.py); for vLLM, SGLang, Dynamo the panel's words are neutral
+    trtllm: bool = True
 
 
 # A tier's name (TierState.name) -> its label and medium on screen; a tier kvtop does not know keeps its own name.
@@ -56,6 +59,10 @@ class TierPanel(Panel[TierData]):
 
     GPU_HINT = "TensorRT-LLM's free = cached idle + empty"
     HOST_HINT = "offloaded on GPU eviction, kept for reuse"
+    # Another engine's (vLLM, SGLang, Dynamo): "free" as kvtop counts it, and the host holding copies of GPU blocks
+    # (vLLM's offloading connector and SGLang's HiCache store the copy before the GPU block goes, not on eviction)
+    GPU_HINT_ANY = "free = cached idle + empty"
+    HOST_HINT_ANY = "copies of GPU blocks, kept for reuse"
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -176,7 +183,8 @@ class TierPanel(Panel[TierData]):
         st = d.state
         if st.capacity_blocks == 0:
             # Said in full within 36 cells (80x24): what "none" means for the blocks the GPU evicts.
-            lines = [line_of((f"{d.label}: ", "bold"), (d.note or "none (host_cache_size = 0)", S_DIM))]
+            lines = [line_of((f"{d.label}: ", "bold"),
+                             (d.note or ("none (host_cache_size = 0)" if d.trtllm else "none"), S_DIM))]
             if d.label == "host" and not d.note:
                 lines.append(styled("evicted GPU blocks are dropped", S_DIM))
             return fit_lines(lines, width, height)
@@ -224,7 +232,7 @@ class TierPanel(Panel[TierData]):
             parts.append((" ≈", S_WARN) if i == 1 and approx and not unknown else "  ")
             if i == 1 and d.label == "GPU":
                 # TensorRT-LLM's "free" is these two rows together: a bracket says so.
-                parts += [(" ┐ ", S_DIM), ("free" if width < 60 else "TensorRT-LLM's free", S_DIM)]
+                parts += [(" ┐ ", S_DIM), ("TensorRT-LLM's free" if width >= 60 and d.trtllm else "free", S_DIM)]
             elif i == 2 and d.label == "GPU":
                 parts += [(" ┘ ", S_DIM), (fmt.count(free), S_FIG),
                           (f" {fmt.pct(free / cap if cap and free is not None else None, digits=0)}"
@@ -245,7 +253,8 @@ class TierPanel(Panel[TierData]):
                                        if o.slack else [])))
         if len(lines) < height:
             note = None if noted else d.note
-            hint = note or (self.GPU_HINT if d.label == "GPU" else self.HOST_HINT)
+            hint = note or ((self.GPU_HINT if d.trtllm else self.GPU_HINT_ANY) if d.label == "GPU"
+                            else self.HOST_HINT if d.trtllm else self.HOST_HINT_ANY)
             lines.append(styled(hint, S_WARN if note else S_DIM))
         if d.history and len(lines) < height - 1:
             # 200x60: the headline share over time, one cell a step, on a fixed 0-100% scale, as tall as the

@@ -1,0 +1,128 @@
+"""The screen speaks the source's engine: a vLLM stream's screen names no TensorRT-LLM field or setting (its "free",
+freeNumBlocks, host_cache_size, event_buffer_max_size, offload-on-evict), where a TensorRT-LLM source's still does;
+and a figure a stream cannot give says why and what gives it (the hit rate: the engine's /metrics).
+
+The vLLM source is real: a ZMQ publisher on 127.0.0.1 (tests/kv_publisher.py, the wire as vLLM 0.33 sends it), the
+attach session as ``kvtop attach zmq://`` builds it, the dashboard running it; read at 80x24, 120x40 and 200x60,
+with the help open too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+import time
+from typing import Any
+
+import pytest
+from kv_publisher import Publisher, removed, stored
+from recordings import session_from_recording
+
+from kvtop import run_summary
+from kvtop.compose import build_attach_session
+from kvtop.ui.app import build_app
+from kvtop.ui.panels.hit_rate import HitRatePanel
+
+pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
+
+SIZES = ((80, 24), (120, 40), (200, 60))
+# TensorRT-LLM's name, and its fields and settings the screen used to say whatever the engine
+TRTLLM_WORDS = re.compile(r"TensorRT|trtllm|freeNumBlocks|host_cache_size|event_buffer_max_size|freeChildren|"
+                          r"offload-on-evict|offloaded on GPU eviction|secondary_offload_min_priority")
+
+
+class Settings:
+    refresh = 0.1
+    theme = "dark"
+    duration = None
+
+
+def _text(svg: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", svg)).replace("\xa0", " ")
+
+
+async def _screens(app: Any, pilot: Any) -> dict[str, str]:
+    """The whole screen at each size, and with the help open, as text."""
+    out = {}
+    for w, h in SIZES:
+        await pilot.resize_terminal(w, h)
+        await pilot.pause()
+        app.refresh_view()
+        await pilot.pause()
+        out[f"{w}x{h}"] = _text(app.export_screenshot())
+        out[f"{w}x{h} hit"] = app.screen.query_one(HitRatePanel).text()   # its lines, as the panel wraps them
+        await pilot.press("question_mark")
+        await pilot.pause()
+        out[f"{w}x{h} help"] = _text(app.export_screenshot())
+        await pilot.press("escape")
+        await pilot.pause()
+    return out
+
+
+async def _until(pilot: Any, done: Any, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout   # generous: this machine is shared
+    while not done():
+        assert time.monotonic() < deadline, what
+        await pilot.pause(0.05)
+
+
+@pytest.mark.slow
+async def test_a_vllm_streams_screen_names_no_tensorrt_llm_field_and_says_what_gives_the_hit_rate() -> None:
+    pub = Publisher(replay=False)
+    try:
+        session = build_attach_session(pub.url, command="attach", run="words")
+        app = build_app(session, Settings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await asyncio.to_thread(pub.wait_subscribed)
+            # GPU stores, a CPU copy of two of them (an offload), two GPU removals, one back on the GPU (an onboard)
+            pub.send([stored([1, 2, 3, 4]), stored([5, 6, 7, 8], parent=4)])
+            pub.send([stored([1, 2], medium="CPU")])
+            pub.send([removed([1, 2])])
+            pub.send([stored([1])])
+            await _until(pilot, lambda: "reuse tree 7 blocks" in app.screen.query_one("#tier-gpu").text(),
+                         "the stream's blocks did not reach the GPU panel")
+            screens = await _screens(app, pilot)
+            summary = run_summary.summary(session)
+            session.stop()
+    finally:
+        pub.close()
+    for name, text in screens.items():
+        assert not TRTLLM_WORDS.search(text), (name, TRTLLM_WORDS.search(text), text)
+    for size in ("120x40", "200x60"):
+        assert "┐ free" in screens[size] and "free = cached idle + empty" in screens[size], screens[size]
+        assert "copies of GPU blocks, kept for reuse" in screens[size]
+        assert "no retention priorities in this engine's events (9 blocks cached)" in screens[size]
+    assert "free = cached idle + empty: the ┐┘ bracket" in screens["120x40 help"]
+    # The hit rate: "?" said why and what gives it, at every size (80x24: the reason takes the panel's three rows)
+    hint = "?metrics=http://127.0.0.1:8000/metrics"
+    for size in ("80x24", "120x40", "200x60"):
+        flat = " ".join(screens[f"{size} hit"].split())
+        assert flat.startswith("hit rate unknown: KV events carry no lookups; add the engine's /metrics:") or \
+            "? host ? hit rate unknown: KV events carry no lookups; add the engine's /metrics:" in flat, (size, flat)
+    assert hint in "".join(screens["200x60 hit"].split()), screens["200x60 hit"]
+    # ... and the headless text and the JSON summary say the same
+    why = summary["hit_rate"]["unknown_why"]
+    assert why == (f"hit rate unknown: KV events carry no lookups; add the engine's /metrics: "
+                   f"zmq://127.0.0.1:{pub.port}{hint} (or vllm://127.0.0.1:8000)")
+    text = run_summary.format_summary(summary)
+    assert f"hit rate: unknown (GPU unknown, host unknown); KV events carry no lookups; add the engine's /metrics: " \
+           f"zmq://127.0.0.1:{pub.port}{hint}" in text, text
+    assert not TRTLLM_WORDS.search(text), text
+
+
+@pytest.mark.slow
+async def test_a_tensorrt_llm_sources_screen_still_names_its_fields() -> None:
+    """The busy recording (kvtop's simulator of TensorRT-LLM): its "free" is TensorRT-LLM's freeNumBlocks, its
+    host tier offload-on-evict, and the help says so; no hit-rate reason (its stats carry the lookups)."""
+    session = session_from_recording()
+    app = build_app(session, Settings(), run_session=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        screens = await _screens(app, pilot)
+    for size in ("120x40", "200x60"):
+        assert "TensorRT-LLM's free" in screens[size], screens[size]
+        assert "offloaded on GPU eviction, kept for reuse" in screens[size]
+    assert "TensorRT-LLM's free (freeNumBlocks) = cached idle + empty" in screens["120x40 help"]
+    assert "capacity - freeNumBlocks" in screens["120x40 help"]
+    assert not any("carry no lookups" in text for text in screens.values())
+    assert run_summary.summary(session)["hit_rate"]["unknown_why"] is None
