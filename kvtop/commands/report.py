@@ -81,7 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"{run['label']}: {cell(run['requests_completed'], 'int')} requests, hit rate "
                f"{cell(run['hit_rate'], 'pct')} (GPU {cell(run['gpu_hit_rate'], 'pct')}, host "
               f"{cell(run['host_hit_rate'], 'pct')}), TTFT p50 {cell(run['ttft_p50_s'], 'ms')}, "
-              f"p99 {cell(run['ttft_p99_s'], 'ms')}")
+              f"p99 {cell(run['ttft_p99_s'], 'ms')}"
+            + (f"; {run['hit_rate_unknown_why'].removeprefix('hit rate unknown: ')}"
+               if run.get("hit_rate_unknown_why") else ""))
     base = result["runs"][0] if result["runs"] else None
     for name, ds in result.get("deltas", {}).items():
         say(f"{name} against {base['name'] if base else '?'}:")

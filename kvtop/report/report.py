@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvtop.engines.names import is_trtllm
 from kvtop.report.charts import (
     GPU_COLOR,
     HOST_COLOR,
@@ -273,22 +274,30 @@ def _page(runs: Sequence[RunData], images: dict[str, Path], note: str | None = N
            ".answer p{font-size:17px;margin:0.4em 0}.answer{border-left:4px solid #888;padding-left:0.8em}"
            f".gpu{{color:{GPU_COLOR};font-weight:bold}}.host{{color:{HOST_COLOR};font-weight:bold}}"
            f".miss{{color:{MISS_COLOR};font-weight:bold}}")
-    # A disk tier (TensorRT-LLM's disk cache) is named, and gets its row, only where a run had one.
+    # A disk tier (TensorRT-LLM's disk cache) is named, and gets its row, only where a run had one. TensorRT-LLM's
+    # words only where every run is TensorRT-LLM's (or its simulator's): a vLLM recording's page named its fields.
+    trtllm = all(is_trtllm(r.meta.get("engine")) for r in runs)
     disk = any(r.summary.get("disk_blocks") is not None for r in runs)
     tiers = ("<span class='gpu'>GPU (HBM)</span>, <span class='host'>host (pinned DRAM)</span> and disk "
-             "(TensorRT-LLM's disk cache)" if disk else
+             + ("(TensorRT-LLM's disk cache)" if trtllm else "(the engine's disk tier)") if disk else
              "<span class='gpu'>GPU (HBM)</span> and <span class='host'>host (pinned DRAM)</span>")
+    lookups = ("TensorRT-LLM's reusedBlocks / (reused + missed)" if trtllm
+               else "reused blocks / blocks looked up, as the engine counts them")
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>kvtop report</title>",
              f"<style>{css}</style></head><body>", "<h1>kvtop report</h1>"]
     parts += _answer(runs)
-    parts.append(f"<p>Tiers: {tiers}, in these colours in every chart. Hit rates are block-based (TensorRT-LLM's "
-                 "reusedBlocks / (reused + missed)); changes in <span class='good'>green</span> are better, in "
+    parts.append(f"<p>Tiers: {tiers}, in these colours in every chart. Hit rates are block-based ({lookups}); "
+                 "changes in <span class='good'>green</span> are better, in "
                  "<span class='bad'>red</span> worse (the GPU's and the host's shares of the hits are neither: a "
                  "host tier moves hits between them; the total is what counts); the what-if rows estimate the hit "
                  "rate with a 2x / 4x larger host cache from the run's own evictions. Sizes in GiB "
                  "(2<sup>30</sup> bytes).</p>")
     if note:
         parts.append(f"<p class='bad'>{html.escape(note)}</p>")
+    for r in runs:   # a hit rate a run's source could not give: why, and what gives it
+        if r.summary.get("hit_rate_unknown_why"):
+            parts.append(f"<p>{html.escape(r.summary['label'])}: {html.escape(r.summary['hit_rate_unknown_why'])}"
+                         "</p>")
     table = list(_TABLE)
     if disk:
         table.insert(9, ("disk blocks", "disk_blocks", "int"))

@@ -212,6 +212,9 @@ class _Fold:
                                    "p99_s": percentile(run.ttft_by_source.get(k, []), 0.99)}
                                for k, _ in PREFIX_SOURCES},
             "hit_rate": hr["cumulative"],
+            # why the run's hit rate is unknown, where its source lacked the data (a KV event stream recorded
+            # without the engine's /metrics), else None
+            "hit_rate_unknown_why": hr.get("unknown_why"),
             "gpu_hit_rate": hr["gpu"],
             "host_hit_rate": hr["host"],
             "offloaded_blocks": s["moves"]["offloaded_blocks"],

@@ -298,3 +298,55 @@ def test_watch_example_records_outside_the_directory_it_runs_from(tmp_path: Path
     made = list(temp.glob("kvtop-example-*/watch_my_script.jsonl"))
     assert len(made) == 1 and made[0].stat().st_size > 0, list(temp.rglob("*"))
     assert f"recorded to {made[0]}; replay it with: kvtop replay {made[0]}" in done.stdout
+
+
+# ---------------------------------------------------------------------------------------------- the engine's words
+
+TRTLLM_WORDS = ("TensorRT", "trtllm", "freeNumBlocks", "host_cache_size", "event_buffer_max_size", "freeChildren",
+                "offload-on-evict", "reusedBlocks")
+
+
+@pytest.mark.slow
+def test_a_vllm_streams_text_replay_and_report_name_no_tensorrt_llm_field_and_say_what_gives_the_hit_rate(
+        tmp_path: Path) -> None:
+    """Real processes: kvtop attached to a real ZMQ publisher (vLLM's wire, no /metrics), recording; the recording
+    replayed headless and reported. None of it names TensorRT-LLM's fields (the report's page said hit rates were
+    "TensorRT-LLM's reusedBlocks / (reused + missed)"), and each says why the hit rate is unknown and what gives it;
+    a TensorRT-LLM recording's page still names its fields."""
+    pub = Publisher(replay=False)
+    rec = tmp_path / "stream.jsonl"
+    try:
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("KVTOP_")}
+        environ.update(XDG_CONFIG_HOME=str(tmp_path / "xdg"), PYTHONPATH=str(ROOT))
+        proc = subprocess.Popen([sys.executable, "-m", "kvtop", "attach", pub.url, "--headless", "--duration", "4",
+                                 "--record", str(rec)], cwd=tmp_path, env=environ, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        pub.wait_subscribed()
+        for i in range(5):
+            pub.send([stored([10 * i + 1, 10 * i + 2]), stored([10 * i + 1], medium="CPU")])
+        pub.send([removed([1])])
+        out, err = proc.communicate(timeout=120)
+    finally:
+        pub.close()
+    assert proc.returncode == 0, err
+    why = (f"KV events carry no lookups; add the engine's /metrics: zmq://127.0.0.1:{pub.port}?metrics="
+           "http://127.0.0.1:8000/metrics (or vllm://127.0.0.1:8000)")
+    said = {"attach": out + err}
+    assert f"hit rate: unknown (GPU unknown, host unknown); {why}" in out.splitlines(), out
+    replay = _run(["replay", str(rec), "--headless", "--speed", "0"], tmp_path)
+    assert replay.returncode == 0, replay.stderr
+    assert f"hit rate: unknown (GPU unknown, host unknown); {why}" in replay.stdout.splitlines(), replay.stdout
+    said["replay"] = replay.stdout + replay.stderr
+    report = _run(["report", str(rec), "-o", str(tmp_path / "rep")], tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert why in report.stdout, report.stdout
+    said["report"] = report.stdout + report.stderr
+    page = said["report page"] = (tmp_path / "rep" / "index.html").read_text()
+    assert "Hit rates are block-based (reused blocks / blocks looked up, as the engine counts them)" in page
+    assert why.replace("'", "&#x27;") in page
+    for what, text in said.items():
+        assert not [w for w in TRTLLM_WORDS if w in text], (what, text)
+    trt = _run(["report", str(ROOT / "tests" / "data" / "busy.jsonl"), "-o", str(tmp_path / "busy")], tmp_path)
+    assert trt.returncode == 0, trt.stderr
+    assert "(TensorRT-LLM's reusedBlocks / (reused + missed))" in (tmp_path / "busy" / "index.html").read_text()
+    assert "carry no lookups" not in trt.stdout
