@@ -72,8 +72,11 @@ def format_summary(s: dict[str, Any]) -> str:
     lines += [f"not modelled: {note}" for note in s.get("not_modelled") or []]
     req = s.get("requests", {})
     ttft = req.get("ttft_ms", {})
-    lines.append(f"requests: {_n(req.get('completed', 0))} completed, {_n(req.get('failed', 0))} failed; TTFT p50 "
-                 f"{_ms(ttft.get('p50'))}, p99 {_ms(ttft.get('p99'))}")
+    if req.get("unknown_why"):   # a source with no requests to count: why, not "0 completed"
+        lines.append(f"requests: unknown; {req['unknown_why'].removeprefix('requests unknown: ')}")
+    else:
+        lines.append(f"requests: {_n(req.get('completed', 0))} completed, {_n(req.get('failed', 0))} failed; TTFT "
+                     f"p50 {_ms(ttft.get('p50'))}, p99 {_ms(ttft.get('p99'))}")
     by_source = req.get("ttft_ms_by_source") or {}
     if by_source:  # where each request's prefix came from: the verdict's evidence
         lines.append("TTFT by prefix source: " + "; ".join(

@@ -8,14 +8,15 @@ streaming path all send: the stream alone does not say which). Words that name T
 source is TensorRT-LLM or its simulator; for any other source the words are the engine's or neutral.
 
 Where a figure is unknown because the source lacks the data, the words say why and what gives it
-(:func:`hit_rate_unknown_why`: a KV event stream has no lookups; the engine's ``/metrics`` has them).
+(:func:`hit_rate_unknown_why`: a KV event stream has no lookups; the engine's ``/metrics`` has them;
+:func:`requests_unknown_why`: neither has requests, so the requests panel's counts are unknown, not 0).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["engine_name", "hit_rate_unknown_why", "is_trtllm"]
+__all__ = ["engine_name", "hit_rate_unknown_why", "is_trtllm", "requests_unknown_why"]
 
 _NAMES = {"trtllm": "TensorRT-LLM", "sim": "TensorRT-LLM", "vllm": "vLLM", "sglang": "SGLang", "dynamo": "Dynamo",
           "kvbm": "Dynamo", "lmcache": "LMCache"}
@@ -64,3 +65,12 @@ def hit_rate_unknown_why(meta: Any, stream: Any) -> str | None:
     also = f" (or {scheme}://{host}:{port})" if scheme else ""
     return (f"hit rate unknown: KV events carry no lookups; add the engine's /metrics: "
             f"zmq://{hostport}?metrics=http://{host}:{port}/metrics{also}")
+
+
+def requests_unknown_why(stream: Any, completed: int, failed: int) -> str | None:
+    """Why a KV event stream's requests (done, failed, rates, TTFT) are unknown, or None where they are known or a
+    stream does not explain it. The stream says blocks, never requests, and kvtop reads no request metric from an
+    engine's /metrics: "done 0" read as if the engine had served nothing."""
+    if not isinstance(stream, dict) or stream.get("summaries") or completed or failed:
+        return None
+    return "requests unknown: KV events and the engine's /metrics as kvtop reads them count blocks, not requests"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvtop.engines.names import hit_rate_unknown_why
+from kvtop.engines.names import hit_rate_unknown_why, requests_unknown_why
 
 if TYPE_CHECKING:
     from kvtop.tiers.model import TierModel
@@ -76,7 +76,9 @@ def summary_of(m: Any, live: Mapping[str, Any]) -> dict[str, Any]:
         "requests": {"completed": req.completed, "failed": req.failed, "warmup": req.warmup,
                      "in_flight": req.in_flight, "ttft_ms": req.ttft.to_json_ms(), "e2e_ms": req.e2e.to_json_ms(),
                      "prompt_tokens": req.prompt_tokens, "output_tokens": req.output_tokens,
-                     "last_error": req.last_error, "ttft_ms_by_source": req.ttft_by_source_json()},
+                     "last_error": req.last_error, "ttft_ms_by_source": req.ttft_by_source_json(),
+                     # why the counts above are unknown (0 and null), where the source has no requests to count
+                     "unknown_why": requests_unknown_why(live["stream"], req.completed, req.failed)},
         # is each tier below the GPU paying off (kvtop/tiers/verdict.py): says, saved_s, spent_s, net_s, basis
         "verdict": {tier: v.to_json() for tier, v in m.verdict.items()},
         "cached_by_priority": {tier: {("none" if p is None else str(p)): n

@@ -858,7 +858,7 @@ class KvtopApp(App[int]):
         if key != self._kept.by_source_key or not req.ttft_by_source:
             self._kept.by_source_key = key
             self._kept.by_source = ttft_by_source(req, windowed)
-        return requests_data(req, rates, in_flight, self._kept.by_source)
+        return requests_data(req, rates, in_flight, self._kept.by_source, snap)
 
     # ------------------------------------------------------------------------------------------ actions
 

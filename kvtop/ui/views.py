@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvtop.engines.names import hit_rate_unknown_why, is_trtllm
+from kvtop.engines.names import hit_rate_unknown_why, is_trtllm, requests_unknown_why
 from kvtop.fleet import FleetRow, combine
 from kvtop.session import SessionView
 from kvtop.sources.replay import ReplayPlayer
@@ -199,14 +199,17 @@ def ttft_by_source(req: Requests, windowed: bool) -> BySource:
     return tuple((label, lat.p50_s, lat.p99_s, lat.count) for label, lat in rows if lat.count)
 
 
-def requests_data(req: Requests, rates: Rates, in_flight: int | None, by_source: BySource) -> RequestData:
-    """The requests panel's data: the window's latencies while it has requests, the run's otherwise."""
+def requests_data(req: Requests, rates: Rates, in_flight: int | None, by_source: BySource,
+                  snap: TierSnapshot | None = None) -> RequestData:
+    """The requests panel's data: the window's latencies while it has requests, the run's otherwise; where the
+    source has no requests to count (``snap``'s KV event stream), why, instead of zeros."""
     windowed = req.window_ttft.count > 0
     ttft = req.window_ttft if windowed else req.ttft
     e2e = req.window_e2e if req.window_e2e.count > 0 else req.e2e
+    stream = (getattr(snap, "summary_reads", None) or {}).get("stream") if in_flight is None else None
     return RequestData(in_flight, req.completed, req.failed, rates.requests_per_s, rates.output_tokens_per_s,
                        rates.prompt_tokens_per_s, ttft.p50_s, ttft.p99_s, e2e.p50_s, e2e.p99_s, windowed,
-                       req.last_error, by_source)
+                       req.last_error, by_source, requests_unknown_why(stream, req.completed, req.failed))
 
 
 def priority_data(snap: TierSnapshot, gpu: TierState, host: TierState) -> PriorityData:
@@ -236,7 +239,8 @@ def memory_data(snap: TierSnapshot, host: TierState, view: SessionView) -> Memor
     meta = {**view.meta, **snap.meta}
     # The simulator's pools are no memory of this machine's: the panel says so ("simulated")
     simulated = bool(meta.get("simulated")) or meta.get("engine") == "sim"
-    return MemoryData(gpus, snap.gpu_error, rss, pinned, avail, total, simulated, host.capacity_blocks)
+    return MemoryData(gpus, snap.gpu_error, rss, pinned, avail, total, simulated, host.capacity_blocks,
+                      attached="attached_to" in view.meta)
 
 
 def fleet_data(shown: Sequence[FleetRow], rows: Sequence[FleetRow], selected: int, cursor: int,

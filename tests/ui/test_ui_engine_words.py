@@ -23,6 +23,8 @@ from kvtop import run_summary
 from kvtop.compose import build_attach_session
 from kvtop.ui.app import build_app
 from kvtop.ui.panels.hit_rate import HitRatePanel
+from kvtop.ui.panels.memory import MemoryPanel
+from kvtop.ui.panels.requests import RequestPanel
 
 pytestmark = pytest.mark.usefixtures("frozen_ui_clock")  # tests/conftest.py
 
@@ -52,6 +54,8 @@ async def _screens(app: Any, pilot: Any) -> dict[str, str]:
         await pilot.pause()
         out[f"{w}x{h}"] = _text(app.export_screenshot())
         out[f"{w}x{h} hit"] = app.screen.query_one(HitRatePanel).text()   # its lines, as the panel wraps them
+        out[f"{w}x{h} requests"] = app.screen.query_one(RequestPanel).text()
+        out[f"{w}x{h} memory"] = app.screen.query_one(MemoryPanel).text()
         await pilot.press("question_mark")
         await pilot.pause()
         out[f"{w}x{h} help"] = _text(app.export_screenshot())
@@ -109,6 +113,19 @@ async def test_a_vllm_streams_screen_names_no_tensorrt_llm_field_and_says_what_g
     assert f"hit rate: unknown (GPU unknown, host unknown); KV events carry no lookups; add the engine's /metrics: " \
            f"zmq://127.0.0.1:{pub.port}{hint}" in text, text
     assert not TRTLLM_WORDS.search(text), text
+    # No requests in a stream: the panel, the text and the JSON say so, not "done 0" as if none had been served
+    for size in ("120x40", "200x60"):
+        flat = " ".join(screens[f"{size} requests"].split())
+        assert flat.startswith("requests unknown: KV events and the engine's /metrics as kvtop reads them count "
+                               "blocks, not requests"), (size, flat)
+        assert "done" not in flat
+        # the memory panel: nothing sampled by an attach, said so (not "no NVML sample yet": none will come)
+        memory = " ".join(screens[f"{size} memory"].split())
+        assert memory.startswith("not measured: kvtop attach samples no GPU or host memory (a driven run or "
+                                 "kvtop.watch does)"), (size, memory)
+    assert summary["requests"]["unknown_why"].startswith("requests unknown: KV events")
+    assert "requests: unknown; KV events and the engine's /metrics as kvtop reads them count blocks, not requests" \
+        in text.splitlines()[1], text
 
 
 @pytest.mark.slow
@@ -125,4 +142,6 @@ async def test_a_tensorrt_llm_sources_screen_still_names_its_fields() -> None:
     assert "TensorRT-LLM's free (freeNumBlocks) = cached idle + empty" in screens["120x40 help"]
     assert "capacity - freeNumBlocks" in screens["120x40 help"]
     assert not any("carry no lookups" in text for text in screens.values())
-    assert run_summary.summary(session)["hit_rate"]["unknown_why"] is None
+    said = run_summary.summary(session)
+    assert said["hit_rate"]["unknown_why"] is None and said["requests"]["unknown_why"] is None
+    assert all(" ".join(screens[f"{size} requests"].split()).startswith("in flight") for size in ("120x40", "200x60"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from kvtop.ui import format as fmt
@@ -41,6 +42,11 @@ class MemoryData:
     total: int | None
     simulated: bool = False        # the engine is kvtop's simulator: its pools are not this machine's memory
     host_blocks: int | None = None  # the host tier's pool in blocks: 0 is no host pool ("none"), None unknown
+    attached: bool = False          # kvtop attach: it samples no memory of its own; the source's samples or none
+
+
+# What an attach with no memory sample says, in place of "?"s and "no NVML sample yet" (none will come)
+NOT_SAMPLED = "not measured: kvtop attach samples no GPU or host memory (a driven run or kvtop.watch does)"
 
 
 class MemoryPanel(Panel[MemoryData]):
@@ -69,6 +75,8 @@ class MemoryPanel(Panel[MemoryData]):
             return BLANK
         lines: list[Line] = []
         gpu_rows = list(d.gpus)
+        if d.attached and not gpu_rows and d.gpu_error is None and d.rss is None and d.available is None:
+            return fit_lines([styled(t, S_DIM) for t in textwrap.wrap(NOT_SAMPLED, max(width, 1))], width, height)
         # No host tier: no pinned pool, said as "none" (not "0 B", nor "?" as if unknown)
         pool: Line = (("none", S_FIG),) if d.host_blocks == 0 else ((fmt.nbytes(d.pinned_pool), S_FIG),)
         host_lines = [line_of(("host", tier_style("host", bold=True)), " ", ("rss ", S_DIM), (fmt.nbytes(d.rss), S_FIG),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from kvtop.ui import format as fmt
 from kvtop.ui.panel import (
     BLANK,
@@ -34,6 +36,9 @@ class RequestData:
     last_error: str | None
     # TTFT by where the prefix came from: (label, p50 s, p99 s, requests), over the same span as the TTFT row
     by_source: tuple[tuple[str, float | None, float | None, int], ...] = ()
+    # Why the counts are unknown, where the source has no requests to count (a KV event stream:
+    # kvtop/engines/names.py requests_unknown_why): said instead of zeros
+    unknown_why: str | None = None
 
 
 class RequestPanel(Panel[RequestData]):
@@ -54,6 +59,8 @@ class RequestPanel(Panel[RequestData]):
         width, height = self.inner
         if d is None:
             return BLANK
+        if d.unknown_why:
+            return fit_lines([line_of((t, S_DIM)) for t in textwrap.wrap(d.unknown_why, max(width, 1))], width, height)
         fail_style = S_ERR if d.failed else S_FIG
         if height == 1:
             return fit(line_of(("req ", "bold"), (fmt.count(d.in_flight), S_FIG), (" in flight ", S_DIM),
