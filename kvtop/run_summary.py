@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from kvtop.engines.names import size_curve_unknown_why
 from kvtop.session import Session
 from kvtop.textsafe import clean
 
@@ -32,6 +33,17 @@ def summary(session: Session) -> dict[str, Any]:
                 out[key] = session.meta.get(key)
     out["what_if"] = session.what_if()
     out["size_advice"] = session.size_advice()
+    no_curve = size_curve_unknown_why(out.get("stream"))
+    if no_curve and isinstance(out["what_if"], dict):
+        # a stream folds no block's lookups into the estimate: x2 and x4 read as the run's own rate (no gain),
+        # where nothing was estimated at all; unknown, and why
+        out["what_if"] = {**out["what_if"], "host_x2_hit_rate": None, "host_x4_hit_rate": None,
+                          "unknown_why": no_curve}
+    rec = out["size_advice"].get("recommendation") if isinstance(out["size_advice"], dict) else None
+    if no_curve and isinstance(rec, dict) and not any(p.get("hit_rate") is not None
+                                                      for p in out["size_advice"].get("points") or []):
+        # a stream's curve never comes: why, not "no curve yet"
+        out["size_advice"] = {**out["size_advice"], "recommendation": {**rec, "text": no_curve}}
     from kvtop.fleet import source_status as _source_status
 
     # Every source's state (connected / disconnected / offline / stale) and every link's (mqtt, trtllm-serve,
@@ -104,6 +116,8 @@ def format_summary(s: dict[str, Any]) -> str:
         # As the dashboard says it: twice no host cache is still none (the estimate once read 17.5% under an
         # actual 15.6% here, being its own since-start rate, not the stats' hit rate on the line above).
         lines.append("what if: no host cache, x2 of 0 is 0")
+    elif wi.get("unknown_why"):
+        lines.append(f"what if: {wi['unknown_why']}")
     elif wi.get("host_x2_hit_rate") is not None:
         # The estimate's own since-start rate first, the same span and definition as the estimates beside it.
         lines.append(f"what if: all {pct(wi.get('hit_rate'))} -> host cache x2 {pct(wi.get('host_x2_hit_rate'))}, "

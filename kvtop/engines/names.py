@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["engine_name", "hit_rate_unknown_why", "is_trtllm", "requests_unknown_why"]
+__all__ = ["engine_name", "hit_rate_unknown_why", "is_trtllm", "requests_unknown_why", "size_curve_unknown_why"]
 
 _NAMES = {"trtllm": "TensorRT-LLM", "sim": "TensorRT-LLM", "vllm": "vLLM", "sglang": "SGLang", "dynamo": "Dynamo",
           "kvbm": "Dynamo", "lmcache": "LMCache"}
@@ -74,3 +74,12 @@ def requests_unknown_why(stream: Any, completed: int, failed: int) -> str | None
     if not isinstance(stream, dict) or stream.get("summaries") or completed or failed:
         return None
     return "requests unknown: KV events and the engine's /metrics as kvtop reads them count blocks, not requests"
+
+
+def size_curve_unknown_why(stream: Any) -> str | None:
+    """Why a KV event stream gets no hit-rate curve over host sizes (the size advice, the what-if line), or None
+    where a stream does not explain it. The curve replays each block's lookups against other pool sizes; a stream
+    says what was stored and removed, never what a prompt looked up, so its curve never comes ("no curve yet")."""
+    if not isinstance(stream, dict) or stream.get("summaries"):
+        return None
+    return "no curve: KV events carry no lookups"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvtop.engines.names import hit_rate_unknown_why, is_trtllm, requests_unknown_why
+from kvtop.engines.names import hit_rate_unknown_why, is_trtllm, requests_unknown_why, size_curve_unknown_why
 from kvtop.fleet import FleetRow, combine
 from kvtop.session import SessionView
 from kvtop.sources.replay import ReplayPlayer
@@ -151,6 +151,11 @@ def tier_data(st: TierState, cold: TierState | None, history: tuple[float | None
         # the pool's size is what is missing, not the events (a vLLM stream without /metrics: its GPU panel said
         # "no KV events" over the 20,000 blocks the events had announced)
         note = f"{label} pool size unknown (no created event, meta or /metrics yet)"
+    elif st.capacity_blocks and st.cached_blocks is not None and st.in_use_blocks is None \
+            and st.free_blocks is None:
+        # the events are there (their blocks are the reuse tree); what is missing is the tier's in-use count (a
+        # vLLM host pool: /metrics gives its size, nothing its use): "no KV events" said the opposite
+        note = f"{label} in use unknown (no usage count): cached vs empty unknown"
     elif label != "GPU":
         if st.capacity_blocks and st.cached_blocks is None:
             note = (f"no KV events: {label} occupancy unknown"
@@ -180,8 +185,11 @@ def what_if_data(advice: Mapping[str, Any]) -> WhatIfData:
 
 
 def hit_data(snap: TierSnapshot, history: tuple[float | None, ...], what_if: WhatIfData | None) -> HitData:
-    why = None if snap.hit_rate.lookups else hit_rate_unknown_why(
-        getattr(snap, "meta", None), (getattr(snap, "summary_reads", None) or {}).get("stream"))
+    stream = (getattr(snap, "summary_reads", None) or {}).get("stream")
+    why = None if snap.hit_rate.lookups else hit_rate_unknown_why(getattr(snap, "meta", None), stream)
+    no_curve = size_curve_unknown_why(stream)
+    if what_if is not None and no_curve and not any(p[1] is not None for p in what_if.points):
+        what_if = WhatIfData(what_if.host_blocks, (), None, no_curve)   # a stream's curve never comes: why
     return HitData(snap.hit_rate, history, snap.window_s, what_if, why)
 
 

@@ -145,3 +145,82 @@ async def test_a_tensorrt_llm_sources_screen_still_names_its_fields() -> None:
     said = run_summary.summary(session)
     assert said["hit_rate"]["unknown_why"] is None and said["requests"]["unknown_why"] is None
     assert all(" ".join(screens[f"{size} requests"].split()).startswith("in flight") for size in ("120x40", "200x60"))
+
+
+class _VllmMetrics:
+    """vLLM's /metrics on 127.0.0.1 (the names and labels vLLM 0.33 serves, docs/engines.md): a GPU pool of 2,000
+    blocks of 16 tokens, a CPU pool of 1,000, 30% in use, lookups and hits by source growing each scrape."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        scrapes = [0]
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                scrapes[0] += 1
+                n = scrapes[0]
+                body = (
+                    'vllm:cache_config_info{block_size="16",num_gpu_blocks="2000",engine="0"} 1.0\n'
+                    'vllm:kv_offload_config_info{cpu_num_chunks="1000",engine="0"} 1.0\n'
+                    'vllm:kv_cache_usage_perc{engine="0"} 0.3\n'
+                    f'vllm:prefix_cache_queries_total{{engine="0"}} {n * 640}\n'
+                    f'vllm:prompt_tokens_cached_by_source_total{{source="device",engine="0"}} {n * 200}\n'
+                    f'vllm:prompt_tokens_cached_by_source_total{{source="host",engine="0"}} {n * 100}\n').encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.slow
+async def test_a_vllm_stream_with_metrics_says_what_it_lacks_in_its_words() -> None:
+    """The stream and vLLM's /metrics beside it (``zmq://...?metrics=``): capacities, hits and the GPU's use are
+    known; the host pool's use is not (no usage count: the panel said "no KV events" over the blocks its events
+    had announced), the size curve never comes from a stream (its line read "? ? ? ? ?%", the headless what-if a
+    gain of 0 at x2 and x4 that nothing had estimated), and the alarm of a host pool no larger than the GPU's gives
+    no TensorRT-LLM reason."""
+    pub, metrics = Publisher(replay=False), _VllmMetrics()
+    try:
+        session = build_attach_session(f"{pub.url}?metrics={metrics.url}", command="attach", run="words")
+        app = build_app(session, Settings())
+        async with app.run_test(size=(120, 40)) as pilot:
+            await asyncio.to_thread(pub.wait_subscribed)
+            pub.send([stored([1, 2, 3, 4]), stored([1, 2], medium="CPU")])
+            await _until(pilot, lambda: "reuse tree 2 blocks" in app.screen.query_one("#tier-host").text()
+                         and re.search(r"total +\d", app.screen.query_one(HitRatePanel).text()) is not None,
+                         "the stream's and /metrics' figures did not reach the panels")
+            await _until(pilot, lambda: "tier.host_not_larger" in {p["kind"] for p in session.problems.to_json()},
+                         "no alarm for a host pool smaller than the GPU's")
+            screens = await _screens(app, pilot)
+            host = app.screen.query_one("#tier-host").text()
+            summary = run_summary.summary(session)
+            session.stop()
+    finally:
+        pub.close()
+        metrics.close()
+    for name, text in screens.items():
+        assert not TRTLLM_WORDS.search(text), (name, TRTLLM_WORDS.search(text), text)
+    assert "host in use unknown (no usage count): cached vs empty unknown" in host and "no KV events" not in host
+    for size in ("120x40", "200x60"):
+        assert "host×: no curve: KV events carry no lookups" in screens[f"{size} hit"], screens[f"{size} hit"]
+    text = run_summary.format_summary(summary)
+    assert summary["what_if"]["host_x2_hit_rate"] is None and summary["what_if"]["host_x4_hit_rate"] is None
+    assert "what if: no curve: KV events carry no lookups" in text.splitlines(), text
+    assert "size advice: no curve: KV events carry no lookups" in text.splitlines(), text
+    alarm = next(p["message"] for p in summary["problems"] if p["kind"] == "tier.host_not_larger")
+    assert alarm.endswith("it holds little the GPU pool does not hold too, so it can hardly add hits"), alarm
+    assert not TRTLLM_WORDS.search(text), text

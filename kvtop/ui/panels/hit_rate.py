@@ -35,6 +35,7 @@ class WhatIfData:
     # (label, hit rate, optimal hit rate) per size, in size order; a figure None until known
     points: tuple[tuple[str, float | None, float | None], ...] = ()
     advice: str | None = None                # the recommendation in words
+    unknown_why: str | None = None           # why no curve will come (a KV event stream), said instead of "?"s
 
 
 @frozen
@@ -147,7 +148,9 @@ class HitRatePanel(Panel[HitData]):
         if d.what_if is not None and height >= 3:
             # Before the sparkline: where the panel has one line to spare (80x24), the curve gets it.
             w = d.what_if
-            if w.host_blocks == 0:
+            if w.unknown_why:
+                lines.append(line_of(("host×: ", S_DIM), (w.unknown_why, S_DIM)))
+            elif w.host_blocks == 0:
                 # Twice no host cache is still none: the curve has nothing to say, and says why.
                 lines.append(line_of(("what-if ", S_DIM), ("no host cache: ", S_HOST),
                                      ("x2 of 0 is 0", S_DIM)))
