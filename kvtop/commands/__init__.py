@@ -2,7 +2,8 @@
 
     kvtop [options]                   drive a workload through an engine and watch its KV cache tiers
     kvtop sim --trace FILE ...        replay a Mooncake trace on the simulator as fast as possible (sweeps)
-    kvtop attach URL                  watch a run elsewhere: mqtt://, http://host:port, zmq://, vllm://, FILE.jsonl
+    kvtop attach URL                  watch a run elsewhere: vllm://, sglang://, zmq://, http:// (trtllm-serve),
+                                      mqtt://, FILE.jsonl
     kvtop replay FILE [--speed X]     replay a recording
     kvtop agent URL --mqtt mqtt://... fold a local source, publish per-source summaries (fleets)
     kvtop estimate ...                reload vs recompute arithmetic for a model on a GPU

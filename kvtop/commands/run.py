@@ -45,8 +45,11 @@ def cli_values(ns: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = options.UsageParser(prog="kvtop", description="top for the KV cache tiers of LLM inference engines "
-                            "(TensorRT-LLM)", formatter_class=argparse.RawDescriptionHelpFormatter,
+    # The options below drive TensorRT-LLM or its simulator; a vLLM, SGLang or Dynamo user reads that kvtop is for
+    # them too (kvtop attach), not that it is TensorRT-LLM's alone
+    p = options.UsageParser(prog="kvtop", description="top for the KV cache tiers of LLM inference engines.\nThese "
+                            "options drive TensorRT-LLM (or kvtop's simulator of it);\nkvtop attach watches vLLM, "
+                            "SGLang, Dynamo and trtllm-serve.", formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="other commands (each with --help):\n" + COMMANDS)
     p.add_argument("--version", action="version", version=f"kvtop {__version__} ({DISTRIBUTION})")
     _add_run_options(p)

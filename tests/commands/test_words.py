@@ -350,3 +350,16 @@ def test_a_vllm_streams_text_replay_and_report_name_no_tensorrt_llm_field_and_sa
     assert trt.returncode == 0, trt.stderr
     assert "(TensorRT-LLM's reusedBlocks / (reused + missed))" in (tmp_path / "busy" / "index.html").read_text()
     assert "carry no lookups" not in trt.stdout
+
+
+def test_kvtops_help_says_which_engines_it_drives_and_which_it_watches(capsys: pytest.CaptureFixture[str]) -> None:
+    """`kvtop --help` said "LLM inference engines (TensorRT-LLM)": a vLLM or SGLang user read that kvtop was not
+    for them. Its options drive TensorRT-LLM or the simulator; attach watches the others, sglang:// included."""
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(TensorRT-LLM) " not in text
+    assert ("These options drive TensorRT-LLM (or kvtop's simulator of it); kvtop attach watches vLLM, SGLang, "
+            "Dynamo and trtllm-serve." in text)
+    assert "kvtop attach URL watch a run elsewhere: vllm://, sglang://, zmq://, http:// (trtllm-serve)" in text
