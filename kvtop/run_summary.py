@@ -96,7 +96,9 @@ def format_summary(s: dict[str, Any]) -> str:
             for source, v in by_source.items()))
     for v in (s.get("verdict") or {}).values():   # the answer: is each tier below the GPU paying off
         if v.get("text"):
-            lines.append(f"verdict: {v['text']}" + (f" ({v['basis']})" if v.get("basis") else ""))
+            # its basis after it, unless the text says it already ("not priced: no cost model ...", once)
+            lines.append(f"verdict: {v['text']}" + (f" ({v['basis']})" if v.get("basis")
+                                                    and v["basis"] not in v["text"] else ""))
     tiers = s.get("tiers") or {}
     for tier in dict.fromkeys(["gpu", "host", *tiers]):  # every tier the summary has, GPU and host always
         t = tiers.get(tier, {})

@@ -363,3 +363,21 @@ def test_kvtops_help_says_which_engines_it_drives_and_which_it_watches(capsys: p
     assert ("These options drive TensorRT-LLM (or kvtop's simulator of it); kvtop attach watches vLLM, SGLang, "
             "Dynamo and trtllm-serve." in text)
     assert "kvtop attach URL watch a run elsewhere: vllm://, sglang://, zmq://, http:// (trtllm-serve)" in text
+
+
+def test_a_verdict_not_priced_says_so_once() -> None:
+    """A stream without a model (no cost model): the header read "verdict host: 386 loads, not priced (not priced)"
+    and the headless text "...; not priced: no cost model for model ? (...) (not priced: no cost model for model ?
+    (...))"."""
+    from kvtop.tiers.verdict import decide
+    from kvtop.ui.panels.header import VerdictLine, verdict_line
+
+    v = decide("host", -1, 178, 866, None, 0, None, 0, None, None, 16)
+    assert v.says == "unknown" and v.basis.startswith("not priced")
+    line = VerdictLine(v.says, v.text(), v.basis.split(":", 1)[0], v.short_text(), "host")
+    for width in (200, 120, 80):
+        shown = "".join(t for t, _ in verdict_line((line,), width))
+        assert shown.count("not priced") == 1, (width, shown)
+    text = run_summary.format_summary({"verdict": {"host": v.to_json()}})
+    said = next(ln for ln in text.splitlines() if ln.startswith("verdict: "))
+    assert said.count("not priced") == 1, said

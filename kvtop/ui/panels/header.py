@@ -113,7 +113,7 @@ def verdict_line(verdicts: tuple[VerdictLine, ...], width: int) -> Line:
                 parts += [(name, tier_style(v.tier, bold=True)), (colon + rest, style)]
             else:
                 parts.append((said, style))
-            if basis and v.says != "none":
+            if basis and v.says != "none" and v.basis not in said:   # "not priced" said once, not twice
                 parts.append((f" ({v.basis})", S_DIM))
         return line_of(*parts)
 
