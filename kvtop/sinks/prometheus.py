@@ -110,7 +110,8 @@ class _StateCollector(Collector):
                  ("capacity", "KV cache blocks the tier's pool holds (its size)"),
                  ("in_use", "KV cache blocks held by running requests"),
                  ("cached", "KV cache blocks holding reusable KV (in the reuse tree)"),
-                 ("free", "KV cache blocks held by no request, empty or cached-and-evictable (TensorRT-LLM's free)"))}
+                 ("free", "KV cache blocks held by no request, empty or cached-and-evictable (TensorRT-LLM's "
+                          "freeNumBlocks, vLLM's free blocks)"))}
         hit = GaugeMetricFamily(f"{NAMESPACE}_kv_hit_ratio",
                                 "Reused / (reused + missed) context blocks, warm-up excluded; scope: cumulative, "
                                 "window (recent), gpu (hits served from GPU), host (hits onboarded from host)",

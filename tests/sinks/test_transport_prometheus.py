@@ -78,6 +78,9 @@ def test_scrape_over_http_on_localhost_returns_the_metric_names() -> None:
     assert f'kvtop_kv_capacity_blocks{{{labels},tier="gpu"}} 100.0' in text
     assert f'kvtop_kv_capacity_blocks{{{labels},tier="host"}} 50.0' in text
     assert f'kvtop_kv_free_blocks{{{labels},tier="gpu"}} 90.0' in text
+    # one exporter for every engine: its "free" names TensorRT-LLM's field and vLLM's, not TensorRT-LLM's alone
+    assert ("# HELP kvtop_kv_free_blocks KV cache blocks held by no request, empty or cached-and-evictable "
+            "(TensorRT-LLM's freeNumBlocks, vLLM's free blocks)") in text
     assert f'kvtop_kv_offloaded_blocks_total{{{labels}}} 1.0' in text
     assert f'kvtop_kv_hit_ratio{{{labels},scope="cumulative"}} 0.3' in text
     assert 'kvtop_request_ttft_seconds_bucket{host="gpu-07",le="0.05",rank="0",run="prom"} 1.0' in text
