@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvtop.engines.names import size_curve_unknown_why
+from kvtop.engine_words import size_curve_unknown_why
 from kvtop.session import Session
 from kvtop.textsafe import clean
 

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvtop.engines.names import is_trtllm
+from kvtop.engine_words import is_trtllm
 from kvtop.report.charts import (
     GPU_COLOR,
     HOST_COLOR,

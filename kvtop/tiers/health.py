@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtop.engines.names import is_trtllm
+from kvtop.engine_words import is_trtllm
 
 __all__ = ["HEALTH_KINDS", "tier_health"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from kvtop.engines.names import hit_rate_unknown_why, requests_unknown_why
+from kvtop.engine_words import hit_rate_unknown_why, requests_unknown_why
 
 if TYPE_CHECKING:
     from kvtop.tiers.model import TierModel

@@ -43,7 +43,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input
 from textual.worker import Worker
 
-from kvtop.engines.names import is_trtllm
+from kvtop.engine_words import is_trtllm
 from kvtop.fleet import FleetRow, source_row, source_status
 from kvtop.occupancy import occupancy
 from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard

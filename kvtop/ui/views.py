@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvtop.engines.names import hit_rate_unknown_why, is_trtllm, requests_unknown_why, size_curve_unknown_why
+from kvtop.engine_words import hit_rate_unknown_why, is_trtllm, requests_unknown_why, size_curve_unknown_why
 from kvtop.fleet import FleetRow, combine
 from kvtop.session import SessionView
 from kvtop.sources.replay import ReplayPlayer
@@ -139,7 +139,7 @@ def verdict_lines(snap: TierSnapshot) -> tuple[VerdictLine, ...]:
 def tier_data(st: TierState, cold: TierState | None, history: tuple[float | None, ...], engine: Any = None
               ) -> TierData:
     """A tier's panel data, with the note its panel shows where its figures are missing or merged; ``engine``: the
-    source's meta ``engine``, whose words the panel uses (kvtop/engines/names.py)."""
+    source's meta ``engine``, whose words the panel uses (kvtop/engine_words.py)."""
     trtllm = is_trtllm(engine)
     label, medium = tier_label(st.name)
     medium = st.medium or medium  # a host tier whose offloads go to files says so

@@ -77,7 +77,7 @@ HELP_TEXT = """\
   blocks and rates, hit = hits / lookups, TTFT p99 = max of the sources'.
 """
 # The lines above that name an engine's fields: TensorRT-LLM's where the source is TensorRT-LLM or its simulator,
-# the engine's own or neutral words for any other (vLLM, SGLang, Dynamo: kvtop/engines/names.py)
+# the engine's own or neutral words for any other (vLLM, SGLang, Dynamo: kvtop/engine_words.py)
 HELP_TRTLLM = {
     "in_use": "                 (TensorRT-LLM: capacity - freeNumBlocks)\n",
     "free": "  TensorRT-LLM's [b]free[/] (freeNumBlocks) = cached idle + empty: the ┐┘\n"

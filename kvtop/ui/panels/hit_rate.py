@@ -47,7 +47,7 @@ class HitData:
     # source shown).
     what_if: WhatIfData | None = None
     # Why the hit rate is unknown and what gives it, where the source lacks the data (a KV event stream without
-    # the engine's /metrics: kvtop/engines/names.py hit_rate_unknown_why); shown while nothing was looked up.
+    # the engine's /metrics: kvtop/engine_words.py hit_rate_unknown_why); shown while nothing was looked up.
     unknown_why: str | None = None
 
 

@@ -37,7 +37,7 @@ class RequestData:
     # TTFT by where the prefix came from: (label, p50 s, p99 s, requests), over the same span as the TTFT row
     by_source: tuple[tuple[str, float | None, float | None, int], ...] = ()
     # Why the counts are unknown, where the source has no requests to count (a KV event stream:
-    # kvtop/engines/names.py requests_unknown_why): said instead of zeros
+    # kvtop/engine_words.py requests_unknown_why): said instead of zeros
     unknown_why: str | None = None
 
 

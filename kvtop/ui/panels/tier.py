@@ -34,7 +34,7 @@ class TierData:
     note: str | None = None    # why a tier is unknown or absent, in words
     history: tuple[float | None, ...] = ()  # the headline share per history step (200x60 only)
     # TensorRT-LLM's words apply (its "free", offload-on-evict, host_cache_size): the source is TensorRT-LLM or its
-    # simulator (kvtop/engines/names.py); for vLLM, SGLang, Dynamo the panel's words are neutral
+    # simulator (kvtop/engine_words.py); for vLLM, SGLang, Dynamo the panel's words are neutral
     trtllm: bool = True
 
 
