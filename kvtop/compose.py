@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -264,10 +265,10 @@ def add_machine_samplers(session: Session, meta: dict[str, Any], interval_s: flo
     if gpu:
         from kvtop.sources.nvml import NvmlSource
 
-        nvml = NvmlSource(source=session.source, **({"wall_clock": clock} if clock is not None else {}))
+        nvml = NvmlSource(source=session.source, wall_clock=clock or time.time)
         session.add_sampler("nvml", nvml.sample, interval_s)
         session.add_closer(nvml.close)
-    host = HostSource(source=session.source, **({"clock": clock} if clock is not None else {}))
+    host = HostSource(source=session.source, clock=clock or time.time)
     if meta.get("secondary_blocks") and meta.get("bytes_per_block"):
         host.set_pinned_pool_from_blocks(int(meta["secondary_blocks"]), int(meta["bytes_per_block"]))
     elif meta.get("host_cache_bytes"):

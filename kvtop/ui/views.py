@@ -185,8 +185,8 @@ def what_if_data(advice: Mapping[str, Any]) -> WhatIfData:
 
 
 def hit_data(snap: TierSnapshot, history: tuple[float | None, ...], what_if: WhatIfData | None) -> HitData:
-    stream = (getattr(snap, "summary_reads", None) or {}).get("stream")
-    why = None if snap.hit_rate.lookups else hit_rate_unknown_why(getattr(snap, "meta", None), stream)
+    stream = snap.summary_reads.get("stream")
+    why = None if snap.hit_rate.lookups else hit_rate_unknown_why(snap.meta, stream)
     no_curve = size_curve_unknown_why(stream)
     if what_if is not None and no_curve and not any(p[1] is not None for p in what_if.points):
         what_if = WhatIfData(what_if.host_blocks, (), None, no_curve)   # a stream's curve never comes: why
@@ -214,7 +214,7 @@ def requests_data(req: Requests, rates: Rates, in_flight: int | None, by_source:
     windowed = req.window_ttft.count > 0
     ttft = req.window_ttft if windowed else req.ttft
     e2e = req.window_e2e if req.window_e2e.count > 0 else req.e2e
-    stream = (getattr(snap, "summary_reads", None) or {}).get("stream") if in_flight is None else None
+    stream = snap.summary_reads.get("stream") if snap is not None and in_flight is None else None
     return RequestData(in_flight, req.completed, req.failed, rates.requests_per_s, rates.output_tokens_per_s,
                        rates.prompt_tokens_per_s, ttft.p50_s, ttft.p99_s, e2e.p50_s, e2e.p99_s, windowed,
                        req.last_error, by_source, requests_unknown_why(stream, req.completed, req.failed))

@@ -130,10 +130,10 @@ class HitRatePanel(Panel[HitData]):
             # totals row, the window's where there is room, then the reason wrapped to the panel.
             why = [styled(text, S_DIM) for text in textwrap.wrap(d.unknown_why, max(width, 1),
                                                                  break_on_hyphens=False)]
-            rows = [row(win, h.window, h.window_gpu, h.window_host, h.window_disk, h.window_external, mode),
-                    row("total", h.cumulative, h.gpu, h.host, h.disk, h.external, mode)]
+            figures = [row(win, h.window, h.window_gpu, h.window_host, h.window_disk, h.window_external, mode),
+                       row("total", h.cumulative, h.gpu, h.host, h.disk, h.external, mode)]
             # the rows of "?" go first where the reason needs their room (80x24: three rows, all of it reason)
-            return fit_lines([*rows[max(len(why) + 2 - height, 0):], *why], width, height)
+            return fit_lines([*figures[max(len(why) + 2 - height, 0):], *why], width, height)
         lines: list[Line] = []
         if height >= 6:
             # Whole percent in the big figure: the back of the room needs 38%, and the row under it has 38.5%.
