@@ -184,8 +184,14 @@ def what_if_data(advice: Mapping[str, Any]) -> WhatIfData:
     return WhatIfData(host, tuple(points), rec.get("text") if isinstance(rec, dict) else None)
 
 
+def _stream(snap: TierSnapshot) -> Any:
+    """The stream fold's summary a snapshot took (``StreamFold.to_json``), None for any other source, or for a
+    stand-in model that is no snapshot (a test's: it has the snapshot's fields, not what it read besides)."""
+    return snap.summary_reads.get("stream") if isinstance(snap, TierSnapshot) else None
+
+
 def hit_data(snap: TierSnapshot, history: tuple[float | None, ...], what_if: WhatIfData | None) -> HitData:
-    stream = snap.summary_reads.get("stream")
+    stream = _stream(snap)
     why = None if snap.hit_rate.lookups else hit_rate_unknown_why(snap.meta, stream)
     no_curve = size_curve_unknown_why(stream)
     if what_if is not None and no_curve and not any(p[1] is not None for p in what_if.points):
@@ -214,7 +220,7 @@ def requests_data(req: Requests, rates: Rates, in_flight: int | None, by_source:
     windowed = req.window_ttft.count > 0
     ttft = req.window_ttft if windowed else req.ttft
     e2e = req.window_e2e if req.window_e2e.count > 0 else req.e2e
-    stream = snap.summary_reads.get("stream") if snap is not None and in_flight is None else None
+    stream = _stream(snap) if snap is not None and in_flight is None else None
     return RequestData(in_flight, req.completed, req.failed, rates.requests_per_s, rates.output_tokens_per_s,
                        rates.prompt_tokens_per_s, ttft.p50_s, ttft.p99_s, e2e.p50_s, e2e.p99_s, windowed,
                        req.last_error, by_source, requests_unknown_why(stream, req.completed, req.failed))
