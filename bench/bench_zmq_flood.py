@@ -10,8 +10,9 @@ token ids) and 25 BlockRemoved events for the blocks stored 200 batches before (
 ``--duration seconds + 2``; psutil reads its RSS every 0.25 s. ``--against DIR`` runs a second kvtop package (e.g.
 ``git archive 80ba13f kvtop | tar -x -C DIR``) after this tree's, in the same run.
 
-Prints one JSON line per run: batches and events sent, the rate reached, peak RSS, RSS at 5 s steps, blocks folded
-(the summary's stored count) against those sent, what kvtop counted unread or lost, its exit status.
+Prints one JSON line per run: batches and events sent, the rate reached, kvtop's CPU seconds (``cpu_s``: user +
+system, start-up included), peak RSS, RSS at 5 s steps, blocks folded (the summary's stored count) against those
+sent, what kvtop counted unread or lost, its exit status.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import tempfile
@@ -75,6 +77,7 @@ def run(tree: Path, events_per_s: int, seconds: float) -> dict:
             time.sleep(0.05)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
         t0 = time.monotonic()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         kv = subprocess.Popen([sys.executable, "-m", "kvtop", "attach", f"zmq://127.0.0.1:{port_file.read_text()}",
                                "--headless", "--json", "--duration", str(seconds + 2)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp)
@@ -92,6 +95,10 @@ def run(tree: Path, events_per_s: int, seconds: float) -> dict:
             time.sleep(0.25)
         out, err = kv.communicate()
         wall = time.monotonic() - t0
+        # kvtop's own CPU (user + system, start-up included): the publisher is not waited for yet, so the only
+        # child the counter took in since ``before`` is kvtop
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
         pub.wait(30)
         sent = json.loads(done_file.read_text())
     try:
@@ -107,7 +114,7 @@ def run(tree: Path, events_per_s: int, seconds: float) -> dict:
             "stored_sent": sent["stored_blocks"],
             "stored_folded": (stream.get("stored_blocks") or {}).get("gpu"),
             "lost_batches": stream.get("lost_batches"), "max_lag_s": stream.get("max_lag_s"),
-            "problems": problems, "exit": kv.returncode, "wall_s": round(wall, 1),
+            "problems": problems, "exit": kv.returncode, "wall_s": round(wall, 1), "cpu_s": round(cpu, 2),
             "stderr_tail": err.decode(errors="replace")[-300:]}
 
 

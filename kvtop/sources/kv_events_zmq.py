@@ -14,8 +14,10 @@ URLs (``kvtop attach URL``)::
 
 The subscriber (pyzmq, asyncio) connects a SUB socket to each rank's publisher (the engine binds: vLLM does for
 ``tcp://*:…``; a SUB that binds to a connecting PUB received nothing on this machine, shared/engines-kv-events.md
-7.1). Each message is decoded (kvtop/sources/kv_wire.py) into one ``kv_batch`` record; a message that is not a batch is
-counted (``bad``), reported once per 5 s through ``on_error`` and skipped: never fatal.
+7.1). The reader is woken by the SUB socket's descriptor and reads what came within ``GATHER_S`` (50 ms) of the
+wake-up all at once (a busy engine sends a batch every few ms: a wake-up each cost as much as folding it). Each
+message is decoded (kvtop/sources/kv_wire.py) into one ``kv_batch`` record; a message that is not a batch is counted
+(``bad``), reported once per 5 s through ``on_error`` and skipped: never fatal.
 
 Sequence gaps: ``seq`` is per publisher. A gap (messages dropped by ZMQ's high-water mark, a slow joiner's first
 messages) is filled from the replay endpoint when there is one: a DEALER socket sends ``[b"", start seq]`` and
@@ -89,6 +91,7 @@ MAX_MESSAGE_BYTES = 8 << 20  # a larger message is refused unread (as MQTT's pay
 MAX_SEQ_JUMP = 1 << 24  # a seq this far past the last is not this publisher's (46 h of drops at 100 batches/s)
 RESYNC_AFTER = 3      # ... unless this many consecutive seqs go on from it: a new start, followed
 POLL_S = 0.25         # the receive loop wakes this often to notice a stop
+GATHER_S = 0.05       # a wake-up of the receive loop reads what came in this long after it, all at once
 READ_BURST = 64       # messages read at one wake-up at most, before the loop's other tasks run
 RCVHWM = 10_000       # messages a SUB queues before ZMQ drops (the bound of its queue, module docstring)
 ERROR_REPORT_S = 5.0
@@ -219,6 +222,7 @@ class RankState:
     restarts: int = 0
     seq_jumps: int = 0    # implausible jumps the stream went on from (resynchronized)
     disconnects: int = 0  # the publisher's connection dropped (it went away, or ZMQ ended it)
+    wakeups: int = 0      # times the receive loop was woken by the socket (or its stop timer) and read it
     last_error: str | None = None
     meta_sent: set[int] = field(default_factory=set)
     # The replay in progress (one at a time per rank, in a task of its own) and the live batches held behind it
@@ -262,6 +266,7 @@ class ZmqKvEventSource:
         self.replay_idle_s = replay_idle_s
         self.replay_deadline_s = replay_deadline_s
         self.hold_max = HOLD_MAX
+        self.gather_s = GATHER_S
         self.replay_max_bytes = REPLAY_MAX_BYTES
         # Every mode reads it (kvtop/problems.py): bad messages and unfilled gaps are lost data (exit status 4)
         self.problems = problems
@@ -375,6 +380,17 @@ class ZmqKvEventSource:
                 wake = loop.call_later(POLL_S, woken.set)   # and at least this often, to notice a stop
                 await woken.wait()
                 wake.cancel()
+                if self.gather_s > 0 and not self._stop.requested:
+                    # Let the messages that follow this one gather before reading them all at once: a wake-up per
+                    # GATHER_S, not per message (a busy engine sends a batch every few ms). The descriptor is not
+                    # watched meanwhile (it stays readable until the socket is read: every turn of the loop would
+                    # call back)
+                    loop.remove_reader(fd)
+                    try:
+                        await asyncio.sleep(self.gather_s)
+                    finally:
+                        loop.add_reader(fd, woken.set)
+                rs.wakeups += 1
         finally:
             with contextlib.suppress(Exception):
                 loop.remove_reader(fd)

@@ -16,7 +16,7 @@ from kv_publisher import Publisher, removed, stored
 
 from kvtop.compose import build_attach_session
 from kvtop.settings import SettingsError
-from kvtop.sources.kv_events_zmq import ZmqUrlError, parse_stream_url
+from kvtop.sources.kv_events_zmq import GATHER_S, ZmqUrlError, parse_stream_url
 
 
 async def _until(cond, timeout: float = 10.0) -> None:
@@ -62,6 +62,34 @@ async def test_live_stream_folds_per_tier_with_maps_and_arrays():
         assert s["since_attach"] is False and s["batches"] == 3 and s["lost_batches"] == 0
         assert list(session.models) == [f"127.0.0.1:{pub.port}/0/t"]
         assert m.meta["engine"] == "vllm-format" and m.meta["tokens_per_block"] == 16
+        await _stop(session, task)
+    finally:
+        pub.close()
+
+
+async def test_a_busy_stream_is_read_in_gathered_wake_ups_not_one_per_message():
+    # A busy engine sends a batch every few ms (vLLM at 10,000 events/s: 200 a second). Each wake-up of the reader
+    # costs the event loop's round (epoll, futures, a timer): the messages that come within GATHER_S of the first
+    # are read at that one wake-up, and every batch is still folded, in order.
+    pub = Publisher(replay=False)
+    try:
+        session, task, src = await _attached(pub.url, pub)
+        n = 100
+
+        def send_all() -> float:
+            t0 = time.monotonic()
+            for i in range(n):
+                pub.send([stored([i])])
+                time.sleep(0.002)
+            return time.monotonic() - t0
+
+        took = await asyncio.to_thread(send_all)
+        await _until(lambda: bool(session.models) and _model(session).summary()["stream"]["batches"] == n)
+        s = _model(session).summary()["stream"]
+        assert s["lost_batches"] == 0 and _model(session).gpu.cached_blocks == n
+        wakeups = src.ranks[0].wakeups
+        # at most one wake-up per GATHER_S while the batches came (and the first and last), far fewer than batches
+        assert wakeups <= took / GATHER_S + 3 and wakeups <= n // 4, (wakeups, took)
         await _stop(session, task)
     finally:
         pub.close()
