@@ -11,6 +11,7 @@ the attach at 10,000 events/s 23.4 -> 16.7% of a core on the H200 host.
 
 from __future__ import annotations
 
+import struct
 from typing import Annotated, Any
 
 import msgspec
@@ -63,10 +64,8 @@ class _Removed(Struct, tag="BlockRemoved", tag_field="type", forbid_unknown_fiel
     cache_salt: Raw | UnsetType = UNSET
 
 
-# the scalars both paths keep verbatim (EVENT_FIELDS "kept"), in vLLM's field order
-_KEPT_STORED = ("lora_id", "lora_name", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window",
-                "locality", "ownership")
-_KEPT_REMOVED = ("group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality", "ownership")
+# The scalars both paths keep verbatim (EVENT_FIELDS "kept"): decode_typed copies them one by one, in vLLM's field
+# order (lora_id, lora_name, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership)
 
 
 class _Cleared(Struct, tag="AllBlocksCleared", tag_field="type", forbid_unknown_fields=True):
@@ -82,16 +81,21 @@ class _Body(Struct, array_like=True):
 _BODY = msgspec.msgpack.Decoder(_Body)
 
 
+_HEAD = struct.Struct(">B").unpack_from
+_ARRAY16 = struct.Struct(">BH").unpack_from
+_ARRAY32 = struct.Struct(">BI").unpack_from
+
+
 def _token_count(raw: Any) -> int | None:
-    """The length of an undecoded msgpack array (fixarray, array 16, array 32); None for anything else."""
-    head = memoryview(raw)[:5]
-    b = head[0] if len(head) else 0
+    """The length of an undecoded msgpack array (fixarray, array 16, array 32); None for anything else (a Raw is
+    never empty: it holds one msgpack value). ``struct`` reads the header in place: a memoryview cost 3x as much."""
+    b = _HEAD(raw)[0]
     if 0x90 <= b <= 0x9F:
         return b & 0x0F
     if b == 0xDC:
-        return int.from_bytes(head[1:3], "big")
+        return _ARRAY16(raw)[1]
     if b == 0xDD:
-        return int.from_bytes(head[1:5], "big")
+        return _ARRAY32(raw)[1]
     return None
 
 
@@ -113,15 +117,23 @@ def decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[st
     out: list[dict[str, Any]] = []
     append = out.append
     for e in events:
-        if isinstance(e, _Removed):     # exact classes (msgspec Structs, no subclasses): a C-level check
+        cls = e.__class__    # exact classes (msgspec Structs, no subclasses)
+        if cls is _Removed:
             if len(e.block_hashes) > MAX_HASHES:
                 return None
             d: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": e.block_hashes, "medium": e.medium}
-            for name in _KEPT_REMOVED:
-                value = getattr(e, name)
-                if value is not UNSET:
-                    d[name] = value
-        elif isinstance(e, _Stored):
+            # the kept scalars, unrolled (a loop of getattr cost as much as the rest of the event)
+            if e.group_idx is not UNSET:
+                d["group_idx"] = e.group_idx
+            if e.kv_cache_spec_kind is not UNSET:
+                d["kv_cache_spec_kind"] = e.kv_cache_spec_kind
+            if e.kv_cache_spec_sliding_window is not UNSET:
+                d["kv_cache_spec_sliding_window"] = e.kv_cache_spec_sliding_window
+            if e.locality is not UNSET:
+                d["locality"] = e.locality
+            if e.ownership is not UNSET:
+                d["ownership"] = e.ownership
+        elif cls is _Stored:
             if len(e.block_hashes) > MAX_HASHES:
                 return None
             d = {"type": "BlockStored", "block_hashes": e.block_hashes, "medium": e.medium,
@@ -130,10 +142,20 @@ def decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[st
                 n = _token_count(e.token_ids)
                 if n is not None:
                     d["num_tokens"] = n
-            for name in _KEPT_STORED:
-                value = getattr(e, name)
-                if value is not UNSET:
-                    d[name] = value
+            if e.lora_id is not UNSET:
+                d["lora_id"] = e.lora_id
+            if e.lora_name is not UNSET:
+                d["lora_name"] = e.lora_name
+            if e.group_idx is not UNSET:
+                d["group_idx"] = e.group_idx
+            if e.kv_cache_spec_kind is not UNSET:
+                d["kv_cache_spec_kind"] = e.kv_cache_spec_kind
+            if e.kv_cache_spec_sliding_window is not UNSET:
+                d["kv_cache_spec_sliding_window"] = e.kv_cache_spec_sliding_window
+            if e.locality is not UNSET:
+                d["locality"] = e.locality
+            if e.ownership is not UNSET:
+                d["ownership"] = e.ownership
         else:
             d = {"type": "AllBlocksCleared"}
         append(d)

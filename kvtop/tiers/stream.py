@@ -396,53 +396,69 @@ class StreamFold:
                 size = ev.get("block_size")
                 if size.__class__ is int and size > 0:
                     self.tier_tpb[tier] = size
+                # Per hash only what each one needs; the counts are summed per event (bench/JOURNAL.md, "The ZMQ
+                # attach at 10,000 events/s"): a new hash, a repeated one (refcounted), and for a GPU store the
+                # lower tiers that hold it (an onboard), looked in only where one holds anything
+                cap = self.live_cap[tier]
+                below = [(lower, lv) for lower, lv in zip(_LOWER[tier], self._below[tier]) if lv] \
+                    if tier == "gpu" else None
+                new = dup = bad_h = 0
                 for h in hashes:
                     if h.__class__ is not int:
-                        self.bad_events += 1
+                        bad_h += 1
                         continue
                     key = h if g == 0 else (g, h)
                     n = live.get(key)
                     if n:
                         live[key] = n + 1
-                        self.duplicates += 1
+                        dup += 1
                         continue
                     live[key] = 1
-                    self.stored[tier] += 1
-                    if tier == "host":
-                        m.offloaded += 1
-                    elif tier == "gpu":
-                        for lower in ("host", "disk", "external"):
-                            if key in self.live[lower]:
+                    new += 1
+                    if below:
+                        for lower, lv in below:
+                            if key in lv:
                                 # from the disk: a move of its own (the moves panel's disk row, Moves.disk_*)
                                 if lower != "disk":
                                     m.onboarded += 1
                                 self.onboarded_from[lower] += 1
                                 break
-                if len(live) > self.live_cap[tier]:
-                    self._forget(tier, live)
+                    if len(live) > cap:
+                        self._forget(tier, live)
+                self.stored[tier] += new
+                if dup:
+                    self.duplicates += dup
+                if bad_h:
+                    self.bad_events += bad_h
+                if tier == "host":
+                    m.offloaded += new
             else:
                 said = reason_of(ev.get("reason")) if "reason" in ev else None
-                removed_before, unknown_before = self.removed[tier], self.unknown_removals
+                gone = unknown = 0
                 for h in hashes:
                     key = h if g == 0 else (g, h)
                     n = live.get(key) if h.__class__ is int else None
                     if not n:
-                        self.unknown_removals += 1
-                        if tier in ("gpu", "host"):
-                            m.evicted_unknown += 1
+                        unknown += 1
                         continue
                     if n > 1:
                         live[key] = n - 1
                         continue
                     del live[key]
-                    self.removed[tier] += 1
+                    gone += 1
+                if gone:
+                    self.removed[tier] += gone
                     if tier == "gpu":
-                        m.evicted[0] += 1
+                        m.evicted[0] += gone
                     elif tier == "host":
-                        m.evicted[1] += 1
-                # Why they left, counted per event (no work per hash: the hot path above is as it was). A removal
-                # of a hash kvtop never saw left its (stated) tier all the same.
-                gone = self.removed[tier] - removed_before + self.unknown_removals - unknown_before
+                        m.evicted[1] += gone
+                if unknown:
+                    self.unknown_removals += unknown
+                    if tier in ("gpu", "host"):
+                        m.evicted_unknown += unknown
+                # Why they left, counted per event (no work per hash). A removal of a hash kvtop never saw left its
+                # (stated) tier all the same.
+                gone += unknown
                 if not gone:
                     continue
                 if said is not None:
