@@ -14,8 +14,8 @@ URLs (``kvtop attach URL``)::
 
 The subscriber (pyzmq, asyncio) connects a SUB socket to each rank's publisher (the engine binds: vLLM does for
 ``tcp://*:…``; a SUB that binds to a connecting PUB received nothing on this machine, shared/engines-kv-events.md
-7.1). The reader is woken by the SUB socket's descriptor and reads what came within ``GATHER_S`` (50 ms) of the
-wake-up all at once (a busy engine sends a batch every few ms: a wake-up each cost as much as folding it). Each
+7.1). The reader is woken by the SUB socket's descriptor; while messages come, it reads what came every ``GATHER_S``
+(50 ms) all at once (a busy engine sends a batch every few ms: a wake-up each cost as much as folding it). Each
 message is decoded (kvtop/sources/kv_wire.py) into one ``kv_batch`` record; a message that is not a batch is counted
 (``bad``), reported once per 5 s through ``on_error`` and skipped: never fatal.
 
@@ -91,7 +91,7 @@ MAX_MESSAGE_BYTES = 8 << 20  # a larger message is refused unread (as MQTT's pay
 MAX_SEQ_JUMP = 1 << 24  # a seq this far past the last is not this publisher's (46 h of drops at 100 batches/s)
 RESYNC_AFTER = 3      # ... unless this many consecutive seqs go on from it: a new start, followed
 POLL_S = 0.25         # the receive loop wakes this often to notice a stop
-GATHER_S = 0.05       # a wake-up of the receive loop reads what came in this long after it, all at once
+GATHER_S = 0.05       # while messages come, the receive loop reads what came every this long, all at once
 READ_BURST = 64       # messages read at one wake-up at most, before the loop's other tasks run
 RCVHWM = 10_000       # messages a SUB queues before ZMQ drops (the bound of its queue, module docstring)
 ERROR_REPORT_S = 5.0
@@ -222,7 +222,7 @@ class RankState:
     restarts: int = 0
     seq_jumps: int = 0    # implausible jumps the stream went on from (resynchronized)
     disconnects: int = 0  # the publisher's connection dropped (it went away, or ZMQ ended it)
-    wakeups: int = 0      # times the receive loop was woken by the socket (or its stop timer) and read it
+    wakeups: int = 0      # times the receive loop woke to read the socket (its descriptor, its stop timer, GATHER_S)
     last_error: str | None = None
     meta_sent: set[int] = field(default_factory=set)
     # The replay in progress (one at a time per rank, in a task of its own) and the live batches held behind it
@@ -353,47 +353,55 @@ class ZmqKvEventSource:
         # waiting, up to READ_BURST. An awaited poll a message cost ~80 us of zmq.asyncio's futures on the dev box,
         # as much as decoding and folding a 50-event batch (bench/bench_zmq_flood.py; BENCHMARKS.md "An attached
         # kvtop beside nvitop"). ZMQ's descriptor is edge-triggered: it says "look", not "a message is there", so
-        # every wake-up reads until EAGAIN and checks ZMQ_EVENTS again before sleeping.
+        # ZMQ_EVENTS says whether one is (before each read: no zmq.Again raised at the end of each burst).
+        # While messages come, the descriptor is not watched: the reader sleeps GATHER_S and reads what gathered
+        # meanwhile, a wake-up per GATHER_S, not per message (a busy engine sends a batch every few ms, and a
+        # wake-up cost as much as folding it; unwatched, as the descriptor stays readable until the socket is read
+        # and every turn of the loop would call back). A read that finds nothing goes back to the descriptor.
         raw: Any = zmq.Socket.shadow(sock.underlying)
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
         fd = raw.getsockopt(zmq.FD)
         loop.add_reader(fd, woken.set)
+        watching = True
         try:
             while not self._stop.requested:
                 read = 0
-                while read < READ_BURST:
+                more = raw.getsockopt(_EVENTS) & _POLLIN
+                while more and read < READ_BURST:
                     try:
                         frames = raw.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
                     read += 1
-                    self._handle(ctx, rs, frames, not raw.getsockopt(_EVENTS) & _POLLIN)
+                    more = raw.getsockopt(_EVENTS) & _POLLIN
+                    self._handle(ctx, rs, frames, not more)
                     if self._stop.requested:
                         return
                 if read == READ_BURST:
                     await asyncio.sleep(0)   # the other ranks, the replay tasks and the dashboard get their turn
                     continue
+                if read and self.gather_s > 0:
+                    if watching:
+                        loop.remove_reader(fd)
+                        watching = False
+                    await asyncio.sleep(self.gather_s)
+                    rs.wakeups += 1
+                    continue
+                if not watching:
+                    loop.add_reader(fd, woken.set)
+                    watching = True
                 woken.clear()
                 if raw.getsockopt(_EVENTS) & _POLLIN:   # one came between the last read and the clear
                     continue
                 wake = loop.call_later(POLL_S, woken.set)   # and at least this often, to notice a stop
                 await woken.wait()
                 wake.cancel()
-                if self.gather_s > 0 and not self._stop.requested:
-                    # Let the messages that follow this one gather before reading them all at once: a wake-up per
-                    # GATHER_S, not per message (a busy engine sends a batch every few ms). The descriptor is not
-                    # watched meanwhile (it stays readable until the socket is read: every turn of the loop would
-                    # call back)
-                    loop.remove_reader(fd)
-                    try:
-                        await asyncio.sleep(self.gather_s)
-                    finally:
-                        loop.add_reader(fd, woken.set)
                 rs.wakeups += 1
         finally:
-            with contextlib.suppress(Exception):
-                loop.remove_reader(fd)
+            if watching:
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(fd)
 
     async def _watch(self, rs: RankState, sock: Any, monitor: Any) -> None:
         """The SUB socket's disconnects: a publisher gone, or a connection ZMQ ended (a protocol error, after which
