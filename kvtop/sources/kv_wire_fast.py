@@ -117,8 +117,7 @@ def decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[st
     out: list[dict[str, Any]] = []
     append = out.append
     for e in events:
-        cls = e.__class__    # exact classes (msgspec Structs, no subclasses)
-        if cls is _Removed:
+        if isinstance(e, _Removed):     # exact classes (msgspec Structs, no subclasses): a C-level check
             if len(e.block_hashes) > MAX_HASHES:
                 return None
             d: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": e.block_hashes, "medium": e.medium}
@@ -133,7 +132,7 @@ def decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[st
                 d["locality"] = e.locality
             if e.ownership is not UNSET:
                 d["ownership"] = e.ownership
-        elif cls is _Stored:
+        elif isinstance(e, _Stored):
             if len(e.block_hashes) > MAX_HASHES:
                 return None
             d = {"type": "BlockStored", "block_hashes": e.block_hashes, "medium": e.medium,

@@ -175,6 +175,22 @@ def test_groups_are_separate_blocks():
     assert m.gpu.cached_blocks == 2 and m.summary()["stream"]["duplicates"] == 0
 
 
+def test_a_tier_past_its_bound_forgets_its_oldest_once_an_event():
+    # LIVE_CAP: a store that takes a tier past its bound forgets, after the event, the oldest stores (the excess
+    # and an eighth of the bound more), whichever of the fold's paths the event took (group 0 or not, a GPU store
+    # with a host tier holding blocks or none). Forgetting as each hash came forgot 4 of 12 here, keeping 8.
+    for group, host in ((0, False), (1, False), (0, True)):
+        m = TierModel()
+        m.apply(batch(0, [stored([100], medium="CPU")] if host else [], t=1.0))
+        fold = m.stream_fold
+        fold.live_cap = dict.fromkeys(fold.live_cap, 8)
+        m.apply(batch(1, [stored(list(range(12)), group_idx=group)], t=2.0))
+        assert fold.forgotten["gpu"] == 12 - 8 + 8 // 8 and m.gpu.cached_blocks == 7, (group, host)
+        kept = sorted(k if group == 0 else k[1] for k in fold.live["gpu"])
+        assert kept == list(range(5, 12)), (group, host)
+        assert m.summary()["stream"]["stored_blocks"]["gpu"] == 12
+
+
 def test_bad_batch_record_is_counted_not_raised():
     m = TierModel()
     m.apply(Record(kind="kv_batch", data={"seq": -1, "events": []}, source=SRC, time=1.0))
