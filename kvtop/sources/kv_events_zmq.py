@@ -274,10 +274,17 @@ class ZmqKvEventSource:
         self._stop = StopSignal()
         self._last_report = 0.0
         self._ctx: Any = None
+        self._sources: dict[int, SourceId] = {}
 
     def source_for(self, rank: int) -> SourceId:
-        """The source of a rank: ``HOST:PORT`` of the URL, the data-parallel rank, the run."""
-        return SourceId(host=f"{self.url.host}:{self.url.port}", rank=rank, run=self.run_name)
+        """The source of a rank: ``HOST:PORT`` of the URL, the data-parallel rank, the run (one instance per rank:
+        the session computes a source's key once per instance)."""
+        source = self._sources.get(rank)
+        if source is None:
+            source = SourceId(host=f"{self.url.host}:{self.url.port}", rank=rank, run=self.run_name)
+            if len(self._sources) < 1024:
+                self._sources[rank] = source
+        return source
 
     def stop(self) -> None:
         self._stop.stop()

@@ -250,11 +250,21 @@ def decode_payload(payload: bytes, *, topic: str = "", seq: int = 0) -> Batch:
     return Batch(topic, seq, None if ts is None else float(ts), rank, out, bad, first_bad)
 
 
+_TOPICS: dict[bytes, str] = {}   # cleaned topics (a publisher sends one): at most 16 kept
+
+
 def _clean_topic(raw: bytes) -> str:
     # Strings from outside reach a terminal: kvtop's one sanitizer, length bounded.
-    from kvtop.textsafe import clean
+    head = raw[:200]
+    text = _TOPICS.get(head)
+    if text is None:
+        from kvtop.textsafe import clean
 
-    return clean(raw[:200].decode("utf-8", "replace"))
+        text = clean(head.decode("utf-8", "replace"))
+        if len(_TOPICS) >= 16:
+            _TOPICS.clear()
+        _TOPICS[head] = text
+    return text
 
 
 def decode_frames(frames: Sequence[bytes]) -> Batch:

@@ -137,10 +137,16 @@ def decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[st
                 return None
             d = {"type": "BlockStored", "block_hashes": e.block_hashes, "medium": e.medium,
                  "parent_block_hash": e.parent_block_hash, "block_size": e.block_size}
-            if e.token_ids is not UNSET:
-                n = _token_count(e.token_ids)
-                if n is not None:
+            tokens = e.token_ids
+            if tokens is not UNSET:
+                # _token_count inlined for an array 16 (16 to 65,535 tokens: a prompt's chain of blocks)
+                b, n = _ARRAY16(tokens) if len(tokens) >= 3 else (0, 0)
+                if b == 0xDC:
                     d["num_tokens"] = n
+                else:
+                    n = _token_count(tokens)
+                    if n is not None:
+                        d["num_tokens"] = n
             if e.lora_id is not UNSET:
                 d["lora_id"] = e.lora_id
             if e.lora_name is not UNSET:

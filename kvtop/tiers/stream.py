@@ -439,15 +439,25 @@ class StreamFold:
                 said = reason_of(ev.get("reason")) if "reason" in ev else None
                 before = len(live)
                 unknown = 0
-                for h in hashes:
-                    key = h if g == 0 else (g, h)
-                    n = live.get(key) if h.__class__ is int else None
-                    if not n:
-                        unknown += 1
-                    elif n > 1:
-                        live[key] = n - 1
-                    else:
-                        del live[key]
+                if g == 0:
+                    for h in hashes:
+                        n = live.get(h) if h.__class__ is int else None
+                        if n == 1:
+                            del live[h]
+                        elif not n:
+                            unknown += 1
+                        else:
+                            live[h] = n - 1
+                else:
+                    for h in hashes:
+                        key = (g, h)
+                        n = live.get(key) if h.__class__ is int else None
+                        if not n:
+                            unknown += 1
+                        elif n > 1:
+                            live[key] = n - 1
+                        else:
+                            del live[key]
                 gone = before - len(live)
                 if gone:
                     removed_n[tier] += gone
