@@ -15,7 +15,7 @@ URLs (``kvtop attach URL``)::
 The subscriber (pyzmq, asyncio) connects a SUB socket to each rank's publisher (the engine binds: vLLM does for
 ``tcp://*:…``; a SUB that binds to a connecting PUB received nothing on this machine, shared/engines-kv-events.md
 7.1). The reader is woken by the SUB socket's descriptor; while messages come, it reads what came every ``GATHER_S``
-(50 ms) all at once (a busy engine sends a batch every few ms: a wake-up each cost as much as folding it). Each
+(0.1 s) all at once (a busy engine sends a batch every few ms: a wake-up each cost as much as folding it). Each
 message is decoded (kvtop/sources/kv_wire.py) into one ``kv_batch`` record; a message that is not a batch is counted
 (``bad``), reported once per 5 s through ``on_error`` and skipped: never fatal.
 
@@ -91,7 +91,7 @@ MAX_MESSAGE_BYTES = 8 << 20  # a larger message is refused unread (as MQTT's pay
 MAX_SEQ_JUMP = 1 << 24  # a seq this far past the last is not this publisher's (46 h of drops at 100 batches/s)
 RESYNC_AFTER = 3      # ... unless this many consecutive seqs go on from it: a new start, followed
 POLL_S = 0.25         # the receive loop wakes this often to notice a stop
-GATHER_S = 0.05       # while messages come, the receive loop reads what came every this long, all at once
+GATHER_S = 0.1        # while messages come, the receive loop reads what came every this long, all at once
 READ_BURST = 64       # messages read at one wake-up at most, before the loop's other tasks run
 RCVHWM = 10_000       # messages a SUB queues before ZMQ drops (the bound of its queue, module docstring)
 ERROR_REPORT_S = 5.0
@@ -100,6 +100,23 @@ _EVENTS, _POLLIN = 15, 1      # zmq.EVENTS, zmq.POLLIN
 QUEUE_LAG_MIN_S = 0.25  # a live batch that came this far behind its publisher carries its lag in its record
 UNREAD_LAG_S = 1.0    # messages still queued at the end of a run this far behind are data never read (lost)
 _END = (1 << 64) - 1  # the replay end marker: (-1).to_bytes(8, "big", signed=True)
+
+
+def _receive(recv: Callable[..., Any]) -> list[bytes] | None:
+    """The next message queued on a socket (its frames), or None when none is. Frames read as zmq.Frame, whose
+    ``more`` is set by the read: pyzmq's recv_multipart asks ZMQ_RCVMORE for each frame (an option lookup through
+    an enum each time; 6 -> 3.5 us a 3-frame message on the dev box, with ZMQ_EVENTS asked each message before)."""
+    import zmq
+
+    try:
+        frame = recv(zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return None
+    frames = [frame.bytes]
+    while frame.more:
+        frame = recv(zmq.NOBLOCK, copy=False)
+        frames.append(frame.bytes)
+    return frames
 
 
 class ZmqUrlError(ValueError):
@@ -360,12 +377,14 @@ class ZmqKvEventSource:
         # waiting, up to READ_BURST. An awaited poll a message cost ~80 us of zmq.asyncio's futures on the dev box,
         # as much as decoding and folding a 50-event batch (bench/bench_zmq_flood.py; BENCHMARKS.md "An attached
         # kvtop beside nvitop"). ZMQ's descriptor is edge-triggered: it says "look", not "a message is there", so
-        # ZMQ_EVENTS says whether one is (before each read: no zmq.Again raised at the end of each burst).
+        # every wake-up reads until EAGAIN (_receive), and ZMQ_EVENTS is asked again before sleeping (not before
+        # each read: it has ZMQ look at its command pipe, a system call, every time).
         # While messages come, the descriptor is not watched: the reader sleeps GATHER_S and reads what gathered
         # meanwhile, a wake-up per GATHER_S, not per message (a busy engine sends a batch every few ms, and a
         # wake-up cost as much as folding it; unwatched, as the descriptor stays readable until the socket is read
         # and every turn of the loop would call back). A read that finds nothing goes back to the descriptor.
         raw: Any = zmq.Socket.shadow(sock.underlying)
+        recv = raw.recv
         loop = asyncio.get_running_loop()
         woken = asyncio.Event()
         fd = raw.getsockopt(zmq.FD)
@@ -374,17 +393,17 @@ class ZmqKvEventSource:
         try:
             while not self._stop.requested:
                 read = 0
-                more = raw.getsockopt(_EVENTS) & _POLLIN
-                while more and read < READ_BURST:
-                    try:
-                        frames = raw.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+                frames = _receive(recv)
+                while frames is not None:
+                    # the next one is read before this one is handled: none queued behind it is "caught up"
                     read += 1
-                    more = raw.getsockopt(_EVENTS) & _POLLIN
-                    self._handle(ctx, rs, frames, not more)
+                    following = _receive(recv) if read < READ_BURST else None
+                    self._handle(ctx, rs, frames, following is None and read < READ_BURST)
                     if self._stop.requested:
+                        if following is not None:   # read already: folded, not lost
+                            self._handle(ctx, rs, following, False)
                         return
+                    frames = following
                 if read == READ_BURST:
                     await asyncio.sleep(0)   # the other ranks, the replay tasks and the dashboard get their turn
                     continue
@@ -416,25 +435,43 @@ class ZmqKvEventSource:
         import zmq
         from zmq.utils.monitor import parse_monitor_message
 
-        while not self._stop.requested:
-            if not await monitor.poll(int(POLL_S * 1000)):
-                continue
-            try:
-                event = parse_monitor_message(await monitor.recv_multipart())
-            except Exception:  # a monitor frame this pyzmq cannot parse: nothing to count
-                continue
-            if event.get("event") != _EVENT_DISCONNECTED:
-                if rs.disconnects:  # a handshake: connected again
-                    self._status(rs, f"reconnected to {rs.endpoint}")
-                continue
-            rs.disconnects += 1
-            with contextlib.suppress(zmq.ZMQError):
-                sock.disconnect(rs.endpoint)
-            sock.connect(rs.endpoint)
-            message = (f"the connection to the publisher dropped ({rs.disconnects:,} so far): the publisher went "
-                       "away or ZMQ ended the connection (what it missed shows as a seq gap); reconnecting")
-            self._status(rs, f"disconnected: {message}")
-            self._report(rs, "zmq.disconnected", message)
+        # Woken by a monitor event or by the stop, not every POLL_S: each wake-up of the process cost ~0.2 ms of
+        # CPU on the dev box (bench/JOURNAL.md, "The ZMQ attach at 10,000 events/s, halved")
+        stopping = None if self._stop.event is None else asyncio.ensure_future(self._stop.event.wait())
+        try:
+            while not self._stop.requested:
+                if stopping is None:
+                    if not await monitor.poll(int(POLL_S * 1000)):
+                        continue
+                else:
+                    polling = asyncio.ensure_future(monitor.poll())
+                    await asyncio.wait((polling, stopping), return_when=asyncio.FIRST_COMPLETED)
+                    if not polling.done():   # stopped
+                        polling.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await polling
+                        continue
+                    if not polling.result():
+                        continue
+                try:
+                    event = parse_monitor_message(await monitor.recv_multipart())
+                except Exception:  # a monitor frame this pyzmq cannot parse: nothing to count
+                    continue
+                if event.get("event") != _EVENT_DISCONNECTED:
+                    if rs.disconnects:  # a handshake: connected again
+                        self._status(rs, f"reconnected to {rs.endpoint}")
+                    continue
+                rs.disconnects += 1
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.disconnect(rs.endpoint)
+                sock.connect(rs.endpoint)
+                message = (f"the connection to the publisher dropped ({rs.disconnects:,} so far): the publisher "
+                           "went away or ZMQ ended the connection (what it missed shows as a seq gap); reconnecting")
+                self._status(rs, f"disconnected: {message}")
+                self._report(rs, "zmq.disconnected", message)
+        finally:
+            if stopping is not None:
+                stopping.cancel()
 
     # ------------------------------------------------------------------------------------------ live batches
 
