@@ -6,7 +6,8 @@ Reference: kv_wire.decode_payload with ``ENABLED`` off. Held equal by tests/sour
 test_the_typed_decode_gives_what_the_checking_path_gives (hypothesis: hostile messages and vLLM's own shapes, the
 same batch or the same error) and test_the_typed_decode_takes_vllm_shapes_and_leaves_the_rest. Pays:
 BENCHMARKS.md "An attached kvtop beside nvitop" (the ZMQ attach): 543 -> 96 us a 50-event batch on the dev box,
-the attach at 10,000 events/s 23.4 -> 16.7% of a core on the H200 host.
+the attach at 10,000 events/s 23.4 -> 16.7% of a core on the H200 host; then 61 -> 37 us a batch (the kept fields
+copied one by one, the token count read with struct: bench/JOURNAL.md, "The ZMQ attach at 10,000 events/s, halved").
 """
 
 from __future__ import annotations

@@ -362,7 +362,10 @@ class StreamFold:
         # The hot path (bench/JOURNAL.md, "The ZMQ attach at 10,000 events/s, halved"): ~0.1 us a hash, ~0.5 us an
         # event on the dev box. Per hash only what each one needs (a new hash, a repeated one: refcounted); per
         # event the counts, summed; the fold's dicts looked up once a batch; the lower tiers looked in only where
-        # one holds anything.
+        # one holds anything. A store takes its own loop (group 0, no lower tier holding anything) or the long way
+        # (_store_keys); tests/sources/test_kv_stream.py holds the two to a refcounted reference
+        # (test_fold_agrees_with_a_refcounted_reference: groups 0 and 1, onboards from host and disk) and to the
+        # tier's bound (test_a_tier_past_its_bound_forgets_its_oldest_once_an_event).
         live_of, stored_n, removed_n, tpb_of, cap_of = (self.live, self.stored, self.removed, self.tier_tpb,
                                                         self.live_cap)
         gpu_below = self._below["gpu"]
