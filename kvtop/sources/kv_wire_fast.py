@@ -32,10 +32,11 @@ _u64 = Annotated[int, Meta(ge=0)]          # msgpack has no integer past 2^64
 _small = Annotated[int, Meta(ge=0, lt=MAX_SMALL)]
 _num = Annotated[float, Meta(ge=-float(U64), le=float(U64))]   # NaN and inf fail the bounds
 _extra = str | bool | int | _num | None | UnsetType   # a scalar the checking path keeps verbatim
+_hashes = Annotated[list[_u64], Meta(max_length=MAX_HASHES)]   # more: the checking path says so
 
 
 class _Stored(Struct, tag="BlockStored", tag_field="type", forbid_unknown_fields=True):
-    block_hashes: list[_u64]
+    block_hashes: _hashes
     parent_block_hash: _u64 | None = None
     token_ids: Raw | UnsetType = UNSET
     block_size: Annotated[int, Meta(gt=0, lt=MAX_SMALL)] | None = None
@@ -54,7 +55,7 @@ class _Stored(Struct, tag="BlockStored", tag_field="type", forbid_unknown_fields
 
 
 class _Removed(Struct, tag="BlockRemoved", tag_field="type", forbid_unknown_fields=True):
-    block_hashes: list[_u64]
+    block_hashes: _hashes
     medium: str | None = None
     group_idx: _small | None | UnsetType = UNSET
     kv_cache_spec_kind: _extra = UNSET
@@ -119,8 +120,6 @@ def decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[st
     append = out.append
     for e in events:
         if isinstance(e, _Removed):     # exact classes (msgspec Structs, no subclasses): a C-level check
-            if len(e.block_hashes) > MAX_HASHES:
-                return None
             d: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": e.block_hashes, "medium": e.medium}
             # the kept scalars, unrolled (a loop of getattr cost as much as the rest of the event)
             if e.group_idx is not UNSET:
@@ -134,8 +133,6 @@ def decode_typed(payload: bytes) -> tuple[float | None, int | None, list[dict[st
             if e.ownership is not UNSET:
                 d["ownership"] = e.ownership
         elif isinstance(e, _Stored):
-            if len(e.block_hashes) > MAX_HASHES:
-                return None
             d = {"type": "BlockStored", "block_hashes": e.block_hashes, "medium": e.medium,
                  "parent_block_hash": e.parent_block_hash, "block_size": e.block_size}
             tokens = e.token_ids

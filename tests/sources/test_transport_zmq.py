@@ -88,8 +88,9 @@ async def test_a_busy_stream_is_read_in_gathered_wake_ups_not_one_per_message():
         s = _model(session).summary()["stream"]
         assert s["lost_batches"] == 0 and _model(session).gpu.cached_blocks == n
         wakeups = src.ranks[0].wakeups
-        # at most one wake-up per GATHER_S while the batches came (and the first and last), far fewer than batches
-        assert wakeups <= took / GATHER_S + 3 and wakeups <= n // 4, (wakeups, took)
+        # at most one wake-up per GATHER_S while the batches came (and the descriptor's first, and the reads after
+        # the last batch came), far fewer than batches
+        assert wakeups <= took / GATHER_S + 4 and wakeups <= n // 4, (wakeups, took)
         await _stop(session, task)
     finally:
         pub.close()
