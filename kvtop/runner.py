@@ -188,7 +188,7 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
                                 lost="malformed" in message)
 
     poller = EnginePoller(engine, source, interval_s=settings.refresh, sink=session.emit, on_error=engine_error,
-                          clock=clock or time.time)
+                          clock=clock or time.time, sink_many=session.emit_many)
     session.add_producer("engine", poller.run, poller.stop)
     session.add_closer(engine.shutdown)
 

@@ -151,7 +151,10 @@ class WorkloadDriver:
             retention = (self.retention_factory(item.retention)
                          if self.retention_factory and not item.retention.is_default() else None)
             sampling = self.sampling_factory(item.max_tokens) if self.sampling_factory else None
-            out = self.engine.generate_async(item.prompt_ids, sampling, kv_cache_retention_config=retention)
+            prompt = item.prompt_ids
+            if prompt.__class__ is not list and not getattr(self.engine, "takes_token_runs", False):
+                prompt = list(prompt)   # a trace's TokenRuns: TensorRT-LLM takes a list of ids
+            out = self.engine.generate_async(prompt, sampling, kv_cache_retention_config=retention)
             res = await out.aresult() if hasattr(out, "aresult") else await out
             completion = res.outputs[0]
             output_ids = list(completion.token_ids)

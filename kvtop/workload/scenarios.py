@@ -7,7 +7,7 @@ supported vocabulary); a scenario learns each answer through ``on_result`` (mult
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,8 @@ VOCAB_LIMIT = 150_000
 
 @dataclass
 class WorkItem:
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]   # a list, or a trace prompt's TokenRuns (the driver makes it a list for an engine
+                                # that does not take one)
     max_tokens: int
     retention: RetentionSpec
     label: str
@@ -145,7 +146,7 @@ class MultiTurnScenario(Scenario):
         if output_ids is None:
             self.histories[s] = None
             return
-        self.histories[s] = item.prompt_ids + list(output_ids)
+        self.histories[s] = [*item.prompt_ids, *output_ids]
         self.turns[s] += 1
 
 
@@ -189,16 +190,23 @@ class TraceScenario(Scenario):
 
     def __init__(self, *args: Any, requests: list[TraceRequest], time_scale: float = 1.0, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        from kvtop.engines.sim.block_manager import TokenRuns  # here: the simulator is not imported for a scenario
+
         self.requests = requests
         self.time_scale = time_scale
         self.i = 0
+        self._runs = TokenRuns
 
     def next(self) -> WorkItem | None:
         if self.i >= len(self.requests):
             return None
         r = self.requests[self.i]
         self.i += 1
-        return WorkItem(r.prompt_ids(), r.output_length, self.base_retention, f"trace line {r.line}",
+        # As runs (TokenRuns), not a list of ~14k ints a prompt: a trace's requests all arrive within a second at
+        # --trace-time-scale 1000, and their lists (three copies each on the way into the simulator) were what the
+        # garbage collector walked, again and again, for most of a driven replay's CPU (bench/JOURNAL.md "The
+        # driven path's fold").
+        return WorkItem(self._runs(r.prompt_runs()), r.output_length, self.base_retention, f"trace line {r.line}",
                         arrival_s=r.timestamp_ms / 1000.0 / self.time_scale)
 
 

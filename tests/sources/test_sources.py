@@ -41,6 +41,34 @@ STORED = {"event_id": 1, "window_size": 256,
 # ------------------------------------------------------------------------------------------ fake engines
 
 
+class BatchDrain:
+    """A drain that hands its items over as one list (``take_batch``, as kvtop's simulator does)."""
+
+    def __init__(self, queue: deque[Any]):
+        self.queue = queue
+
+    def __aiter__(self) -> Any:
+        raise AssertionError("the poller takes a batch drain whole")
+
+    async def take_batch(self) -> list[Any]:
+        out = list(self.queue)
+        self.queue.clear()
+        return out
+
+
+class BatchEngine:
+    def __init__(self, stats: Sequence[Any] = (), events: Sequence[Any] = (), trusted: bool = False):
+        self.stats: deque[Any] = deque(stats)
+        self.events: deque[Any] = deque(events)
+        self.trusted_records = trusted
+
+    def get_stats_async(self, timeout: float = 2) -> BatchDrain:
+        return BatchDrain(self.stats)
+
+    def get_kv_cache_events_async(self, timeout: float = 2) -> BatchDrain:
+        return BatchDrain(self.events)
+
+
 class Drain:
     """An async iterable over a queue, ending when the queue is empty (like a drained IterationResult).
 
@@ -236,6 +264,44 @@ async def test_malformed_items_are_counted_and_reported_once_per_poll() -> None:
     assert "2 malformed stats" in stats_msg and "must be an object" in stats_msg
     assert res.failed == []  # bad input is not a failing source: no backoff
     assert all(s.failures == 0 and s.due == 0.0 for s in p.streams)
+
+
+async def test_a_batch_drain_goes_to_sink_many_in_one_call_its_bad_items_named() -> None:
+    """An engine whose drain hands over one list (take_batch): the poll's records of a stream go to sink_many in one
+    call, the same records the item-by-item path gives; a malformed item is counted and said as there."""
+    eng = BatchEngine(stats=["{not json", STATS], events=[CREATED, STORED, {"event_id": 3, "data": {"type": "moved"}}])
+    col = Collector()
+    calls: list[list[Record]] = []
+    p = poller(eng, col, sink_many=calls.append)
+    res = await p.poll_once()
+    assert (res.stats, res.kv_events, res.bad) == (1, 2, 2)
+    assert col.records == []   # all through sink_many, one call per stream
+    assert sorted(len(c) for c in calls) == [1, 2]
+    by_kind = {c[0].kind: c for c in calls}
+    assert by_kind["stats"][0].data == STATS
+    assert [r.data for r in by_kind["kv_event"]] == [CREATED, read_form(STORED)]
+    assert sorted(name for name, _ in col.errors) == ["engine.kv_events", "engine.stats"]
+    assert "1 malformed kv_events item(s)" in dict(col.errors)["engine.kv_events"]
+    # without sink_many, the same records one by one
+    eng2 = BatchEngine(stats=[STATS], events=[CREATED, STORED])
+    col2 = Collector()
+    await poller(eng2, col2).poll_once()
+    assert sorted((r.kind, repr(r.data)) for r in col2.records) == sorted(
+        (r.kind, repr(r.data)) for c in calls for r in c)
+
+
+async def test_a_trusted_engines_dicts_become_records_unchecked() -> None:
+    """trusted_records (kvtop's own simulator in this process): each dict is the record's data as it is, at one
+    clock reading; an engine that does not say so has its dicts checked and put in read form."""
+    eng = BatchEngine(events=[CREATED, STORED], trusted=True)
+    calls: list[list[Record]] = []
+    await poller(eng, Collector(), sink_many=calls.append).poll_once()
+    [records] = calls
+    assert [r.data for r in records] == [CREATED, STORED] and records[1].data is STORED   # not put in read form
+    assert all(r.source == SRC and r.time == 1764430000.5 and r.v == 1 for r in records)
+    calls.clear()
+    await poller(BatchEngine(events=[STORED]), Collector(), sink_many=calls.append).poll_once()
+    assert calls[0][0].data == read_form(STORED) != STORED
 
 
 async def test_events_disabled_empty_forever_is_fine() -> None:

@@ -297,7 +297,7 @@ def test_trace_scenario_time_scale() -> None:
     items = [s.next() for _ in range(3)]
     assert [it.arrival_s for it in items] == [0.0, 0.25, 0.5]
     assert [it.max_tokens for it in items] == [2, 2, 2]
-    assert items[1].prompt_ids == list(range(512, 576))
+    assert list(items[1].prompt_ids) == list(range(512, 576))
     assert s.next() is None
 
 
@@ -350,6 +350,39 @@ def test_a_trace_keeps_its_arrival_times_whatever_the_concurrency(llm: SimLLM) -
     records = run_driver(engine, TraceScenario(llm.primary_blocks * TPB, 4, requests=reqs), concurrency=2)
     assert len(records) == 12 and all(r.data["ok"] for r in records)
     assert engine.max_in_flight == 12
+
+
+def test_a_trace_reaches_the_simulator_as_runs_and_any_other_engine_as_lists() -> None:
+    """A trace prompt is TokenRuns (no list of ~14k ints a request, which the garbage collector walked): the driver
+    hands it so to an engine that takes runs (SimLLM) and as a list to any other (TensorRT-LLM's generate_async);
+    the simulator gives both the same blocks: reused, missed, prompt tokens request for request."""
+    from kvtop.engines.sim.block_manager import TokenRuns
+
+    reqs = [TraceRequest(i + 1, 40.0 * i, 1500, 4, (i % 3, 10 + i % 2, 20 + i)) for i in range(8)]
+    seen: list[type] = []
+
+    class Lists:   # says nothing about runs, as TensorRT-LLM's LLM
+        def __init__(self, inner: SimLLM):
+            self.inner = inner
+
+        def generate_async(self, prompt: Any, sampling: Any = None, **kw: Any) -> Any:
+            seen.append(type(prompt))
+            return self.inner.generate_async(prompt, sampling, **kw)
+
+    class Runs(Lists):
+        takes_token_runs = True
+
+    got = {}
+    for cls in (Lists, Runs):
+        seen.clear()
+        with SimLLM(kv_cache_config=KvCacheConfig(max_tokens=4096, tokens_per_block=TPB, host_cache_size=1 << 30),
+                    speed=0) as sim:
+            records = run_driver(cls(sim), TraceScenario(4096, 4, requests=reqs), concurrency=8)
+        got[cls] = sorted((r.data["request_id"], r.data["ok"], r.data["prompt_tokens"], r.data["reused_blocks"],
+                           r.data["missed_blocks"]) for r in records)
+        assert seen == [list if cls is Lists else TokenRuns] * 8
+    assert got[Runs] == got[Lists] and len(got[Runs]) == 8
+    assert sum(row[3] for row in got[Runs]) > 0   # prefixes shared: blocks reused
 
 
 def test_closed_loop_concurrency_one_is_sequential(llm: SimLLM) -> None:

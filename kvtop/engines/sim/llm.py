@@ -21,7 +21,7 @@ from typing import Any
 
 from kvtop.engines.gpus import GpuProfile, resolve_gpu
 from kvtop.engines.models import ModelShape, resolve_model
-from kvtop.engines.sim.block_manager import BlockManager
+from kvtop.engines.sim.block_manager import BlockManager, TokenRuns
 from kvtop.engines.sim.core import SimEngineCore, SimRequest
 from kvtop.engines.sim.retention import KvCacheRetentionConfig
 from kvtop.engines.sim.tokenizer import Tokenizer, load_tokenizer
@@ -142,7 +142,8 @@ class RequestOutput:
         self._req = req
         self.request_id = req.request_id
         self.prompt = prompt
-        self.prompt_token_ids = list(req.prompt_ids)
+        # A list of ids, as TensorRT-LLM's; of a TokenRuns prompt (a driven trace), made when first read
+        self._prompt_token_ids = None if isinstance(req.prompt_ids, TokenRuns) else list(req.prompt_ids)
         self.streaming = streaming
         self.outputs = [CompletionOutput(0, "", [])]
         self.finished = False
@@ -152,6 +153,12 @@ class RequestOutput:
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[RequestOutput]]] = []
         self._stream: tuple[asyncio.AbstractEventLoop, asyncio.Queue[bool]] | None = None
         self._sent_tokens = 0
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        if self._prompt_token_ids is None:
+            self._prompt_token_ids = list(self._req.prompt_ids)
+        return self._prompt_token_ids
 
     # -- engine side (engine thread, under the engine lock) --
     def _on_token(self, req: SimRequest) -> None:
@@ -285,9 +292,31 @@ class _DrainOnce:
         for item in items:
             yield item
 
+    async def take_batch(self) -> list[dict[str, Any]]:
+        """What iterating would yield, as one list (kvtop's poller takes a drain so: one batch of records for the
+        fold, not an async step per item); waits as iterating does."""
+        items = self._take()
+        deadline = time.monotonic() + self._timeout
+        while not items and time.monotonic() < deadline:
+            await asyncio.sleep(min(0.01, self._timeout))
+            items = self._take()
+        return items
+
 
 class SimLLM:
     """A TensorRT-LLM ``LLM`` whose KV cache manager is simulated exactly and whose GPU is a cost model."""
+
+    # generate_async takes a prompt as TokenRuns too (kvtop's driver hands a trace's prompts so; the block manager
+    # cuts it into the keys of the equal list, and its outputs are those kvtop sim --trace gives it)
+    takes_token_runs = True
+
+    @property
+    def trusted_records(self) -> bool:
+        """Its stats and KV events are dicts kvtop made in this process, already in the form ``records.make`` gives
+        them (``kv_event_token_ids``): kvtop's poller makes their records without the checks an outside engine's
+        dicts need (kvtop.records.trusted_record; tests/engines/sim/test_sim_llm.py holds the two paths equal on a
+        driven run's every stat and event)."""
+        return self._kv_event_token_ids
 
     def __init__(self, model: str | ModelShape = "Qwen/Qwen3-8B", *, kv_cache_config: KvCacheConfig | None = None,
                  max_batch_size: int = 2048, max_num_tokens: int = 8192, max_seq_len: int | None = None,
@@ -309,8 +338,10 @@ class SimLLM:
         ``pace_to_event_drains`` (kvtop's driven session too): at ``speed=0`` the engine waits, before a step,
         for the KV events to be taken while its buffer is over half full (at most ``EVENT_DRAIN_WAIT_S`` a step),
         so that a reader that keeps draining loses none: flat out, the engine filled the buffer faster than a
-        driven session folds it and dropped most of a trace's events. Off (TensorRT-LLM's way, and a script's
-        SimLLM that never reads its events), a full buffer drops the oldest."""
+        driven session folds it and dropped most of a trace's events. The iteration stats likewise, once they have
+        been read: their queue keeps ``max_stats_len``, and an engine that ran ~1,000 steps between two drains lost
+        the oldest (a driven trace run's ``quality.stats_iterations_missing``). Off (TensorRT-LLM's way, and a
+        script's SimLLM that never reads its events), a full buffer drops the oldest."""
         if unsupported:
             # TensorRT-LLM's args are strict pydantic models: an unknown name is an error, not a silent no-op.
             raise TypeError(f"SimLLM: unsupported argument(s): {', '.join(sorted(unsupported))}")
@@ -368,7 +399,9 @@ class SimLLM:
         self._wake = threading.Event()  # set after a request is queued, or at shutdown
         self._lock_wanted = threading.Event()  # set by a drain about to wait for the engine lock
         self._pace_to_event_drains = pace_to_event_drains
-        self._events_taken = threading.Event()  # set by each drain of the KV events
+        self._kv_event_token_ids = kv_event_token_ids
+        self._events_taken = threading.Event()  # set by each drain of the KV events or the stats
+        self._stats_read = False  # the stats have been drained once: pace_to_event_drains waits for them too
         self._pending: list[tuple[SimRequest, RequestOutput]] = []
         self._outputs: dict[int, RequestOutput] = {}
         self._shutdown = False
@@ -402,7 +435,9 @@ class SimLLM:
 
     # ------------------------------------------------------------------------------------------ requests
 
-    def _encode(self, inputs: Any) -> tuple[list[int], str | None]:
+    def _encode(self, inputs: Any) -> tuple[Sequence[int], str | None]:
+        if isinstance(inputs, TokenRuns):  # immutable, its ids checked when it was made: taken as it is
+            return inputs, None
         if isinstance(inputs, str):
             return self.tokenizer.encode(inputs), inputs
         if isinstance(inputs, dict):
@@ -436,7 +471,8 @@ class SimLLM:
         # thread took the engine lock back before a waiting caller woke, and an asyncio driver's loop stalled in
         # here for most of a driven trace replay, its poller with it).
         with self._pending_lock:
-            req = SimRequest(next(self._ids), prompt_ids, sp.max_tokens, arrival_s=self._now_for_arrival(),
+            req = SimRequest(next(self._ids), prompt_ids, sp.max_tokens,  # type: ignore[arg-type]
+                             arrival_s=self._now_for_arrival(),
                              retention=kv_cache_retention_config)
             out = RequestOutput(self, req, prompt, streaming)
             req.on_token = out._on_token
@@ -527,7 +563,10 @@ class SimLLM:
     def _take_stats(self) -> list[dict[str, Any]]:
         self._lock_wanted.set()
         with self._lock:
-            return self._core.take_stats()
+            stats = self._core.take_stats()
+        self._stats_read = True
+        self._events_taken.set()
+        return stats
 
     def _take_events(self) -> list[dict[str, Any]]:
         self._lock_wanted.set()
@@ -537,14 +576,21 @@ class SimLLM:
         return events
 
     def _wait_for_event_drain(self) -> None:
-        """``pace_to_event_drains``: while the event buffer is over half full, wait for a drain (a bounded wait:
-        a reader that stopped reading costs at most ``EVENT_DRAIN_WAIT_S`` a step, then events drop as before)."""
+        """``pace_to_event_drains``: while the event buffer is over half full, or the iteration stats queue is (when
+        stats are on: it keeps ``max_stats_len``, the oldest dropped), wait for a drain (a bounded wait: a reader
+        that stopped reading costs at most ``EVENT_DRAIN_WAIT_S`` a step, then events drop as before)."""
         bm = self.block_manager
         limit = bm._event_buffer_max_size // 2
-        if bm.buffered_events() <= limit:
+        stats = self._core.stats
+        stats_limit = (stats.maxlen or 0) // 2 if self._stats_read else None
+
+        def behind() -> bool:
+            return bm.buffered_events() > limit or (stats_limit is not None and len(stats) > stats_limit)
+
+        if not behind():
             return
         deadline = time.monotonic() + EVENT_DRAIN_WAIT_S
-        while bm.buffered_events() > limit and not self._shutdown:
+        while behind() and not self._shutdown:
             self._events_taken.clear()
             left = deadline - time.monotonic()
             if left <= 0 or not self._events_taken.wait(left):

@@ -633,6 +633,42 @@ def test_paced_engine_loses_no_events_to_a_reader_that_keeps_reading() -> None:
     assert dropped > 0 and got == made - dropped
 
 
+def test_paced_engine_loses_no_stats_to_a_reader_that_keeps_reading() -> None:
+    """pace_to_event_drains waits for the iteration stats too once they are read: their queue keeps max_stats_len
+    (the oldest dropped), and an engine flat out ran more steps between two drains than that (a driven trace run's
+    stats_iterations_missing); unpaced, iterations go missing."""
+    def iterations(pace: bool) -> tuple[list[int], int]:
+        llm = SimLLM(kv_cache_config=KvCacheConfig(event_buffer_max_size=1 << 16, max_tokens=8192), speed=0,
+                     enable_iter_perf_stats=True, max_stats_len=16, pace_to_event_drains=pace, max_batch_size=2)
+        got: list[int] = []
+        stop = threading.Event()
+
+        def reader() -> None:
+            while not stop.is_set():
+                got.extend(s["iter"] for s in llm.get_stats(timeout=0))
+                llm.get_kv_cache_events(timeout=0)
+                time.sleep(0.005)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        try:
+            for out in [llm.generate_async(list(range(i * 1000, i * 1000 + 100)), SamplingParams(max_tokens=60))
+                        for i in range(20)]:
+                out.result()
+        finally:
+            stop.set()
+            thread.join()
+        got.extend(s["iter"] for s in llm.get_stats(timeout=0))
+        made = llm._core.iteration
+        llm.shutdown()
+        return got, made
+
+    got, made = iterations(pace=True)
+    assert made > 4 * 16 and got == list(range(got[0], got[0] + made))
+    got, made = iterations(pace=False)
+    assert len(got) < made
+
+
 def test_stored_events_as_token_ids() -> None:
     """kv_event_token_ids: a stored block's tokens as kvtop.compact's "token_ids", the same event otherwise."""
     from kvtop.compact import read_form
@@ -645,3 +681,30 @@ def test_stored_events_as_token_ids() -> None:
             events[compact] = [e for e in llm.get_kv_cache_events(timeout=0.5) if e["data"]["type"] == "stored"]
     assert events[True] and events[True][0]["data"]["blocks"][0]["token_ids"] == list(range(100, 132))
     assert [read_form(e) for e in events[False]] == events[True]
+
+
+def test_trusted_records_are_what_make_gives() -> None:
+    """kvtop's driven session (kv_event_token_ids) says its dicts are trusted: records.trusted_record, which skips
+    make's checks and read_form, gives make's record for every stat and event of a run that offloads, onboards,
+    evicts, retains and stores (a trace prompt as TokenRuns too); without token ids the engine is not trusted."""
+    from kvtop.compact import read_form
+    from kvtop.engines.sim.block_manager import TokenRuns
+    from kvtop.records import SourceId, make, trusted_record
+
+    src = SourceId(host="h", rank=0, run="r")
+    kvc = KvCacheConfig(max_tokens=256, tokens_per_block=16, host_cache_size=20 << 20, event_buffer_max_size=10_000)
+    with SimLLM(kv_cache_config=kvc, speed=0, max_batch_size=1, enable_iter_perf_stats=True,
+                kv_event_token_ids=True) as llm:
+        assert llm.trusted_records is True
+        a, b = prompt(1, 230), prompt(5000, 230)
+        for p in (a, b, a, TokenRuns([(5000, 100), (90_000, 40)])):
+            llm.generate(p, SamplingParams(max_tokens=16), kv_cache_retention_config=R([TR(0, 32, 80)]))
+        events, stats = llm.get_kv_cache_events(timeout=0.5), llm.get_stats(timeout=0.5)
+    assert {e["data"]["type"] for e in events} == {"created", "stored", "removed", "updated"} and stats
+    for kind, items in (("kv_event", events), ("stats", stats)):
+        for item in items:
+            assert read_form(item) is item   # nothing for make to change
+            made, trusted = make(kind, item, src, 1764430000.5), trusted_record(kind, item, src, 1764430000.5)
+            assert trusted == made and repr(trusted) == repr(made)
+    with SimLLM(kv_cache_config=kvc, speed=0) as llm:
+        assert llm.trusted_records is False   # TensorRT-LLM's token dicts: make puts them in read form
