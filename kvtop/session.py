@@ -22,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from kvtop.fleet import STALE_INTERVALS, StaleClock
 from kvtop.problems import Problem, Problems
-from kvtop.records import Record, SourceId, make
+from kvtop.records import Record, SourceId, make, trusted_record
 from kvtop.textsafe import clean
 from kvtop.tiers import TierModel
 from kvtop.tiers.health import HEALTH_KINDS, tier_health
@@ -229,6 +229,45 @@ class Session:
                     sink(record)
                 except Exception as exc:  # a broken sink must not stop the fold or the other sinks
                     self.note("error", f"sink {getattr(sink, '__qualname__', sink)} failed: {exc}")
+
+    def emit_kv_events(self, source: SourceId, t: float, events: list[dict[str, Any]]) -> None:
+        """KV event dicts of one source at one time, in the form records carry them (``trusted_record``'s: kvtop's
+        own simulator in this process, a poller's drain): what ``emit_many`` of their ``kv_event`` records does,
+        folded as one batch, without a Record an event (the steps once a batch: the source's model, its counts and
+        staleness). Their records go through ``emit_many`` where a sink takes them, where the source's model is not
+        taken yet (a new source, a refused one), or where ``t`` is a day from the model's time (a jump said per
+        record). Held equal to emit_many by tests/tiers/test_fold_golden.py::test_emit_kv_events_folds_as_emit_many.
+        """
+        if not events:
+            return
+        key = source.key()
+        model = self.models.get(key)
+        last = model.now if model is not None else None
+        if (self.sinks or model is None or self._own_key is None or t.__class__ is not float
+                or (last is not None and abs(t - last) > MAX_TIME_JUMP_S)):
+            self._emit_all([trusted_record("kv_event", ev, source, t) for ev in events], True)
+            return
+        n = len(events)
+        self.records += n
+        if self._own_meta:
+            self._own_meta = False
+            n -= 1
+        self.records_in += n
+        stale = self.stale
+        if stale.enabled and stale.heard(key, "kv_event"):
+            self._unstale(key)
+        apply = model.apply_kv_event_record
+        whatif = self.whatif.apply_kv_event if model is self.model else None
+        for ev in events:
+            bad = model.bad_records
+            apply(ev, t)
+            if model.bad_records != bad:
+                self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
+            if whatif is not None:
+                try:
+                    whatif(ev)
+                except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold
+                    self.note("warn", f"what-if skipped a record: {exc}")
 
     def _refuse(self, key: str) -> None:
         """A record of a new source past ``max_sources``: dropped, counted and said."""

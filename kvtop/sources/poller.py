@@ -46,6 +46,7 @@ from kvtop.stopsignal import StopSignal
 
 Sink = Callable[[Record], None]
 SinkMany = Callable[[list[Record]], None]
+SinkEvents = Callable[[SourceId, float, list[Any]], None]
 ErrorCallback = Callable[[str, str], None]
 
 MAX_BACKOFF_S = 5.0
@@ -110,6 +111,7 @@ class EnginePoller:
         max_backoff_s: float = MAX_BACKOFF_S,
         clock: Callable[[], float] = time.time,
         sink_many: SinkMany | None = None,
+        sink_events: SinkEvents | None = None,
     ):
         if sink is None:
             raise TypeError("EnginePoller needs a sink (a callable taking one Record)")
@@ -125,6 +127,8 @@ class EnginePoller:
         # kvtop's own simulator, in this process: its dicts are made into records without make's checks
         # (records.trusted_record); any other engine's are checked one by one
         self.trusted = getattr(engine, "trusted_records", False) is True
+        # ...whose KV events then go to this as dicts, one drain a call (Session.emit_kv_events), when given
+        self.sink_events = sink_events
         self.on_error = on_error
         self.name = name
         self.timeout_s = timeout_s
@@ -313,6 +317,13 @@ class EnginePoller:
         if not items:
             return
         kind, source = st.kind, self.source
+        if self.trusted and kind == "kv_event" and self.sink_events is not None:
+            try:
+                self.sink_events(source, self.clock(), items)
+            except Exception as exc:
+                raise _SinkFailed(exc) from exc
+            result.kv_events += len(items)
+            return
         if self.trusted:
             now = self.clock()
             records = [trusted_record(kind, item, source, now) for item in items]

@@ -222,6 +222,12 @@ class TierModel:
             return
         self._ledger.applied += 1
 
+    def apply_kv_event_record(self, event: Any, t: float) -> None:
+        """What ``apply`` does for a ``kv_event`` record of ``event`` at ``t``, without the record (a batch of the
+        simulator's events, Session.emit_kv_events)."""
+        self._ledger.touched += 1
+        self.apply_kv_event(event, t)
+
     def apply_kv_events(self, events: Iterable[Any], t: float | None = None) -> None:
         for ev in events:
             self.apply_kv_event(ev, t)

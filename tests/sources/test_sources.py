@@ -302,6 +302,14 @@ async def test_a_trusted_engines_dicts_become_records_unchecked() -> None:
     calls.clear()
     await poller(BatchEngine(events=[STORED]), Collector(), sink_many=calls.append).poll_once()
     assert calls[0][0].data == read_form(STORED) != STORED
+    # with sink_events (Session.emit_kv_events), a trusted drain's events go there as the dicts, the stats as records
+    drains: list[tuple[SourceId, float, list[Any]]] = []
+    calls.clear()
+    eng = BatchEngine(stats=[STATS], events=[CREATED, STORED], trusted=True)
+    res = await poller(eng, Collector(), sink_many=calls.append,
+                       sink_events=lambda *a: drains.append(a)).poll_once()
+    assert drains == [(SRC, 1764430000.5, [CREATED, STORED])] and drains[0][2][1] is STORED
+    assert [[r.kind for r in c] for c in calls] == [["stats"]] and (res.stats, res.kv_events) == (1, 2)
 
 
 async def test_events_disabled_empty_forever_is_fine() -> None:

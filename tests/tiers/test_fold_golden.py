@@ -328,6 +328,48 @@ def test_emit_many_folds_as_emit_one_by_one(batch: int) -> None:
     assert any("failed" in text for level, text in one["log"] if level == "error")
 
 
+@pytest.mark.parametrize("sinks", [False, True])
+def test_emit_kv_events_folds_as_emit_many(sinks: bool) -> None:
+    """Session.emit_kv_events (a drain of the simulator's KV events, folded as one batch without a Record an event)
+    leaves the session as emit_many of their records: counts, models, what-if, problems (bad events, a day's time
+    jump, a refused source), log, staleness; with a sink, the sink gets the same records."""
+    from kvtop.records import Record
+    from kvtop.session import Session
+
+    records = _odd_session_records()
+    groups: list[list[Any]] = []   # runs of one source's kv_event records (up to 50) at one time, as a drain
+    for r in records:
+        g = groups[-1] if groups else None
+        if g and r.kind == "kv_event" == g[0].kind and r.source == g[0].source and len(g) < 50:
+            g.append(Record(r.kind, r.data, r.source, g[0].time))
+        else:
+            groups.append([r])
+    assert max(len(g) for g in groups) > 20
+
+    def run(batched: bool) -> dict[str, Any]:
+        session = Session(meta={}, max_sources=2)
+        session.stale.enabled = True
+        seen: list[Any] = []
+        if sinks:
+            session.add_sink(seen.append)
+        session.stale._stale.add(records[0].source.key())  # stale before its next record: it is back
+        session.status[records[0].source.key()] = "stale"
+        for g in groups:
+            if batched and g[0].kind == "kv_event":
+                session.emit_kv_events(g[0].source, g[0].time, [r.data for r in g])
+            else:
+                session.emit_many(g)
+        state = _session_state(session)
+        state["sunk"] = [(r.kind, id(r.data), r.source, r.time, r.v) for r in seen]
+        return state
+
+    batched, many = run(True), run(False)
+    assert batched == many
+    assert {"record.bad", "record.time_jump", "source.refused"} <= {p[0] for p in many["problems"]}
+    assert any("what-if skipped" in text for _, text in many["log"])
+    assert bool(many["sunk"]) == sinks
+
+
 # ------------------------------------------------------------------------------------------------ replay pacing
 
 

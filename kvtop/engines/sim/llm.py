@@ -174,6 +174,7 @@ class RequestOutput:
         out.text = self._llm.tokenizer.decode(req.output_ids)
         out.finish_reason = "length" if req.error is None else "error"
         out.request_perf_metrics = self._llm._perf_metrics(req)
+        self._llm._finished.append(self.request_id)
         with self._lock:
             self.error = req.error
             self.finished = True
@@ -404,6 +405,7 @@ class SimLLM:
         self._stats_read = False  # the stats have been drained once: pace_to_event_drains waits for them too
         self._pending: list[tuple[SimRequest, RequestOutput]] = []
         self._outputs: dict[int, RequestOutput] = {}
+        self._finished: list[int] = []  # request ids finished since the engine thread last dropped their outputs
         self._shutdown = False
         self._wall0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="kvtop-simllm", daemon=True)
@@ -533,9 +535,13 @@ class SimLLM:
                 runnable = core.has_runnable()
                 if runnable:
                     core.step()
-                    for rid in [rid for rid, o in self._outputs.items() if o.finished]:
-                        del self._outputs[rid]
                     sim_now = core.now_s
+                if self._finished:
+                    # the outputs finished since (a scan of every output each step was 5% of a driven trace
+                    # replay's CPU with 3,000 requests queued)
+                    for rid in self._finished:
+                        self._outputs.pop(rid, None)
+                    self._finished.clear()
             if not runnable:
                 self._wake.wait(0.05 if core.waiting else 0.5)
                 if self.speed > 0:  # idle time passes on the simulated clock too
