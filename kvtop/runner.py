@@ -261,7 +261,17 @@ def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoic
         engine.shutdown()
         raise RunError(str(exc)) from None
     session.driver = driver
-    session.add_producer("workload", driver.run, driver.stop)
+    if settings.scenario == "trace":
+        async def trace_then_last_poll() -> None:
+            # A trace ends (every request answered): the engine's last events and stats are folded before the run
+            # can end with it (a headless run does: kvtop/commands/run.py)
+            await driver.run()
+            if not driver.stopped:
+                await poller.final_poll()
+
+        session.add_producer("workload", trace_then_last_poll, driver.stop)
+    else:
+        session.add_producer("workload", driver.run, driver.stop)
 
     # Machine samplers: NVML (no driver here is the normal case) and host memory.
     add_machine_samplers(session, meta, max(settings.refresh, 1.0), gpu=sample_gpu, clock=clock)

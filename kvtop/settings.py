@@ -81,7 +81,8 @@ class Settings:
                                   kind="pos_int_or_none")
     rate: float | None = _opt(None, "open loop: Poisson arrivals per second (overrides --concurrency)",
                               kind="pos_float_or_none")
-    duration: float | None = _opt(None, "stop after this many seconds (headless default: 30)", kind="float_or_none")
+    duration: float | None = _opt(None, "stop after this many seconds (headless default: 30; a --scenario trace "
+                                        "run ends when its trace has been answered)", kind="float_or_none")
     max_tokens: int = _opt(64, "tokens generated per request", kind="pos_int")
     prompt_priority: int | None = _opt(None, "retention priority for prompt blocks (0-100)", kind="priority_or_none")
     prompt_priority_tokens: int | None = _opt(None, "apply --prompt-priority to the first N prompt tokens only",

@@ -81,8 +81,12 @@ def main(argv: Sequence[str]) -> int:
     from kvtop.modes import headless_wanted
 
     if headless_wanted(settings):
-        from kvtop.modes import run_headless
+        from kvtop.modes import run_headless, run_headless_until
 
+        if settings.scenario == "trace":
+            # A trace ends when it has been answered (every request's record folded, the engine drained once
+            # more), or at --duration when given first; the other scenarios run for --duration (30 s)
+            return run_headless_until(session, settings.duration, settings.json, ("workload",))
         return run_headless(session, settings.duration if settings.duration is not None else 30.0, settings.json)
     from kvtop.modes import run_dashboard
 

@@ -185,6 +185,16 @@ class EnginePoller:
         """Ask :meth:`run` to return. Safe from the loop's thread or any other thread, before or during run."""
         self._stop.stop()
 
+    async def final_poll(self) -> PollResult:
+        """The last poll: after the one in progress (if any) ends, one more, and :meth:`run` returns (a workload
+        that has ended, a trace answered: what the engine still held is folded before the session stops). On the
+        loop that runs :meth:`run`."""
+        self._stop.stop()
+        task = self._poll_task
+        if task is not None and not task.done():
+            await asyncio.wait({task})
+        return await self.poll_once()
+
     @property
     def stopped(self) -> bool:
         return self._stop.requested

@@ -80,6 +80,10 @@ class WorkloadDriver:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
     async def run(self) -> None:
         start = time.monotonic()
         deadline = start + self.duration_s if self.duration_s else None

@@ -1,4 +1,6 @@
-"""A driven run of the simulator: the garbage collector's threshold."""
+"""A headless ``--scenario trace`` run ends when its trace has been answered (the summary printed, exit 0), or at
+``--duration`` where that comes first, with the engine's every KV event folded (a last drain after the last
+answer); the other scenarios run for ``--duration``."""
 
 from __future__ import annotations
 
@@ -40,6 +42,31 @@ def _run(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, float, 
     t0 = time.monotonic()
     rc = run_cmd.main(argv)
     return rc, time.monotonic() - t0, built[0]
+
+
+def test_a_headless_trace_run_ends_when_its_trace_is_answered(isolated: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = isolated / "trace.jsonl"
+    _trace(path, 20)
+    rc, elapsed, session = _run(["--engine", "sim", "--scenario", "trace", "--trace", str(path), "--speed", "0",
+                                 "--trace-time-scale", "10", "--headless", "--json", "--duration", "120"],
+                                monkeypatch)
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and elapsed < 100   # at the trace's end (~2 s here), not at --duration's 120 s
+    assert (out["requests"]["completed"], out["requests"]["failed"]) == (20, 0)
+    bm = session.driver.engine.block_manager
+    # every event the engine made was taken and folded: the last answer's release too
+    assert bm.buffered_events() == 0 and session.model.event_fold.next_event_id == bm._next_event_id > 20
+
+
+def test_duration_ends_a_trace_run_first(isolated: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = isolated / "trace.jsonl"
+    _trace(path, 400)   # 400 requests 10 ms apart: 4 s of arrivals, cut at 1 s
+    rc, elapsed, _ = _run(["--engine", "sim", "--scenario", "trace", "--trace", str(path), "--speed", "0",
+                           "--headless", "--json", "--duration", "1"], monkeypatch)
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["requests"]["completed"] < 400
 
 
 def test_a_driven_simulator_run_collects_garbage_less_often(isolated: Path) -> None:
