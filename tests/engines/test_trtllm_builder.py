@@ -66,8 +66,9 @@ KV_CACHE_CONFIG_FIELDS_MAIN = (KV_CACHE_CONFIG_FIELDS_1_2 - {"onboard_blocks"}) 
 # Defaults kvtop may read back (llm_args.py): what an unset field reads as on the pydantic model.
 KV_CACHE_CONFIG_DEFAULTS = {"dtype": "auto", "tokens_per_block": 32, "host_cache_size": None,
                             "disk_cache_size": None, "enable_block_reuse": True}
-# Attribute names kvtop reads that no TensorRT-LLM has, on purpose: ``describe`` tells the simulator apart.
-PROBES = frozenset({"describe"})
+# Attribute names kvtop reads that no TensorRT-LLM has, on purpose: ``describe`` tells the simulator apart, as do
+# ``trusted_records`` (the poller: its dicts made into records unchecked) and ``takes_token_runs`` (the driver).
+PROBES = frozenset({"describe", "trusted_records", "takes_token_runs"})
 unknown_reads: list[str] = []  # every read of an attribute the stand-in's TensorRT-LLM class does not have
 
 
