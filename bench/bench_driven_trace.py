@@ -5,10 +5,12 @@
     head -3000 mooncake_synthetic_trace.jsonl > /tmp/m3000.jsonl
     python bench/bench_driven_trace.py --trace /tmp/m3000.jsonl --baseline /tmp/base-simspeed --cap 300
 
-A headless run does not end when its trace does (it runs for ``--duration``), so each tree's session is built as
-``kvtop`` builds it (kvtop.cli's parser and settings, runner.build_session) in a child process, with one more sink
-that stops it at the trace's last ``request`` record: the figure is the wall time from the session's start to the
-last answer (and the child's CPU, both threads), or ``--cap`` seconds when it does not get there. ``kvtop sim`` is
+Each tree's session is built as ``kvtop`` builds it (kvtop.cli's parser and settings, runner.build_session) in a
+child process (a headless run of an older tree did not end when its trace did), with the workload driver's request
+records counted on their way to the session (not through a sink: a sink takes every record, which the driven
+path avoids making for KV events where none does), stopped at the trace's last answer: the figure is the wall time
+from the session's start to the last answer (and the child's CPU, both threads), or ``--cap`` seconds when it does
+not get there. ``kvtop sim`` is
 timed as a whole command (start-up and trace parsing included).
 """
 
@@ -39,15 +41,19 @@ def child(tree: str, trace: str, cap: float) -> None:
     session = runner.build_session(settings)
     answered = [0]
     last = [0.0]
+    driver = session.driver
+    emit = driver.emit
 
-    def sink(record: object) -> None:
-        if getattr(record, "kind", None) == "request":
-            answered[0] += 1
-            last[0] = time.perf_counter()
-            if answered[0] >= expected:
-                session.stop()
+    def counted(record: object) -> None:
+        # the driver's request records, counted on their way to the session: not a sink of the session's (a sink
+        # takes every record, and the session makes a Record of each KV event only for sinks)
+        emit(record)
+        answered[0] += 1
+        last[0] = time.perf_counter()
+        if answered[0] >= expected:
+            session.stop()
 
-    session.add_sink(sink)
+    driver.emit = counted
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     asyncio.run(session.run(duration_s=cap))

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 # The cyclic garbage collector's youngest generation, in a driven run of the simulator: collected every this many
 # allocations of container objects, not Python's 700. The engine and the fold make and drop ~2M dicts a 3,000-request
 # trace (its KV events), and at 700 the collector ran ~15,000 times over them and, through what survived a
-# collection or two (events waiting in the buffer), ~120 times over the fold's and the engine's whole state: 16-18%
+# collection or two (events waiting in the buffer), ~120 times over the fold's and the engine's whole state: ~13%
 # of the run's CPU (bench/JOURNAL.md "The driven path's fold"). Garbage in cycles waits longer: at most this many
 # objects more.
 GC_GEN0_THRESHOLD = 50_000
