@@ -256,14 +256,13 @@ class Session:
         stale = self.stale
         if stale.enabled and stale.heard(key, "kv_event"):
             self._unstale(key)
-        apply = model.apply_kv_event_record
-        whatif = self.whatif.apply_kv_event if model is self.model else None
-        for ev in events:
-            bad = model.bad_records
-            apply(ev, t)
-            if model.bad_records != bad:
-                self.problems.report("record.bad", f"{clean(key, 80)}: {model.last_bad_reason}", lost=True)
-            if whatif is not None:
+        bad = model.apply_kv_event_records(events, t)
+        if bad is not None:
+            for reason in bad:
+                self.problems.report("record.bad", f"{clean(key, 80)}: {reason}", lost=True)
+        if model is self.model:
+            whatif = self.whatif.apply_kv_event
+            for ev in events:
                 try:
                     whatif(ev)
                 except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold

@@ -222,11 +222,23 @@ class TierModel:
             return
         self._ledger.applied += 1
 
-    def apply_kv_event_record(self, event: Any, t: float) -> None:
-        """What ``apply`` does for a ``kv_event`` record of ``event`` at ``t``, without the record (a batch of the
-        simulator's events, Session.emit_kv_events)."""
-        self._ledger.touched += 1
-        self.apply_kv_event(event, t)
+    def apply_kv_event_records(self, events: list[Any], t: float) -> list[str] | None:
+        """What ``apply`` does for a ``kv_event`` record of each of ``events`` at ``t``, without the records (a drain
+        of the simulator's events, Session.emit_kv_events); returns the reasons of those it could not fold, one
+        each in order (``last_bad_reason`` after each), or None when it folded them all."""
+        led = self._ledger
+        apply = self.apply_kv_event
+        bad = led.bad_records
+        reasons: list[str] | None = None
+        for ev in events:
+            led.touched += 1
+            apply(ev, t)
+            if led.bad_records != bad:
+                bad = led.bad_records
+                if reasons is None:
+                    reasons = []
+                reasons.append(led.last_bad_reason or "")
+        return reasons
 
     def apply_kv_events(self, events: Iterable[Any], t: float | None = None) -> None:
         for ev in events:
