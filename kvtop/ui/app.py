@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -44,8 +43,7 @@ from textual.widgets import Footer, Input
 from textual.worker import Worker
 
 from kvtop.engine_words import is_trtllm
-from kvtop.fleet import FleetRow, source_row, source_status
-from kvtop.occupancy import occupancy
+from kvtop.fleet import source_status
 from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
 from kvtop.settings import SettingsError, remember_choices, ui_choices
 from kvtop.sources.replay import SEEK_S, STEP_S, speed_text
@@ -55,16 +53,16 @@ from kvtop.tiers.state import RequestRow
 from kvtop.ui import format as fmt
 from kvtop.ui.panels.clickable import TableHeaderClicked, TableRowClicked
 from kvtop.ui.panels.events import EventLog
-from kvtop.ui.panels.header import HeaderBar, HeaderData, VerdictLine, replay_clock
+from kvtop.ui.panels.header import HeaderBar, HeaderData, replay_clock
 from kvtop.ui.panels.help import HelpScreen, KeyHints
-from kvtop.ui.panels.hit_rate import HitRatePanel, WhatIfData
+from kvtop.ui.panels.hit_rate import HitRatePanel
 from kvtop.ui.panels.memory import MemoryPanel
 from kvtop.ui.panels.moves import MovesPanel
 from kvtop.ui.panels.priority import PriorityPanel
 from kvtop.ui.panels.requests import RequestData, RequestPanel
 from kvtop.ui.panels.requests_table import RequestsData, RequestsTable
 from kvtop.ui.panels.sources import SourcesPanel
-from kvtop.ui.panels.tier import TierPanel, tier_label
+from kvtop.ui.panels.tier import TierPanel
 from kvtop.ui.state import FleetView, Kept, Layout, Remembered, RequestsView, Shown, Themes, Timing, Told
 from kvtop.ui.table import TableState, arrange, cursor_index
 from kvtop.ui.themes import (
@@ -79,20 +77,23 @@ from kvtop.ui.themes import (
 from kvtop.ui.views import (
     changed,
     fleet_data,
-    fold_statuses,
+    fleet_row,
     has_data,
     header_data,
+    header_sources,
     hit_data,
+    kept_requests,
+    kept_series,
+    kept_verdict,
+    kept_what_if,
     memory_data,
     moves_data,
+    own_key,
     priority_data,
-    requests_data,
-    sparkline_series,
-    tier_data,
+    quality,
+    source_label,
     tier_states,
-    ttft_by_source,
-    verdict_lines,
-    what_if_data,
+    tiers_data,
 )
 
 # The clock the screen reads for uptime and log times. A module attribute so that tests freeze it (an autouse
@@ -116,8 +117,6 @@ COMPACT = (60, 20)       # below either: one- and two-line panels (40x12 must st
 # the source set, the selection or a status shows at once.
 FLEET_REFRESH_S = 1.0
 SAID_KEPT = 256          # texts of the session's log remembered, so that a status it said is not said twice
-CURVE_EVERY_S = 5.0      # the size advice's curve: read once per this much model time
-OPTIMUM_EVERY_S = 60.0   # ...and its optimum at most once per this much wall time (47 ms at 100k lookups)
 
 
 def layout_for(width: int, height: int) -> str:
@@ -520,7 +519,7 @@ class KvtopApp(App[int]):
             key, live = self.current_model()
             snap = reading(live)
             self._track_freshness(now, snap)
-            self._panels["header"].show(self._header(now, key, snap, self._quality()))
+            self._panels["header"].show(self._header(now, key, snap, quality(self.shown.snapshot)))
             return
         self._refresh_fleet(view)
         key, live = self.current_model()
@@ -531,7 +530,7 @@ class KvtopApp(App[int]):
             # Nothing was folded since the last refresh: only the header's clock can have moved. An idle engine
             # then costs a header line a second, not a redraw of every panel four times a second.
             self._watch_freshness(now)
-            self._panels["header"].show(self._header(now, key, snap, self._quality()))
+            self._panels["header"].show(self._header(now, key, snap, quality(self.shown.snapshot)))
             return
         self.shown.snapshot = snap
         self.shown.force = False
@@ -541,9 +540,10 @@ class KvtopApp(App[int]):
         tiers = tier_states(snap)
         gpu, host = tiers[0], tiers[1] if len(tiers) > 1 else snap.host
         self._show_tiers(tiers, live, snap)
-        hit_history, moves_history = self._history(live, snap)
+        hit_history, moves_history = kept_series(self._kept, live, snap, self.layout.spark_points)
         rates = snap.rates
-        self._panels["hit"].show(hit_data(snap, hit_history, self._what_if(live, snap)))
+        what_if = kept_what_if(self._kept, live, snap, view.model, self.session.size_advice, time.monotonic)
+        self._panels["hit"].show(hit_data(snap, hit_history, what_if))
         self._panels["moves"].show(moves_data(snap, rates, moves_history, q))
         self._panels["requests"].show(self._requests(live, snap, rates, view))
         self._panels["prio"].show(priority_data(snap, gpu, host))
@@ -565,10 +565,6 @@ class KvtopApp(App[int]):
         self.shown.snapshot = None
         self.shown.force = True
 
-    def _quality(self) -> Quality | None:
-        """The quality of the figures on screen (the shown snapshot's), None before the first draw."""
-        return None if self.shown.snapshot is None else self.shown.snapshot.quality
-
     def _show_tiers(self, tiers: list[TierState], live: TierModel, snap: TierSnapshot) -> None:
         """A TierPanel per tier, in the model's order (GPU, host, then disk where the engine has one): a tier
         the screen has no panel for yet gets one, mounted under the last."""
@@ -578,58 +574,16 @@ class KvtopApp(App[int]):
             self._dashboard.query_one("#left").mount(panel, after=panels[-1])
             panels.append(panel)
             self._dashboard.set_class(len(panels) > 2, "-tiers3")
-        step = None if snap.now is None else int(snap.now / (snap.history_step_s or 1.0))
-        cold = snap.cold  # TensorRT-LLM's V2 manager: host and disk reported as one sum
-        for panel, st in zip(panels, tiers):
-            history = self._tier_history(live, st, tier_label(st.name)[0], step)
-            panel.show(tier_data(st, cold, history, snap.meta.get("engine")))
-
-    def _tier_history(self, live: TierModel, st: TierState, label: str, step: int | None
-                      ) -> tuple[float | None, ...]:
-        """The tier's headline share (GPU in use, others cached) once per history step, for the 200x60 layout's
-        sparkline under each bar; kept for every layout so that a resize shows the past, not a blank."""
-        key = (id(live), label)
-        hist = self._kept.tier_hist.get(key)
-        if hist is None:
-            hist = self._kept.tier_hist[key] = deque(maxlen=XL_SPARK_POINTS)
-        if step is not None and self._kept.tier_hist_step.get(key) != step:
-            self._kept.tier_hist_step[key] = step
-            o = occupancy(st)
-            part = o.in_use if label == "GPU" else o.cached_idle
-            hist.append(part / o.capacity if part is not None and o.capacity else None)
-        return tuple(hist)[-self.layout.spark_points:] if self.layout.xl else ()
-
-    def _what_if(self, live: TierModel, snap: TierSnapshot) -> WhatIfData | None:
-        """``session.size_advice()``'s curve (host sizes 0, ½, 1, 2, 4 times the pool; the run's own cumulative
-        rate at 1) with the optimum, for the session's own source only (folded from its records alone); None hides
-        the line. The curve is O(n log n) over the onboards kept (1.2 ms on the 60 s busy recording): read at most
-        once per ``CURVE_EVERY_S`` of model time; the optimum (Belady's MIN over up to 100k lookups: 47 ms there)
-        at most once per ``OPTIMUM_EVERY_S`` of wall time, its last figures kept between."""
-        if self._view is None or live is not self._view.model:
-            return None
-        key = (id(live), None if snap.now is None else int(snap.now // CURVE_EVERY_S))
-        if key != self._kept.whatif_key:
-            self._kept.whatif_key = key
-            now = time.monotonic()
-            optimum = self._kept.optimum_at is None or now - self._kept.optimum_at >= OPTIMUM_EVERY_S
-            try:
-                advice = self.session.size_advice(optimum=optimum)
-                if optimum:
-                    self._kept.optimum_at = now
-            except Exception:  # an estimate that fails shows "?", never takes the screen down
-                advice = {}
-            if advice is None:    # the session folds no estimate: no line
-                self._kept.whatif = None
-            else:
-                self._kept.whatif = what_if_data(advice)
-        return self._kept.whatif
+        data = tiers_data(self._kept, live, snap, tiers, XL_SPARK_POINTS, self.layout.spark_points, self.layout.xl)
+        for panel, d in zip(panels, data):
+            panel.show(d)
 
     def _refresh_fleet(self, view: SessionView) -> None:
         """The sources table: shown (the screen's ``-fleet`` class) while 2+ sources have data."""
         sources = self._sources()
         fleet = len(sources) > 1 or self.layout.xl   # 200x60 has room for the table even with one source
         if len(sources) == 1:
-            sources = [(self._own_key(view), sources[0][1])]
+            sources = [(own_key(view), sources[0][1])]
         if fleet != self.fleet.shown:
             self.fleet.shown = fleet
             if self._dashboard is not None:
@@ -646,12 +600,12 @@ class KvtopApp(App[int]):
             # Between full reads only the selected row follows its model, at the refresh rate, so that it agrees
             # with the big panels that show the same source.
             k, model = sources[selected]
-            if self._fleet_row(k, model, statuses[selected]) is not self.fleet.rows_all[selected]:
+            if fleet_row(cache, k, model, statuses[selected]) is not self.fleet.rows_all[selected]:
                 self.fleet.rows_all = [cache[k][2] for k, _ in sources]
                 self._show_fleet()
             return
         self.fleet.key, self.fleet.read_at = key, t
-        self.fleet.rows_all = [self._fleet_row(k, model, st) for (k, model), st in zip(sources, statuses)]
+        self.fleet.rows_all = [fleet_row(cache, k, model, st) for (k, model), st in zip(sources, statuses)]
         self.fleet.selected = selected
         self._show_fleet()
 
@@ -671,20 +625,6 @@ class KvtopApp(App[int]):
         cursor = cursor_index(keys, state, own)
         selected = next((i for i, r in enumerate(shown) if r.key == own), -1)
         self._panels["sources"].show(fleet_data(shown, rows, selected, cursor, state))
-
-    @staticmethod
-    def _own_key(view: SessionView) -> str:
-        """The one source's name in the sources table: what it is attached to, or its own key."""
-        return fmt.clean(view.meta.get("attached_to") or view.source_key or "this run", limit=60)
-
-    def _fleet_row(self, key: str, model: TierModel, status: str | None) -> FleetRow:
-        """A source's row, read again only when its model folded something since (a new snapshot) or its status
-        changed."""
-        snap = reading(model)
-        hit = self.fleet.rows.get(key)
-        if hit is None or changed(snap, hit[0]) or hit[1] != status:
-            hit = self.fleet.rows[key] = (snap, status, source_row(key, snap, status))
-        return hit[2]
 
     def _watch_freshness(self, now: float) -> None:
         if self._told.last_change_at is None:
@@ -797,50 +737,12 @@ class KvtopApp(App[int]):
                 self._told.seen["stale"] = True
                 self.note("warn", f"no new data for {STALE_AFTER_S:.0f} s")
         # Statuses of sources (their keys) are in the sources table's status column, not in the header.
-        models = view.models
-        sources = fold_statuses(tuple((n, s) for n, s in view.status.items()
-                                      if s not in ("ok", "done") and not (self.fleet.shown and n in models)))
-        nsrc = len(self._sources())
-        label = f"{self.fleet.index % nsrc + 1}/{nsrc} {key}" if nsrc > 1 else None
         return header_data(now, snap, q, view, stale_s=stale, finished=finished, paused=self.paused,
-                           paused_at=self.shown.paused_at if self.paused else None, sources=sources, source_label=label,
-                           verdict=self._verdict(snap),
+                           paused_at=self.shown.paused_at if self.paused else None,
+                           sources=header_sources(view, self.fleet.shown),
+                           source_label=source_label(key, self.fleet.index, len(self._sources())),
+                           verdict=kept_verdict(self._kept, snap),
                            refresh_s=None if self.timing.refresh_s == DEFAULT_REFRESH_S else self.timing.refresh_s)
-
-    def _verdict(self, snap: TierSnapshot) -> tuple[VerdictLine, ...]:
-        """The verdict line's parts, from the snapshot (kvtop/tiers/verdict.py). Before the first record there is
-        nothing to say; a disk tier's verdict follows the host's. Its figures move with every record, so they are
-        taken once a second of data time (or when what it says changes): the header is drawn again only when its
-        clock moves, 1 refresh in 4 on a busy stream, and a verdict read every refresh made it 4 in 4 (+1.0M
-        instructions a refresh, bench_ui_refresh.py --callgrind)."""
-        if snap.now is None:
-            return ()
-        verdicts = snap.verdict
-        key = (math.floor(snap.now), tuple((t, v.says) for t, v in verdicts.items()))
-        if key != self._kept.verdict_key:
-            self._kept.verdict_key = key
-            self._kept.verdict_lines = verdict_lines(snap)
-        return self._kept.verdict_lines
-
-    def _history(self, live: TierModel, snap: TierSnapshot
-                 ) -> tuple[tuple[float | None, ...], tuple[tuple[float, float, float, float], ...]]:
-        """The sparklines' series: the hit rate, and the moves per second (offload, onboard, evict GPU, host)."""
-        # The snapshot's history holds up to 600 samples; its points change once per history step, so the
-        # sparklines' slice is cut again only when the model's clock has moved a step on (or another model is shown).
-        step = snap.history_step_s or 1.0
-        now = snap.now
-        key = (id(live), None if now is None else int(now / step))
-        if key != self._kept.hist_key:
-            self._kept.hist_key = key
-            hist = snap.history()[-self.layout.spark_points - 1:]
-            if len(hist) >= 2 and hist[-1].t - hist[-2].t < 0.5 * step:
-                # A last step only a fraction of a second long turns one block into a spike of blocks/s.
-                hist = hist[:-1]
-            history = tuple(hist[-self.layout.spark_points:])
-            # The sparklines' series, made once per history step with the points (not at every refresh), so the
-            # panels' data compare by identity while the step lasts.
-            self._kept.series = sparkline_series(history)
-        return self._kept.series
 
     def _requests(self, live: TierModel, snap: TierSnapshot, rates: Rates, view: SessionView) -> RequestData:
         req = snap.requests
@@ -849,16 +751,7 @@ class KvtopApp(App[int]):
         # (a key per snapshot logged one failure again and again, and grew without bound).
         self._on_increase(f"failed:{id(live)}", req.failed, "error",
                           lambda n: f"{n} request{'s' * (n > 1)} failed: {fmt.clean(req.last_error or '?')}")
-        in_flight = view.in_flight if view.in_flight is not None else req.in_flight  # the driver's, when one runs
-        windowed = req.window_ttft.count > 0
-        # TTFT by prefix source over the same span as the TTFT row (the window while it has requests), taken once
-        # a second of data time as the verdict line is: its two rows drawn again at every refresh of a busy stream
-        # were 0.40M instructions a refresh (bench_ui_refresh.py --callgrind, with and without them)
-        key = (None if snap.now is None else math.floor(snap.now), windowed)
-        if key != self._kept.by_source_key or not req.ttft_by_source:
-            self._kept.by_source_key = key
-            self._kept.by_source = ttft_by_source(req, windowed)
-        return requests_data(req, rates, in_flight, self._kept.by_source, snap)
+        return kept_requests(self._kept, snap, rates, view)
 
     # ------------------------------------------------------------------------------------------ actions
 
@@ -1237,7 +1130,7 @@ class KvtopApp(App[int]):
         if not running and in_flight:
             note = (f"{fmt.count(in_flight)} in flight, not listed: the engine sends no per-request stats "
                     "(TensorRT-LLM: enable_iter_req_stats)")
-        key = self.current_model()[0] or (self._own_key(view) if view is not None else "")
+        key = self.current_model()[0] or (own_key(view) if view is not None else "")
         self._dashboard.query_one(RequestsTable).show(RequestsData(
             tuple(shown), cursor_index([r.key for r in shown], state), state.sort, state.descending, state.filter,
             len(rows), fmt.clean(key, 40), note))

@@ -1,22 +1,28 @@
 """The view-model: pure functions from what the session says and its model's snapshot to each panel's typed data
 (kvtop/ui/panels/: one data class beside each panel).
 
-Nothing here keeps state, reads a clock or touches Textual: KvtopApp (kvtop/ui/app.py) keeps what is cached between
-refreshes (the sparklines' series once per history step, the verdict once a second of data time...), the timers and
-the log lines a change is worth, and calls these to make what each panel is shown.
+Nothing here keeps state of its own or touches Textual: what is cached between refreshes (the sparklines' series
+once per history step, the verdict once a second of data time...) is in the ``Kept`` the caller hands in
+(kvtop/ui/state.py), and a clock or the session's size advice are handed in too, so that each step runs (and is
+tested) without an App. KvtopApp (kvtop/ui/app.py) keeps the timers, calls these to make what each panel is shown,
+and hands the log lines a change is worth to kvtop/ui/narration.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvtop.engine_words import hit_rate_unknown_why, is_trtllm, requests_unknown_why, size_curve_unknown_why
-from kvtop.fleet import FleetRow, combine
+from kvtop.fleet import FleetRow, combine, source_row
+from kvtop.occupancy import occupancy
 from kvtop.session import SessionView
 from kvtop.sources.replay import ReplayPlayer
-from kvtop.tiers import HistoryPoint, Quality, Rates, Requests, TierSnapshot, TierState
+from kvtop.tiers import HistoryPoint, Quality, Rates, Requests, TierModel, TierSnapshot, TierState
 from kvtop.tiers.departures import describe as describe_left
+from kvtop.tiers.snapshot import reading
 from kvtop.ui import format as fmt
 from kvtop.ui.panels.header import HeaderData, VerdictLine, replay_badge
 from kvtop.ui.panels.hit_rate import HitData, WhatIfData
@@ -26,11 +32,14 @@ from kvtop.ui.panels.priority import PriorityData
 from kvtop.ui.panels.requests import RequestData
 from kvtop.ui.panels.sources import FleetData
 from kvtop.ui.panels.tier import TierData, tier_label
+from kvtop.ui.state import Kept
 from kvtop.ui.table import TableState
 
 SOURCE_LABELS = {"gpu_hit": "GPU", "host_hit": "host", "disk_hit": "disk", "miss": "miss"}  # the TTFT table's
 CURVE_SIZES = (("0", 0.0), ("½", 0.5), ("1", 1.0), ("2", 2.0), ("4", 4.0))  # the line's sizes, x the host pool
 LAG_SHOWN_S = 0.5        # the stream's live batches waited this long behind a replay: the header says so
+CURVE_EVERY_S = 5.0      # the size advice's curve: read once per this much model time
+OPTIMUM_EVERY_S = 60.0   # ...and its optimum at most once per this much wall time (47 ms at 100k lookups)
 
 # The sparklines' series: the hit rate, and the moves per second (offload, onboard, evict GPU, evict host).
 Series = tuple[tuple[float | None, ...], tuple[tuple[float, float, float, float], ...]]
@@ -264,7 +273,149 @@ def fleet_data(shown: Sequence[FleetRow], rows: Sequence[FleetRow], selected: in
                      len(rows))
 
 
-__all__ = ["CURVE_SIZES", "SOURCE_LABELS", "changed", "fleet_data", "fold_statuses", "has_data", "header_data",
-           "header_flags", "hit_data", "memory_data", "moves_data", "priority_data", "requests_data",
-           "sparkline_series", "tier_data", "tier_states", "ttft_by_source", "verdict_lines", "what_if_data",
-           "words"]
+def quality(shown: TierSnapshot | None) -> Quality | None:
+    """The quality of the figures on screen (the shown snapshot's), None before the first draw."""
+    return None if shown is None else shown.quality
+
+
+def own_key(view: SessionView) -> str:
+    """The one source's name in the sources table: what it is attached to, or its own key."""
+    return fmt.clean(view.meta.get("attached_to") or view.source_key or "this run", limit=60)
+
+
+def header_sources(view: SessionView, fleet_shown: bool) -> tuple[tuple[str, str], ...]:
+    """The statuses the header shows: not those that are well, nor those of sources (their keys) while the
+    sources table shows them in its status column."""
+    models = view.models
+    return fold_statuses(tuple((n, s) for n, s in view.status.items()
+                               if s not in ("ok", "done") and not (fleet_shown and n in models)))
+
+
+def source_label(key: str, index: int, count: int) -> str | None:
+    """The header's "2/4 name" of the source the big panels show, None with one source."""
+    return f"{index % count + 1}/{count} {key}" if count > 1 else None
+
+
+def kept_verdict(kept: Kept, snap: TierSnapshot) -> tuple[VerdictLine, ...]:
+    """The verdict line's parts, from the snapshot (kvtop/tiers/verdict.py). Before the first record there is
+    nothing to say; a disk tier's verdict follows the host's. Its figures move with every record, so they are
+    taken once a second of data time (or when what it says changes): the header is drawn again only when its
+    clock moves, 1 refresh in 4 on a busy stream, and a verdict read every refresh made it 4 in 4 (+1.0M
+    instructions a refresh, bench_ui_refresh.py --callgrind)."""
+    if snap.now is None:
+        return ()
+    verdicts = snap.verdict
+    key = (math.floor(snap.now), tuple((t, v.says) for t, v in verdicts.items()))
+    if key != kept.verdict_key:
+        kept.verdict_key = key
+        kept.verdict_lines = verdict_lines(snap)
+    return kept.verdict_lines
+
+
+def kept_series(kept: Kept, live: TierModel, snap: TierSnapshot, spark_points: int) -> Series:
+    """The sparklines' series: the hit rate, and the moves per second (offload, onboard, evict GPU, host)."""
+    # The snapshot's history holds up to 600 samples; its points change once per history step, so the
+    # sparklines' slice is cut again only when the model's clock has moved a step on (or another model is shown).
+    step = snap.history_step_s or 1.0
+    now = snap.now
+    key = (id(live), None if now is None else int(now / step))
+    if key != kept.hist_key:
+        kept.hist_key = key
+        hist = snap.history()[-spark_points - 1:]
+        if len(hist) >= 2 and hist[-1].t - hist[-2].t < 0.5 * step:
+            # A last step only a fraction of a second long turns one block into a spike of blocks/s.
+            hist = hist[:-1]
+        history = tuple(hist[-spark_points:])
+        # The sparklines' series, made once per history step with the points (not at every refresh), so the
+        # panels' data compare by identity while the step lasts.
+        kept.series = sparkline_series(history)
+    return kept.series
+
+
+def tier_history(kept: Kept, live: TierModel, st: TierState, label: str, step: int | None, keep: int,
+                 spark_points: int, xl: bool) -> tuple[float | None, ...]:
+    """The tier's headline share (GPU in use, others cached) once per history step (``keep`` of them), for the
+    200x60 layout's sparkline under each bar (``xl``: its last ``spark_points``); kept for every layout so that a
+    resize shows the past, not a blank."""
+    key = (id(live), label)
+    hist = kept.tier_hist.get(key)
+    if hist is None:
+        hist = kept.tier_hist[key] = deque(maxlen=keep)
+    if step is not None and kept.tier_hist_step.get(key) != step:
+        kept.tier_hist_step[key] = step
+        o = occupancy(st)
+        part = o.in_use if label == "GPU" else o.cached_idle
+        hist.append(part / o.capacity if part is not None and o.capacity else None)
+    return tuple(hist)[-spark_points:] if xl else ()
+
+
+def tiers_data(kept: Kept, live: TierModel, snap: TierSnapshot, tiers: Sequence[TierState], keep: int,
+               spark_points: int, xl: bool) -> list[TierData]:
+    """Each tier's panel data, in the model's order (GPU, host, then disk where the engine has one), with its
+    sparkline's points (``tier_history``)."""
+    step = None if snap.now is None else int(snap.now / (snap.history_step_s or 1.0))
+    cold = snap.cold  # TensorRT-LLM's V2 manager: host and disk reported as one sum
+    engine = snap.meta.get("engine")
+    return [tier_data(st, cold, tier_history(kept, live, st, tier_label(st.name)[0], step, keep, spark_points, xl),
+                      engine) for st in tiers]
+
+
+def kept_what_if(kept: Kept, live: TierModel, snap: TierSnapshot, own: TierModel | None,
+                 advise: Callable[..., Mapping[str, Any] | None], clock: Callable[[], float]) -> WhatIfData | None:
+    """``advise(optimum=...)``'s curve (the session's size_advice: host sizes 0, ½, 1, 2, 4 times the pool; the
+    run's own cumulative rate at 1) with the optimum, for the session's own source (``own``) only (folded from its
+    records alone); None hides the line. The curve is O(n log n) over the onboards kept (1.2 ms on the 60 s busy
+    recording): read at most once per ``CURVE_EVERY_S`` of model time; the optimum (Belady's MIN over up to 100k
+    lookups: 47 ms there) at most once per ``OPTIMUM_EVERY_S`` of ``clock`` (wall) time, its last figures kept
+    between."""
+    if own is None or live is not own:
+        return None
+    key = (id(live), None if snap.now is None else int(snap.now // CURVE_EVERY_S))
+    if key != kept.whatif_key:
+        kept.whatif_key = key
+        now = clock()
+        optimum = kept.optimum_at is None or now - kept.optimum_at >= OPTIMUM_EVERY_S
+        try:
+            advice = advise(optimum=optimum)
+            if optimum:
+                kept.optimum_at = now
+        except Exception:  # an estimate that fails shows "?", never takes the screen down
+            advice = {}
+        if advice is None:    # the session folds no estimate: no line
+            kept.whatif = None
+        else:
+            kept.whatif = what_if_data(advice)
+    return kept.whatif
+
+
+def kept_requests(kept: Kept, snap: TierSnapshot, rates: Rates, view: SessionView) -> RequestData:
+    """The requests panel's data, its TTFT by prefix source taken once a second of data time (``kept``)."""
+    req = snap.requests
+    in_flight = view.in_flight if view.in_flight is not None else req.in_flight  # the driver's, when one runs
+    windowed = req.window_ttft.count > 0
+    # TTFT by prefix source over the same span as the TTFT row (the window while it has requests), taken once
+    # a second of data time as the verdict line is: its two rows drawn again at every refresh of a busy stream
+    # were 0.40M instructions a refresh (bench_ui_refresh.py --callgrind, with and without them)
+    key = (None if snap.now is None else math.floor(snap.now), windowed)
+    if key != kept.by_source_key or not req.ttft_by_source:
+        kept.by_source_key = key
+        kept.by_source = ttft_by_source(req, windowed)
+    return requests_data(req, rates, in_flight, kept.by_source, snap)
+
+
+def fleet_row(rows: dict[str, tuple[TierSnapshot, str | None, FleetRow]], key: str, model: TierModel,
+              status: str | None) -> FleetRow:
+    """A source's row of the sources table, read again only when its model folded something since (a new
+    snapshot) or its status changed; ``rows`` keeps each with the snapshot and status it was made from."""
+    snap = reading(model)
+    hit = rows.get(key)
+    if hit is None or changed(snap, hit[0]) or hit[1] != status:
+        hit = rows[key] = (snap, status, source_row(key, snap, status))
+    return hit[2]
+
+
+__all__ = ["CURVE_EVERY_S", "CURVE_SIZES", "OPTIMUM_EVERY_S", "SOURCE_LABELS", "changed", "fleet_data", "fleet_row",
+           "fold_statuses", "has_data", "header_data", "header_flags", "header_sources", "hit_data", "kept_requests",
+           "kept_series", "kept_verdict", "kept_what_if", "memory_data", "moves_data", "own_key", "priority_data",
+           "quality", "requests_data", "source_label", "sparkline_series", "tier_data", "tier_history", "tier_states",
+           "tiers_data", "ttft_by_source", "verdict_lines", "what_if_data", "words"]
