@@ -17,9 +17,9 @@ per-priority and memory panels' place.
 
 The app keeps the bindings, actions, timers and message handlers; what it keeps between refreshes is in small typed
 state objects, one idea each (kvtop/ui/state.py: ``timing``, ``shown``, ``fleet``, ``req_view``, ``layout``,
-``themes``, ``remembered``, and its own ``_kept`` and ``_told``); what each panel is shown is made by
-kvtop/ui/views.py (pure: snapshot -> the panel's typed data), and drawn by the panel's own module in
-kvtop/ui/panels/ (on the line model of kvtop/ui/panel.py).
+``themes``, ``remembered``, and its own ``_kept``); what each panel is shown is made by kvtop/ui/views.py (pure:
+snapshot -> the panel's typed data), and drawn by the panel's own module in kvtop/ui/panels/ (on the line model of
+kvtop/ui/panel.py); what the event log is told, by kvtop/ui/narration.py (``narrator``: each change said once).
 """
 
 from __future__ import annotations
@@ -44,13 +44,14 @@ from textual.worker import Worker
 
 from kvtop.engine_words import is_trtllm
 from kvtop.fleet import source_status
-from kvtop.session import DashboardSession, LogEntry, SessionView, for_dashboard
+from kvtop.session import DashboardSession, SessionView, for_dashboard
 from kvtop.settings import SettingsError, remember_choices, ui_choices
 from kvtop.sources.replay import SEEK_S, STEP_S, speed_text
 from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
 from kvtop.tiers.snapshot import reading
 from kvtop.tiers.state import RequestRow
 from kvtop.ui import format as fmt
+from kvtop.ui.narration import STALE_AFTER_S, Narrator
 from kvtop.ui.panels.clickable import TableHeaderClicked, TableRowClicked
 from kvtop.ui.panels.events import EventLog
 from kvtop.ui.panels.header import HeaderBar, HeaderData, replay_clock
@@ -63,7 +64,7 @@ from kvtop.ui.panels.requests import RequestData, RequestPanel
 from kvtop.ui.panels.requests_table import RequestsData, RequestsTable
 from kvtop.ui.panels.sources import SourcesPanel
 from kvtop.ui.panels.tier import TierPanel
-from kvtop.ui.state import FleetView, Kept, Layout, Remembered, RequestsView, Shown, Themes, Timing, Told
+from kvtop.ui.state import FleetView, Kept, Layout, Remembered, RequestsView, Shown, Themes, Timing
 from kvtop.ui.table import TableState, arrange, cursor_index
 from kvtop.ui.themes import (
     DEFAULT_THEME,
@@ -106,7 +107,6 @@ DEFAULT_REFRESH_S = 0.25
 # (a slower screen looks stopped)
 REFRESH_STEPS = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 REPLAY_ACTIONS = frozenset({"seek_back", "seek_forward", "seek_home", "seek_end", "step", "step_back"})
-STALE_AFTER_S = 5.0      # no record for this long: the header says so (an engine with no requests is quiet too)
 SPARK_POINTS = 120       # history points kept for sparklines: 2 minutes at the model's 1 s step
 XL_SPARK_POINTS = 600    # 200x60: the model's whole history (600 steps), the sparklines are ~170 cells wide
 XL = (180, 50)           # from this size up the wide layout uses the room (200x60 is the reference)
@@ -116,7 +116,6 @@ COMPACT = (60, 20)       # below either: one- and two-line panels (40x12 must st
 # second, so 64 busy sources cost ~10 ms a second (1% of a core), not 40 ms at the 0.25 s refresh. A change of
 # the source set, the selection or a status shows at once.
 FLEET_REFRESH_S = 1.0
-SAID_KEPT = 256          # texts of the session's log remembered, so that a status it said is not said twice
 
 
 def layout_for(width: int, height: int) -> str:
@@ -336,7 +335,7 @@ class KvtopApp(App[int]):
         self._register_themes(settings.theme if settings is not None and settings.theme else DEFAULT_THEME)
         self.shown = Shown()
         self._kept = Kept()   # what views.py made, kept between refreshes until its key moves
-        self._told = Told()
+        self.narrator = Narrator(self._said)   # the event log's lines, each said once
         self.fleet = FleetView(FLEET_REFRESH_S)
         self.req_view = RequestsView()
         self.layout = Layout(SPARK_POINTS)
@@ -416,7 +415,7 @@ class KvtopApp(App[int]):
         }
         self._dashboard = screen
         view = self._view = self.session.view()
-        self._feed_log(view)  # the session's earlier lines first, so the log reads in time order
+        self.narrator.session_log(view)  # the session's earlier lines first, so the log reads in time order
         for err in self.themes.errors:
             self.note("warn", err)
         self._restore_choices()
@@ -456,23 +455,27 @@ class KvtopApp(App[int]):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the screen stays up to show what happened
-            self._told.finished = self._told.finished or f"stopped: {type(exc).__name__}"
+            self.narrator.ended(f"stopped: {type(exc).__name__}")
             self.note("error", f"session stopped: {type(exc).__name__}: {exc}")
         else:
-            self._told.finished = self._told.finished or "session finished"
+            self.narrator.ended("session finished")
             self.note("info", "session finished; the screen keeps its last figures (q quits)")
         self.refresh_view()
 
     def _duration_reached(self) -> None:
-        self._told.finished = f"--duration {self.timing.duration_s:g} s reached"
+        self.narrator.ended(f"--duration {self.timing.duration_s:g} s reached", first=False)
         self.note("info", f"--duration {self.timing.duration_s} s reached")
         self.session.stop()
 
     def note(self, level: str, text: str) -> None:
         """A line in the event log from the UI itself (not the session's log)."""
+        self._said(None, level, text)
+
+    def _said(self, t: float | None, level: str, text: str) -> None:
+        """A line in the event log at ``t`` (None: now): the narrator's and the UI's own."""
         events_panel = self._panels.get("events")
         if events_panel is not None:
-            events_panel.add(wall_clock(), level, text)
+            events_panel.add(wall_clock() if t is None else t, level, text)
 
     # ------------------------------------------------------------------------------------------ refresh
 
@@ -508,7 +511,7 @@ class KvtopApp(App[int]):
         now = wall_clock()
         self.session.tick(now)  # stale sources, and the problem lines due, into the session's log
         view = self._view = self.session.view()
-        self._feed_log(view)
+        self.narrator.session_log(view)
         player = view.player
         if player is not None and player.generation != self.shown.replay_generation:
             self.shown.replay_generation = player.generation
@@ -518,7 +521,7 @@ class KvtopApp(App[int]):
             # running engine is not stale), and whether the session finished meanwhile.
             key, live = self.current_model()
             snap = reading(live)
-            self._track_freshness(now, snap)
+            self.narrator.freshness(now, snap)
             self._panels["header"].show(self._header(now, key, snap, quality(self.shown.snapshot)))
             return
         self._refresh_fleet(view)
@@ -529,13 +532,13 @@ class KvtopApp(App[int]):
         if not changed(snap, self.shown.snapshot) and not self.shown.force:
             # Nothing was folded since the last refresh: only the header's clock can have moved. An idle engine
             # then costs a header line a second, not a redraw of every panel four times a second.
-            self._watch_freshness(now)
+            self.narrator.idle(now)
             self._panels["header"].show(self._header(now, key, snap, quality(self.shown.snapshot)))
             return
         self.shown.snapshot = snap
         self.shown.force = False
         q = snap.quality
-        self._watch_model(now, snap, q)
+        self.narrator.model(now, snap, q, view.status)
         self._panels["header"].show(self._header(now, key, snap, q))
         tiers = tier_states(snap)
         gpu, host = tiers[0], tiers[1] if len(tiers) > 1 else snap.host
@@ -626,116 +629,13 @@ class KvtopApp(App[int]):
         selected = next((i for i, r in enumerate(shown) if r.key == own), -1)
         self._panels["sources"].show(fleet_data(shown, rows, selected, cursor, state))
 
-    def _watch_freshness(self, now: float) -> None:
-        if self._told.last_change_at is None:
-            self._told.last_change_at = now
-
-    def _track_freshness(self, now: float, snap: TierSnapshot) -> None:
-        """When a record last arrived (the fold's count of them moved): what the stale badge measures."""
-        records = snap.records_applied + snap.bad_records
-        if records != self._told.last_records or self._told.last_change_at is None:
-            if self._told.seen.get("stale") and self._told.last_records >= 0:
-                self.note("info", "data flowing again")
-            self._told.seen["stale"] = False
-            self._told.last_records = records
-            self._told.last_change_at = now
-
     def finished_reason(self) -> str | None:
-        """Why no more data will come, or None while the session runs: its run ended (``--duration``, an
-        error, the producers done), or every producer it reported on has finished (a replay that reached its end:
-        the session itself waits for q)."""
-        if self._told.finished is not None:
-            return self._told.finished
-        view = self._view if self._view is not None else self.session.view()
-        if view.player is not None and view.player.at_end:
-            return "replay finished"   # the player waits at the end for a seek back: its producer goes on
-        status = view.status
-        producers = list(view.producers) or list(status)
-        states = [status.get(n) for n in producers]
-        if states and all(st in ("done", "failed") for st in states):
-            if "replay" in producers and status.get("replay") == "done":
-                return "replay finished"
-            return "producers finished" if all(st == "done" for st in states) else "producers stopped"
-        return None
-
-    def _watch_model(self, now: float, snap: TierSnapshot, q: Quality) -> None:
-        """Data freshness and quality changes, turned into log lines once each."""
-        self._track_freshness(now, snap)
-        self._on_increase("dropped", q.events_dropped, "warn",
-                          lambda n: f"{n} KV events dropped (event buffer overflowed): counts are approximate "
-                                    "from here on; raise event_buffer_max_size")
-        self._on_increase("bad", snap.bad_records, "warn", lambda n: f"bad record: {snap.last_bad_reason}")
-        self._on_increase("restarts", q.stats_restarts + q.event_restarts, "warn",
-                          lambda n: "engine restarted: counters went backwards; totals continue")
-        self._on_change("gpu_error", snap.gpu_error, "info", lambda v: f"GPU memory: {v}")
-        self._on_change("host_without_events", q.host_without_events, "warn",
-                        lambda v: "host pool without KV events: host occupancy unknown" if v else None)
-        status = self._view.status if self._view is not None else {}
-        for name, st in list(status.items()):
-            # "done" is said by the producer itself (e.g. "replay finished"); "ok" only after a problem.
-            bad = st in ("offline", "failed", "error") or str(st).startswith("disconnected")
-            def line(v: Any, n: str = name) -> str | None:
-                text = f"{n}: {v}"
-                return None if text in self._told.session_said else text  # the session's log said it already
-
-            self._on_change(f"status:{name}", None if st == "done" else st, "warn" if bad else "info", line)
-
-    def _on_increase(self, key: str, value: int, level: str, text: Callable[[int], str]) -> None:
-        old = self._told.seen.get(key, 0)
-        if value > old:
-            self.note(level, text(value - old))
-        self._told.seen[key] = value
-
-    def _on_change(self, key: str, value: Any, level: str, text: Callable[[Any], str | None]) -> None:
-        if key in self._told.seen and self._told.seen[key] == value:
-            return
-        first = key not in self._told.seen
-        self._told.seen[key] = value
-        if value in (None, False) or (first and value == "ok"):
-            return
-        line = text(value)
-        if line:
-            self.note(level, line)
-
-    def _feed_log(self, view: SessionView) -> None:
-        """New entries of the session's log (a bounded deque of (time, level, text)) into the event log."""
-        log = view.log
-        if not log:
-            return
-        last = log[-1]
-        if last is self._told.log_last:
-            return
-        new: list[LogEntry] = []
-        for entry in reversed(log):  # newest first, back to the last one shown: O(new entries)
-            if entry is self._told.log_last:
-                break
-            new.append(entry)
-        self._told.log_last = last
-        panel = self._panels["events"]
-        said = self._told.session_said
-        for entry in reversed(new):
-            try:
-                t, level, text = entry
-            except (TypeError, ValueError):  # a stand-in session's log of bare strings
-                t, level, text = wall_clock(), "info", str(entry)
-            panel.add(float(t), str(level), str(text))
-            said.pop(str(text), None)
-            said[str(text)] = None
-            if len(said) > SAID_KEPT:
-                del said[next(iter(said))]
+        """Why no more data will come, or None while the session runs (kvtop/ui/narration.py)."""
+        return self.narrator.finished_reason(self._view if self._view is not None else self.session.view())
 
     def _header(self, now: float, key: str, snap: TierSnapshot, q: Quality | None) -> HeaderData:
         view = self._view if self._view is not None else self.session.view()
-        stale = None
-        finished = self.finished_reason()
-        player = view.player
-        held = player is not None and (player.paused or player.seeking)   # no records come: none are due
-        if (finished is None and not held and self._told.last_change_at is not None
-                and now - self._told.last_change_at >= STALE_AFTER_S):
-            stale = now - self._told.last_change_at
-            if not self._told.seen.get("stale"):
-                self._told.seen["stale"] = True
-                self.note("warn", f"no new data for {STALE_AFTER_S:.0f} s")
+        stale, finished = self.narrator.stale(now, view)
         # Statuses of sources (their keys) are in the sources table's status column, not in the header.
         return header_data(now, snap, q, view, stale_s=stale, finished=finished, paused=self.paused,
                            paused_at=self.shown.paused_at if self.paused else None,
@@ -745,12 +645,7 @@ class KvtopApp(App[int]):
                            refresh_s=None if self.timing.refresh_s == DEFAULT_REFRESH_S else self.timing.refresh_s)
 
     def _requests(self, live: TierModel, snap: TierSnapshot, rates: Rates, view: SessionView) -> RequestData:
-        req = snap.requests
-        # A failure reaches the event log with its reason (the panel keeps only the last one; the log the story).
-        # Keyed by the live model, which lives as long as its source: a snapshot's id changes with every record
-        # (a key per snapshot logged one failure again and again, and grew without bound).
-        self._on_increase(f"failed:{id(live)}", req.failed, "error",
-                          lambda n: f"{n} request{'s' * (n > 1)} failed: {fmt.clean(req.last_error or '?')}")
+        self.narrator.failures(live, snap.requests)
         return kept_requests(self._kept, snap, rates, view)
 
     # ------------------------------------------------------------------------------------------ actions
@@ -1237,5 +1132,5 @@ def build_app(session: Any, settings: ScreenSettings | None = None, *, run_sessi
     return KvtopApp(session, settings, run_session=run_session, config_file=config_file)
 
 
-__all__ = ["DEFAULT_REFRESH_S", "DashboardScreen", "KvtopApp", "ScreenSettings", "build_app", "layout_for",
-           "wall_clock"]
+__all__ = ["DEFAULT_REFRESH_S", "STALE_AFTER_S", "DashboardScreen", "KvtopApp", "ScreenSettings", "build_app",
+           "layout_for", "wall_clock"]
