@@ -43,13 +43,11 @@ from textual.widgets import Footer, Input
 from textual.worker import Worker
 
 from kvtop.engine_words import is_trtllm
-from kvtop.fleet import source_status
 from kvtop.session import DashboardSession, SessionView, for_dashboard
 from kvtop.settings import SettingsError, remember_choices, ui_choices
 from kvtop.sources.replay import SEEK_S, STEP_S, speed_text
 from kvtop.tiers import Quality, Rates, TierModel, TierSnapshot, TierState
 from kvtop.tiers.snapshot import reading
-from kvtop.tiers.state import RequestRow
 from kvtop.ui import format as fmt
 from kvtop.ui.narration import STALE_AFTER_S, Narrator
 from kvtop.ui.panels.clickable import TableHeaderClicked, TableRowClicked
@@ -61,11 +59,12 @@ from kvtop.ui.panels.memory import MemoryPanel
 from kvtop.ui.panels.moves import MovesPanel
 from kvtop.ui.panels.priority import PriorityPanel
 from kvtop.ui.panels.requests import RequestData, RequestPanel
-from kvtop.ui.panels.requests_table import RequestsData, RequestsTable
+from kvtop.ui.panels.requests_table import RequestsTable
 from kvtop.ui.panels.sources import SourcesPanel
 from kvtop.ui.panels.tier import TierPanel
 from kvtop.ui.state import FleetView, Kept, Layout, Remembered, RequestsView, Shown, Themes, Timing
-from kvtop.ui.table import TableState, arrange, cursor_index
+from kvtop.ui.table import TableState
+from kvtop.ui.tables import Tables
 from kvtop.ui.themes import (
     DEFAULT_THEME,
     PREFERRED_ORDER,
@@ -77,8 +76,6 @@ from kvtop.ui.themes import (
 )
 from kvtop.ui.views import (
     changed,
-    fleet_data,
-    fleet_row,
     has_data,
     header_data,
     header_sources,
@@ -338,6 +335,7 @@ class KvtopApp(App[int]):
         self.narrator = Narrator(self._said)   # the event log's lines, each said once
         self.fleet = FleetView(FLEET_REFRESH_S)
         self.req_view = RequestsView()
+        self.tables = Tables(self.fleet, self.req_view)   # the sources table's and the requests view's keys
         self.layout = Layout(SPARK_POINTS)
         self._session_worker: Worker[None] | None = None
         self._dashboard: DashboardScreen | None = None
@@ -594,40 +592,15 @@ class KvtopApp(App[int]):
             self.fleet.key = None
         if not fleet:
             return
-        selected = self.fleet.index % len(sources)
-        statuses = tuple(source_status(k, view.status) for k, _ in sources)
-        key = (tuple(k for k, _ in sources), selected, statuses)
-        t = time.monotonic()
-        cache = self.fleet.rows
-        if key == self.fleet.key and t - self.fleet.read_at < self.fleet.refresh_s:
-            # Between full reads only the selected row follows its model, at the refresh rate, so that it agrees
-            # with the big panels that show the same source.
-            k, model = sources[selected]
-            if fleet_row(cache, k, model, statuses[selected]) is not self.fleet.rows_all[selected]:
-                self.fleet.rows_all = [cache[k][2] for k, _ in sources]
-                self._show_fleet()
-            return
-        self.fleet.key, self.fleet.read_at = key, t
-        self.fleet.rows_all = [fleet_row(cache, k, model, st) for (k, model), st in zip(sources, statuses)]
-        self.fleet.selected = selected
-        self._show_fleet()
+        if self.tables.read_fleet(sources, view.status, self.fleet.index, time.monotonic()):
+            self._show_fleet()
 
     def _show_fleet(self, top: bool = False) -> None:
-        """The sources table from the rows last read: filtered and sorted as the table is (kvtop/ui/table.py),
-        the source the big panels show and the cursor located in it. Also on a sort, filter or cursor key, paused
-        or not (the rows are those on screen; nothing is read)."""
-        rows = self.fleet.rows_all
-        if not rows:
-            return
-        state = self.fleet.table
-        shown = self.fleet.arranged = arrange(rows, state, SourcesPanel.SORT_VALUES, SourcesPanel.row_text)
-        keys = [r.key for r in shown]
-        own = rows[self.fleet.selected % len(rows)].key
-        if top:   # sorted afresh: the top of the table is what is wanted (the highest hit rate...), as it changes
-            state.cursor = None
-        cursor = cursor_index(keys, state, own)
-        selected = next((i for i, r in enumerate(shown) if r.key == own), -1)
-        self._panels["sources"].show(fleet_data(shown, rows, selected, cursor, state))
+        """The sources table from the rows last read (kvtop/ui/tables.py). Also on a sort, filter or cursor key,
+        paused or not (the rows are those on screen; nothing is read)."""
+        data = self.tables.fleet_data(top)
+        if data is not None:
+            self._panels["sources"].show(data)
 
     def finished_reason(self) -> str | None:
         """Why no more data will come, or None while the session runs (kvtop/ui/narration.py)."""
@@ -782,7 +755,7 @@ class KvtopApp(App[int]):
             text = ui.get(f"{table}_sort")
             if text is None:
                 continue
-            state, panel, _ = self._spec(table)
+            state, panel, _ = self.tables.spec(table)
             if not isinstance(text, str) or not state.from_text(text, tuple(panel.SORT_VALUES)):
                 bad.append(f"{table}_sort = {fmt.clean(repr(text), 30)} (one of {', '.join(panel.SORT_VALUES)}, "
                            "- first for descending)")
@@ -851,26 +824,8 @@ class KvtopApp(App[int]):
         self._select_source(index)
         return True
 
-    # -- the tables: sort (o, O, a click on a header), filter (/), cursor (j, k, a click), open (Enter) --
-
-    def _table(self) -> str | None:
-        """The table the table keys act on: the requests view while it is shown, else the sources table while it
-        is shown, else None."""
-        if self.req_view.shown:
-            return "requests"
-        return "sources" if self.fleet.shown and self.fleet.rows_all else None
-
-    def _spec(self, table: str) -> tuple[TableState, type[SourcesPanel] | type[RequestsTable], list[Any]]:
-        """A table's state, its panel's class (columns, sort values, filter text) and its rows as shown."""
-        if table == "requests":
-            return self.req_view.table, RequestsTable, self.req_view.arranged
-        return self.fleet.table, SourcesPanel, self.fleet.arranged
-
-    def _own_row(self, table: str) -> str | None:
-        """The row the cursor falls back to: the source the big panels show (the requests view: none)."""
-        if table == "sources" and self.fleet.rows_all:
-            return self.fleet.rows_all[self.fleet.selected % len(self.fleet.rows_all)].key
-        return None
+    # -- the tables: sort (o, O, a click on a header), filter (/), cursor (j, k, a click), open (Enter); what
+    # each key does to a table is kvtop/ui/tables.py's, here the messages and the widgets --
 
     def _no_table(self) -> None:
         self.notify("no table on screen: the sources table shows with 2+ sources, R shows the requests",
@@ -883,22 +838,16 @@ class KvtopApp(App[int]):
             self._show_requests(top)
 
     def action_sort_next(self) -> None:
-        table = self._table()
+        table = self.tables.active()
         if table is None:
             return self._no_table()
-        state, panel, _ = self._spec(table)
-        state.sort_next(panel.SORT_ORDER, panel.TEXT_COLUMNS)
-        self._sorted(table, state)
+        self._sorted(table, self.tables.sort_next(table))
 
     def action_sort_reverse(self) -> None:
-        table = self._table()
+        table = self.tables.active()
         if table is None:
             return self._no_table()
-        state, panel, _ = self._spec(table)
-        if state.sort is None:
-            state.sort_next(panel.SORT_ORDER, panel.TEXT_COLUMNS)
-        state.reverse()
-        self._sorted(table, state)
+        self._sorted(table, self.tables.sort_reverse(table))
 
     def _sorted(self, table: str, state: TableState) -> None:
         self._table_changed(table, top=True)
@@ -906,59 +855,41 @@ class KvtopApp(App[int]):
         self._remember()
 
     def on_table_header_clicked(self, message: TableHeaderClicked) -> None:
-        state, panel, _ = self._spec(message.table)
-        state.sort_by(message.column, panel.TEXT_COLUMNS)
-        self._sorted(message.table, state)
+        self._sorted(message.table, self.tables.sort_by(message.table, message.column))
 
     def on_table_row_clicked(self, message: TableRowClicked) -> None:
-        state, _, _ = self._spec(message.table)
-        state.cursor = message.key
+        self.tables.spec(message.table)[0].cursor = message.key
         self._table_changed(message.table)
         if message.chain >= 2:
             self._open(message.table, message.key)
 
     def action_cursor(self, step: int) -> None:
-        table = self._table()
-        if table is None:   # quietly: j, k and Enter are keys a hand hits by chance
-            return
-        state, _, rows = self._spec(table)
-        if not rows:
-            return
-        keys = [r.key for r in rows]
-        at = cursor_index(keys, state, self._own_row(table))
-        state.cursor = keys[min(max(at + step, 0), len(keys) - 1)]
-        self._table_changed(table)
+        table = self.tables.active()
+        # quietly: j, k and Enter are keys a hand hits by chance
+        if table is not None and self.tables.move_cursor(table, step):
+            self._table_changed(table)
 
     def action_open_row(self) -> None:
-        table = self._table()
-        if table is None:
-            return
-        state, _, rows = self._spec(table)
-        if rows:
-            self._open(table, rows[cursor_index([r.key for r in rows], state, self._own_row(table))].key)
+        table = self.tables.active()
+        key = None if table is None else self.tables.cursor_key(table)
+        if table is not None and key is not None:
+            self._open(table, key)
 
     def _open(self, table: str, key: str) -> None:
         """Enter on a row: a source is shown in the big panels; a request's whole row is said in a toast."""
         if table == "sources":
             self._show_source(key)
             return
-        row = next((r for r in self.req_view.arranged if r.key == key), None)
-        if row is None:
-            return
-        said = (f"request {fmt.clean(row.key, 64)}: {row.state}, prompt {fmt.count(row.prompt_tokens)} tokens, "
-                f"reused {fmt.count(row.reused_blocks)} blocks (GPU {fmt.count(row.gpu_blocks)}, host "
-                f"{fmt.count(row.host_blocks)}, disk {fmt.count(row.disk_blocks)}), TTFT {fmt.seconds_ms(row.ttft_s)}"
-                f", e2e {fmt.seconds_ms(row.e2e_s)}, priority {fmt.count(row.priority)}")
-        if row.error:
-            said += f"; error: {fmt.clean(row.error, 600)}"
-        self.notify(said, severity="error" if row.state == "failed" else "information", timeout=10)
+        said = self.tables.request_said(key)
+        if said is not None:
+            self.notify(said[0], severity="error" if said[1] else "information", timeout=10)
 
     def action_filter(self) -> None:
-        table = self._table()
+        table = self.tables.active()
         if table is None:
             return self._no_table()
         field = self.query_one(FilterInput)
-        field.value = self._spec(table)[0].filter
+        field.value = self.tables.spec(table)[0].filter
         field.display = True   # set on the widget, not by a class: the focus below needs it shown now
         field.can_focus = True
         # Focused now, not after the keys already queued (Widget.focus waits its turn): a name typed fast after
@@ -975,17 +906,13 @@ class KvtopApp(App[int]):
         self.screen.set_focus(None)
         field.can_focus = False
         self._filter(message.value)
-        table = self._table()
+        table = self.tables.active()
         if table is not None:
-            self.post_message(self.TableFiltered(table, self._spec(table)[0].filter))
+            self.post_message(self.TableFiltered(table, self.tables.spec(table)[0].filter))
 
     def _filter(self, text: str) -> None:
-        table = self._table()
-        if table is None:
-            return
-        state = self._spec(table)[0]
-        if state.filter != text:
-            state.filter = text
+        table = self.tables.set_filter(text)
+        if table is not None:
             self._table_changed(table)
 
     def action_toggle_requests(self, remember: bool = True) -> None:
@@ -1000,35 +927,13 @@ class KvtopApp(App[int]):
             self._remember()
 
     def _show_requests(self, top: bool = False) -> None:
-        """The requests view from the shown snapshot: the engine's in flight, then the finished newest first,
-        filtered and sorted (kvtop/ui/table.py)."""
+        """The requests view from the shown snapshot (kvtop/ui/tables.py), while it is shown."""
         if not self.req_view.shown or self._dashboard is None:
             return
         snap = self.shown.snapshot if self.shown.snapshot is not None else reading(self.current_model()[1])
-        req = snap.requests
-        running, recent = req.running, req.recent
         view = self._view
-        flight = view.requests_in_flight if view is not None else {}
-        if flight:   # the workload driver's own requests in flight (their ids are those their records will have)
-            running = tuple(RequestRow(str(k), "running", None, prompt, None, None, None, None, None, None, None,
-                                       prio, None) for k, (_t, prompt, prio) in sorted(flight.items()))
-        if running != self.req_view.seen[0] or recent is not self.req_view.seen[1]:
-            self.req_view.seen = (running, recent)
-            self.req_view.rows_all = [*running, *reversed(recent)]
-        rows = self.req_view.rows_all
-        state = self.req_view.table
-        shown = self.req_view.arranged = arrange(rows, state, RequestsTable.SORT_VALUES, RequestsTable.row_text)
-        if top:
-            state.cursor = None
-        in_flight = view.in_flight if view is not None and view.in_flight is not None else req.in_flight
-        note = ""
-        if not running and in_flight:
-            note = (f"{fmt.count(in_flight)} in flight, not listed: the engine sends no per-request stats "
-                    "(TensorRT-LLM: enable_iter_req_stats)")
         key = self.current_model()[0] or (own_key(view) if view is not None else "")
-        self._dashboard.query_one(RequestsTable).show(RequestsData(
-            tuple(shown), cursor_index([r.key for r in shown], state), state.sort, state.descending, state.filter,
-            len(rows), fmt.clean(key, 40), note))
+        self._dashboard.query_one(RequestsTable).show(self.tables.requests_data(snap, view, key, top))
 
     def _select_source(self, index: int) -> None:
         sources = self._sources()
@@ -1115,7 +1020,7 @@ class KvtopApp(App[int]):
         yield SystemCommand("Help", "Keys and what each number means", self.action_help)
         yield SystemCommand("Requests view", "Recent and in-flight requests, one row each (R)",
                             self.action_toggle_requests)
-        if self._table() is not None:
+        if self.tables.active() is not None:
             yield SystemCommand("Sort table", "Sort the table by its next column (o; O reverses)",
                                 self.action_sort_next)
             yield SystemCommand("Filter table", "Show the rows that hold what you type (/)", self.action_filter)
