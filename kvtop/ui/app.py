@@ -19,7 +19,8 @@ The app keeps the bindings, actions, timers and message handlers; what it keeps 
 state objects, one idea each (kvtop/ui/state.py: ``timing``, ``shown``, ``fleet``, ``req_view``, ``layout``,
 ``themes``, ``remembered``, and its own ``_kept``); what each panel is shown is made by kvtop/ui/views.py (pure:
 snapshot -> the panel's typed data), and drawn by the panel's own module in kvtop/ui/panels/ (on the line model of
-kvtop/ui/panel.py); what the event log is told, by kvtop/ui/narration.py (``narrator``: each change said once).
+kvtop/ui/panel.py); what the event log is told, by kvtop/ui/narration.py (``narrator``: each change said once); what
+a table key does to the sources table or the requests view, by kvtop/ui/tables.py (``tables``).
 """
 
 from __future__ import annotations
