@@ -19,9 +19,8 @@ from textual.geometry import Region
 
 from kvtop.records import SourceId, read_jsonl
 from kvtop.session import Session
-from kvtop.ui import app as app_module
 from kvtop.ui import panel as panel_module
-from kvtop.ui import strip_reuse
+from kvtop.ui import strip_reuse, views
 from kvtop.ui.app import KvtopApp, build_app
 from kvtop.ui.panel import Panel
 from kvtop.ui.panels import header as header_panel
@@ -61,8 +60,8 @@ async def test_a_screen_updated_refresh_by_refresh_matches_a_fresh_one(size: tup
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     # The size advice's curve is read once per 5 s of model time, its optimum once per 60 s of wall time: both
     # read at every refresh here, so that the last refresh shows what a fresh screen computes from the same data.
-    monkeypatch.setattr(app_module, "CURVE_EVERY_S", 1e-6)
-    monkeypatch.setattr(app_module, "OPTIMUM_EVERY_S", 0.0)
+    monkeypatch.setattr(views, "CURVE_EVERY_S", 1e-6)
+    monkeypatch.setattr(views, "OPTIMUM_EVERY_S", 0.0)
     records = list(read_jsonl(BUSY_RECORDING))
     session = _session()
     cut = len(records) // 3
