@@ -269,6 +269,11 @@ class CostModel:
         return self._device_s([], [share + (1 if i < extra else 0) for i in range(b)])
 
     def _device_s(self, prefill_items: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
+        return self._device_s_sum(prefill_items, len(decode_contexts), sum(decode_contexts))
+
+    def _device_s_sum(self, prefill_items: Sequence[tuple[int, int]], d: int, decode_context_sum: int) -> float:
+        """``_device_s`` with the decode requests given as their count and the sum of their contexts: all the
+        decode term reads of them (the same arithmetic, so the same float)."""
         tokens = 0
         requests = 0
         attention = 0.0
@@ -280,12 +285,11 @@ class CostModel:
             attention += self._prefill_attention_layer_s(n, c)
         if prefill_items and requests:
             attention += self._kernel_us * 1e-6
-        d = len(decode_contexts)
         if d:
             tokens += d
             requests += d
             # read every request's context and write its new token
-            kv_bytes = self._kv_layer_rank * (sum(decode_contexts) + d)
+            kv_bytes = self._kv_layer_rank * (decode_context_sum + d)
             rate = _interp(*self._decode_rate, kv_bytes) * 1e9 if self._decode_rate else self._read_rate
             attention += kv_bytes / rate + self._kernel_us * 1e-6
         if requests == 0:
@@ -323,10 +327,18 @@ class CostModel:
     def iteration_s_unchecked(self, prefill_items: Sequence[tuple[int, int]], decode_contexts: Sequence[int]) -> float:
         """``iteration_s`` for arguments already known to be valid: (new_tokens, context_before) pairs and context
         lengths, all non-negative ints (the engine loop's own counts), without the per-item checks."""
-        device = self._device_s(prefill_items, decode_contexts)
+        return self.iteration_s_sum(prefill_items, len(decode_contexts), sum(decode_contexts))
+
+    def iteration_s_sum(self, prefill_items: Sequence[tuple[int, int]], num_decode: int,
+                        decode_context_sum: int) -> float:
+        """``iteration_s_unchecked`` with the decode requests given as their count and the sum of their contexts
+        (what the decode term reads of them): the same float. The trace replay's engine keeps the sum as requests
+        join and leave instead of listing every generation request every iteration (kvtop.engines.sim.lazy_decode).
+        """
+        device = self._device_s_sum(prefill_items, num_decode, decode_context_sum)
         if not device:
             return 0.0
-        requests = len(decode_contexts) + sum(1 for n, _ in prefill_items if n)
+        requests = num_decode + sum(1 for n, _ in prefill_items if n)
         return device + self.iteration_overhead_s + requests * self.request_step_s
 
     # --- host <-> GPU copies ---------------------------------------------------------------------------
