@@ -45,7 +45,7 @@ from array import array
 from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, overload
 
 from kvtop.engines.sim.retention import DEFAULT_PRIORITY, MAX_PRIORITY, KvCacheRetentionConfig
@@ -297,8 +297,8 @@ class TokenRuns(Sequence[int]):
             offset = offsets[r]
             inside_end = min(stop, pos + (offset + length - pos) // tokens_per_block * tokens_per_block)
             if inside_end > pos and tokens_per_block >= 2:  # whole blocks inside this run: run keys, O(1) each
-                keys.extend([_pack_run(v, tokens_per_block)
-                             for v in range(first + pos - offset, first + inside_end - offset, tokens_per_block)])
+                keys.extend(map(_pack_run, range(first + pos - offset, first + inside_end - offset, tokens_per_block),
+                                repeat(tokens_per_block)))
                 pos = inside_end
             else:  # a block across runs (or of one token): from its ids
                 keys.append(encode_key(self._slice(pos, pos + tokens_per_block)))
@@ -833,8 +833,8 @@ class BlockManager:
         no_key = _NO_KEY
         append = taken.append
         taken_before = len(taken)
-        new_blocks = offloaded = silent_offloads = evicted = evicted_host = 0
-        offloads_before = self.offloaded_blocks
+        new_blocks = silent_offloads = evicted = evicted_host = 0
+        offload_seq = self.offloaded_blocks  # the offload count so far, each offloaded block's offload_seq
         free_children = self._free_children
         try:
             for _ in range(min(count, free_primary)):
@@ -847,10 +847,10 @@ class BlockManager:
                 if block.qstamp is not entry_stamp:  # a stale entry: the policy's loop finds the live one
                     policy.stale[PRIMARY] -= 1
                     prio, block = policy.pop_front(PRIMARY)
-                block.qstamp = -1
                 if expiry:
                     expiry.pop(block.id, None)
                 if block.key is no_key:
+                    block.qstamp = -1
                     new_blocks += 1
                 elif can_offload and prio >= offload_min_priority:
                     # Offload: the block takes the front host block's slot and goes to the host queue; the target
@@ -869,14 +869,15 @@ class BlockManager:
                         expiry.pop(target.id, None)
                     block.primary = False  # swap memory slots
                     target.primary = True
-                    offloaded += 1
-                    block.offload_seq = offloads_before + offloaded
+                    offload_seq += 1
+                    block.offload_seq = offload_seq
                     if block.prev is None:  # not in the tree (it has a key): no event
                         silent_offloads += 1
                     elif events:
                         self._enqueue_updated(block, (PRIMARY, SECONDARY), None)
                     # release: now in the host queue, same priority (prio: its queue's), no duration so no expiry;
-                    # num_free[SECONDARY] lost the target and gains this block
+                    # num_free[SECONDARY] lost the target and gains this block (its GPU entry's stamp, never read
+                    # since it was popped, is replaced here: no -1 in between)
                     queue = host_queues[prio]
                     if not queue:
                         insort(host_prios, prio)
@@ -904,6 +905,7 @@ class BlockManager:
                     append(target)
                     continue
                 # the block keeps its GPU slot
+                block.qstamp = -1
                 if block.children is not None:
                     free_children(block)
                 else:
@@ -931,7 +933,7 @@ class BlockManager:
             self.evicted_blocks[SECONDARY] += evicted_host
             self.alloc_total_blocks += len(taken) - taken_before
             self.alloc_new_blocks += new_blocks
-            self.offloaded_blocks += offloaded
+            self.offloaded_blocks = offload_seq
             self.silent_offloads += silent_offloads
 
     def _onboard(self, block: KVCacheBlock) -> None:
