@@ -1373,26 +1373,28 @@ class BlockManager:
             return
         events = self._events_enabled
         stored = blocks[first_new:count]
-        for i, block in enumerate(stored, first_new):
-            key = keys[i]
+        path_end = count  # the first i whose key another block already held under its node: the path ends there
+        for block, key in zip(stored, keys[first_new:count]):
             if events and (block.key != key or block.hash_parent != search.hash):  # else the hash is this one
                 block.hash = block_key_hash(decode_key(key), search.hash)
                 block.hash_parent = search.hash
             block.key = key
             block.prev = search
             children = search.children  # search.add_child(key, block), inlined (4.4M stored blocks a trace)
-            if children is None:
-                search.children = added = block
-            elif isinstance(children, dict):
-                added = children.setdefault(key, block)
-            elif children.key == key:
-                added = children
+            if children is None:  # every block but the first: under the block stored just before
+                search.children = block
             else:
-                search.children = {children.key: children, key: block}
-                added = block
-            if added is not block:
-                on_path = False  # (cannot happen on the sequence's own path: its blocks have no such children)
-            elif on_path:
-                seq.tree_prefix = i + 1
+                if isinstance(children, dict):
+                    added = children.setdefault(key, block)
+                elif children.key == key:
+                    added = children
+                else:
+                    search.children = {children.key: children, key: block}
+                    added = block
+                if added is not block and path_end == count:
+                    # (cannot happen on the sequence's own path: its blocks have no such children)
+                    path_end = first_new + stored.index(block)
             search = block
+        if on_path:
+            seq.tree_prefix = path_end
         self._enqueue_stored(stored)
