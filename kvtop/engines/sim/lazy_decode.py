@@ -36,7 +36,7 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 from collections.abc import Callable
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Any
 
 from kvtop.engines.sim.block_manager import NO_FREE_GPU_BLOCK, NoFreeBlockError
@@ -78,6 +78,7 @@ class LazyDecodeCore(SimEngineCore):
         self._ctx_sum = 0   # sum of the generation requests' KV tokens (their contexts in the next iteration)
         self._crossings: dict[int, list[SimRequest]] = {}  # iteration -> requests whose fed token starts a block
         self._finishes: dict[int, list[SimRequest]] = {}   # iteration -> requests producing their last token
+        self._transfers: dict[tuple[int, int], float] = {}  # (onboards, offloads) -> CostModel.transfers_s
 
     def submit(self, req: SimRequest) -> None:
         if req.on_token is not None:
@@ -90,6 +91,26 @@ class LazyDecodeCore(SimEngineCore):
         super()._start(started)
         if started:
             self._contexts = list(self._in_order(self._contexts, started))
+
+    def _fetched(self) -> list[SimRequest]:
+        """``SimEngineCore._fetched`` where every waiting request has arrived (a trace replay hands the engine only
+        those): the head of the queue up to the room, without a step per request. The requests fetched before are a
+        prefix of the queue (fetched in order; only fetched ones leave it, and those passed over go back to their
+        places), so only the fetched ones past them are stamped."""
+        waiting = self.waiting
+        now = self.now_s
+        if not waiting or waiting[-1].arrival_s > now:
+            return super()._fetched()
+        room = self.max_batch_size - len(self.running)
+        fetched = list(islice(waiting, room)) if room > 0 else []
+        i = len(fetched)
+        while i and fetched[i - 1].fetched_s is None:
+            i -= 1
+        for req in fetched[i:]:
+            req.fetched_s = now
+            self._new_fetched.append(req)
+        self._fetched_now = fetched
+        return fetched
 
     def _contributed_context_blocks(self) -> set[Any] | None:
         bm = self.bm
@@ -222,7 +243,10 @@ class LazyDecodeCore(SimEngineCore):
         offloads = bm.offloaded_blocks - moves_before[1]
         dt = self.cost.iteration_s_sum(prefill_items, n_gen, decode_sum)
         if onboards or offloads:
-            dt += self.cost.transfers_s(onboards, offloads, self.tpb)
+            moved = self._transfers.get((onboards, offloads))
+            if moved is None:  # the cost model's, once per pair of counts (offloads vary little: a prompt's blocks)
+                moved = self._transfers[onboards, offloads] = self.cost.transfers_s(onboards, offloads, self.tpb)
+            dt += moved
         self.now_s += dt
         self.busy_s += dt
         now = self.now_s

@@ -23,7 +23,7 @@ TR = KvCacheRetentionConfig.TokenRangeRetentionConfig
 
 
 def _result(r: SimRequest) -> tuple[Any, ...]:
-    return (r.request_id, r.stage, r.error, r.output_ids, r.first_token_s, r.last_token_s, r.scheduled_s,
+    return (r.request_id, r.stage, r.error, r.output_ids, r.first_token_s, r.last_token_s, r.scheduled_s, r.fetched_s,
             r.first_iter, r.last_iter, r.reused_tokens, r.reused_blocks, r.missed_blocks, r.onboarded_blocks,
             r.alloc_total_blocks, r.alloc_new_blocks, r.kv_tokens, r.kv_blocks)
 
@@ -38,7 +38,9 @@ def _counters(bm: BlockManager) -> tuple[Any, ...]:
             bm.silent_offloads, bm.onboarded_blocks, bm.evicted_blocks, bm.silent_detaches, bm.reused_tokens)
 
 
-def _run(engine: type[SimEngineCore], seed: int, runs: bool) -> list[Any]:
+def _run(engine: type[SimEngineCore], seed: int, runs: bool, feed: bool = False) -> list[Any]:
+    """A seeded workload on ``engine``, submitted at once or (``feed``) as ``kvtop sim --trace`` submits a trace:
+    each request once it has arrived, at most 16 waiting."""
     rng = random.Random(f"lazy/{seed}")
     tpb = rng.choice([1, 2, 4, 8, 16, 32, 64])
     primary = rng.choice([4, 8, 16, 48]) * max(1, 64 // tpb)
@@ -64,18 +66,27 @@ def _run(engine: type[SimEngineCore], seed: int, runs: bool) -> list[Any]:
         req = SimRequest(rid, ids, max_tokens, arrival_s=t, retention=retention,
                          on_finish=lambda r: finished.append(_result(r)))
         requests.append(req)
-        core.submit(req)
+    pending = list(requests)
+    if not feed:
+        for req in pending:
+            core.submit(req)
+        pending = []
     log: list[Any] = []
     for _ in range(20_000):
-        if core.idle():
+        while pending and len(core.waiting) < 16 and pending[0].arrival_s <= core.now_s:
+            core.submit(pending.pop(0))
+        if core.idle() and not pending:
             break
+        if not core.has_runnable() and pending:
+            core.now_s = max(core.now_s, pending[0].arrival_s)
+            continue
         if core.has_runnable():
             done = core.step()
             log.append([core.iteration, core.now_s, core.busy_s, [r.request_id for r in done], _counters(bm),
                         bm.take_events(), len(core.running), len(core.waiting)])
         else:
             core.now_s = max(core.now_s, core.next_arrival_s() or core.now_s)
-    assert core.idle()
+    assert core.idle() and not pending
     log.append(["end", finished, [_result(r) for r in requests], _blocks(bm), core.completed, core.failed,
                 core.max_scheduled, core.iteration])
     return log
@@ -83,9 +94,9 @@ def _run(engine: type[SimEngineCore], seed: int, runs: bool) -> list[Any]:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_lazy_decode_is_the_engine_loop(seed: int) -> None:
-    runs = seed % 2 == 1
-    ref = _run(SimEngineCore, seed, runs)
-    lazy = _run(LazyDecodeCore, seed, runs)
+    runs, feed = seed % 2 == 1, seed % 4 >= 2
+    ref = _run(SimEngineCore, seed, runs, feed)
+    lazy = _run(LazyDecodeCore, seed, runs, feed)
     for i, (a, b) in enumerate(zip(ref, lazy)):
         assert a == b, f"seed {seed}: differs at step {i}"
     assert len(ref) == len(lazy)
@@ -105,7 +116,7 @@ def test_the_workloads_cross_blocks_finish_together_and_offload() -> None:
     LazyDecodeCore._cross = cross  # type: ignore[method-assign]
     try:
         for seed in range(40):
-            log = _run(LazyDecodeCore, seed, seed % 2 == 1)
+            log = _run(LazyDecodeCore, seed, seed % 2 == 1, seed % 4 >= 2)
             finishes = max([finishes, *(len(entry[3]) for entry in log[:-1])])
             offloaded += log[-2][4][3] if len(log) > 1 else 0
             onboarded += log[-2][4][5] if len(log) > 1 else 0
