@@ -4,7 +4,8 @@
 # The device receives the session's checkout, so what the command reads must be in it, in a folder git ignores,
 # named in the run's carry (".venv-simcarry" matches .gitignore's ".venv*/"):
 #   mkdir -p .venv-simcarry/base
-#   git archive 80ba13f kvtop themes | tar -x -C .venv-simcarry/base
+#   git archive main kvtop themes | tar -x -C .venv-simcarry/base    # the baseline: main before the merge
+#   (80ba13f until 2026-12-03 16:31 UTC; main at 2e8718e for lazy decode, bench/JOURNAL.md 18:55 UTC)
 #   cp conversation_trace.jsonl .venv-simcarry/   # Mooncake FAST'25 traces/conversation_trace.jsonl (Apache 2.0)
 # then run: bash bench/h200_sim_replay.sh   (carry [".venv-simcarry"]); pinned to one core (taskset -c 2).
 export PYTHONUNBUFFERED=1

@@ -5,11 +5,14 @@ cost nothing in an iteration where nothing happens to them.
   lists every generation request, feeds each its last token (``add_token``), appends the token it produces and
   sums the contexts its cost model reads.
 - The test that holds them equal: tests/engines/sim/test_lazy_decode.py (``test_lazy_decode_is_the_engine_loop``:
-  randomized workloads, tiny pools with and without a host tier, 1 to 64 tokens a block, prompts shared or not,
-  events on: after every iteration the same clock, finished requests, block manager counters and events, and at
-  the end every request's results and every block's state).
-- The measurement that pays for it: bench/JOURNAL.md, "Lazy decode" (2026-12-03): the Mooncake conversation trace
-  at 32 tokens a block, 64 GB host, 4.1M generated tokens over 69k iterations, ~60 generation requests each.
+  40 randomized workloads, tiny pools with and without a host tier, 1 to 64 tokens a block, prompts shared or not,
+  events on and off, retention, submitted at once or fed as ``kvtop sim --trace`` feeds them: after every
+  iteration the same clock, finished requests, block manager counters and events, and at the end every request's
+  results and every block's state).
+- The measurement that pays for it: bench/JOURNAL.md, "Lazy decode and the store's chain" (2026-12-03 18:55 UTC):
+  the Mooncake conversation trace at 32 tokens a block, 64 GB host (4.1M generated tokens over 69k iterations,
+  ~60 generation requests each), 4,156M -> 3,561M instructions for the 64 GB point's first 400 requests (-14.3%);
+  on the H200 host its 64 GB point 19.48, 19.44 s -> 14.07, 13.74 s.
 
 Between two events a generation request's iteration is arithmetic: its KV grows by a token, the token it produces
 is ``generated_token(digest, position)``, and the cost model reads only how many generation requests there are
