@@ -73,16 +73,16 @@ CAPACITY_SCHEDULER_POLICIES = (GUARANTEED_NO_EVICT, MAX_UTILIZATION)
 PAUSE_CAPS_PROMPT = {"1.2": True, "1.3": True}
 
 GENERATED_TOKEN_BASE = 1 << 30  # generated ids live in [2^30, 2^31): never a tokenizer id nor a trace token
-_GENERATED_TOKEN_MASK = GENERATED_TOKEN_BASE - 1
+GENERATED_TOKEN_MASK = GENERATED_TOKEN_BASE - 1
 
 
-def _by_order(req: SimRequest) -> int:
+def by_order(req: SimRequest) -> int:
     return req.order
 
 
 def generated_token(prompt_digest: int, position: int) -> int:
     """Deterministic output: the same prompt always generates the same tokens (greedy decoding)."""
-    return GENERATED_TOKEN_BASE | (hash((prompt_digest, position)) & _GENERATED_TOKEN_MASK)
+    return GENERATED_TOKEN_BASE | (hash((prompt_digest, position)) & GENERATED_TOKEN_MASK)
 
 
 @dataclass
@@ -383,7 +383,7 @@ class SimEngineCore:
             return fetched
         if not fetched or started[-1].order < fetched[0].order:
             return started + fetched
-        return sorted(started + fetched, key=_by_order)
+        return sorted(started + fetched, key=by_order)
 
     def _start(self, started: list[SimRequest]) -> None:
         """Move requests that start this iteration from ``waiting`` to ``running``, keeping submission order: a
@@ -403,7 +403,7 @@ class SimEngineCore:
         running = self.running
         for req in started:  # in order themselves
             if running and running[-1].order > req.order:
-                insort(running, req, key=_by_order)
+                insort(running, req, key=by_order)
             else:
                 running.append(req)
 
@@ -613,7 +613,7 @@ class SimEngineCore:
             decode_contexts.append(kv_tokens)
             # the token this forward pass produces (_emit_token inlined; its time is set below, once known)
             n = len(out)
-            out.append(GENERATED_TOKEN_BASE | (hash((r.digest, n)) & _GENERATED_TOKEN_MASK))
+            out.append(GENERATED_TOKEN_BASE | (hash((r.digest, n)) & GENERATED_TOKEN_MASK))
             if n >= r.max_tokens - 1:
                 gen_done.append(r)
         prefill_items = [(n, r.context_done) for r, n in chunks]

@@ -44,12 +44,12 @@ from typing import Any
 
 from kvtop.engines.sim.block_manager import NO_FREE_GPU_BLOCK, NoFreeBlockError
 from kvtop.engines.sim.core import (
-    _GENERATED_TOKEN_MASK,
+    GENERATED_TOKEN_MASK,
     GENERATED_TOKEN_BASE,
     GUARANTEED_NO_EVICT,
     SimEngineCore,
     SimRequest,
-    _by_order,
+    by_order,
 )
 
 __all__ = ["LazyDecodeCore"]
@@ -61,7 +61,7 @@ def _produce(r: SimRequest, upto: int) -> None:
     out = r.output_ids
     n = len(out)
     if n < upto:
-        out += [GENERATED_TOKEN_BASE | (h & _GENERATED_TOKEN_MASK)
+        out += [GENERATED_TOKEN_BASE | (h & GENERATED_TOKEN_MASK)
                 for h in map(hash, zip(repeat(r.digest), range(n, upto)))]
 
 
@@ -163,7 +163,7 @@ class LazyDecodeCore(SimEngineCore):
         self._ctx_sum += kv0
         gen = self._gen
         if gen and gen[-1].order > r.order:
-            insort(gen, r, key=_by_order)
+            insort(gen, r, key=by_order)
         else:
             gen.append(r)
 
@@ -175,7 +175,7 @@ class LazyDecodeCore(SimEngineCore):
         """The decode allocations of ``iteration``, in the generation requests' order; a request whose block is not
         there fails as in the reference (its blocks released before the next one's). Returns the failed ones."""
         if len(crossing) > 1:
-            crossing.sort(key=_by_order)
+            crossing.sort(key=by_order)
         bm = self.bm
         tpb = self.tpb
         failed: list[SimRequest] = []
@@ -270,7 +270,7 @@ class LazyDecodeCore(SimEngineCore):
         gen_done = self._finishes.pop(iteration, None)
         if gen_done:
             if len(gen_done) > 1:
-                gen_done.sort(key=_by_order)
+                gen_done.sort(key=by_order)
             for r in gen_done:
                 k = iteration - r.decode_iter
                 _produce(r, r.decode_out0 + k + 1)
