@@ -44,8 +44,8 @@ from typing import Any
 
 from kvtop.engines.sim.block_manager import NO_FREE_GPU_BLOCK, NoFreeBlockError
 from kvtop.engines.sim.core import (
-    GENERATED_TOKEN_MASK,
     GENERATED_TOKEN_BASE,
+    GENERATED_TOKEN_MASK,
     GUARANTEED_NO_EVICT,
     SimEngineCore,
     SimRequest,
