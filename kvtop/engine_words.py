@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["engine_name", "hit_rate_unknown_why", "is_trtllm", "requests_unknown_why", "size_curve_unknown_why"]
+__all__ = ["SIM_LABEL", "STREAM_LABEL", "engine_label", "engine_name", "hit_rate_unknown_why", "is_trtllm",
+           "requests_unknown_why", "size_curve_unknown_why"]
 
 _NAMES = {"trtllm": "TensorRT-LLM", "sim": "TensorRT-LLM", "vllm": "vLLM", "sglang": "SGLang", "dynamo": "Dynamo",
           "kvbm": "Dynamo", "lmcache": "LMCache"}
@@ -31,6 +32,26 @@ def engine_name(engine: Any) -> str | None:
     if key.startswith(("tensorrt", "trtllm")):
         return "TensorRT-LLM"
     return _NAMES.get(key)
+
+
+# What a bare ``zmq://`` stream is called where its engine is not named: the wire says only its format
+STREAM_LABEL = "KV event stream (engine not named)"
+SIM_LABEL = "kvtop's TensorRT-LLM simulator"
+
+
+def engine_label(engine: Any) -> str | None:
+    """What the header and the headless text call a source's engine: its own name ("vLLM", "SGLang"), the bare
+    wire's :data:`STREAM_LABEL` for ``vllm-format`` (kvtop's key, never a user's word), else the key as given; None
+    where there is none."""
+    key = engine.strip().lower() if isinstance(engine, str) else None
+    if key == "sim":    # TensorRT-LLM's words apply (engine_name), but the screen must not say it is the real one
+        return SIM_LABEL
+    if key == "vllm-format":
+        return STREAM_LABEL
+    name = engine_name(engine)
+    if name is not None:
+        return name
+    return engine if isinstance(engine, str) and engine else None
 
 
 def is_trtllm(engine: Any) -> bool:

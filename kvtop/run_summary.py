@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from kvtop.engine_words import size_curve_unknown_why
+from kvtop.engine_words import engine_label, engine_name, size_curve_unknown_why
 from kvtop.session import Session
 from kvtop.textsafe import clean
 
@@ -180,11 +180,13 @@ def format_summary(s: dict[str, Any]) -> str:
 def _header(s: dict[str, Any]) -> str:
     """"kvtop: ENGINE (VERSION), model MODEL [SIM: why], scheduler POLICY": a part that is not known says so
     ("engine unknown", "model unknown") or is left out (the version), never Python's None."""
-    engine = s.get("engine")
+    engine = engine_label(s.get("engine"))
+    name = engine_name(s.get("engine"))
     version = s.get("engine_version")
     head = f"kvtop: {engine}" if engine else "kvtop: engine unknown"
     if version and version != engine:
-        head += f" ({version})"
+        # a version that names its engine ("TensorRT-LLM 1.2 (simulated by kvtop)") is said alone, not after the name
+        head = f"kvtop: {version}" if name and version.startswith(name) else f"{head} ({version})"
     head += f", model {s['model']}" if s.get("model") else ", model unknown"
     if s.get("simulated"):
         head += f" [SIM: {s['sim_reason']}]" if s.get("sim_reason") else " [SIM]"

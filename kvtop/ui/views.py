@@ -15,7 +15,13 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kvtop.engine_words import hit_rate_unknown_why, is_trtllm, requests_unknown_why, size_curve_unknown_why
+from kvtop.engine_words import (
+    engine_label,
+    hit_rate_unknown_why,
+    is_trtllm,
+    requests_unknown_why,
+    size_curve_unknown_why,
+)
 from kvtop.fleet import FleetRow, combine, source_row
 from kvtop.occupancy import occupancy
 from kvtop.session import SessionView
@@ -126,7 +132,7 @@ def header_data(now: float, snap: TierSnapshot, q: Quality | None, view: Session
     player: ReplayPlayer | None = view.player
     simulated = bool(meta.get("simulated")) or meta.get("engine") == "sim"
     return HeaderData(
-        engine=words(meta.get("engine")), engine_version=words(meta.get("engine_version")),
+        engine=words(engine_label(meta.get("engine"))), engine_version=words(meta.get("engine_version")),
         model=words(meta.get("model")), gpu=words(meta.get("gpu")), simulated=simulated,
         sim_reason=words(meta.get("sim_reason")),
         tokens_per_block=snap.tokens_per_block or meta.get("tokens_per_block"),

@@ -46,7 +46,7 @@ def test_headless_text_of_a_stream_without_meta_says_unknown_never_none() -> Non
     text = run_summary.format_summary(run_summary.summary(session))
     assert "None" not in text, text
     lines = text.splitlines()
-    assert lines[0] == "kvtop: vllm-format, model unknown"
+    assert lines[0] == "kvtop: KV event stream (engine not named), model unknown"
     assert "stream: 2 batches (seq 0..1), 0 lost, 0 replayed, 0 bad events" in lines
     assert not any(line.strip() == "hit rate by host size:" for line in lines), text
     # nothing heard at all: neither engine nor model is known
@@ -90,11 +90,11 @@ def test_no_none_from_attach_replay_and_report_of_a_stream_without_model_or_gpu(
         pub.close()
     assert proc.returncode == 0, err
     said = {"attach": out + err}
-    assert out.splitlines()[0] == "kvtop: vllm-format, model unknown"
+    assert out.splitlines()[0] == "kvtop: KV event stream (engine not named), model unknown"
     assert "stream: 6 batches (seq 0..5), 0 lost, 0 replayed, 0 bad events" in out.splitlines()
     replay = _run(["replay", str(rec), "--headless", "--speed", "0"], tmp_path)
     assert replay.returncode == 0, replay.stderr
-    assert replay.stdout.splitlines()[0] == "kvtop: vllm-format, model unknown"
+    assert replay.stdout.splitlines()[0] == "kvtop: KV event stream (engine not named), model unknown"
     said["replay"] = replay.stdout + replay.stderr
     junk = tmp_path / "notes.txt"
     junk.write_text("hello\nworld\n")
@@ -123,7 +123,7 @@ def test_headless_text_counts_have_thousands_separators_json_none() -> None:
                          "sources": {**{f"node-{i}:5557/0/r": "connected" for i in range(1000)},
                                      **{f"gone-{i}:5557/0/r": "offline" for i in range(1012)}}}
     lines = run_summary.format_summary(s).splitlines()
-    assert lines[0] == "kvtop: sim (1.2), model Qwen/Qwen3-8B"
+    assert lines[0] == "kvtop: kvtop's TensorRT-LLM simulator (1.2), model Qwen/Qwen3-8B"
     assert "requests: 1,234,567 completed, 1,001 failed; TTFT p50 n/a, p99 n/a" in lines
     assert " gpu: capacity 101,256 blocks, in use 2,048, cached 99,999, free 99,208" in lines
     assert "moves: offloaded 1,234,567, onboarded 2,000, evicted GPU 16,016, evicted host 0" in lines

@@ -93,6 +93,9 @@ async def test_a_vllm_streams_screen_names_no_tensorrt_llm_field_and_says_what_g
         pub.close()
     for name, text in screens.items():
         assert not TRTLLM_WORDS.search(text), (name, TRTLLM_WORDS.search(text), text)
+        assert "vllm-format" not in text, (name, text)   # kvtop's key for the bare wire, not a word for a user
+    # the header names what the source is: a stream whose engine the wire does not say
+    assert "KV event stream (engine not named)" in screens["200x60"], screens["200x60"]
     for size in ("120x40", "200x60"):
         assert "┐ free" in screens[size] and "free = cached idle + empty" in screens[size], screens[size]
         assert "copies of GPU blocks, kept for reuse" in screens[size]
