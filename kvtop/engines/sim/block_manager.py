@@ -472,6 +472,10 @@ class _EvictionPolicy:
         # ExpiringBlockComparator breaks by pointer, do not happen: each release reads the clock anew.
         self.expiry_heap: list[tuple[float, int, KVCacheBlock]] = []
         self.expiry: dict[int, int] = {}  # block id -> the release stamp of its live heap entry (others are stale)
+        # False until a block is given a duration (``claim`` or ``BlockManager._take_free_blocks`` with one): until
+        # then every block's ``duration_ms`` is None and nothing expires, which the block manager's plain loops
+        # (``_take_plain``, ``remove_sequence``'s) rely on: no trace replay gives one.
+        self.timed = False
         for block in blocks[:sizes[PRIMARY] + sizes[SECONDARY]]:  # primary blocks first, then secondary
             self.push(block)
         # Host blocks not made yet (``make_host_blocks``): as if pushed here after the others, in id order, with
@@ -587,6 +591,8 @@ class _EvictionPolicy:
         heapq.heappush(self.expiry_heap, (self.clock_ms() + block.duration_ms, stamp, block))
 
     def claim(self, block: KVCacheBlock, priority: int | None = None, duration_ms: int | None = None) -> None:
+        if duration_ms is not None:
+            self.timed = True
         if self._remove(block):
             self.expiry.pop(block.id, None)  # only when it left a free queue, as in TensorRT-LLM
         if priority is not None:
@@ -818,6 +824,11 @@ class BlockManager:
         the tree, so what the caller does with one (keys, references) cannot change which block comes next.
         """
         policy = self._policy
+        if duration_ms is not None:
+            policy.timed = True
+        elif not policy.timed and not self._events_enabled:
+            self._take_plain(count, priority, taken)
+            return
         primary_prios, host_prios = policy.nonempty
         primary_queues, host_queues = policy.queues
         num_free = policy.num_free
@@ -928,6 +939,108 @@ class BlockManager:
         finally:
             policy.stamp = stamp
             # the counts of the blocks taken, added once (nothing in the loop reads them)
+            num_free[PRIMARY] -= len(taken) - taken_before
+            self.evicted_blocks[PRIMARY] += evicted
+            self.evicted_blocks[SECONDARY] += evicted_host
+            self.alloc_total_blocks += len(taken) - taken_before
+            self.alloc_new_blocks += new_blocks
+            self.offloaded_blocks = offload_seq
+            self.silent_offloads += silent_offloads
+
+    def _take_plain(self, count: int, priority: int, taken: list[KVCacheBlock]) -> None:
+        """``_take_free_blocks`` with events off and no block ever given a duration (``_EvictionPolicy.timed``):
+        the same steps less those that would do nothing then (no expiry to drop, no duration to clear or set, no
+        event), and the offload's two conditions in one comparison. Every trace replay of ``kvtop sim`` takes its
+        blocks here (4.4M offloads in the Mooncake conversation trace at 32 tokens a block, 64 GB);
+        tests/engines/sim/test_sim_fast_paths.py holds it to the general loop block by block."""
+        policy = self._policy
+        primary_prios, host_prios = policy.nonempty
+        primary_queues, host_queues = policy.queues
+        num_free = policy.num_free
+        free_primary = num_free[PRIMARY]  # nothing in the batch frees a GPU block
+        stamp = policy.stamp
+        # An offload takes a host block and queues another: the host's free count cannot change in this batch.
+        can_offload = self.onboard_blocks and num_free[SECONDARY] > 0
+        if can_offload and policy.unmade:
+            policy.make_host_blocks(min(count, free_primary))  # each block taken takes at most one host block
+        # a victim holding a key is offloaded iff its priority is at least this (none is past MAX_PRIORITY)
+        offload_from = policy.offload_min_priority if can_offload else MAX_PRIORITY + 1
+        no_key = _NO_KEY
+        append = taken.append
+        taken_before = len(taken)
+        new_blocks = silent_offloads = evicted = evicted_host = 0
+        offload_seq = self.offloaded_blocks
+        free_children = self._free_children
+        try:
+            for _ in range(min(count, free_primary)):
+                prio = primary_prios[0]
+                queue = primary_queues[prio]
+                entry_stamp = queue.popleft()
+                block = queue.popleft()
+                if not queue:
+                    del primary_prios[0]
+                if block.qstamp is not entry_stamp:
+                    policy.stale[PRIMARY] -= 1
+                    prio, block = policy.pop_front(PRIMARY)
+                if prio >= offload_from and block.key is not no_key:
+                    host_queue = host_queues[host_prios[0]]
+                    entry_stamp = host_queue.popleft()
+                    target = host_queue.popleft()
+                    if not host_queue:
+                        del host_prios[0]
+                    if target.qstamp is not entry_stamp:
+                        policy.stale[SECONDARY] -= 1
+                        target = policy.pop_front(SECONDARY)[1]
+                    target.qstamp = -1
+                    block.primary = False
+                    target.primary = True
+                    offload_seq += 1
+                    block.offload_seq = offload_seq
+                    if block.prev is None:
+                        silent_offloads += 1
+                    queue = host_queues[prio]
+                    if not queue:
+                        insort(host_prios, prio)
+                    queue.append(stamp)
+                    queue.append(block)
+                    block.qstamp = stamp
+                    stamp += 1
+                    if target.children is not None:
+                        free_children(target, SECONDARY)
+                    else:
+                        parent = target.prev
+                        if parent is not None:
+                            if target.key is not no_key:
+                                evicted_host += 1
+                            if parent.children is target:
+                                parent.children = None
+                            else:
+                                parent.remove_child(target.key)
+                            target.prev = None
+                    target.priority = priority
+                    append(target)
+                    continue
+                block.qstamp = -1
+                if block.key is no_key:
+                    new_blocks += 1
+                if block.children is not None:
+                    free_children(block)
+                else:
+                    parent = block.prev
+                    if parent is not None:
+                        if block.key is not no_key:
+                            evicted += 1
+                        if parent.children is block:
+                            parent.children = None
+                        else:
+                            parent.remove_child(block.key)
+                        block.prev = None
+                block.priority = priority
+                append(block)
+            if count > free_primary:
+                raise NoFreeBlockError(NO_FREE_GPU_BLOCK)
+        finally:
+            policy.stamp = stamp
             num_free[PRIMARY] -= len(taken) - taken_before
             self.evicted_blocks[PRIMARY] += evicted
             self.evicted_blocks[SECONDARY] += evicted_host
@@ -1182,27 +1295,47 @@ class BlockManager:
         primary_prios, host_prios = policy.nonempty
         first_stamp = stamp = policy.stamp
         released_host = 0  # the primary count is the rest: one stamp per block released
-        for block in reversed(seq.blocks):
-            refs = block.refs - 1
-            block.refs = refs
-            if refs:
-                continue
-            prio = block.priority
-            if block.primary:
-                queue = primary_queues[prio]
-                if not queue:
-                    insort(primary_prios, prio)
-            else:
-                queue = host_queues[prio]
-                if not queue:
-                    insort(host_prios, prio)
-                released_host += 1
-            queue.append(stamp)
-            queue.append(block)
-            block.qstamp = stamp
-            stamp += 1
-            if block.duration_ms is not None and prio != DEFAULT_PRIORITY:
-                policy.start_expiry(block)
+        if policy.timed:
+            for block in reversed(seq.blocks):
+                refs = block.refs - 1
+                block.refs = refs
+                if refs:
+                    continue
+                prio = block.priority
+                if block.primary:
+                    queue = primary_queues[prio]
+                    if not queue:
+                        insort(primary_prios, prio)
+                else:
+                    queue = host_queues[prio]
+                    if not queue:
+                        insort(host_prios, prio)
+                    released_host += 1
+                queue.append(stamp)
+                queue.append(block)
+                block.qstamp = stamp
+                stamp += 1
+                if block.duration_ms is not None and prio != DEFAULT_PRIORITY:
+                    policy.start_expiry(block)
+        else:  # no block has a duration (_EvictionPolicy.timed): nothing to expire
+            for block in reversed(seq.blocks):
+                refs = block.refs - 1
+                block.refs = refs
+                if refs:
+                    continue
+                if block.primary:
+                    queue = primary_queues[block.priority]
+                    if not queue:
+                        insort(primary_prios, block.priority)
+                else:
+                    queue = host_queues[block.priority]
+                    if not queue:
+                        insort(host_prios, block.priority)
+                    released_host += 1
+                queue.append(stamp)
+                queue.append(block)
+                block.qstamp = stamp
+                stamp += 1
         policy.stamp = stamp
         policy.num_free[PRIMARY] += stamp - first_stamp - released_host
         policy.num_free[SECONDARY] += released_host

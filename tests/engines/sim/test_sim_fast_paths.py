@@ -11,7 +11,7 @@ import random
 from typing import Any
 
 from kvtop.engines.sim.accel import add_token_each
-from kvtop.engines.sim.block_manager import BlockManager, NoFreeBlockError, TokenRuns
+from kvtop.engines.sim.block_manager import BlockManager, KvCacheRetentionConfig, NoFreeBlockError, TokenRuns
 
 
 def _state(bm: BlockManager, ids: list[int]) -> Any:
@@ -70,3 +70,93 @@ def test_find_new_context_block_is_the_same_for_runs_and_lists() -> None:
             assert found == bm.find_new_context_block(list(q))
             kinds.add("every block" if found is None else "at the root" if found[0].id < 0 else "deeper")
     assert kinds == {"every block", "at the root", "deeper"}, kinds
+
+
+def _blocks(bm: BlockManager) -> Any:
+    """Every block as the timed replay leaves it (all but its hash, which only events make), and the counters."""
+    return ([(b.id, b.primary, b.key, b.prev.id if b.prev is not None else None, b.refs, b.priority, b.duration_ms,
+              b.qstamp, b.offload_seq) for b in bm._blocks],
+            bm.kv_cache_stats(), bm.offloaded_blocks, bm.silent_offloads, bm.onboarded_blocks, bm.evicted_blocks,
+            bm.num_free_blocks(0), bm.num_free_blocks(1), bm._policy.stamp, bm._policy.stale)
+
+
+def test_plain_take_and_release_are_the_general_loops(monkeypatch: Any) -> None:
+    """Events off and no duration given (every trace replay): ``_take_plain`` and ``remove_sequence``'s plain loop
+    against the general ones (events on, which take the general loop and choose the same blocks), block by block
+    after every call, through offloads, onboards, evictions of subtrees, stale entries, partial reuse, priorities
+    below the offload floor and pools running dry."""
+    import kvtop.engines.sim.block_manager as module
+
+    plain_calls = [0]
+    real = module.BlockManager._take_plain
+
+    def counting(self: BlockManager, *args: Any) -> None:
+        plain_calls[0] += 1
+        real(self, *args)
+
+    monkeypatch.setattr(module.BlockManager, "_take_plain", counting)
+    kinds: set[str] = set()
+    for seed in range(40):
+        rng = random.Random(seed)
+        tpb = rng.choice([1, 2, 4])
+        sizes = (rng.randrange(6, 30), rng.choice([0, 1, 2, 3, 8, 20]))
+        plain = BlockManager(*sizes, tpb)
+        general = BlockManager(*sizes, tpb, event_buffer_max_size=1 << 20)
+        live: list[int] = []
+        for step in range(120):
+            op = rng.random()
+            if op < 0.45 or not live:
+                rid = step
+                prompt = [rng.randrange(3) for _ in range(rng.randrange(1, 5 * tpb + 2))]
+                retention = (KvCacheRetentionConfig(decode_retention_priority=rng.choice([10, 35, 80]))
+                             if rng.random() < 0.2 else None)
+                outcome = []
+                for bm in (plain, general):
+                    try:
+                        bm.add_sequence(rid, prompt, retention)
+                        outcome.append("added")
+                    except NoFreeBlockError:
+                        outcome.append("dry")
+                        bm.remove_sequence(rid)
+                assert outcome[0] == outcome[1]
+                if outcome[0] == "added":
+                    live.append(rid)
+                    if rng.random() < 0.5:
+                        for bm in (plain, general):
+                            bm.store_context_blocks(rid)
+                else:
+                    kinds.add("dry")
+            elif op < 0.75:
+                rid = rng.choice(live)
+                tokens = [rng.randrange(3) for _ in range(rng.randrange(1, 3 * tpb + 1))]
+                outcome = []
+                for bm in (plain, general):
+                    try:
+                        bm.add_tokens(rid, tokens)
+                        outcome.append("added")
+                    except NoFreeBlockError:
+                        outcome.append("dry")
+                        bm.remove_sequence(rid)
+                assert outcome[0] == outcome[1]
+                if outcome[0] == "dry":
+                    live.remove(rid)
+            else:
+                rid = live.pop(rng.randrange(len(live)))
+                final = [rng.randrange(3)] if rng.random() < 0.5 else []
+                for bm in (plain, general):
+                    bm.remove_sequence(rid, final)
+            assert _blocks(plain) == _blocks(general), (seed, step)
+            general.take_events()
+        if plain.offloaded_blocks:
+            kinds.add("offloads")
+        if plain.onboarded_blocks:
+            kinds.add("onboards")
+        if plain.silent_offloads:
+            kinds.add("silent offloads")
+        if plain.evicted_blocks[1]:
+            kinds.add("host evictions")
+        if plain._policy.stale != [0, 0]:
+            kinds.add("stale entries")
+        assert not plain._policy.timed and not general._policy.timed
+    assert plain_calls[0] > 1000
+    assert kinds == {"dry", "offloads", "onboards", "silent offloads", "host evictions", "stale entries"}, kinds
