@@ -971,26 +971,38 @@ class BlockManager:
         new_blocks = silent_offloads = evicted = evicted_host = 0
         offload_seq = self.offloaded_blocks
         free_children = self._free_children
+        # The front queues of both levels, held across the loop (looked up again only when one runs dry, skips a
+        # stale entry or, for the host, when a queue in front of it gets its first entry): a free block is live in
+        # the queue of its priority, so the victim's priority is its own.
+        # (an empty deque where a level has none: the loop then takes nothing from it)
+        queue: deque[Any] = primary_queues[primary_prios[0]] if primary_prios else deque()
+        host_queue: deque[Any] = host_queues[host_prios[0]] if host_prios else deque()
         try:
             for _ in range(min(count, free_primary)):
-                prio = primary_prios[0]
-                queue = primary_queues[prio]
                 entry_stamp = queue.popleft()
                 block = queue.popleft()
-                if not queue:
-                    del primary_prios[0]
                 if block.qstamp is not entry_stamp:
                     policy.stale[PRIMARY] -= 1
-                    prio, block = policy.pop_front(PRIMARY)
+                    block = policy.pop_front(PRIMARY)[1]
+                    if primary_prios:
+                        queue = primary_queues[primary_prios[0]]
+                elif not queue:
+                    del primary_prios[0]
+                    if primary_prios:
+                        queue = primary_queues[primary_prios[0]]
+                prio = block.priority
                 if prio >= offload_from and block.key is not no_key:
-                    host_queue = host_queues[host_prios[0]]
                     entry_stamp = host_queue.popleft()
                     target = host_queue.popleft()
-                    if not host_queue:
-                        del host_prios[0]
                     if target.qstamp is not entry_stamp:
                         policy.stale[SECONDARY] -= 1
                         target = policy.pop_front(SECONDARY)[1]
+                        if host_prios:
+                            host_queue = host_queues[host_prios[0]]
+                    elif not host_queue:
+                        del host_prios[0]
+                        if host_prios:
+                            host_queue = host_queues[host_prios[0]]
                     target.qstamp = -1
                     block.primary = False
                     target.primary = True
@@ -998,11 +1010,12 @@ class BlockManager:
                     block.offload_seq = offload_seq
                     if block.prev is None:
                         silent_offloads += 1
-                    queue = host_queues[prio]
-                    if not queue:
+                    into = host_queues[prio]
+                    if not into:
                         insort(host_prios, prio)
-                    queue.append(stamp)
-                    queue.append(block)
+                        host_queue = host_queues[host_prios[0]]
+                    into.append(stamp)
+                    into.append(block)
                     block.qstamp = stamp
                     stamp += 1
                     if target.children is not None:
