@@ -1330,7 +1330,23 @@ class BlockManager:
                 stamp += 1
                 if block.duration_ms is not None and prio != DEFAULT_PRIORITY:
                     policy.start_expiry(block)
-        else:  # no block has a duration (_EvictionPolicy.timed): nothing to expire
+        elif self.onboard_blocks:
+            # No duration (_EvictionPolicy.timed): nothing to expire. And every block a sequence holds is on the GPU:
+            # a reused host block is onboarded before the sequence takes it, every other block is taken from the
+            # GPU pool, and a held block is in no free queue, so never an offload's victim or target.
+            for block in reversed(seq.blocks):
+                refs = block.refs - 1
+                block.refs = refs
+                if refs:
+                    continue
+                queue = primary_queues[block.priority]
+                if not queue:
+                    insort(primary_prios, block.priority)
+                queue.append(stamp)
+                queue.append(block)
+                block.qstamp = stamp
+                stamp += 1
+        else:  # no duration, onboard_blocks off: the general form (though nothing is offloaded then either)
             for block in reversed(seq.blocks):
                 refs = block.refs - 1
                 block.refs = refs

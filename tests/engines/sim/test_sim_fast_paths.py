@@ -95,13 +95,24 @@ def test_plain_take_and_release_are_the_general_loops(monkeypatch: Any) -> None:
         real(self, *args)
 
     monkeypatch.setattr(module.BlockManager, "_take_plain", counting)
+    # remove_sequence's plain loop with onboard_blocks on queues every released block at the GPU: it relies on this
+    real_remove = module.BlockManager.remove_sequence
+    held_tiers: set[bool] = set()
+
+    def checked_remove(self: BlockManager, request_id: Any, final_tokens: Any = ()) -> None:
+        if self.onboard_blocks:
+            held_tiers.update(b.primary for b in self._seqs[request_id].blocks)
+        real_remove(self, request_id, final_tokens)
+
+    monkeypatch.setattr(module.BlockManager, "remove_sequence", checked_remove)
     kinds: set[str] = set()
     for seed in range(40):
         rng = random.Random(seed)
         tpb = rng.choice([1, 2, 4])
         sizes = (rng.randrange(6, 30), rng.choice([0, 1, 2, 3, 8, 20]))
-        plain = BlockManager(*sizes, tpb)
-        general = BlockManager(*sizes, tpb, event_buffer_max_size=1 << 20)
+        onboard = seed % 4 != 3  # off: nothing is offloaded (getFreeBlock), the other release loop
+        plain = BlockManager(*sizes, tpb, onboard_blocks=onboard)
+        general = BlockManager(*sizes, tpb, onboard_blocks=onboard, event_buffer_max_size=1 << 20)
         live: list[int] = []
         for step in range(120):
             op = rng.random()
@@ -159,4 +170,5 @@ def test_plain_take_and_release_are_the_general_loops(monkeypatch: Any) -> None:
             kinds.add("stale entries")
         assert not plain._policy.timed and not general._policy.timed
     assert plain_calls[0] > 1000
+    assert held_tiers == {True}
     assert kinds == {"dry", "offloads", "onboards", "silent offloads", "host evictions", "stale entries"}, kinds
