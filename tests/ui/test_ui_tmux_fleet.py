@@ -87,6 +87,16 @@ def fleet_pane(tmp_path: Path, mqtt_broker) -> Iterator[tuple[Pane, Path]]:  # n
         publisher.join(10)
 
 
+def _filter_line(screen: str) -> str | None:
+    """The filter's input as the pane shows it (the line under the sources table: its text, or its placeholder when
+    empty), None while it is closed."""
+    lines = screen.splitlines()
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("╰") and "all: sums" in ln), None)
+    if at is None or at + 1 >= len(lines) or lines[at + 1].startswith("╭"):
+        return None
+    return lines[at + 1].strip()
+
+
 def _table(screen: str) -> list[str]:
     """The sources table's data rows as the pane shows them (between its header and the aggregate row)."""
     lines = screen.splitlines()
@@ -103,8 +113,10 @@ def test_a_1000_source_fleet_filters_to_one_source_and_sorts_by_hit_rate_in_a_fe
         fleet_pane: tuple[Pane, Path]) -> None:
     p, status = fleet_pane
     p.wait_for(lambda t: "Sources · 1,000" in t, timeout=60)
-    # Filter: "/" then the name then Enter (2 keys beyond the name).
+    # Filter: "/" then the name then Enter (2 keys beyond the name). The name is typed once the filter's input is on
+    # screen: keys sent before it is mounted go to the dashboard (on a loaded machine the test lost them so).
     p.keys("/")
+    p.wait_for(lambda t: (_filter_line(t) or "").startswith("filter: type part of a name"), timeout=20)
     p.keys("-l", "n0042")
     p.keys("Enter")
     screen = p.wait_for(lambda t: "Sources · 1 of 1,000 · /n0042" in t, timeout=20)
@@ -116,8 +128,9 @@ def test_a_1000_source_fleet_filters_to_one_source_and_sorts_by_hit_rate_in_a_fe
     p.wait_for(lambda t: re.search(r"\d+/1000 n0042/0/fleet", t) is not None, timeout=20)
     # Clear the filter (/ then Escape), then sort by hit rate: one key, o.
     p.keys("/")
+    p.wait_for(lambda t: _filter_line(t) == "n0042", timeout=20)   # open again, with the text it kept
     p.keys("Escape")
-    p.wait_for(lambda t: "Sources · 1,000" in t and " of 1,000" not in t, timeout=20)
+    p.wait_for(lambda t: "Sources · 1,000" in t and " of 1,000" not in t and _filter_line(t) is None, timeout=20)
     p.keys("o")
     best = max(range(SOURCES), key=hits_of)
     screen = p.wait_for(lambda t: "by hit win ▼" in t and f"n{best:04d}/0/fleet" in _table(t)[0], timeout=20)
