@@ -126,7 +126,7 @@ class SimRequest:
     # Submission order: TensorRT-LLM's active request list is kept in the order requests were fetched (FIFO), and
     # both capacity schedulers walk it in that order, started, paused and not yet started requests interleaved.
     order: int = field(default=0, repr=False, compare=False)
-    # kvtop.engines.sim.lazy_decode's generation state (its engine only): the first decode iteration, and the
+    # kvtop.engines.sim.decode_accel's generation state (its engine only): the first decode iteration, and the
     # generated tokens and KV tokens at its start; tokens output_ids[:decode_fed] are in the block manager
     decode_iter: int = field(default=0, repr=False, compare=False)
     decode_out0: int = field(default=0, repr=False, compare=False)

@@ -333,7 +333,7 @@ class CostModel:
                         decode_context_sum: int) -> float:
         """``iteration_s_unchecked`` with the decode requests given as their count and the sum of their contexts
         (what the decode term reads of them): the same float. The trace replay's engine keeps the sum as requests
-        join and leave instead of listing every generation request every iteration (kvtop.engines.sim.lazy_decode).
+        join and leave instead of listing every generation request every iteration (kvtop.engines.sim.decode_accel).
         """
         device = self._device_s_sum(prefill_items, num_decode, decode_context_sum)
         if not device:

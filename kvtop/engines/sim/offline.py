@@ -24,7 +24,7 @@ from kvtop.engines.inputs import TraceRequest
 from kvtop.engines.models import ModelShape
 from kvtop.engines.sim.block_manager import BlockManager, TokenRuns
 from kvtop.engines.sim.core import GUARANTEED_NO_EVICT, SimEngineCore, SimRequest
-from kvtop.engines.sim.lazy_decode import LazyDecodeCore
+from kvtop.engines.sim.decode_accel import LazyDecodeCore
 
 FEED_AHEAD = 16  # requests queued in the core beyond the running batch: enough to fill any batch slot
 
@@ -65,7 +65,7 @@ def run_trace(requests: Iterable[TraceRequest], cfg: TraceRunConfig) -> dict[str
 def _run_trace(requests: Iterable[TraceRequest], cfg: TraceRunConfig) -> dict[str, Any]:
     wall0 = time.perf_counter()
     bm = BlockManager(cfg.primary_blocks, cfg.secondary_blocks, cfg.tokens_per_block)
-    # generation requests touched only at their events (lazy_decode: the same results); MAX_UTILIZATION's pauses
+    # generation requests touched only at their events (decode_accel: the same results); MAX_UTILIZATION's pauses
     # read every running request every iteration, so it runs on the reference loop
     engine = LazyDecodeCore if cfg.capacity_scheduler_policy == GUARANTEED_NO_EVICT else SimEngineCore
     core = engine(cfg.model, cfg.gpu, bm, max_batch_size=cfg.max_batch_size,

@@ -1,4 +1,4 @@
-"""The trace replay's engine loop (``kvtop.engines.sim.lazy_decode.LazyDecodeCore``: generation requests touched
+"""The trace replay's engine loop (``kvtop.engines.sim.decode_accel.LazyDecodeCore``: generation requests touched
 only at their block crossings and their last token) against the reference loop (``SimEngineCore``) it stands for:
 iteration by iteration the same clock, the same finished requests, the same block manager counters and events;
 at the end every request's results and every block's state."""
@@ -14,7 +14,7 @@ from kvtop.engines.gpus import resolve_gpu
 from kvtop.engines.models import resolve_model
 from kvtop.engines.sim.block_manager import BlockManager, TokenRuns
 from kvtop.engines.sim.core import MAX_UTILIZATION, SimEngineCore, SimRequest
-from kvtop.engines.sim.lazy_decode import LazyDecodeCore
+from kvtop.engines.sim.decode_accel import LazyDecodeCore
 from kvtop.engines.sim.retention import KvCacheRetentionConfig
 
 MODEL = resolve_model("Qwen/Qwen3-8B")
