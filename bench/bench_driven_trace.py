@@ -66,10 +66,17 @@ def child(tree: str, trace: str, cap: float) -> None:
                       "problems": [f"{p.kind} x{p.count}" for p in session.problems.snapshot()]}))
 
 
+def _env(tree: Path) -> dict[str, str]:
+    """The tree first on the path, then what the caller had there (the H200 host's wheels are installed into a
+    folder on PYTHONPATH: it has no index)."""
+    path = os.pathsep.join(p for p in (str(tree), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, PYTHONPATH=path)
+
+
 def sim_command(tree: Path, trace: str) -> tuple[float, float]:
     t0 = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "kvtop", "sim", "--trace", trace, "--json"], cwd=tree,
-                            env=dict(os.environ, PYTHONPATH=str(tree)), stdout=subprocess.DEVNULL)
+                            env=_env(tree), stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(proc.pid, 0)
     if status != 0:
         raise SystemExit(f"kvtop sim failed in {tree}")
@@ -96,7 +103,7 @@ def main() -> None:
         print(f"{name}: kvtop sim --trace: wall {wall:.2f} s, CPU {cpu:.2f} s", flush=True)
         t0 = time.perf_counter()
         proc = subprocess.Popen([sys.executable, __file__, "--trace", trace, "--cap", str(a.cap), "--child",
-                                 str(tree)], cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)),
+                                 str(tree)], cwd=tree, env=_env(tree),
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         out = proc.stdout.read() if proc.stdout else ""
         _, status, usage = os.wait4(proc.pid, 0)
