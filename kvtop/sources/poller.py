@@ -149,14 +149,27 @@ class EnginePoller:
         )
         self._stop = StopSignal()
         self._poll_task: asyncio.Task[PollResult] | None = None
+        self._wake: asyncio.Event | None = None  # run's wait between polls (its loop's)
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
     async def run(self) -> None:
         """Poll until :meth:`stop` (or cancellation). Returns promptly after stop, even mid-poll."""
         stop_event = self._stop.bind()
+        # The wait between polls ends early when set: by stop, or by an engine that waits for a drain (an engine
+        # with ``notify_drain_wanted``: kvtop's simulator at speed 0, which waits for its events to be taken)
+        wake = self._wake = asyncio.Event()
+        if self._stop.requested:
+            wake.set()
+        notify = getattr(self.engine, "notify_drain_wanted", None)
+        if not callable(notify):
+            notify = None
+        else:
+            stop_signal = self._stop
+            notify(lambda: stop_signal.set(wake))
         try:
             while not self._stop.requested:
+                wake.clear()  # a drain wanted from here on, during the poll, is taken by the next one at once
                 poll = self._poll_task = asyncio.ensure_future(self.poll_once())
                 stop_wait = asyncio.ensure_future(stop_event.wait())
                 try:
@@ -173,8 +186,10 @@ class EnginePoller:
                     # for its events to be taken, ran at that pace.
                     delay = 0.0
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop_event.wait(), timeout=delay)
+                    await asyncio.wait_for(wake.wait(), timeout=delay)
         finally:
+            if notify is not None:
+                notify(None)
             task, self._poll_task = self._poll_task, None
             if task is not None and not task.done():
                 task.cancel()
@@ -183,13 +198,13 @@ class EnginePoller:
 
     def stop(self) -> None:
         """Ask :meth:`run` to return. Safe from the loop's thread or any other thread, before or during run."""
-        self._stop.stop()
+        self._stop.stop(self._wake)
 
     async def final_poll(self) -> PollResult:
         """The last poll: after the one in progress (if any) ends, one more, and :meth:`run` returns (a workload
         that has ended, a trace answered: what the engine still held is folded before the session stops). On the
         loop that runs :meth:`run`."""
-        self._stop.stop()
+        self._stop.stop(self._wake)
         task = self._poll_task
         if task is not None and not task.done():
             await asyncio.wait({task})

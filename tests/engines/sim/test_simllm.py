@@ -669,6 +669,37 @@ def test_paced_engine_loses_no_stats_to_a_reader_that_keeps_reading() -> None:
     assert len(got) < made
 
 
+def test_a_paced_engine_wakes_its_poller_when_it_waits_for_a_drain() -> None:
+    """notify_drain_wanted: kvtop's poller drains as soon as the paced engine waits for its events to be taken, not
+    at its next interval (an hour here: before, each wait ran out its bound, EVENT_DRAIN_WAIT_S, and the events
+    behind it dropped; a driven trace run spent a third of its wall time so, neither thread running)."""
+    from kvtop.records import SourceId
+    from kvtop.sources.poller import EnginePoller
+
+    async def run() -> tuple[int, int, int, int]:
+        llm = SimLLM(kv_cache_config=KvCacheConfig(event_buffer_max_size=256, max_tokens=4096,
+                                                   host_cache_size=1 << 30),
+                     speed=0, pace_to_event_drains=True)
+        got: list[Any] = []
+        poller = EnginePoller(llm, SourceId(host="test", rank=0, run="t"), interval_s=3600.0, sink=got.append)
+        task = asyncio.ensure_future(poller.run())
+        try:
+            outs = [llm.generate_async(list(range(i * 10_000, i * 10_000 + 2000)), SamplingParams(max_tokens=4))
+                    for i in range(12)]
+            await asyncio.wait_for(asyncio.gather(*(o.aresult() for o in outs)), timeout=60)
+            polls = poller.polls
+        finally:
+            await poller.final_poll()
+            await task
+            llm.shutdown()
+        events = sum(1 for r in got if r.kind == "kv_event")
+        return llm.block_manager.dropped_events, events, llm.block_manager._next_event_id, polls
+
+    dropped, events, made, polls = asyncio.run(run())
+    assert dropped == 0 and events == made and made > 4 * 256
+    assert polls > made // 256  # a drain at every wait, each of at most a full buffer
+
+
 def test_stored_events_as_token_ids() -> None:
     """kv_event_token_ids: a stored block's tokens as kvtop.compact's "token_ids", the same event otherwise."""
     from kvtop.compact import read_form
