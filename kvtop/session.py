@@ -261,12 +261,20 @@ class Session:
             for reason in bad:
                 self.problems.report("record.bad", f"{clean(key, 80)}: {reason}", lost=True)
         if model is self.model:
-            whatif = self.whatif.apply_kv_event
-            for ev in events:
-                try:
-                    whatif(ev)
-                except Exception as exc:  # the estimate is a nicety: bad data there never stops the fold
-                    self.note("warn", f"what-if skipped a record: {exc}")
+            sizing = self.sizing
+            if sizing.whatif is self.whatif:  # the what-if and the size advice, a drain at once
+                sizing.apply_kv_events(events, self._whatif_skipped)
+            else:
+                whatif = self.whatif.apply_kv_event
+                for ev in events:
+                    try:
+                        whatif(ev)
+                    except Exception as exc:
+                        self._whatif_skipped(exc)
+
+    def _whatif_skipped(self, exc: Exception) -> None:
+        # the estimate is a nicety: bad data there never stops the fold
+        self.note("warn", f"what-if skipped a record: {exc}")
 
     def _refuse(self, key: str) -> None:
         """A record of a new source past ``max_sources``: dropped, counted and said."""

@@ -106,6 +106,7 @@ from kvtop.tiers.window import RateWindow, Sample
 __all__ = ["TierModel"]
 
 STREAM_KINDS = ("kv_batch", "metrics", "summary")  # folded by kvtop/tiers/stream.py
+_INF = float("inf")
 
 
 class TierModel:
@@ -227,6 +228,9 @@ class TierModel:
         of the simulator's events, Session.emit_kv_events); returns the reasons of those it could not fold, one
         each in order (``last_bad_reason`` after each), or None when it folded them all."""
         led = self._ledger
+        if t.__class__ is float and -_INF < t < _INF:  # the drain folded as one (EventFold.apply_drain)
+            led.touched += len(events)
+            return self.event_fold.apply_drain(events, t)
         apply = self.apply_kv_event
         bad = led.bad_records
         reasons: list[str] | None = None
