@@ -10,7 +10,9 @@ Any engine with TensorRT-LLM's ``LLM`` surface works (the real one, ``SimLLM``, 
 Each poll drains both streams concurrently, emits one ``stats`` or ``kv_event`` record per item to the sink as it
 arrives (or, from an engine whose drain hands its items over as one list, ``take_batch``: kvtop's simulator, the
 drain's records to ``sink_many`` in one call), and the next poll is armed only after the last one finished
-(dolphie's habit): a slow engine makes polls rarer, never piles them up. A stream that fails is reported through
+(dolphie's habit): a slow engine makes polls rarer, never piles them up. An engine that waits for its
+drains (kvtop's simulator at speed 0) says so through ``notify_drain_wanted(callback)``, and the next poll starts at
+once instead of after the interval. A stream that fails is reported through
 ``on_error(source_name, message)`` once per streak and backs off on its own (interval x 2^failures, capped at 5 s)
 while the other stream goes on.
 Nothing an engine does raises into the consumer; an exception raised by the *sink* is the consumer's own bug
