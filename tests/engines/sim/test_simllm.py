@@ -700,6 +700,32 @@ def test_a_paced_engine_wakes_its_poller_when_it_waits_for_a_drain() -> None:
     assert polls > made // 256  # a drain at every wait, each of at most a full buffer
 
 
+def test_a_paced_engine_whose_reader_stops_reading_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader told that the engine waits (notify_drain_wanted) that never drains again, its callback failing
+    even: each wait stays bounded (EVENT_DRAIN_WAIT_S, made short here), the engine answers every request and drops
+    the events nobody took, as TensorRT-LLM's buffer does."""
+    import kvtop.engines.sim.llm as llm_module
+
+    monkeypatch.setattr(llm_module, "EVENT_DRAIN_WAIT_S", 0.01)
+    llm = SimLLM(kv_cache_config=KvCacheConfig(event_buffer_max_size=64, max_tokens=4096, host_cache_size=1 << 30),
+                 speed=0, pace_to_event_drains=True)
+    told = []
+
+    def wanted() -> None:
+        told.append(threading.current_thread().name)
+        raise RuntimeError("a reader gone")
+
+    llm.notify_drain_wanted(wanted)
+    try:
+        llm.get_kv_cache_events(timeout=0)  # read once (the created event), then never again
+        outs = [llm.generate_async(list(range(i * 10_000, i * 10_000 + 1000)), SamplingParams(max_tokens=4))
+                for i in range(8)]
+        assert all(len(o.result(timeout=60).outputs[0].token_ids) == 4 for o in outs)
+    finally:
+        llm.shutdown()
+    assert told and set(told) == {"kvtop-simllm"} and llm.block_manager.dropped_events > 0
+
+
 def test_stored_events_as_token_ids() -> None:
     """kv_event_token_ids: a stored block's tokens as kvtop.compact's "token_ids", the same event otherwise."""
     from kvtop.compact import read_form
