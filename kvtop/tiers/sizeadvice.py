@@ -53,7 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvtop.stack_distance import host_hits_at, min_hits_at
-from kvtop.tiers.whatif import _DEFAULT_PRIORITY, WhatIf
+from kvtop.tiers.whatif import DEFAULT_PRIORITY, WhatIf
 
 __all__ = ["FRACTIONS", "MAX_ONBOARDS", "MAX_REFERENCES", "MEANINGFUL_POINTS", "NO_HOST_FRACTIONS", "SizeAdvice",
            "advise", "format_size"]
@@ -190,7 +190,7 @@ class SizeAdvice:
                             if not (h.__class__ is int or isinstance(h, int)):
                                 continue
                             level = level_of.pop(h, None)
-                            prio = prio_of.pop(h, _DEFAULT_PRIORITY)
+                            prio = prio_of.pop(h, DEFAULT_PRIORITY)
                             partial = partials.pop(h, None) if partials else None
                             if level == 0 and prio < min_priority:
                                 dropped_low += 1  # never offloaded: a larger host would not have it either

@@ -39,13 +39,13 @@ from collections.abc import Callable, Iterable
 from itertools import accumulate
 from typing import Any
 
-__all__ = ["DEFAULT_FACTORS", "WhatIf"]
+__all__ = ["DEFAULT_FACTORS", "DEFAULT_PRIORITY", "WhatIf"]
 
 DEFAULT_FACTORS = (2, 4)
 MAX_GHOSTS = 1 << 22
 NO_HOST_REACH = 4  # with no host pool, ghosts for a host of up to this many times the GPU pool (size advice)
 _OFFLOAD_MIN_PRIORITY = 30  # evictionPolicy.cpp kDefaultSecondaryOffloadMinPriority
-_DEFAULT_PRIORITY = 35
+DEFAULT_PRIORITY = 35  # a block's retention priority when its event gives none (TensorRT-LLM's default)
 
 
 class _RankedGhosts:
@@ -315,8 +315,8 @@ class WhatIf:
                 continue
             level = b.get("cache_level", 0)
             level_of[h] = level if isinstance(level, int) else 0
-            prio = b.get("priority", _DEFAULT_PRIORITY)
-            prio_of[h] = prio if isinstance(prio, int) else _DEFAULT_PRIORITY
+            prio = b.get("priority", DEFAULT_PRIORITY)
+            prio_of[h] = prio if isinstance(prio, int) else DEFAULT_PRIORITY
             if release_store:
                 if b is last_block:
                     tokens = _tokens(b)
@@ -368,7 +368,7 @@ class WhatIf:
             if not isinstance(h, int):
                 continue
             level = level_of.pop(h, None)
-            prio = prio_of.pop(h, _DEFAULT_PRIORITY)
+            prio = prio_of.pop(h, DEFAULT_PRIORITY)
             partial = partials.pop(h, None) if partials else None
             if level == 0 and prio < min_priority:
                 self.dropped_low_priority += 1  # never offloaded: a larger host would not have it either
