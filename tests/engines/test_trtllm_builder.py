@@ -67,8 +67,9 @@ KV_CACHE_CONFIG_FIELDS_MAIN = (KV_CACHE_CONFIG_FIELDS_1_2 - {"onboard_blocks"}) 
 KV_CACHE_CONFIG_DEFAULTS = {"dtype": "auto", "tokens_per_block": 32, "host_cache_size": None,
                             "disk_cache_size": None, "enable_block_reuse": True}
 # Attribute names kvtop reads that no TensorRT-LLM has, on purpose: ``describe`` tells the simulator apart, as do
-# ``trusted_records`` (the poller: its dicts made into records unchecked) and ``takes_token_runs`` (the driver).
-PROBES = frozenset({"describe", "trusted_records", "takes_token_runs"})
+# ``trusted_records`` (the poller: its dicts made into records unchecked), ``takes_token_runs`` (the driver) and
+# ``notify_drain_wanted`` (the poller: an engine that waits for its drains says so).
+PROBES = frozenset({"describe", "trusted_records", "takes_token_runs", "notify_drain_wanted"})
 unknown_reads: list[str] = []  # every read of an attribute the stand-in's TensorRT-LLM class does not have
 
 
