@@ -313,8 +313,8 @@ class EventFold:
             try:
                 data = event["data"]
                 eid = event["event_id"]
-                if eid == eid_next and event.get("attention_dp_rank") is None \
-                        and event.get("window_size") == win_key:
+                # (a rank given, even None, is apply's: the simulator gives none)
+                if eid == eid_next and "attention_dp_rank" not in event and event.get("window_size") == win_key:
                     etype = data["type"]
                     if etype == "updated":
                         h = data["block_hash"]

@@ -162,23 +162,23 @@ class SizeAdvice:
                                 if h_int:
                                     level_of[h] = nv
                                 old = level.get("old_value")
-                                if nv == 1:
-                                    if old == 0:
-                                        offloads += 1
-                                elif nv == 0 and old == 1:
-                                    onboards += 1
-                                if h_int:  # this fold's _level
-                                    if nv == 1 and old == 0:
+                                # the what-if's counts, then this fold's _level (for an int hash)
+                                if nv == 1 and old == 0:
+                                    offloads += 1
+                                    if h_int:
                                         sa_offloads += 1
                                         offloaded_at[h] = sa_offloads
                                         last_was_offload = True
-                                    else:
-                                        if nv == 0 and old == 1:
-                                            self._offloads, self._last_was_offload = sa_offloads, last_was_offload
-                                            synced = 1
-                                            onboard(h)
-                                            synced = 0
+                                elif nv == 0 and old == 1:
+                                    onboards += 1
+                                    if h_int:
+                                        self._offloads, self._last_was_offload = sa_offloads, last_was_offload
+                                        synced = 1
+                                        onboard(h)
+                                        synced = 0
                                         last_was_offload = False
+                                elif h_int:
+                                    last_was_offload = False
                         prio = data.get("priority")
                         if prio is not None and isinstance(prio, dict) and isinstance(prio.get("new_value"), int) \
                                 and h_int:

@@ -70,7 +70,7 @@ def _damaged(events: list[dict[str, Any]], rng: random.Random) -> list[Any]:
             ev["event_id"] = max(0, ev["event_id"] - rng.randint(2, 50))  # backwards: a restart
             out.append(ev)
         elif what == 3:
-            ev["attention_dp_rank"] = rng.choice([0, 1, -1, "x"])
+            ev["attention_dp_rank"] = rng.choice([0, 1, -1, "x", None])
             out.append(ev)
         elif what == 4:
             ev["window_size"] = rng.choice([None, 7, -3, "w"])
