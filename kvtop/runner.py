@@ -9,10 +9,16 @@ from __future__ import annotations
 import gc
 import os
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvtop.compose import RunError, add_machine_samplers, add_sinks, check_record, engine_meta
+from kvtop.compose import (
+    RunError,
+    add_machine_samplers,
+    add_sinks,
+    check_record,
+    engine_clock,
+    engine_meta,
+)
 from kvtop.records import SourceId
 from kvtop.session import Session
 from kvtop.settings import Settings
@@ -121,21 +127,6 @@ def _size_for_ab(settings: Settings) -> str | None:
     return (f"scenario ab: GPU pool {settings.gpu_cache_tokens} tokens for prompts of ~{AB_PROMPT_TOKENS} "
             f"tokens{one} (as TensorRT-LLM's offloading example: one prompt and its answer fill the pool), so that "
             "B evicts A and A comes back from the host; --gpu-cache sets another size")
-
-
-def engine_clock(engine: Any, speed: float) -> Callable[[], float] | None:
-    """The clock a driven run's records are stamped with: the simulator's own where it is not paced to the wall
-    clock (``--speed`` other than 1), else None (the wall clock). At ``--speed 0`` the simulator runs as fast as
-    it can, and wall-clock stamps made every rate a measure of this machine: a 64 GB host read -37% output tok/s
-    against no host cache where the simulator's own clock said +40% (8 s driven runs, seed 3). On its clock the
-    dashboard's rates, the recording (and so its replay) and ``kvtop report`` say what the engine did."""
-    if speed == 1 or not isinstance(getattr(engine, "sim_time_s", None), (int, float)):
-        return None
-    epoch = time.time() - engine.sim_time_s   # the simulated clock's zero, as an epoch time
-
-    def clock() -> float:
-        return epoch + engine.sim_time_s
-    return clock
 
 
 def build_session(settings: Settings, *, engine: Any = None, choice: EngineChoice | None = None,

@@ -220,6 +220,12 @@ async def _main(handle: WatchHandle, llm: Any, interval_s: float, sample_memory:
     handle._started.set()
     session, publisher = handle.session, handle.publisher
     meta = compose.engine_meta(llm)
+    # A simulator not paced to the wall clock (SimLLM(speed=0)) stamps its records with its own clock, as a driven
+    # run does: on the wall clock its rates were this machine's speed (compose.engine_clock)
+    # (a simulator has a clock of its own; TensorRT-LLM's LLM does not)
+    simulated = isinstance(getattr(llm, "sim_time_s", None), (int, float))
+    clock = compose.engine_clock(llm, llm.speed) if simulated else None
+    meta["clock"] = "simulated" if clock is not None else "wall"
     if isinstance(meta.get("engine"), str):
         session.meta.update(meta)  # the session's first record when it runs (Session.run)
     else:
@@ -227,10 +233,11 @@ async def _main(handle: WatchHandle, llm: Any, interval_s: float, sample_memory:
     for why in meta.get("meta_unknown") or ():  # GiB figures stay unknown: say why once
         handle.note("watch", why)
     if sample_memory:
-        compose.add_machine_samplers(session, meta, SAMPLE_S)
+        compose.add_machine_samplers(session, meta, SAMPLE_S, clock=clock)
     # The engine's poller runs beside the session, as the publisher does: at the end it is let finish its poll
     # (the session cancels its producers) and drains once more, into sinks still open.
-    poller = EnginePoller(llm, session.source, interval_s, session.emit, on_error=handle.note)
+    poller = EnginePoller(llm, session.source, interval_s, session.emit, on_error=handle.note,
+                          clock=clock or time.time)
     polling = asyncio.ensure_future(poller.run())
     sending = asyncio.ensure_future(publisher.run()) if publisher is not None else None
 

@@ -67,9 +67,10 @@ KV_CACHE_CONFIG_FIELDS_MAIN = (KV_CACHE_CONFIG_FIELDS_1_2 - {"onboard_blocks"}) 
 KV_CACHE_CONFIG_DEFAULTS = {"dtype": "auto", "tokens_per_block": 32, "host_cache_size": None,
                             "disk_cache_size": None, "enable_block_reuse": True}
 # Attribute names kvtop reads that no TensorRT-LLM has, on purpose: ``describe`` tells the simulator apart, as do
-# ``trusted_records`` (the poller: its dicts made into records unchecked), ``takes_token_runs`` (the driver) and
-# ``notify_drain_wanted`` (the poller: an engine that waits for its drains says so).
-PROBES = frozenset({"describe", "trusted_records", "takes_token_runs", "notify_drain_wanted"})
+# ``trusted_records`` (the poller: its dicts made into records unchecked), ``takes_token_runs`` (the driver),
+# ``notify_drain_wanted`` (the poller: an engine that waits for its drains says so) and ``sim_time_s`` (kvtop.watch: a
+# simulator's own clock, which its records are stamped with when it is not paced to the wall clock).
+PROBES = frozenset({"describe", "trusted_records", "takes_token_runs", "notify_drain_wanted", "sim_time_s"})
 unknown_reads: list[str] = []  # every read of an attribute the stand-in's TensorRT-LLM class does not have
 
 

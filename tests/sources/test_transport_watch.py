@@ -89,6 +89,41 @@ def test_watch_drains_what_the_engine_queued_after_the_last_poll() -> None:
     assert handle.summary()["hit_rate"]["lookups"] > 0  # all of it came from the drain at stop
 
 
+def test_a_speed_0_simulator_is_watched_on_its_own_clock(tmp_path: Path) -> None:
+    """SimLLM(speed=0) runs as fast as it can: its records are stamped with its own clock (as a driven ``--speed 0``
+    run's are), so the recording's rates are the engine's, not this machine's; the meta record says which clock."""
+    import datetime as dt
+
+    from kvtop.engines.sim import SamplingParams
+
+    llm = make_llm()
+    path = tmp_path / "watch.jsonl"
+    handle = kvtop.watch(llm, record=path, interval_s=0.05, sample_memory=False)
+    wall0 = time.monotonic()
+    try:
+        async def long_answers() -> None:  # ~300 decode steps: seconds of simulated time, a fraction of that here
+            outs = [llm.generate_async(list(range(5000 * u, 5000 * u + 600)), SamplingParams(max_tokens=300))
+                    for u in range(4)]
+            await asyncio.gather(*(o.aresult() for o in outs))
+        asyncio.run(long_answers())
+        llm.wait_idle()
+        time.sleep(0.2)
+    finally:
+        handle.stop()
+        llm.shutdown()
+    wall = time.monotonic() - wall0
+    records = [r for r in read_jsonl(path) if isinstance(r, Record)]
+    assert [r.data.get("clock") for r in records if r.kind == "meta"] == ["simulated"]
+    stats = [r for r in records if r.kind == "stats"]
+    engine_stamps = [dt.datetime.strptime(r.data["timestamp"], "%m-%d-%Y %H:%M:%S.%f").timestamp() for r in stats]
+    assert max(engine_stamps) - min(engine_stamps) > 1.0  # seconds of simulated time
+    # A drain stamps what it took with the clock's value then: on the engine's clock, never before the engine's own
+    # stamp of that iteration (a few ms: the watch starts after the engine). On the wall clock the last stats were
+    # stamped a second or more before the simulated time they describe (all of it took ~0.3 s here).
+    early = [round(stamp - r.time, 3) for r, stamp in zip(stats, engine_stamps) if r.time < stamp - 0.05]
+    assert not early, (early[:5], len(early), len(stats), wall)
+
+
 def test_bad_settings_raise_in_the_callers_thread_and_start_nothing(tmp_path: Path) -> None:
     from kvtop.sources.mqtt import MqttUrlError
 
