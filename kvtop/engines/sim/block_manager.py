@@ -70,6 +70,7 @@ def block_key_hash(tokens: Sequence[int], parent_hash: int) -> int:
 
     C++ arithmetic is reproduced: the per-token mix is 32-bit, ``a + 0x9e3779b9`` wraps at 2^32 before it is
     widened, and the seed is 64-bit. The mix depends on the token alone: for vocabulary-sized ids it is memoized.
+    (The seed step's ``seed << 6`` is not masked before the sum is: the sum is masked, the same bits mod 2^64.)
     """
     seed = (len(tokens) ^ (parent_hash * 0xBF58476D1CE4E5B9)) & _M64
     if tokens and 0 <= min(tokens) and max(tokens) < _MEMO_IDS_BELOW:
@@ -78,14 +79,14 @@ def block_key_hash(tokens: Sequence[int], parent_hash: int) -> int:
             mixed = mixes.get(token)
             if mixed is None:
                 mixed = mixes[token] = _token_mix(token)
-            seed ^= (mixed + ((seed << 6) & _M64) + (seed >> 2)) & _M64
+            seed ^= (mixed + (seed << 6) + (seed >> 2)) & _M64
         return seed
     for token in tokens:  # _token_mix, inlined
         a = token & _M32
         a = (((a >> 16) ^ a) * 0x45D9F3B) & _M32
         a = (((a >> 16) ^ a) * 0x45D9F3B) & _M32
         a = (a >> 16) ^ a
-        seed ^= (((a + 0x9E3779B9) & _M32) + ((seed << 6) & _M64) + (seed >> 2)) & _M64
+        seed ^= (((a + 0x9E3779B9) & _M32) + (seed << 6) + (seed >> 2)) & _M64
     return seed
 
 
@@ -102,6 +103,53 @@ def _token_mix(token: int) -> int:
     a = (((a >> 16) ^ a) * 0x45D9F3B) & _M32
     a = (a >> 16) ^ a
     return (a + 0x9E3779B9) & _M32
+
+
+def _keys_token_mixes(keys: Sequence[bytes]) -> list[int]:
+    """``_token_mix`` of every id of the keys (encoded, see "block keys" below), in order, in one list: computed
+    with numpy over all the keys at once (a run key's ids made there too, not in Python). ``block_key_hash``'s
+    mixes are half its Python steps per token; at a few hundred keys a call this costs ~0.5 us a 32-id key instead
+    of ~10 (bench/JOURNAL.md, "The driven path's block hashes"). numpy is imported on the first call: a run without
+    KV events never makes one."""
+    global _np
+    np = _np
+    if np is None:
+        import numpy
+
+        np = _np = numpy
+    parts = []
+    starts: list[int] = []  # consecutive run keys of one length: their first ids (low 32 bits)
+    run_len = 0
+    for key in keys:
+        if len(key) == _RUN_KEY_BYTES:
+            first, count = _unpack_run(key)
+            if starts and count != run_len:
+                parts.append((np.array(starts, np.uint64)[:, None] + np.arange(run_len, dtype=np.uint64)).ravel())
+                starts = []
+            starts.append(first & _M32)
+            run_len = count
+        else:
+            if starts:
+                parts.append((np.array(starts, np.uint64)[:, None] + np.arange(run_len, dtype=np.uint64)).ravel())
+                starts = []
+            if key:  # packed ids, native signed 64-bit: read as unsigned, the same low 32 bits (two's complement)
+                parts.append(np.frombuffer(key, np.uint64))
+    if starts:
+        parts.append((np.array(starts, np.uint64)[:, None] + np.arange(run_len, dtype=np.uint64)).ravel())
+    if not parts:
+        return []
+    a = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    m32, s16, mul = np.uint64(_M32), np.uint64(16), np.uint64(0x45D9F3B)
+    a = a & m32
+    a = (((a >> s16) ^ a) * mul) & m32
+    a = (((a >> s16) ^ a) * mul) & m32
+    a = (a >> s16) ^ a
+    a = (a + np.uint64(0x9E3779B9)) & m32
+    result: list[int] = a.tolist()
+    return result
+
+
+_np: Any = None  # numpy, once _keys_token_mixes has imported it
 
 
 # ------------------------------------------------------------------------------------------------- block keys
@@ -1213,16 +1261,26 @@ class BlockManager:
             # (a taken block was free, so it had no reference)
             new_blocks = blocks[first_new:]
             if self._events_enabled:
-                prev = blocks[first_new - 1] if first_new else None
-                for i, block in enumerate(new_blocks, bi):
-                    key = keys[i] if i < num_keys else _NO_KEY
+                # block_key_hash of each new block's key, chained: every id's mix made at once (numpy), then the
+                # 64-bit seed steps here, one line a token
+                new_keys = keys[bi:bi + len(new_blocks)]
+                new_keys += [_NO_KEY] * (len(new_blocks) - len(new_keys))  # blocks past the keys: the empty key
+                mixes = _keys_token_mixes(new_keys)
+                parent_hash = blocks[first_new - 1].hash if first_new else 0
+                m64 = _M64
+                end = 0
+                for block, key in zip(new_blocks, new_keys):
                     block.refs = 1
-                    parent_hash = prev.hash if prev is not None else 0
+                    start = end
+                    end += _unpack_run(key)[1] if len(key) == _RUN_KEY_BYTES else len(key) // _ID_BYTES
                     if block.key != key or block.hash_parent != parent_hash:  # else its hash is this one already
-                        block.hash = block_key_hash(decode_key(key), parent_hash)
+                        seed = ((end - start) ^ (parent_hash * 0xBF58476D1CE4E5B9)) & m64
+                        for mixed in mixes[start:end]:
+                            seed ^= (mixed + (seed << 6) + (seed >> 2)) & m64
+                        block.hash = seed
                         block.hash_parent = parent_hash
                     block.key = key
-                    prev = block
+                    parent_hash = block.hash
             else:
                 new_keys = keys[bi:bi + len(new_blocks)]
                 new_keys += [_NO_KEY] * (len(new_blocks) - len(new_keys))  # blocks past the keys: the empty key
