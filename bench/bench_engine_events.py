@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+import orjson
+
 
 def child(tree: str, trace: str, limit: int) -> None:
     sys.path.insert(0, tree)
@@ -74,7 +76,7 @@ def child(tree: str, trace: str, limit: int) -> None:
         if taken:
             t = time.process_time()
             events += len(taken)
-            digest.update(json.dumps(taken).encode())
+            digest.update(orjson.dumps(taken))
             digest_s += time.process_time() - t
     cpu = time.process_time() - cpu0 - digest_s
     print(json.dumps({"requests": n, "completed": core.completed, "failed": core.failed,

@@ -731,6 +731,10 @@ class BlockManager:
         self._event_token_ids = event_token_ids
         self._event_buffer_max_size = event_buffer_max_size
         self._event_queue: list[dict[str, Any]] = []
+        # The last removed event made, and its hash list: one more removed block is appended to it while it is the
+        # last event queued (_enqueue_removed)
+        self._removed_event: dict[str, Any] | None = None
+        self._removed_hashes: list[int] = []
         self._event_buffer: list[dict[str, Any]] = []
         self._next_event_id = 0
         self.dropped_events = 0
@@ -747,37 +751,53 @@ class BlockManager:
     def _enqueue_removed(self, block: KVCacheBlock) -> None:
         if not self._events_enabled:
             return
-        last = self._event_queue[-1] if self._event_queue else None
-        if last is not None and last["data"]["type"] == "removed":
-            last["data"]["block_hashes"].append(block.hash)  # coalesced, as enqueueRemovedEvent does
-        else:
-            self._enqueue({"type": "removed", "block_hashes": [block.hash]})
+        queue = self._event_queue
+        if queue and queue[-1] is self._removed_event:  # the last event queued is a removed event: coalesced into
+            self._removed_hashes.append(block.hash)     # it, as enqueueRemovedEvent does
+            return
+        hashes = [block.hash]
+        event = {"event_id": self._next_event_id, "data": {"type": "removed", "block_hashes": hashes},
+                 "window_size": self.window_size}
+        queue.append(event)
+        self._next_event_id += 1
+        self._removed_event, self._removed_hashes = event, hashes
 
     def _enqueue_updated(self, block: KVCacheBlock, cache_level: tuple[int, int] | None,
                          priority: tuple[int, int] | None) -> None:
         if not self._events_enabled:
             return
-
-        def diff(change: tuple[int, int] | None) -> dict[str, Any] | None:
-            # TensorRT-LLM 1.x's Python serializer would raise on the missing half (trtllm-kv.md 2.2); kvtop emits
-            # null there, which is what a fixed serializer gives and what the fold accepts.
-            if change is None:
-                return None
-            return {"type": "event_diff", "new_value": change[1], "old_value": change[0]}
-
-        self._enqueue({"type": "updated", "block_hash": block.hash, "cache_level": diff(cache_level),
-                       "priority": diff(priority)})
+        # TensorRT-LLM 1.x's Python serializer would raise on a diff's missing half (trtllm-kv.md 2.2); kvtop emits
+        # null there, which is what a fixed serializer gives and what the fold accepts. (_enqueue, inlined: one event
+        # per offload and onboard.)
+        self._event_queue.append({"event_id": self._next_event_id, "data": {
+            "type": "updated", "block_hash": block.hash,
+            "cache_level": None if cache_level is None else {"type": "event_diff", "new_value": cache_level[1],
+                                                             "old_value": cache_level[0]},
+            "priority": None if priority is None else {"type": "event_diff", "new_value": priority[1],
+                                                       "old_value": priority[0]},
+        }, "window_size": self.window_size})
+        self._next_event_id += 1
 
     def _enqueue_stored(self, blocks: list[KVCacheBlock]) -> None:
         if not self._events_enabled or not blocks:
             return
         parent = blocks[0].prev
         if self._event_token_ids:  # the keys in the order kvtop.compact.compact_event leaves them
+            stored = []
+            for b in blocks:  # decode_key, inlined
+                key = b.key
+                if len(key) == _RUN_KEY_BYTES:
+                    first, count = _unpack_run(key)
+                    ids = list(range(first, first + count))
+                else:
+                    ids = memoryview(key).cast("q").tolist()
+                stored.append({"type": "stored_block", "block_hash": b.hash,
+                               "cache_level": PRIMARY if b.primary else SECONDARY, "priority": b.priority,
+                               "token_ids": ids})
             self._enqueue({
                 "type": "stored",
                 "parent_hash": parent.hash if parent is not None and parent.id >= 0 else None,
-                "blocks": [{"type": "stored_block", "block_hash": b.hash, "cache_level": b.level,
-                            "priority": b.priority, "token_ids": decode_key(b.key)} for b in blocks],
+                "blocks": stored,
             })
             return
         self._enqueue({
