@@ -105,51 +105,59 @@ def _token_mix(token: int) -> int:
     return (a + 0x9E3779B9) & _M32
 
 
-def _keys_token_mixes(keys: Sequence[bytes]) -> list[int]:
-    """``_token_mix`` of every id of the keys (encoded, see "block keys" below), in order, in one list: computed
-    with numpy over all the keys at once (a run key's ids made there too, not in Python). ``block_key_hash``'s
-    mixes are half its Python steps per token; at a few hundred keys a call this costs ~0.5 us a 32-id key instead
-    of ~10 (bench/JOURNAL.md, "The driven path's block hashes"). numpy is imported on the first call: a run without
-    KV events never makes one."""
-    global _np
+def _keys_token_mixes(keys: Sequence[bytes]) -> list[list[int]]:
+    """``_token_mix`` of each id of each key (encoded, see "block keys" below): one list per key, computed with numpy
+    over all the keys at once (a run key's ids made there too, not in Python), in ``uint32`` as the C++ computes it
+    (its products wrap at 2^32). ``block_key_hash``'s mixes are half its Python steps per token; at a few hundred
+    keys a call this costs ~0.8 us a 32-id key instead of ~10 (bench/JOURNAL.md, "The driven path's block hashes").
+    numpy is imported on the first call: a run without KV events never makes one."""
+    global _np, _RUN_DTYPE
     np = _np
     if np is None:
         import numpy
 
+        _RUN_DTYPE = numpy.dtype([("first", "=i8"), ("count", "=i8"), ("zero", "V1")])  # _pack_run's "qqx"
         np = _np = numpy
-    parts = []
-    starts: list[int] = []  # consecutive run keys of one length: their first ids (low 32 bits)
-    run_len = 0
-    for key in keys:
-        if len(key) == _RUN_KEY_BYTES:
-            first, count = _unpack_run(key)
-            if starts and count != run_len:
-                parts.append((np.array(starts, np.uint64)[:, None] + np.arange(run_len, dtype=np.uint64)).ravel())
-                starts = []
-            starts.append(first & _M32)
-            run_len = count
+    out: list[list[int]] = []
+    i, n = 0, len(keys)
+    while i < n:  # consecutive keys of one byte length at a time
+        size = len(keys[i])
+        j = i + 1
+        while j < n and len(keys[j]) == size:
+            j += 1
+        if size == _RUN_KEY_BYTES:  # runs: (first id, count) each, in slices of one count
+            runs = np.frombuffer(b"".join(keys[i:j]), _RUN_DTYPE)
+            firsts, counts = runs["first"].astype(np.uint32), runs["count"]
+            cuts = [0, *(np.flatnonzero(counts[1:] != counts[:-1]) + 1).tolist(), j - i]
+            for a, b in zip(cuts, cuts[1:]):
+                ids = firsts[a:b, None] + np.arange(int(counts[a]), dtype=np.uint32)  # wraps at 2^32, as ids do
+                out += _mix32(np, ids).tolist()
+        elif size:  # packed signed 64-bit ids: their low 32 bits (two's complement), as static_cast<uint32_t>
+            ids = np.frombuffer(b"".join(keys[i:j]), np.int64).astype(np.uint32).reshape(j - i, size // _ID_BYTES)
+            out += _mix32(np, ids).tolist()
         else:
-            if starts:
-                parts.append((np.array(starts, np.uint64)[:, None] + np.arange(run_len, dtype=np.uint64)).ravel())
-                starts = []
-            if key:  # packed ids, native signed 64-bit: read as unsigned, the same low 32 bits (two's complement)
-                parts.append(np.frombuffer(key, np.uint64))
-    if starts:
-        parts.append((np.array(starts, np.uint64)[:, None] + np.arange(run_len, dtype=np.uint64)).ravel())
-    if not parts:
-        return []
-    a = np.concatenate(parts) if len(parts) > 1 else parts[0]
-    m32, s16, mul = np.uint64(_M32), np.uint64(16), np.uint64(0x45D9F3B)
-    a = a & m32
-    a = (((a >> s16) ^ a) * mul) & m32
-    a = (((a >> s16) ^ a) * mul) & m32
-    a = (a >> s16) ^ a
-    a = (a + np.uint64(0x9E3779B9)) & m32
-    result: list[int] = a.tolist()
-    return result
+            out += [[] for _ in range(j - i)]
+        i = j
+    return out
+
+
+def _mix32(np: Any, a: Any) -> Any:
+    """``_token_mix`` of a ``uint32`` array (a new array; ``a`` is left as it is)."""
+    mul = np.uint32(0x45D9F3B)
+    t = a >> 16
+    t ^= a
+    t *= mul
+    a = t >> 16
+    a ^= t
+    a *= mul
+    t = a >> 16
+    t ^= a
+    t += np.uint32(0x9E3779B9)
+    return t
 
 
 _np: Any = None  # numpy, once _keys_token_mixes has imported it
+_RUN_DTYPE: Any = None  # a run key's fields: the numpy dtype (made with numpy's import)
 
 
 # ------------------------------------------------------------------------------------------------- block keys
@@ -1285,17 +1293,13 @@ class BlockManager:
                 # 64-bit seed steps here, one line a token
                 new_keys = keys[bi:bi + len(new_blocks)]
                 new_keys += [_NO_KEY] * (len(new_blocks) - len(new_keys))  # blocks past the keys: the empty key
-                mixes = _keys_token_mixes(new_keys)
                 parent_hash = blocks[first_new - 1].hash if first_new else 0
                 m64 = _M64
-                end = 0
-                for block, key in zip(new_blocks, new_keys):
+                for block, key, mixes in zip(new_blocks, new_keys, _keys_token_mixes(new_keys)):
                     block.refs = 1
-                    start = end
-                    end += _unpack_run(key)[1] if len(key) == _RUN_KEY_BYTES else len(key) // _ID_BYTES
                     if block.key != key or block.hash_parent != parent_hash:  # else its hash is this one already
-                        seed = ((end - start) ^ (parent_hash * 0xBF58476D1CE4E5B9)) & m64
-                        for mixed in mixes[start:end]:
+                        seed = (len(mixes) ^ (parent_hash * 0xBF58476D1CE4E5B9)) & m64
+                        for mixed in mixes:
                             seed ^= (mixed + (seed << 6) + (seed >> 2)) & m64
                         block.hash = seed
                         block.hash_parent = parent_hash
