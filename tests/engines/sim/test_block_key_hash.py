@@ -68,11 +68,17 @@ def test_block_key_hash_is_the_plain_formula() -> None:
 def test_keys_token_mixes_are_each_keys_ids_mixes_in_order() -> None:
     rng = random.Random(5)
     for _ in range(300):
-        blocks = [random_block(rng, rng.choice([1, 2, 3, 16, 32, 32, 32])) for _ in range(rng.randrange(0, 12))]
+        blocks = [random_block(rng, rng.choice([1, 2, 3, 16, 32, 32, 32])) for _ in range(rng.randrange(0, 80))]
         if rng.random() < 0.3:
             blocks.insert(rng.randrange(len(blocks) + 1), [])  # the empty key: no ids
         keys = [encode_key(b) for b in blocks]
         assert _keys_token_mixes(keys) == [[_token_mix(t) for t in b] for b in blocks]
+    # long stretches of one kind: a prompt's runs (across 2^32, the last one partial), generated tokens' packed keys,
+    # single ids
+    blocks = [list(range(v, v + 32)) for v in range((1 << 32) - 40 * 32, (1 << 32) + 60 * 32, 32)]
+    blocks += [list(range(7, 19))] + [[rng.randrange(1 << 40) for _ in range(32)] for _ in range(70)]
+    blocks += [[rng.randrange(-(1 << 40), 1 << 40)] for _ in range(1200)]
+    assert _keys_token_mixes([encode_key(b) for b in blocks]) == [[_token_mix(t) for t in b] for b in blocks]
 
 
 def _new_blocks_expected(bm: BlockManager, rid: int, prompt: list[int], tpb: int, reused: int) -> list[int]:
