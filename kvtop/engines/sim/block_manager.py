@@ -109,7 +109,7 @@ def _keys_token_mixes(keys: Sequence[bytes]) -> list[list[int]]:
     """``_token_mix`` of each id of each key (encoded, see "block keys" below): one list per key, computed with numpy
     over all the keys at once (a run key's ids made there too, not in Python), in ``uint32`` as the C++ computes it
     (its products wrap at 2^32). ``block_key_hash``'s mixes are half its Python steps per token; at a few hundred
-    keys a call this costs ~0.8 us a 32-id key instead of ~10 (bench/JOURNAL.md, "The driven path's block hashes").
+    keys a call this costs ~0.6 us a 32-id key instead of ~10 (bench/JOURNAL.md, "The driven path's block hashes").
     numpy is imported on the first call: a run without KV events never makes one."""
     global _np, _RUN_DTYPE
     np = _np
